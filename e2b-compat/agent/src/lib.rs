@@ -1,0 +1,76 @@
+//! `copse-agent`: the daemon inside every sandbox. It speaks the API of
+//! E2B's envd (Connect-RPC `process.Process` and `filesystem.Filesystem`
+//! with the JSON codec, plus `/files`, `/health` and `/init`) on a unix
+//! socket that the gateway forwards HTTP/1.1 requests to unchanged.
+//!
+//! The agent keeps its privileges: it switches to the requesting user and
+//! confines (`copse_jails::confine`) every process it starts, and it chowns
+//! what it creates on a user's behalf.
+
+pub mod auth;
+pub mod connect;
+pub mod files;
+pub mod filesystem;
+pub mod paths;
+pub mod process;
+pub mod routes;
+pub mod signature;
+pub mod state;
+pub mod users;
+pub mod wire;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+pub use state::AgentState;
+
+/// How the agent starts; `/init` may change the first three later.
+#[derive(Debug, Clone)]
+pub struct AgentConfig {
+    /// When set, every request but `/health` needs `X-Access-Token` (or a
+    /// valid signature on `/files`).
+    pub access_token: Option<String>,
+    /// Environment applied to every process before per-request variables.
+    pub env_vars: HashMap<String, String>,
+    /// User for requests that name none (the SDK's default is "user").
+    pub default_user: String,
+    /// Where `passwd` and `group` live; `/etc` inside a sandbox, a scratch
+    /// directory in tests.
+    pub etc_dir: PathBuf,
+    /// Confine started processes (seccomp, no capabilities). Only tests that
+    /// need a capability in the child turn this off.
+    pub confine: bool,
+}
+
+impl Default for AgentConfig {
+    fn default() -> Self {
+        Self {
+            access_token: None,
+            env_vars: HashMap::new(),
+            default_user: "user".into(),
+            etc_dir: PathBuf::from("/etc"),
+            confine: true,
+        }
+    }
+}
+
+/// Serves the agent on an already-bound unix socket until the process dies.
+/// Runs in a freshly forked, single-threaded process (PID 2 of the sandbox),
+/// so it builds its own small runtime and assumes nothing about the host.
+pub fn serve_blocking(listener: std::os::unix::net::UnixListener, config: AgentConfig) -> anyhow::Result<()> {
+    let runtime =
+        tokio::runtime::Builder::new_multi_thread().worker_threads(2).max_blocking_threads(16).enable_all().build()?;
+    runtime.block_on(async move {
+        listener.set_nonblocking(true)?;
+        let listener = tokio::net::UnixListener::from_std(listener)?;
+        serve(listener, config).await
+    })
+}
+
+/// Serves on a tokio unix listener; the async core of [`serve_blocking`].
+pub async fn serve(listener: tokio::net::UnixListener, config: AgentConfig) -> anyhow::Result<()> {
+    let state = AgentState::new(config)?;
+    let app = routes::router(state);
+    axum::serve(listener, app).await?;
+    Ok(())
+}

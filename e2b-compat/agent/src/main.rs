@@ -1,0 +1,60 @@
+//! `copse-agent serve --socket PATH` runs the agent on the host (tests,
+//! development); `copse-agent boot` is how a sandbox starts it.
+
+use std::os::unix::net::UnixListener;
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand};
+use copse_agent::AgentConfig;
+
+#[derive(Parser)]
+#[command(name = "copse-agent", about = "envd-compatible agent for copse sandboxes")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve on a unix socket (binds it, replacing a stale socket file).
+    Serve {
+        #[arg(long)]
+        socket: PathBuf,
+        #[arg(long, env = "COPSE_AGENT_ACCESS_TOKEN")]
+        access_token: Option<String>,
+        /// User for requests that name none.
+        #[arg(long, default_value = "user")]
+        default_user: String,
+        /// Directory holding passwd and group.
+        #[arg(long, default_value = "/etc")]
+        etc_dir: PathBuf,
+        /// Start processes without seccomp/capability confinement.
+        #[arg(long)]
+        no_confine: bool,
+    },
+    /// Inside a new sandbox: set it up and serve on the socket handed over
+    /// by the substrate.
+    Boot,
+}
+
+fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_writer(std::io::stderr)
+        .init();
+    match Cli::parse().command {
+        Command::Serve { socket, access_token, default_user, etc_dir, no_confine } => {
+            let _ = std::fs::remove_file(&socket);
+            let listener = UnixListener::bind(&socket)?;
+            let config =
+                AgentConfig { access_token, default_user, etc_dir, confine: !no_confine, ..AgentConfig::default() };
+            copse_agent::serve_blocking(listener, config)
+        }
+        Command::Boot => boot(),
+    }
+}
+
+/// The substrate sets the sandbox up and hands over the agent's socket.
+fn boot() -> anyhow::Result<()> {
+    copse_jails::boot_agent(|listener| copse_agent::serve_blocking(listener, AgentConfig::default()))
+}

@@ -1,0 +1,61 @@
+//! The HTTP surface: E2B's control plane, and the data-plane switch that
+//! sends sandbox traffic to the right agent. One listener serves both.
+
+pub mod control;
+pub mod error;
+pub mod proxy;
+pub mod wire;
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::{Request, State};
+use axum::http::StatusCode;
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+
+use crate::sandboxes::Sandboxes;
+use error::ApiError;
+
+#[derive(Clone)]
+pub struct Keys(Arc<HashSet<String>>);
+
+impl Keys {
+    pub fn new(keys: impl IntoIterator<Item = String>) -> Self {
+        Self(Arc::new(keys.into_iter().collect()))
+    }
+}
+
+pub fn router(svc: Arc<Sandboxes>, keys: Keys) -> Router {
+    let control = Router::new()
+        .route("/v2/sandboxes", post(control::create).get(control::list))
+        .route("/sandboxes", post(control::create).get(control::list))
+        .route("/sandboxes/{id}", get(control::detail).delete(control::kill))
+        .route("/v2/sandboxes/{id}/connect", post(control::connect))
+        .route("/sandboxes/{id}/connect", post(control::connect))
+        .route("/sandboxes/{id}/timeout", post(control::set_timeout))
+        .route("/sandboxes/{id}/refreshes", post(control::refresh))
+        .route("/sandboxes/{id}/metrics", get(control::metrics))
+        .route("/templates", get(control::templates))
+        .route("/sandboxes/{id}/pause", post(control::not_implemented))
+        .route("/sandboxes/{id}/resume", post(control::not_implemented))
+        .route("/sandboxes/{id}/snapshots", post(control::not_implemented))
+        .route("/sandboxes/{id}/fork", post(control::not_implemented))
+        .fallback(control::no_route)
+        .route_layer(middleware::from_fn_with_state(keys, require_api_key))
+        .with_state(svc.clone());
+    // The data-plane switch runs first: a request meant for a sandbox never
+    // reaches the control plane, whatever its path.
+    control.layer(middleware::from_fn_with_state(svc, proxy::switch))
+}
+
+async fn require_api_key(State(keys): State<Keys>, request: Request, next: Next) -> Response {
+    let presented = request.headers().get("x-api-key").and_then(|v| v.to_str().ok());
+    match presented {
+        Some(key) if keys.0.contains(key) => next.run(request).await,
+        Some(_) => ApiError::new(StatusCode::UNAUTHORIZED, "invalid API key").into_response(),
+        None => ApiError::new(StatusCode::UNAUTHORIZED, "missing X-API-KEY header").into_response(),
+    }
+}

@@ -1,0 +1,95 @@
+//! The data plane: requests carrying `E2b-Sandbox-Id` (what the SDK sends
+//! when `E2B_SANDBOX_URL` points here), and signed `/files` links that carry
+//! no headers at all, are forwarded unchanged to the sandbox's agent.
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::{HeaderValue, Method, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+
+use super::error::ApiError;
+use crate::agent_link;
+use crate::sandboxes::{SandboxRecord, Sandboxes};
+
+pub const SANDBOX_ID_HEADER: &str = "e2b-sandbox-id";
+const ACCESS_TOKEN_HEADER: &str = "x-access-token";
+
+pub async fn switch(State(svc): State<Arc<Sandboxes>>, request: Request, next: Next) -> Response {
+    let record = match target(&svc, &request) {
+        Target::Sandbox(record) => record,
+        Target::Missing(id) => return not_found(&id),
+        Target::ControlPlane => return next.run(request).await,
+    };
+    if let Some(token) = request.headers().get(ACCESS_TOKEN_HEADER) {
+        if token.as_bytes() != record.access_token.as_bytes() {
+            return ApiError::new(StatusCode::UNAUTHORIZED, "invalid access token for this sandbox").into_response();
+        }
+    }
+    forward(&record, request).await
+}
+
+enum Target {
+    Sandbox(Box<SandboxRecord>),
+    Missing(String),
+    ControlPlane,
+}
+
+fn target(svc: &Sandboxes, request: &Request) -> Target {
+    if let Some(id) = request.headers().get(SANDBOX_ID_HEADER).and_then(|v| v.to_str().ok()) {
+        return match svc.get(id) {
+            Ok(record) => Target::Sandbox(Box::new(record)),
+            Err(_) => Target::Missing(id.to_string()),
+        };
+    }
+    if request.uri().path() == "/files" {
+        if let Some(record) = signed_link_owner(svc, request) {
+            return Target::Sandbox(Box::new(record));
+        }
+    }
+    Target::ControlPlane
+}
+
+/// A signed link names no sandbox; the one whose token produced the
+/// signature is its owner. The agent verifies the signature again.
+fn signed_link_owner(svc: &Sandboxes, request: &Request) -> Option<SandboxRecord> {
+    let query = request.uri().query()?;
+    let mut path = None;
+    let mut username = String::new();
+    let mut signature = None;
+    let mut expiration = None;
+    for (key, value) in url::form_urlencoded::parse(query.as_bytes()) {
+        match key.as_ref() {
+            "path" => path = Some(value.into_owned()),
+            "username" => username = value.into_owned(),
+            "signature" => signature = Some(value.into_owned()),
+            "signature_expiration" => expiration = value.parse::<u64>().ok(),
+            _ => {}
+        }
+    }
+    let (path, signature) = (path?, signature?);
+    let operation = if request.method() == Method::GET { "read" } else { "write" };
+    svc.list(&Default::default()).ok()?.into_iter().find(|record| {
+        copse_agent::signature::sign(&path, operation, &username, &record.access_token, expiration) == signature
+    })
+}
+
+async fn forward(record: &SandboxRecord, mut request: Request) -> Response {
+    request.headers_mut().insert("host", HeaderValue::from_static("agent"));
+    match agent_link::send(&record.agent_socket, request).await {
+        Ok(response) => response.map(Body::new),
+        Err(e) => {
+            tracing::warn!("sandbox {} unreachable: {e:#}", record.id);
+            ApiError::new(StatusCode::BAD_GATEWAY, format!("sandbox {} is not reachable: {e}", record.id))
+                .into_response()
+        }
+    }
+}
+
+/// The SDK recognises a gone sandbox by a 502 whose message says it "was
+/// not found".
+fn not_found(id: &str) -> Response {
+    ApiError::new(StatusCode::BAD_GATEWAY, format!("The sandbox {id} was not found")).into_response()
+}

@@ -1,0 +1,191 @@
+//! The E2B control plane's JSON shapes, exactly as the official SDKs send
+//! and expect them. Nothing outside `api` sees these types.
+
+use std::collections::HashMap;
+
+use serde::{Deserialize, Serialize};
+
+/// Body of `POST /v2/sandboxes` (and the v1 `POST /sandboxes`).
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NewSandbox {
+    #[serde(rename = "templateID")]
+    pub template_id: Option<String>,
+    pub timeout: Option<i64>,
+    #[serde(default)]
+    pub metadata: Option<HashMap<String, String>>,
+    #[serde(default)]
+    pub env_vars: Option<HashMap<String, String>>,
+    pub auto_pause: Option<bool>,
+    /// Snake case on the wire, unlike every other key.
+    #[serde(rename = "allow_internet_access")]
+    pub allow_internet_access: Option<bool>,
+    pub secure: Option<bool>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+pub struct TimeoutBody {
+    pub timeout: Option<i64>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+pub struct RefreshBody {
+    pub duration: Option<i64>,
+}
+
+/// Reply to create and connect.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Sandbox {
+    #[serde(rename = "templateID")]
+    pub template_id: String,
+    #[serde(rename = "sandboxID")]
+    pub sandbox_id: String,
+    #[serde(rename = "clientID")]
+    pub client_id: String,
+    pub envd_version: String,
+    pub envd_access_token: String,
+    pub traffic_access_token: Option<String>,
+    pub domain: Option<String>,
+    pub alias: Option<String>,
+}
+
+/// One entry of the list endpoints; also the base of `SandboxDetail`.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ListedSandbox {
+    #[serde(rename = "templateID")]
+    pub template_id: String,
+    #[serde(rename = "sandboxID")]
+    pub sandbox_id: String,
+    #[serde(rename = "clientID")]
+    pub client_id: String,
+    pub alias: Option<String>,
+    pub started_at: String,
+    pub end_at: String,
+    pub cpu_count: u32,
+    #[serde(rename = "memoryMB")]
+    pub memory_mb: u64,
+    #[serde(rename = "diskSizeMB")]
+    pub disk_size_mb: u64,
+    pub state: &'static str,
+    pub envd_version: String,
+    pub metadata: HashMap<String, String>,
+}
+
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SandboxDetail {
+    #[serde(flatten)]
+    pub listed: ListedSandbox,
+    pub envd_access_token: String,
+    pub allow_internet_access: bool,
+    pub domain: Option<String>,
+    pub lifecycle: Lifecycle,
+}
+
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Lifecycle {
+    pub auto_resume: bool,
+    pub on_timeout: &'static str,
+}
+
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SandboxMetric {
+    pub timestamp: String,
+    pub timestamp_unix: i64,
+    pub cpu_count: u32,
+    pub cpu_used_pct: f64,
+    pub mem_used: u64,
+    pub mem_total: u64,
+    pub mem_cache: u64,
+    pub disk_used: u64,
+    pub disk_total: u64,
+}
+
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Template {
+    #[serde(rename = "templateID")]
+    pub template_id: String,
+    #[serde(rename = "buildID")]
+    pub build_id: String,
+    pub aliases: Vec<String>,
+    pub public: bool,
+    pub created_at: String,
+    pub size_bytes: u64,
+}
+
+/// Query of `GET /v2/sandboxes`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ListQuery {
+    pub metadata: Option<String>,
+    pub state: Option<String>,
+    pub limit: Option<usize>,
+    pub next_token: Option<String>,
+    pub template: Option<String>,
+}
+
+/// The SDK percent-encodes each key and value, joins them as a query
+/// string, and sends that as one parameter (which the HTTP layer decodes
+/// once): so parse it as a query string and decode each part once more.
+pub fn decode_metadata_filter(raw: &str) -> HashMap<String, String> {
+    url::form_urlencoded::parse(raw.as_bytes()).map(|(k, v)| (percent_decode(&k), percent_decode(&v))).collect()
+}
+
+fn percent_decode(s: &str) -> String {
+    url::form_urlencoded::parse(format!("x={}", s.replace('+', "%2B")).as_bytes())
+        .next()
+        .map(|(_, v)| v.into_owned())
+        .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn metadata_filter_is_decoded_twice() {
+        // What the SDK sends for {"k": "v", "a b": "x&y"} after httpx has
+        // been undone by the HTTP layer.
+        let filter = decode_metadata_filter("k=v&a%2520b=x%2526y");
+        assert_eq!(filter.get("k").map(String::as_str), Some("v"));
+        assert_eq!(filter.get("a b").map(String::as_str), Some("x&y"));
+    }
+
+    #[test]
+    fn create_body_accepts_what_the_sdk_sends() {
+        let body = r#"{"templateID":"base","timeout":30,"autoPause":false,"allow_internet_access":false,
+            "metadata":{"a":"b"},"envVars":{"X":"1"},"volumeMounts":[],"network":{"allowOut":[]}}"#;
+        let parsed: NewSandbox = serde_json::from_str(body).unwrap();
+        assert_eq!(parsed.template_id.as_deref(), Some("base"));
+        assert_eq!(parsed.timeout, Some(30));
+        assert_eq!(parsed.allow_internet_access, Some(false));
+        assert_eq!(parsed.env_vars.unwrap()["X"], "1");
+    }
+
+    #[test]
+    fn listed_sandbox_uses_the_sdks_key_names() {
+        let listed = ListedSandbox {
+            template_id: "base".into(),
+            sandbox_id: "s".into(),
+            client_id: "c".into(),
+            alias: None,
+            started_at: "t0".into(),
+            end_at: "t1".into(),
+            cpu_count: 2,
+            memory_mb: 512,
+            disk_size_mb: 1024,
+            state: "running",
+            envd_version: "0.6.4".into(),
+            metadata: HashMap::new(),
+        };
+        let json = serde_json::to_value(&listed).unwrap();
+        for key in ["templateID", "sandboxID", "clientID", "startedAt", "endAt", "cpuCount", "memoryMB", "diskSizeMB"] {
+            assert!(json.get(key).is_some(), "missing {key}");
+        }
+    }
+}

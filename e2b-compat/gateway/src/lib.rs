@@ -1,0 +1,10 @@
+//! The copse gateway: E2B's control plane over a host substrate, and the
+//! data-plane switch to each sandbox's agent. See docs/ARCHITECTURE.md.
+
+pub mod agent_link;
+pub mod api;
+pub mod config;
+pub mod progress;
+pub mod sandboxes;
+pub mod server;
+pub mod store;

@@ -1,0 +1,222 @@
+//! The `copse` command: the server (`up`) and thin clients of it.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use copse_gateway::config::{self, Config};
+use copse_gateway::server;
+
+#[derive(Parser)]
+#[command(name = "copse", version, about = "Self-hosted sandboxes behind the E2B API")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(clap::Args, Clone)]
+struct Paths {
+    /// Where sandboxes, templates and the state database live.
+    #[arg(long, env = "COPSE_DATA_DIR", default_value = config::DEFAULT_DATA_DIR)]
+    data_dir: PathBuf,
+    /// The in-sandbox agent binary (found next to copse by default).
+    #[arg(long, env = "COPSE_AGENT")]
+    agent: Option<PathBuf>,
+}
+
+#[derive(clap::Args, Clone)]
+struct Remote {
+    /// The gateway to talk to.
+    #[arg(long, env = "E2B_API_URL", default_value = "http://127.0.0.1:3000")]
+    api_url: String,
+    /// API key (default: the first key in the data dir's keys file).
+    #[arg(long, env = "E2B_API_KEY")]
+    api_key: Option<String>,
+    #[arg(long, env = "COPSE_DATA_DIR", default_value = config::DEFAULT_DATA_DIR)]
+    data_dir: PathBuf,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Build missing default templates, then serve the E2B API.
+    Up {
+        #[arg(long, env = "COPSE_LISTEN", default_value = config::DEFAULT_LISTEN)]
+        listen: SocketAddr,
+        #[command(flatten)]
+        paths: Paths,
+        /// Leave sandboxes running on shutdown (a restart re-adopts them).
+        #[arg(long)]
+        keep_sandboxes: bool,
+    },
+    /// Manage templates.
+    Template {
+        #[command(subcommand)]
+        command: TemplateCommand,
+    },
+    /// List running sandboxes.
+    Ls {
+        #[command(flatten)]
+        remote: Remote,
+    },
+    /// Kill a sandbox.
+    Kill {
+        id: String,
+        #[command(flatten)]
+        remote: Remote,
+    },
+    /// Print the version and the substrate this build uses.
+    Version,
+}
+
+#[derive(Subcommand)]
+enum TemplateCommand {
+    /// Build templates (default: every built-in one); skips complete builds.
+    Build {
+        names: Vec<String>,
+        #[command(flatten)]
+        paths: Paths,
+    },
+    /// List built templates.
+    List {
+        #[command(flatten)]
+        paths: Paths,
+    },
+}
+
+fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("COPSE_LOG").unwrap_or_else(|_| "info".into()))
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Up { listen, paths, keep_sandboxes } => {
+            let config = Config {
+                listen,
+                data_dir: paths.data_dir,
+                agent_binary: config::find_agent(paths.agent)?,
+                keep_sandboxes,
+            };
+            tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(server::run(config))
+        }
+        Command::Template { command: TemplateCommand::Build { names, paths } } => {
+            let substrate = server::open_substrate(&local_config(paths)?)?;
+            let recipes: Vec<_> =
+                server::default_recipes().into_iter().filter(|r| names.is_empty() || names.contains(&r.name)).collect();
+            if let Some(unknown) = names.iter().find(|n| !recipes.iter().any(|r| &&r.name == n)) {
+                anyhow::bail!("no recipe named {unknown:?}; built-in templates: {}", recipe_names());
+            }
+            server::ensure_templates(substrate.as_ref(), &recipes)
+        }
+        Command::Template { command: TemplateCommand::List { paths } } => {
+            let substrate = server::open_substrate(&local_config(paths)?)?;
+            for t in substrate.templates()? {
+                println!("{:<24} {:>8} MiB  built {}", t.name, t.size_bytes >> 20, t.built_at);
+            }
+            Ok(())
+        }
+        Command::Ls { remote } => client::ls(&remote.api_url, &api_key(&remote)?),
+        Command::Kill { id, remote } => client::kill(&remote.api_url, &api_key(&remote)?, &id),
+        Command::Version => {
+            println!("copse {} (envd {})", env!("CARGO_PKG_VERSION"), copse_gateway::sandboxes::ENVD_VERSION);
+            Ok(())
+        }
+    }
+}
+
+fn local_config(paths: Paths) -> anyhow::Result<Config> {
+    Ok(Config {
+        listen: config::DEFAULT_LISTEN.parse()?,
+        data_dir: paths.data_dir,
+        agent_binary: config::find_agent(paths.agent)?,
+        keep_sandboxes: true,
+    })
+}
+
+fn recipe_names() -> String {
+    server::default_recipes().into_iter().map(|r| r.name).collect::<Vec<_>>().join(", ")
+}
+
+fn api_key(remote: &Remote) -> anyhow::Result<String> {
+    if let Some(key) = &remote.api_key {
+        return Ok(key.clone());
+    }
+    let file = remote.data_dir.join("api-keys");
+    let text = std::fs::read_to_string(&file)
+        .with_context(|| format!("no --api-key given and {} unreadable", file.display()))?;
+    text.lines()
+        .map(str::trim)
+        .find(|l| !l.is_empty() && !l.starts_with('#'))
+        .map(String::from)
+        .context("keys file is empty")
+}
+
+mod client {
+    //! `copse ls` and `copse kill` speak the same E2B API as the SDKs.
+
+    use anyhow::{Context, bail};
+    use serde_json::Value;
+
+    fn call(method: &str, url: &str, key: &str) -> anyhow::Result<(u16, String)> {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+        runtime.block_on(async {
+            let uri: hyper::Uri = url.parse().with_context(|| format!("bad URL {url}"))?;
+            let authority = uri.authority().context("URL has no host")?.clone();
+            let stream = tokio::net::TcpStream::connect(authority.as_str())
+                .await
+                .with_context(|| format!("connecting to {authority}; is `copse up` running?"))?;
+            let (mut sender, conn) =
+                hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream)).await?;
+            tokio::spawn(conn);
+            let request = hyper::Request::builder()
+                .method(method)
+                .uri(uri.path_and_query().map(|p| p.as_str()).unwrap_or("/"))
+                .header("host", authority.as_str())
+                .header("x-api-key", key)
+                .body(http_body_util::Empty::<bytes::Bytes>::new())?;
+            let response = sender.send_request(request).await?;
+            let status = response.status().as_u16();
+            let body = http_body_util::BodyExt::collect(response.into_body()).await?.to_bytes();
+            Ok((status, String::from_utf8_lossy(&body).into_owned()))
+        })
+    }
+
+    fn error_message(body: &str) -> String {
+        serde_json::from_str::<Value>(body)
+            .ok()
+            .and_then(|v| v.get("message").and_then(Value::as_str).map(String::from))
+            .unwrap_or_else(|| body.to_string())
+    }
+
+    pub fn ls(api: &str, key: &str) -> anyhow::Result<()> {
+        let (status, body) = call("GET", &format!("{api}/v2/sandboxes"), key)?;
+        if status != 200 {
+            bail!("{status}: {}", error_message(&body));
+        }
+        let sandboxes: Vec<Value> = serde_json::from_str(&body)?;
+        println!("{:<22} {:<24} {:<10} {}", "SANDBOX", "TEMPLATE", "STATE", "ENDS AT");
+        for s in sandboxes {
+            let field = |k: &str| s.get(k).and_then(Value::as_str).unwrap_or("").to_string();
+            println!(
+                "{:<22} {:<24} {:<10} {}",
+                field("sandboxID"),
+                field("templateID"),
+                field("state"),
+                field("endAt")
+            );
+        }
+        Ok(())
+    }
+
+    pub fn kill(api: &str, key: &str, id: &str) -> anyhow::Result<()> {
+        let (status, body) = call("DELETE", &format!("{api}/sandboxes/{id}"), key)?;
+        match status {
+            204 => {
+                println!("killed {id}");
+                Ok(())
+            }
+            _ => bail!("{status}: {}", error_message(&body)),
+        }
+    }
+}

@@ -1,0 +1,346 @@
+//! The sandbox service: create, find, expire and destroy sandboxes, keeping
+//! SQLite and the substrate in step. Knows nothing of HTTP shapes.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use copse_jails::{Limits, Placement, SandboxSpec, Substrate};
+use rand::Rng;
+use serde::{Deserialize, Serialize};
+use time::OffsetDateTime;
+
+use crate::agent_link;
+use crate::store::Store;
+
+/// The envd version copse's agent implements (every SDK feature gate on).
+pub const ENVD_VERSION: &str = "0.6.4";
+pub const DEFAULT_TIMEOUT_S: i64 = 300;
+/// E2B's ceiling for a sandbox's lifetime on its largest plan.
+pub const MAX_TIMEOUT_S: i64 = 24 * 3600;
+
+#[derive(Debug, thiserror::Error)]
+pub enum SandboxError {
+    #[error("sandbox {0} not found")]
+    NotFound(String),
+    #[error("template '{name}' not found; available templates: {available}")]
+    UnknownTemplate { name: String, available: String },
+    #[error("{0}")]
+    Invalid(String),
+    #[error("{0}")]
+    Conflict(String),
+    #[error(transparent)]
+    Internal(#[from] anyhow::Error),
+}
+
+pub type Result<T> = std::result::Result<T, SandboxError>;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum State {
+    Running,
+    Paused,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SandboxRecord {
+    pub id: String,
+    pub template: String,
+    pub access_token: String,
+    pub metadata: HashMap<String, String>,
+    pub env_vars: HashMap<String, String>,
+    pub limits: Limits,
+    pub started_at_ms: i64,
+    pub end_at_ms: i64,
+    pub state: State,
+    pub allow_internet_access: bool,
+    pub auto_pause: bool,
+    pub placement: Placement,
+    pub agent_socket: PathBuf,
+}
+
+#[derive(Debug, Default)]
+pub struct CreateRequest {
+    pub template: String,
+    pub timeout_s: Option<i64>,
+    pub metadata: HashMap<String, String>,
+    pub env_vars: HashMap<String, String>,
+    pub allow_internet_access: bool,
+    pub auto_pause: bool,
+}
+
+#[derive(Debug, Default)]
+pub struct ListFilter {
+    pub metadata: HashMap<String, String>,
+    pub states: Vec<State>,
+    pub template: Option<String>,
+}
+
+pub struct Sandboxes {
+    substrate: Arc<dyn Substrate>,
+    store: Store,
+    run_dir: PathBuf,
+    limits: Limits,
+    /// Last (time, cpu ns) per sandbox, to turn CPU time into a percentage.
+    cpu_samples: Mutex<HashMap<String, (Instant, u64)>>,
+}
+
+impl Sandboxes {
+    pub fn new(substrate: Arc<dyn Substrate>, store: Store, run_dir: PathBuf) -> Self {
+        Self { substrate, store, run_dir, limits: Limits::default(), cpu_samples: Mutex::new(HashMap::new()) }
+    }
+
+    pub fn substrate(&self) -> &Arc<dyn Substrate> {
+        &self.substrate
+    }
+
+    /// Re-adopt what survived a gateway restart; destroy the rest.
+    pub async fn recover(&self) -> anyhow::Result<copse_jails::Recovery> {
+        let records = self.store.all()?;
+        let known: Vec<(String, Placement)> = records.iter().map(|r| (r.id.clone(), r.placement.clone())).collect();
+        let substrate = self.substrate.clone();
+        let recovery = tokio::task::spawn_blocking(move || substrate.recover(&known)).await??;
+        for id in &recovery.removed {
+            self.store.remove(id)?;
+        }
+        Ok(recovery)
+    }
+
+    pub async fn create(&self, request: CreateRequest) -> Result<SandboxRecord> {
+        let timeout = validate_timeout(request.timeout_s.unwrap_or(DEFAULT_TIMEOUT_S))?;
+        self.check_template(&request.template).await?;
+        let id = new_id();
+        let agent_socket = self.run_dir.join(format!("{id}.sock"));
+        let spec = SandboxSpec {
+            id: id.clone(),
+            template: request.template.clone(),
+            limits: self.limits,
+            agent_socket: agent_socket.clone(),
+        };
+        let substrate = self.substrate.clone();
+        let placement =
+            tokio::task::spawn_blocking(move || substrate.create(&spec)).await.map_err(anyhow::Error::from)??;
+        let now = now_ms();
+        let record = SandboxRecord {
+            id,
+            template: request.template,
+            access_token: new_token(),
+            metadata: request.metadata,
+            env_vars: request.env_vars,
+            limits: self.limits,
+            started_at_ms: now,
+            end_at_ms: now + timeout * 1000,
+            state: State::Running,
+            allow_internet_access: request.allow_internet_access,
+            auto_pause: request.auto_pause,
+            placement,
+            agent_socket,
+        };
+        if let Err(e) = self.hand_over(&record).await {
+            self.destroy_quietly(&record.id).await;
+            return Err(e.into());
+        }
+        Ok(record)
+    }
+
+    /// Tells the agent who its user is: the token it must demand and the
+    /// environment every process gets; then makes the sandbox durable.
+    async fn hand_over(&self, record: &SandboxRecord) -> anyhow::Result<()> {
+        let init = serde_json::json!({ "accessToken": record.access_token, "envVars": record.env_vars });
+        agent_link::post_json(&record.agent_socket, "/init", &init).await?;
+        self.store.put(record)
+    }
+
+    async fn check_template(&self, name: &str) -> Result<()> {
+        let substrate = self.substrate.clone();
+        let templates =
+            tokio::task::spawn_blocking(move || substrate.templates()).await.map_err(anyhow::Error::from)??;
+        if templates.iter().any(|t| t.name == name) {
+            return Ok(());
+        }
+        let available: Vec<String> = templates.into_iter().map(|t| t.name).collect();
+        Err(SandboxError::UnknownTemplate { name: name.to_string(), available: available.join(", ") })
+    }
+
+    pub fn get(&self, id: &str) -> Result<SandboxRecord> {
+        self.store.get(id)?.ok_or_else(|| SandboxError::NotFound(id.to_string()))
+    }
+
+    pub fn list(&self, filter: &ListFilter) -> Result<Vec<SandboxRecord>> {
+        let mut records: Vec<SandboxRecord> = self
+            .store
+            .all()?
+            .into_iter()
+            .filter(|r| filter.metadata.iter().all(|(k, v)| r.metadata.get(k) == Some(v)))
+            .filter(|r| filter.states.is_empty() || filter.states.contains(&r.state))
+            .filter(|r| filter.template.as_ref().is_none_or(|t| &r.template == t))
+            .collect();
+        records.sort_by(|a, b| (a.started_at_ms, &a.id).cmp(&(b.started_at_ms, &b.id)));
+        Ok(records)
+    }
+
+    /// Sets the sandbox to expire `timeout_s` from now.
+    pub fn set_timeout(&self, id: &str, timeout_s: i64) -> Result<SandboxRecord> {
+        let timeout = validate_timeout(timeout_s)?;
+        let mut record = self.get(id)?;
+        record.end_at_ms = now_ms() + timeout * 1000;
+        self.store.put(&record)?;
+        Ok(record)
+    }
+
+    /// Connecting never shortens a sandbox's life, only extends it.
+    pub fn connect(&self, id: &str, timeout_s: Option<i64>) -> Result<SandboxRecord> {
+        let mut record = self.get(id)?;
+        if let Some(timeout) = timeout_s {
+            let end = now_ms() + validate_timeout(timeout)? * 1000;
+            if end > record.end_at_ms {
+                record.end_at_ms = end;
+                self.store.put(&record)?;
+            }
+        }
+        Ok(record)
+    }
+
+    pub async fn kill(&self, id: &str) -> Result<()> {
+        if self.store.get(id)?.is_none() {
+            return Err(SandboxError::NotFound(id.to_string()));
+        }
+        let substrate = self.substrate.clone();
+        let owned = id.to_string();
+        tokio::task::spawn_blocking(move || substrate.destroy(&owned)).await.map_err(anyhow::Error::from)??;
+        self.store.remove(id)?;
+        self.cpu_samples.lock().unwrap_or_else(|p| p.into_inner()).remove(id);
+        Ok(())
+    }
+
+    async fn destroy_quietly(&self, id: &str) {
+        let substrate = self.substrate.clone();
+        let owned = id.to_string();
+        if let Ok(Err(e)) = tokio::task::spawn_blocking(move || substrate.destroy(&owned)).await {
+            tracing::error!("destroying sandbox {id}: {e:#}");
+        }
+    }
+
+    pub async fn metrics(&self, id: &str) -> Result<Metric> {
+        let record = self.get(id)?;
+        let substrate = self.substrate.clone();
+        let owned = id.to_string();
+        let usage =
+            tokio::task::spawn_blocking(move || substrate.usage(&owned)).await.map_err(anyhow::Error::from)??;
+        let now = Instant::now();
+        let previous =
+            self.cpu_samples.lock().unwrap_or_else(|p| p.into_inner()).insert(id.to_string(), (now, usage.cpu_ns));
+        let (cpu_before, wall) = match previous {
+            Some((at, cpu)) => (cpu, now.duration_since(at)),
+            None => (0, Duration::from_millis((now_ms() - record.started_at_ms).max(1) as u64)),
+        };
+        let cores = f64::from(record.limits.cpu_count.max(1));
+        let cpu_pct = (usage.cpu_ns.saturating_sub(cpu_before) as f64 / wall.as_nanos().max(1) as f64) * 100.0 / cores;
+        Ok(Metric {
+            cpu_count: record.limits.cpu_count,
+            cpu_used_pct: (cpu_pct * 100.0).round() / 100.0,
+            mem_used: usage.memory_bytes,
+            mem_total: record.limits.memory_mb * 1024 * 1024,
+            mem_cache: usage.memory_cache_bytes,
+            disk_used: usage.disk_bytes,
+            disk_total: record.limits.disk_mb * 1024 * 1024,
+        })
+    }
+
+    /// Kills expired sandboxes and forgets ones whose init died on its own.
+    pub async fn reap(&self) -> anyhow::Result<()> {
+        for id in self.store.expired(now_ms())? {
+            tracing::info!("sandbox {id} timed out");
+            if let Err(e) = self.kill(&id).await {
+                tracing::error!("killing expired sandbox {id}: {e:#}");
+            }
+        }
+        Ok(())
+    }
+
+    pub async fn reap_dead(&self) -> anyhow::Result<()> {
+        for record in self.store.all()? {
+            if !self.substrate.is_alive(&record.id, &record.placement) {
+                tracing::warn!("sandbox {} died on its own; cleaning up", record.id);
+                self.kill(&record.id).await.ok();
+            }
+        }
+        Ok(())
+    }
+
+    pub fn spawn_reaper(self: &Arc<Self>) -> tokio::task::JoinHandle<()> {
+        let this = self.clone();
+        tokio::spawn(async move {
+            let mut tick = 0u64;
+            loop {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                if let Err(e) = this.reap().await {
+                    tracing::error!("reaper: {e:#}");
+                }
+                tick += 1;
+                if tick % 20 == 0 {
+                    if let Err(e) = this.reap_dead().await {
+                        tracing::error!("reaper: {e:#}");
+                    }
+                }
+            }
+        })
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct Metric {
+    pub cpu_count: u32,
+    pub cpu_used_pct: f64,
+    pub mem_used: u64,
+    pub mem_total: u64,
+    pub mem_cache: u64,
+    pub disk_used: u64,
+    pub disk_total: u64,
+}
+
+fn validate_timeout(timeout_s: i64) -> Result<i64> {
+    if !(0..=MAX_TIMEOUT_S).contains(&timeout_s) {
+        return Err(SandboxError::Invalid(format!(
+            "timeout must be between 0 and {MAX_TIMEOUT_S} seconds, got {timeout_s}"
+        )));
+    }
+    Ok(timeout_s)
+}
+
+pub fn now_ms() -> i64 {
+    (OffsetDateTime::now_utc().unix_timestamp_nanos() / 1_000_000) as i64
+}
+
+/// Ids look like E2B's: 20 lowercase letters and digits.
+fn new_id() -> String {
+    const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789";
+    let mut rng = rand::rng();
+    (0..20).map(|_| ALPHABET[rng.random_range(0..ALPHABET.len())] as char).collect()
+}
+
+fn new_token() -> String {
+    let bytes: [u8; 24] = rand::rng().random();
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_are_e2b_shaped_and_distinct() {
+        let a = new_id();
+        assert_eq!(a.len(), 20);
+        assert!(a.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit()));
+        assert_ne!(a, new_id());
+    }
+
+    #[test]
+    fn timeouts_outside_the_allowed_range_are_refused() {
+        assert!(validate_timeout(-1).is_err());
+        assert!(validate_timeout(MAX_TIMEOUT_S + 1).is_err());
+        assert_eq!(validate_timeout(30).unwrap(), 30);
+    }
+}

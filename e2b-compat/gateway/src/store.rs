@@ -1,0 +1,78 @@
+//! Durable sandbox state in SQLite (WAL), so a restarted gateway knows which
+//! sandboxes to re-adopt and which resources to clean.
+//!
+//! Each sandbox is one row: its id, its expiry (indexed for the reaper) and
+//! the whole record as JSON, so new fields need no migration.
+
+use std::path::Path;
+use std::sync::Mutex;
+
+use anyhow::Context;
+use rusqlite::{Connection, OptionalExtension, params};
+
+use crate::sandboxes::SandboxRecord;
+
+pub struct Store {
+    conn: Mutex<Connection>,
+}
+
+impl Store {
+    pub fn open(path: &Path) -> anyhow::Result<Self> {
+        let conn = Connection::open(path).with_context(|| format!("opening {}", path.display()))?;
+        conn.pragma_update(None, "journal_mode", "WAL")?;
+        // Losing the last transaction on power loss is acceptable: recovery
+        // destroys resources no row mentions.
+        conn.pragma_update(None, "synchronous", "NORMAL")?;
+        conn.execute_batch(
+            "CREATE TABLE IF NOT EXISTS sandboxes (
+                 id TEXT PRIMARY KEY,
+                 end_at_ms INTEGER NOT NULL,
+                 record TEXT NOT NULL
+             );
+             CREATE INDEX IF NOT EXISTS sandboxes_end_at ON sandboxes(end_at_ms);",
+        )?;
+        Ok(Self { conn: Mutex::new(conn) })
+    }
+
+    pub fn put(&self, record: &SandboxRecord) -> anyhow::Result<()> {
+        let json = serde_json::to_string(record)?;
+        self.lock().execute(
+            "INSERT INTO sandboxes (id, end_at_ms, record) VALUES (?1, ?2, ?3)
+             ON CONFLICT(id) DO UPDATE SET end_at_ms = excluded.end_at_ms, record = excluded.record",
+            params![record.id, record.end_at_ms, json],
+        )?;
+        Ok(())
+    }
+
+    pub fn get(&self, id: &str) -> anyhow::Result<Option<SandboxRecord>> {
+        let json: Option<String> = self
+            .lock()
+            .query_row("SELECT record FROM sandboxes WHERE id = ?1", params![id], |row| row.get(0))
+            .optional()?;
+        json.map(|j| serde_json::from_str(&j).context("corrupt sandbox record")).transpose()
+    }
+
+    pub fn all(&self) -> anyhow::Result<Vec<SandboxRecord>> {
+        let conn = self.lock();
+        let mut stmt = conn.prepare("SELECT record FROM sandboxes ORDER BY id")?;
+        let rows = stmt.query_map([], |row| row.get::<_, String>(0))?;
+        rows.map(|r| Ok(serde_json::from_str(&r?)?)).collect()
+    }
+
+    /// Ids whose expiry is at or before `now_ms`.
+    pub fn expired(&self, now_ms: i64) -> anyhow::Result<Vec<String>> {
+        let conn = self.lock();
+        let mut stmt = conn.prepare("SELECT id FROM sandboxes WHERE end_at_ms <= ?1")?;
+        let rows = stmt.query_map(params![now_ms], |row| row.get::<_, String>(0))?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+
+    pub fn remove(&self, id: &str) -> anyhow::Result<bool> {
+        Ok(self.lock().execute("DELETE FROM sandboxes WHERE id = ?1", params![id])? > 0)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Connection> {
+        // A panic while holding the lock leaves SQLite itself consistent.
+        self.conn.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}

@@ -1,0 +1,151 @@
+//! The OS substrate behind every sandbox.
+//!
+//! The gateway sees only [`Substrate`] and the plain data types in this file;
+//! every platform `cfg` lives below this crate root. A substrate owns each
+//! privileged step of a sandbox's life (filesystem clone, isolation, limits,
+//! teardown) and nothing about the E2B wire protocol.
+
+pub mod template;
+
+#[cfg(target_os = "linux")]
+pub mod linux;
+
+#[cfg(target_os = "freebsd")]
+pub mod freebsd;
+
+/// The FreeBSD substrate's plans are pure data; on other hosts they are
+/// compiled for tests only, so their golden tests run where no FreeBSD
+/// machine exists. (Only the FreeBSD executor uses all of them.)
+#[cfg(all(test, not(target_os = "freebsd")))]
+#[allow(dead_code)]
+#[path = "freebsd/plan/mod.rs"]
+mod freebsd_plan;
+
+pub mod confine;
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+pub use template::{Recipe, TemplateInfo};
+
+/// Resource limits applied to a whole sandbox.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Limits {
+    pub cpu_count: u32,
+    pub memory_mb: u64,
+    pub disk_mb: u64,
+    pub pids: u32,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self { cpu_count: 2, memory_mb: 512, disk_mb: 1024, pids: 512 }
+    }
+}
+
+/// What the gateway asks for when it creates a sandbox.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SandboxSpec {
+    pub id: String,
+    pub template: String,
+    pub limits: Limits,
+    /// Host path of the unix socket the in-sandbox agent will listen on.
+    pub agent_socket: PathBuf,
+}
+
+/// Where a running sandbox lives on the host; persisted by the gateway so a
+/// restarted gateway can re-adopt the sandbox or tear it down.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Placement {
+    /// Host pid of the sandbox's init (Linux) or jail id (FreeBSD).
+    pub init_pid: i32,
+    /// Kernel start time of that process, so a recycled pid is never mistaken
+    /// for the sandbox after a crash.
+    pub init_start: u64,
+}
+
+/// Resource use of one sandbox, read from the kernel's own accounting.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize)]
+pub struct Usage {
+    /// CPU time consumed since creation, in nanoseconds.
+    pub cpu_ns: u64,
+    pub memory_bytes: u64,
+    pub memory_cache_bytes: u64,
+    pub disk_bytes: u64,
+}
+
+/// What a substrate found when the gateway started.
+#[derive(Debug, Default)]
+pub struct Recovery {
+    /// Sandboxes the gateway knew that are still alive and usable.
+    pub adopted: Vec<String>,
+    /// Sandboxes (known or orphaned) that were torn down.
+    pub removed: Vec<String>,
+}
+
+/// One line of progress from a long operation such as a template build.
+pub type Progress<'a> = &'a (dyn Fn(&str) + Send + Sync);
+
+/// The host isolation mechanism. Methods block; the gateway calls them from a
+/// blocking thread. Every method that removes something is idempotent.
+pub trait Substrate: Send + Sync + 'static {
+    /// Short name for logs and `copse version` ("linux-ns", "freebsd-jail").
+    fn name(&self) -> &'static str;
+
+    /// Templates that are built and ready to boot.
+    fn templates(&self) -> anyhow::Result<Vec<TemplateInfo>>;
+
+    /// Build `recipe` unless a complete build exists. Reports progress lines.
+    fn ensure_template(&self, recipe: &Recipe, progress: Progress<'_>) -> anyhow::Result<TemplateInfo>;
+
+    /// Boot a sandbox. On error nothing of it is left behind.
+    fn create(&self, spec: &SandboxSpec) -> anyhow::Result<Placement>;
+
+    /// Tear down everything a sandbox owns: processes, mounts, limits,
+    /// network, private filesystem, agent socket. Unknown ids are a no-op.
+    fn destroy(&self, id: &str) -> anyhow::Result<()>;
+
+    /// Whether the sandbox placed at `placement` is still running.
+    fn is_alive(&self, id: &str, placement: &Placement) -> bool;
+
+    fn usage(&self, id: &str) -> anyhow::Result<Usage>;
+
+    /// After a gateway restart: keep the `known` sandboxes that are alive,
+    /// destroy the dead ones and every resource that belongs to no known
+    /// sandbox.
+    fn recover(&self, known: &[(String, Placement)]) -> anyhow::Result<Recovery>;
+}
+
+/// The substrate of the host this binary was built for.
+#[cfg(target_os = "linux")]
+pub fn host_substrate(
+    state_dir: &std::path::Path,
+    agent_binary: &std::path::Path,
+) -> anyhow::Result<Box<dyn Substrate>> {
+    Ok(Box::new(linux::LinuxSubstrate::open(state_dir, agent_binary)?))
+}
+
+/// The substrate of the host this binary was built for.
+#[cfg(target_os = "freebsd")]
+pub fn host_substrate(
+    state_dir: &std::path::Path,
+    agent_binary: &std::path::Path,
+) -> anyhow::Result<Box<dyn Substrate>> {
+    Ok(Box::new(freebsd::JailSubstrate::open(state_dir, agent_binary)?))
+}
+
+/// Entry point of `copse-agent boot`, run by the substrate as the first
+/// process of a new sandbox: finishes the sandbox's set-up from inside, then
+/// calls `serve` with the listening socket the gateway will connect to.
+/// Exits the process; never returns.
+pub fn boot_agent(serve: impl FnOnce(std::os::unix::net::UnixListener) -> anyhow::Result<()>) -> ! {
+    #[cfg(target_os = "linux")]
+    {
+        linux::boot::run_from_stdin(serve)
+    }
+    #[cfg(target_os = "freebsd")]
+    {
+        freebsd::boot_agent(serve)
+    }
+}

@@ -1,0 +1,236 @@
+//! The Linux substrate: namespaces, overlayfs and cgroups.
+//!
+//! Host layout under the state directory:
+//! - `templates/<name>/rootfs`: read-only lower layers (see [`rootfs`]);
+//! - `sandboxes/<id>/{upper,work,root}`: each sandbox's private layer;
+//! - `run/<id>.sock`: the agent's socket, outside the sandbox's root, so
+//!   nothing inside can replace it;
+//! - cgroup `copse/<id>` in every hierarchy.
+//!
+//! Mounts exist only inside each sandbox's mount namespace, so the host's
+//! mount table never holds a copse mount and nothing mounted can leak.
+
+pub mod boot;
+pub mod cgroup;
+pub mod confine;
+pub mod rootfs;
+
+use std::fs;
+use std::io::Write;
+use std::os::fd::AsRawFd;
+use std::os::unix::net::UnixListener;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use anyhow::{Context, bail};
+
+use crate::{Placement, Progress, Recipe, Recovery, SandboxSpec, Substrate, TemplateInfo, Usage};
+use boot::{BootPlan, LISTEN_FD};
+use cgroup::Hierarchy;
+use rootfs::TemplateStore;
+
+pub struct LinuxSubstrate {
+    sandboxes: PathBuf,
+    run: PathBuf,
+    agent_binary: PathBuf,
+    templates: TemplateStore,
+    cgroups: Hierarchy,
+}
+
+impl LinuxSubstrate {
+    pub fn open(state_dir: &Path, agent_binary: &Path) -> anyhow::Result<Self> {
+        let sandboxes = state_dir.join("sandboxes");
+        let run = state_dir.join("run");
+        for dir in [&sandboxes, &run] {
+            fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        }
+        if !agent_binary.is_file() {
+            bail!("agent binary {} not found (build it with `cargo build --release`)", agent_binary.display());
+        }
+        // Sandbox inits are orphaned by their short-lived boot process; as
+        // subreaper the gateway inherits them and can reap them on kill.
+        // SAFETY: prctl with integer arguments.
+        unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
+        Ok(Self {
+            sandboxes,
+            run,
+            agent_binary: agent_binary.to_path_buf(),
+            templates: TemplateStore::new(state_dir),
+            cgroups: Hierarchy::detect()?,
+        })
+    }
+
+    fn sandbox_dir(&self, id: &str) -> PathBuf {
+        self.sandboxes.join(id)
+    }
+
+    pub fn boot_plan(&self, spec: &SandboxSpec) -> BootPlan {
+        let dir = self.sandbox_dir(&spec.id);
+        BootPlan {
+            hostname: spec.id.chars().take(63).collect(),
+            lower: self.templates.rootfs(&spec.template),
+            upper: dir.join("upper"),
+            work: dir.join("work"),
+            root: dir.join("root"),
+            cgroup_procs: self.cgroups.procs_files(&spec.id),
+        }
+    }
+
+    fn boot(&self, spec: &SandboxSpec) -> anyhow::Result<Placement> {
+        if self.templates.get(&spec.template).is_none() {
+            bail!("template {} is not built", spec.template);
+        }
+        let plan = self.boot_plan(spec);
+        for dir in [&plan.upper, &plan.work, &plan.root] {
+            fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        }
+        self.cgroups.create(&spec.id, &spec.limits)?;
+        let _ = fs::remove_file(&spec.agent_socket);
+        let listener = UnixListener::bind(&spec.agent_socket)
+            .with_context(|| format!("binding {}", spec.agent_socket.display()))?;
+        let listen_fd = listener.as_raw_fd();
+
+        let mut command = Command::new(&self.agent_binary);
+        command.arg("boot").env_clear().stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
+        // SAFETY: dup2 and fcntl are async-signal-safe.
+        unsafe {
+            command.pre_exec(move || {
+                if listen_fd == LISTEN_FD {
+                    let flags = libc::fcntl(LISTEN_FD, libc::F_GETFD);
+                    crate::confine::check(libc::fcntl(LISTEN_FD, libc::F_SETFD, flags & !libc::FD_CLOEXEC))
+                } else {
+                    crate::confine::check(libc::dup2(listen_fd, LISTEN_FD))
+                }
+            });
+        }
+        let mut child = command.spawn().context("starting the boot process")?;
+        child.stdin.take().expect("piped").write_all(&serde_json::to_vec(&plan)?)?;
+        let output = child.wait_with_output()?;
+        drop(listener);
+        if !output.status.success() {
+            bail!("sandbox boot failed ({}): {}", output.status, String::from_utf8_lossy(&output.stderr).trim());
+        }
+        let pid: i32 = String::from_utf8_lossy(&output.stdout).trim().parse().context("boot printed no init pid")?;
+        let init_start = process_start_time(pid).context("init vanished right after boot")?;
+        Ok(Placement { init_pid: pid, init_start })
+    }
+
+    /// Ids of every sandbox that has anything on this host.
+    fn resident_ids(&self) -> Vec<String> {
+        let mut ids = self.cgroups.existing();
+        for dir in [&self.sandboxes, &self.run] {
+            if let Ok(entries) = fs::read_dir(dir) {
+                for entry in entries.filter_map(Result::ok) {
+                    if let Some(name) = entry.file_name().to_str() {
+                        ids.push(name.trim_end_matches(".sock").to_string());
+                    }
+                }
+            }
+        }
+        ids.sort();
+        ids.dedup();
+        ids
+    }
+}
+
+impl Substrate for LinuxSubstrate {
+    fn name(&self) -> &'static str {
+        "linux-namespaces"
+    }
+
+    fn templates(&self) -> anyhow::Result<Vec<TemplateInfo>> {
+        self.templates.list()
+    }
+
+    fn ensure_template(&self, recipe: &Recipe, progress: Progress<'_>) -> anyhow::Result<TemplateInfo> {
+        self.templates.ensure(recipe, progress)
+    }
+
+    fn create(&self, spec: &SandboxSpec) -> anyhow::Result<Placement> {
+        crate::template::validate_name(&spec.id).map_err(anyhow::Error::msg)?;
+        self.boot(spec).inspect_err(|_| {
+            let _ = self.destroy(&spec.id);
+        })
+    }
+
+    fn destroy(&self, id: &str) -> anyhow::Result<()> {
+        crate::template::validate_name(id).map_err(anyhow::Error::msg)?;
+        self.cgroups.destroy(id)?;
+        let dir = self.sandbox_dir(id);
+        match fs::remove_dir_all(&dir) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                return Err(e).with_context(|| format!("removing {}", dir.display()));
+            }
+            _ => {}
+        }
+        let _ = fs::remove_file(self.run.join(format!("{id}.sock")));
+        Ok(())
+    }
+
+    fn is_alive(&self, _id: &str, placement: &Placement) -> bool {
+        process_start_time(placement.init_pid) == Some(placement.init_start)
+    }
+
+    fn usage(&self, id: &str) -> anyhow::Result<Usage> {
+        let mut usage = self.cgroups.usage(id)?;
+        usage.disk_bytes = rootfs::tree_size(&self.sandbox_dir(id).join("upper"));
+        Ok(usage)
+    }
+
+    fn recover(&self, known: &[(String, Placement)]) -> anyhow::Result<Recovery> {
+        let mut recovery = Recovery::default();
+        for (id, placement) in known {
+            if self.is_alive(id, placement) {
+                recovery.adopted.push(id.clone());
+            }
+        }
+        for id in self.resident_ids() {
+            if !recovery.adopted.contains(&id) {
+                self.destroy(&id)?;
+                recovery.removed.push(id);
+            }
+        }
+        for (id, _) in known {
+            if !recovery.adopted.contains(id) && !recovery.removed.contains(id) {
+                recovery.removed.push(id.clone());
+            }
+        }
+        Ok(recovery)
+    }
+}
+
+/// Start time (clock ticks since boot) of a live, non-zombie process.
+pub fn process_start_time(pid: i32) -> Option<u64> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    parse_start_time(&stat)
+}
+
+fn parse_start_time(stat: &str) -> Option<u64> {
+    // The command name may contain spaces and parentheses; fields resume
+    // after the last ')'. State is field 3, start time field 22.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let fields: Vec<&str> = rest.split(' ').collect();
+    if fields.first() == Some(&"Z") || fields.first() == Some(&"X") {
+        return None;
+    }
+    fields.get(19)?.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn start_time_survives_odd_command_names_and_skips_zombies() {
+        let live = "42 (a) b) S 1 42 42 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 98765 1000 10";
+        assert_eq!(parse_start_time(live), Some(98765));
+        let zombie = "42 (x) Z 1 42 42 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 98765 1000 10";
+        assert_eq!(parse_start_time(zombie), None);
+    }
+
+    #[test]
+    fn this_process_has_a_start_time() {
+        assert!(process_start_time(std::process::id() as i32).is_some());
+    }
+}

@@ -1,0 +1,88 @@
+//! Templates: what a sandbox's root filesystem is made of.
+//!
+//! A [`Recipe`] is platform-neutral data (a name and the packages on top of
+//! a minimal base system); each substrate turns it into its own artefact (a
+//! Debian root directory for overlayfs on Linux, a ZFS snapshot on FreeBSD).
+
+use serde::{Deserialize, Serialize};
+
+/// The unprivileged user every template has, as E2B sandboxes do.
+pub const SANDBOX_USER: &str = "user";
+pub const SANDBOX_UID: u32 = 1000;
+pub const SANDBOX_HOME: &str = "/home/user";
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Recipe {
+    pub name: String,
+    /// Packages installed on top of the minimal base system, by the names of
+    /// the host's package system (Debian on Linux, pkg on FreeBSD).
+    pub packages: Vec<String>,
+    /// Shell commands run inside the new root after the packages are in.
+    pub post_install: Vec<String>,
+}
+
+/// Built and ready to boot.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TemplateInfo {
+    pub name: String,
+    /// Unix seconds when the build finished.
+    pub built_at: u64,
+    pub size_bytes: u64,
+}
+
+/// Debian packages every Linux template gets: what users of E2B's `base`
+/// expect to find (a shell, coreutils, Python, process tools, TLS roots).
+const DEBIAN_BASE: &[&str] =
+    &["python3", "python3-pip", "python3-venv", "procps", "ca-certificates", "curl", "git", "less", "psmisc"];
+
+/// FreeBSD packages for the same purpose (pkg names).
+const FREEBSD_BASE: &[&str] = &["python311", "py311-pip", "curl", "git", "ca_root_nss"];
+
+/// The templates `copse up` makes sure exist, for the host's package system.
+pub fn builtin(os: PackageSystem) -> Vec<Recipe> {
+    let base: Vec<String> = match os {
+        PackageSystem::Debian => DEBIAN_BASE,
+        PackageSystem::FreeBsd => FREEBSD_BASE,
+    }
+    .iter()
+    .map(|p| p.to_string())
+    .collect();
+    vec![Recipe { name: "base".into(), packages: base, post_install: Vec::new() }]
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PackageSystem {
+    Debian,
+    FreeBsd,
+}
+
+/// Template names become directory and dataset names: keep them boring.
+pub fn validate_name(name: &str) -> Result<(), String> {
+    let ok = !name.is_empty()
+        && name.len() <= 64
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.')
+        && !name.starts_with('.');
+    if ok { Ok(()) } else { Err(format!("invalid template name {name:?}: use letters, digits, '-', '_' or '.'")) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_that_could_escape_a_directory_are_refused() {
+        assert!(validate_name("base").is_ok());
+        assert!(validate_name("code-interpreter-v1").is_ok());
+        assert!(validate_name("../etc").is_err());
+        assert!(validate_name(".hidden").is_err());
+        assert!(validate_name("").is_err());
+        assert!(validate_name("a/b").is_err());
+    }
+
+    #[test]
+    fn every_platform_has_a_base_template() {
+        for os in [PackageSystem::Debian, PackageSystem::FreeBsd] {
+            assert!(builtin(os).iter().any(|r| r.name == "base" && !r.packages.is_empty()));
+        }
+    }
+}

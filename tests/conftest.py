@@ -1,0 +1,94 @@
+"""Starts a real copse gateway for the suite and points the official E2B SDK
+at it, exactly as a user would (three environment variables)."""
+
+import os
+import pathlib
+import signal
+import socket
+import subprocess
+import time
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+COPSE = ROOT / "target" / "release" / "copse"
+API_KEY = "copse-test-key"
+# Templates are cached here between runs; sandboxes never outlive a run.
+DATA_DIR = pathlib.Path(os.environ.get("COPSE_TEST_DATA_DIR", "/var/lib/copse-test"))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Gateway:
+    def __init__(self, data_dir: pathlib.Path):
+        self.data_dir = data_dir
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc = None
+        self.log = open(data_dir / "gateway.log", "ab")
+
+    def start(self, keep_sandboxes: bool = False):
+        args = [str(COPSE), "up", "--listen", f"127.0.0.1:{self.port}", "--data-dir", str(self.data_dir)]
+        if keep_sandboxes:
+            args.append("--keep-sandboxes")
+        env = dict(os.environ, COPSE_API_KEY=API_KEY, COPSE_LOG=os.environ.get("COPSE_LOG", "info"))
+        self.proc = subprocess.Popen(args, env=env, stdout=self.log, stderr=self.log)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"copse up exited with {self.proc.returncode}; see {self.data_dir}/gateway.log")
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
+                    return
+            except OSError:
+                time.sleep(0.05)
+        raise RuntimeError("copse up did not start listening within 60 s")
+
+    def stop(self):
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            self.proc.wait(timeout=60)
+
+    def crash(self):
+        """kill -9: no cleanup runs; the next start must recover."""
+        self.proc.kill()
+        self.proc.wait(timeout=10)
+
+
+@pytest.fixture(scope="session")
+def gateway():
+    DATA_DIR.mkdir(parents=True, exist_ok=True)
+    # Visible progress the first time: building a template takes a minute.
+    subprocess.run([str(COPSE), "template", "build", "--data-dir", str(DATA_DIR)], check=True)
+    gw = Gateway(DATA_DIR)
+    gw.start()
+    os.environ.update(
+        E2B_API_URL=gw.url,
+        E2B_SANDBOX_URL=gw.url,
+        E2B_API_KEY=API_KEY,
+        E2B_CONNECTION_RETRIES="0",
+    )
+    os.environ.pop("E2B_DEBUG", None)
+    yield gw
+    gw.stop()
+
+
+@pytest.fixture
+def sandbox(gateway):
+    from e2b import Sandbox
+
+    sbx = Sandbox.create(timeout=120)
+    yield sbx
+    sbx.kill()
+
+
+def pytest_collection_modifyitems(items):
+    """Every test is bounded (the first one's setup may build a template, so
+    only the test body counts); heavier tests set their own, longer limit."""
+    for item in items:
+        if item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(180, func_only=True))
