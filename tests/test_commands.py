@@ -85,7 +85,7 @@ def test_output_streams_to_callbacks_in_order_while_the_command_runs(sandbox):
 
 
 def test_three_megabytes_of_stdout_arrive_intact(sandbox):
-    n = 430_000
+    n = 470_000
     expected = "".join(f"{i}\n" for i in range(1, n + 1))
     assert len(expected) >= 3 * 1024 * 1024
     result = sandbox.commands.run(f"seq 1 {n}", timeout=60)

@@ -2,6 +2,8 @@
 and not after the gateway is killed with SIGKILL and started again."""
 
 import os
+import signal
+import subprocess
 import time
 import uuid
 
@@ -95,6 +97,90 @@ def test_sandboxes_survive_or_vanish_cleanly_when_the_gateway_is_killed(gateway)
 
     assert all(killed[sid] is True for sid in adopted), f"kill after adoption: {killed}"
     assert all(killed[sid] is False for sid in cleaned), f"kill of cleaned sandboxes: {killed}"
+    leakcheck.assert_no_leaks(gateway.data_dir, live_ids(), before, gateway.proc.pid)
+
+
+@pytest.mark.timeout(300, func_only=True)
+def test_sandbox_that_expires_while_the_gateway_is_down_is_cleaned_on_restart(gateway):
+    before = leakcheck.baseline(gateway.data_dir)
+    sbx = Sandbox.create(timeout=3)
+    assert sbx.commands.run("echo up").stdout == "up\n"
+    gateway.crash()
+    try:
+        time.sleep(4)
+    finally:
+        gateway.start()
+    deadline = time.monotonic() + 10
+    while sbx.sandbox_id in live_ids():
+        assert time.monotonic() < deadline, "sandbox that expired during the outage still listed 10 s after restart"
+        time.sleep(0.25)
+    with pytest.raises(SandboxNotFoundException):
+        Sandbox.connect(sbx.sandbox_id)
+    leakcheck.assert_no_leaks(gateway.data_dir, live_ids(), before, gateway.proc.pid)
+
+
+def stop_gateway(gateway, within: float = 15) -> None:
+    """SIGTERM, as a user's Ctrl-C or service manager does; a gateway that
+    has not exited `within` seconds is killed and the test fails."""
+    gateway.proc.send_signal(signal.SIGTERM)
+    try:
+        gateway.proc.wait(timeout=within)
+    except subprocess.TimeoutExpired:
+        gateway.crash()
+        pytest.fail(f"copse up did not exit within {within:.0f} s of SIGTERM")
+
+
+@pytest.mark.timeout(300, func_only=True)
+def test_stopping_the_gateway_ends_its_sandboxes_and_leaves_nothing(gateway):
+    before = leakcheck.baseline(gateway.data_dir)
+    ids = [Sandbox.create(timeout=300).sandbox_id for _ in range(2)]
+    try:
+        stop_gateway(gateway)
+        # No live sandboxes once `copse up` has exited on SIGTERM.
+        leakcheck.assert_no_leaks(gateway.data_dir, set(), before)
+    finally:
+        gateway.start()
+    for sid in ids:
+        with pytest.raises(SandboxNotFoundException):
+            Sandbox.connect(sid)
+    assert not set(ids) & live_ids()
+
+
+@pytest.mark.timeout(300, func_only=True)
+def test_stopping_the_gateway_does_not_wait_for_attached_command_streams(gateway):
+    sbx = Sandbox.create(timeout=300)
+    # The SDK keeps the command's event stream open while the handle lives.
+    attached = sbx.commands.run("sleep 4321", background=True, timeout=0)
+    try:
+        stop_gateway(gateway)
+    finally:
+        if gateway.proc.poll() is not None:
+            gateway.start()
+        attached.disconnect()
+        Sandbox.kill(sbx.sandbox_id)
+
+
+@pytest.mark.timeout(300, func_only=True)
+def test_sandboxes_kept_across_a_graceful_restart_are_usable_again(gateway):
+    before = leakcheck.baseline(gateway.data_dir)
+    stop_gateway(gateway)
+    gateway.start(keep_sandboxes=True)
+    sbx = None
+    try:
+        sbx = Sandbox.create(timeout=300)
+        sbx.files.write("/home/user/kept", "still here")
+        sleeper = sbx.commands.run("sleep 4321", background=True, timeout=0)
+        sleeper.disconnect()  # no stream attached while the gateway stops
+        stop_gateway(gateway)  # --keep-sandboxes: they outlive this run
+        gateway.start()
+        again = Sandbox.connect(sbx.sandbox_id)
+        assert again.commands.run("cat /home/user/kept").stdout == "still here"
+        assert sleeper.pid in {p.pid for p in again.commands.list()}
+    finally:
+        if gateway.proc.poll() is not None:
+            gateway.start()
+        if sbx is not None:
+            assert sbx.kill() is True
     leakcheck.assert_no_leaks(gateway.data_dir, live_ids(), before, gateway.proc.pid)
 
 

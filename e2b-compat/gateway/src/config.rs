@@ -17,6 +17,9 @@ pub struct Config {
     pub agent_binary: PathBuf,
     /// Leave sandboxes running on shutdown, to be re-adopted on restart.
     pub keep_sandboxes: bool,
+    /// Sandboxes of `pool_template` kept booted ahead of demand.
+    pub pool_size: usize,
+    pub pool_template: String,
 }
 
 impl Config {

@@ -48,6 +48,12 @@ enum Command {
         /// Leave sandboxes running on shutdown (a restart re-adopts them).
         #[arg(long)]
         keep_sandboxes: bool,
+        /// Sandboxes kept booted ahead of demand (warm pool).
+        #[arg(long, env = "COPSE_POOL", default_value_t = 0)]
+        pool: usize,
+        /// Template the warm pool holds.
+        #[arg(long, default_value = "base")]
+        pool_template: String,
     },
     /// Manage templates.
     Template {
@@ -91,12 +97,14 @@ fn main() -> anyhow::Result<()> {
         .init();
     let cli = Cli::parse();
     match cli.command {
-        Command::Up { listen, paths, keep_sandboxes } => {
+        Command::Up { listen, paths, keep_sandboxes, pool, pool_template } => {
             let config = Config {
                 listen,
                 data_dir: paths.data_dir,
                 agent_binary: config::find_agent(paths.agent)?,
                 keep_sandboxes,
+                pool_size: pool,
+                pool_template,
             };
             tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(server::run(config))
         }
@@ -131,6 +139,8 @@ fn local_config(paths: Paths) -> anyhow::Result<Config> {
         data_dir: paths.data_dir,
         agent_binary: config::find_agent(paths.agent)?,
         keep_sandboxes: true,
+        pool_size: 0,
+        pool_template: String::new(),
     })
 }
 
@@ -195,7 +205,7 @@ mod client {
             bail!("{status}: {}", error_message(&body));
         }
         let sandboxes: Vec<Value> = serde_json::from_str(&body)?;
-        println!("{:<22} {:<24} {:<10} {}", "SANDBOX", "TEMPLATE", "STATE", "ENDS AT");
+        println!("{:<22} {:<24} {:<10} ENDS AT", "SANDBOX", "TEMPLATE", "STATE");
         for s in sandboxes {
             let field = |k: &str| s.get(k).and_then(Value::as_str).unwrap_or("").to_string();
             println!(

@@ -37,7 +37,7 @@ impl Reporter {
             Some(bar) => bar.set_message(line.to_string()),
             None => {
                 let n = self.lines.fetch_add(1, Ordering::Relaxed);
-                if is_step || n % 25 == 0 {
+                if is_step || n.is_multiple_of(25) {
                     eprintln!("  {line}");
                 }
             }

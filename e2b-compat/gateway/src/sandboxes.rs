@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
 
 use crate::agent_link;
+use crate::pool::{Booted, WarmPool};
 use crate::store::Store;
 
 /// The envd version copse's agent implements (every SDK feature gate on).
@@ -82,13 +83,40 @@ pub struct Sandboxes {
     store: Store,
     run_dir: PathBuf,
     limits: Limits,
+    pool: Option<Arc<WarmPool>>,
     /// Last (time, cpu ns) per sandbox, to turn CPU time into a percentage.
     cpu_samples: Mutex<HashMap<String, (Instant, u64)>>,
 }
 
 impl Sandboxes {
-    pub fn new(substrate: Arc<dyn Substrate>, store: Store, run_dir: PathBuf) -> Self {
-        Self { substrate, store, run_dir, limits: Limits::default(), cpu_samples: Mutex::new(HashMap::new()) }
+    /// `pool`: keep this many sandboxes of this template booted ahead.
+    pub fn new(substrate: Arc<dyn Substrate>, store: Store, run_dir: PathBuf, pool: Option<(String, usize)>) -> Self {
+        Self {
+            substrate,
+            store,
+            run_dir,
+            limits: Limits::default(),
+            pool: pool.filter(|(_, size)| *size > 0).map(|(template, size)| WarmPool::new(template, size)),
+            cpu_samples: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Starts filling the warm pool, if there is one.
+    pub fn spawn_pool(&self) -> Option<tokio::task::JoinHandle<()>> {
+        let pool = self.pool.as_ref()?;
+        let run_dir = self.run_dir.clone();
+        Some(pool.spawn_refill(self.substrate.clone(), self.limits, move || {
+            let id = new_id();
+            let socket = socket_path(&run_dir, &id);
+            (id, socket)
+        }))
+    }
+
+    /// Destroys pooled sandboxes no one was given (on shutdown).
+    pub async fn drain_pool(&self) {
+        for booted in self.pool.iter().flat_map(|p| p.drain()) {
+            self.destroy_quietly(&booted.id).await;
+        }
     }
 
     pub fn substrate(&self) -> &Arc<dyn Substrate> {
@@ -107,20 +135,15 @@ impl Sandboxes {
         Ok(recovery)
     }
 
-    pub async fn create(&self, request: CreateRequest) -> Result<SandboxRecord> {
+    pub async fn create(&self, request: CreateRequest) -> Result<(SandboxRecord, Timings)> {
         let timeout = validate_timeout(request.timeout_s.unwrap_or(DEFAULT_TIMEOUT_S))?;
-        self.check_template(&request.template).await?;
-        let id = new_id();
-        let agent_socket = self.run_dir.join(format!("{id}.sock"));
-        let spec = SandboxSpec {
-            id: id.clone(),
-            template: request.template.clone(),
-            limits: self.limits,
-            agent_socket: agent_socket.clone(),
+        let started = Instant::now();
+        let booted = match self.pool.as_ref().and_then(|p| p.take(&request.template)) {
+            Some(booted) => booted,
+            None => self.boot(&request.template).await?,
         };
-        let substrate = self.substrate.clone();
-        let placement =
-            tokio::task::spawn_blocking(move || substrate.create(&spec)).await.map_err(anyhow::Error::from)??;
+        let boot = started.elapsed();
+        let Booted { id, placement, agent_socket } = booted;
         let now = now_ms();
         let record = SandboxRecord {
             id,
@@ -141,7 +164,19 @@ impl Sandboxes {
             self.destroy_quietly(&record.id).await;
             return Err(e.into());
         }
-        Ok(record)
+        Ok((record, Timings { boot, handover: started.elapsed() - boot }))
+    }
+
+    async fn boot(&self, template: &str) -> Result<Booted> {
+        self.check_template(template).await?;
+        let id = new_id();
+        let agent_socket = socket_path(&self.run_dir, &id);
+        let spec = SandboxSpec { id: id.clone(), template: template.to_string(), limits: self.limits, agent_socket };
+        let substrate = self.substrate.clone();
+        let (placement, spec) = tokio::task::spawn_blocking(move || substrate.create(&spec).map(|p| (p, spec)))
+            .await
+            .map_err(anyhow::Error::from)??;
+        Ok(Booted { id, placement, agent_socket: spec.agent_socket })
     }
 
     /// Tells the agent who its user is: the token it must demand and the
@@ -279,14 +314,23 @@ impl Sandboxes {
                     tracing::error!("reaper: {e:#}");
                 }
                 tick += 1;
-                if tick % 20 == 0 {
-                    if let Err(e) = this.reap_dead().await {
-                        tracing::error!("reaper: {e:#}");
-                    }
+                if tick.is_multiple_of(20)
+                    && let Err(e) = this.reap_dead().await
+                {
+                    tracing::error!("reaper: {e:#}");
                 }
             }
         })
     }
+}
+
+/// Where a create spent its time, for the `Server-Timing` header.
+#[derive(Debug, Clone, Copy)]
+pub struct Timings {
+    /// Booting a sandbox (near zero when the warm pool had one).
+    pub boot: Duration,
+    /// Handing it to the caller: the agent's `/init` and the database row.
+    pub handover: Duration,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -307,6 +351,10 @@ fn validate_timeout(timeout_s: i64) -> Result<i64> {
         )));
     }
     Ok(timeout_s)
+}
+
+fn socket_path(run_dir: &std::path::Path, id: &str) -> PathBuf {
+    run_dir.join(format!("{id}.sock"))
 }
 
 pub fn now_ms() -> i64 {

@@ -45,12 +45,14 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         tokio::task::spawn_blocking(move || ensure_templates(substrate.as_ref(), &default_recipes())).await??;
     }
     let store = Store::open(&config.database())?;
-    let svc = Arc::new(Sandboxes::new(substrate.clone(), store, config.run_dir()));
+    let pool = (config.pool_size > 0).then(|| (config.pool_template.clone(), config.pool_size));
+    let svc = Arc::new(Sandboxes::new(substrate.clone(), store, config.run_dir(), pool));
     let recovery = svc.recover().await?;
     if !recovery.adopted.is_empty() || !recovery.removed.is_empty() {
         tracing::info!(adopted = ?recovery.adopted, removed = ?recovery.removed, "recovered sandboxes from the previous run");
     }
     let reaper = svc.spawn_reaper();
+    let pool = svc.spawn_pool();
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
         .with_context(|| format!("listening on {}", config.listen))?;
@@ -63,6 +65,10 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let app = api::router(svc.clone(), Keys::new(keys));
     axum::serve(listener, app).with_graceful_shutdown(shutdown_signal()).await?;
     reaper.abort();
+    if let Some(pool) = pool {
+        pool.abort();
+    }
+    svc.drain_pool().await;
     if !config.keep_sandboxes {
         for record in svc.list(&Default::default())? {
             if let Err(e) = svc.kill(&record.id).await {

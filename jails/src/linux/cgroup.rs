@@ -15,8 +15,8 @@ use anyhow::{Context, bail};
 use crate::{Limits, Usage};
 
 const ROOT: &str = "/sys/fs/cgroup";
-/// Name of copse's subtree in every hierarchy.
-const SUBTREE: &str = "copse";
+/// Start of the name of every copse cgroup subtree.
+const PREFIX: &str = "copse";
 const V1_CONTROLLERS: &[&str] = &["memory", "pids", "cpu", "cpuacct", "freezer"];
 /// CFS period used to turn a CPU count into a quota.
 const CPU_PERIOD_US: u64 = 100_000;
@@ -49,12 +49,39 @@ impl Hierarchy {
         }
         Ok(Self::V1)
     }
+}
+
+/// The cgroups of one gateway's sandboxes: `<subtree>/<id>` in every
+/// hierarchy. Each state directory gets its own subtree, so two gateways
+/// on one host (a test run beside a service) never touch each other's.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Cgroups {
+    pub hierarchy: Hierarchy,
+    pub subtree: String,
+}
+
+impl Cgroups {
+    pub fn new(hierarchy: Hierarchy, state_dir: &Path) -> Self {
+        Self { hierarchy, subtree: subtree_name(state_dir) }
+    }
+
+    /// The sandbox's directory in one v1 controller's tree (ignored on v2).
+    fn dir(&self, controller: &str, id: &str) -> PathBuf {
+        self.parent(controller).join(id)
+    }
+
+    fn parent(&self, controller: &str) -> PathBuf {
+        match &self.hierarchy {
+            Hierarchy::V2(root) => root.join(&self.subtree),
+            Hierarchy::V1 => Path::new(ROOT).join(controller).join(&self.subtree),
+        }
+    }
 
     /// Every directory that makes up the sandbox's cgroup.
     pub fn dirs(&self, id: &str) -> Vec<PathBuf> {
-        match self {
-            Self::V2(root) => vec![root.join(SUBTREE).join(id)],
-            Self::V1 => V1_CONTROLLERS.iter().map(|c| Path::new(ROOT).join(c).join(SUBTREE).join(id)).collect(),
+        match &self.hierarchy {
+            Hierarchy::V2(_) => vec![self.dir("", id)],
+            Hierarchy::V1 => V1_CONTROLLERS.iter().map(|c| self.dir(c, id)).collect(),
         }
     }
 
@@ -65,20 +92,16 @@ impl Hierarchy {
 
     /// The ids of every sandbox cgroup that exists.
     pub fn existing(&self) -> Vec<String> {
-        let parent = match self {
-            Self::V2(root) => root.join(SUBTREE),
-            Self::V1 => Path::new(ROOT).join("pids").join(SUBTREE),
-        };
-        list_dirs(&parent)
+        list_dirs(&self.parent("pids"))
     }
 
     /// The knob writes that impose `limits`, as (file, value).
     pub fn limit_writes(&self, id: &str, limits: &Limits) -> Vec<(PathBuf, String)> {
         let memory = (limits.memory_mb * 1024 * 1024).to_string();
         let quota = (u64::from(limits.cpu_count.max(1)) * CPU_PERIOD_US).to_string();
-        match self {
-            Self::V2(root) => {
-                let dir = root.join(SUBTREE).join(id);
+        match &self.hierarchy {
+            Hierarchy::V2(_) => {
+                let dir = self.dir("", id);
                 vec![
                     (dir.join("memory.max"), memory),
                     (dir.join("memory.swap.max"), "0".into()),
@@ -86,21 +109,18 @@ impl Hierarchy {
                     (dir.join("cpu.max"), format!("{quota} {CPU_PERIOD_US}")),
                 ]
             }
-            Self::V1 => {
-                let dir = |c: &str| Path::new(ROOT).join(c).join(SUBTREE).join(id);
-                vec![
-                    (dir("memory").join("memory.limit_in_bytes"), memory),
-                    (dir("pids").join("pids.max"), limits.pids.to_string()),
-                    (dir("cpu").join("cpu.cfs_period_us"), CPU_PERIOD_US.to_string()),
-                    (dir("cpu").join("cpu.cfs_quota_us"), quota),
-                ]
-            }
+            Hierarchy::V1 => vec![
+                (self.dir("memory", id).join("memory.limit_in_bytes"), memory),
+                (self.dir("pids", id).join("pids.max"), limits.pids.to_string()),
+                (self.dir("cpu", id).join("cpu.cfs_period_us"), CPU_PERIOD_US.to_string()),
+                (self.dir("cpu", id).join("cpu.cfs_quota_us"), quota),
+            ],
         }
     }
 
     pub fn create(&self, id: &str, limits: &Limits) -> anyhow::Result<()> {
-        if let Self::V2(root) = self {
-            prepare_v2_subtree(root)?;
+        if let Hierarchy::V2(root) = &self.hierarchy {
+            prepare_v2_subtree(root, &self.subtree)?;
         }
         for dir in self.dirs(id) {
             fs::create_dir_all(&dir).with_context(|| format!("creating cgroup {}", dir.display()))?;
@@ -118,11 +138,7 @@ impl Hierarchy {
 
     /// Pids of every process in the sandbox's cgroup.
     pub fn pids(&self, id: &str) -> Vec<i32> {
-        let file = match self {
-            Self::V2(root) => root.join(SUBTREE).join(id).join("cgroup.procs"),
-            Self::V1 => Path::new(ROOT).join("pids").join(SUBTREE).join(id).join("cgroup.procs"),
-        };
-        fs::read_to_string(file).map(|s| parse_pids(&s)).unwrap_or_default()
+        fs::read_to_string(self.dir("pids", id).join("cgroup.procs")).map(|s| parse_pids(&s)).unwrap_or_default()
     }
 
     /// Kills every process in the cgroup and removes it. Idempotent.
@@ -133,8 +149,8 @@ impl Hierarchy {
             if pids.is_empty() {
                 break;
             }
-            if let Self::V2(root) = self {
-                let _ = fs::write(root.join(SUBTREE).join(id).join("cgroup.kill"), "1");
+            if let Hierarchy::V2(_) = self.hierarchy {
+                let _ = fs::write(self.dir("", id).join("cgroup.kill"), "1");
             }
             for pid in &pids {
                 // SAFETY: kill and waitpid with plain integers; a pid that is
@@ -156,25 +172,23 @@ impl Hierarchy {
     }
 
     pub fn usage(&self, id: &str) -> anyhow::Result<Usage> {
-        match self {
-            Self::V2(root) => {
-                let dir = root.join(SUBTREE).join(id);
+        match &self.hierarchy {
+            Hierarchy::V2(_) => {
+                let dir = self.dir("", id);
                 let cpu = fs::read_to_string(dir.join("cpu.stat")).context("reading cpu.stat")?;
-                let mem = read_u64(&dir.join("memory.current"))?;
                 let stat = fs::read_to_string(dir.join("memory.stat")).unwrap_or_default();
                 Ok(Usage {
                     cpu_ns: stat_field(&cpu, "usage_usec").unwrap_or(0) * 1000,
-                    memory_bytes: mem,
+                    memory_bytes: read_u64(&dir.join("memory.current"))?,
                     memory_cache_bytes: stat_field(&stat, "file").unwrap_or(0),
                     disk_bytes: 0,
                 })
             }
-            Self::V1 => {
-                let dir = |c: &str| Path::new(ROOT).join(c).join(SUBTREE).join(id);
-                let stat = fs::read_to_string(dir("memory").join("memory.stat")).unwrap_or_default();
+            Hierarchy::V1 => {
+                let stat = fs::read_to_string(self.dir("memory", id).join("memory.stat")).unwrap_or_default();
                 Ok(Usage {
-                    cpu_ns: read_u64(&dir("cpuacct").join("cpuacct.usage"))?,
-                    memory_bytes: read_u64(&dir("memory").join("memory.usage_in_bytes"))?,
+                    cpu_ns: read_u64(&self.dir("cpuacct", id).join("cpuacct.usage"))?,
+                    memory_bytes: read_u64(&self.dir("memory", id).join("memory.usage_in_bytes"))?,
                     memory_cache_bytes: stat_field(&stat, "total_cache")
                         .or_else(|| stat_field(&stat, "cache"))
                         .unwrap_or(0),
@@ -185,14 +199,22 @@ impl Hierarchy {
     }
 }
 
+/// `copse-<8 hex digits of the state directory's path hash>`.
+pub fn subtree_name(state_dir: &Path) -> String {
+    use sha2::{Digest, Sha256};
+    let path = fs::canonicalize(state_dir).unwrap_or_else(|_| state_dir.to_path_buf());
+    let digest = Sha256::digest(path.as_os_str().as_encoded_bytes());
+    format!("{PREFIX}-{:02x}{:02x}{:02x}{:02x}", digest[0], digest[1], digest[2], digest[3])
+}
+
 fn has_v2_controllers(list: &str) -> bool {
     let names: Vec<&str> = list.split_whitespace().collect();
     ["memory", "pids", "cpu"].iter().all(|c| names.contains(c))
 }
 
 /// v2 only delegates controllers to children that the parent enables.
-fn prepare_v2_subtree(root: &Path) -> anyhow::Result<()> {
-    let subtree = root.join(SUBTREE);
+fn prepare_v2_subtree(root: &Path, name: &str) -> anyhow::Result<()> {
+    let subtree = root.join(name);
     fs::create_dir_all(&subtree).with_context(|| format!("creating {}", subtree.display()))?;
     for dir in [root, subtree.as_path()] {
         let file = dir.join("cgroup.subtree_control");
@@ -252,7 +274,8 @@ mod tests {
     #[test]
     fn v1_limits_land_in_each_controllers_files() {
         let limits = Limits { cpu_count: 2, memory_mb: 256, disk_mb: 1, pids: 64 };
-        let writes = Hierarchy::V1.limit_writes("sbx", &limits);
+        let cgroups = Cgroups { hierarchy: Hierarchy::V1, subtree: "copse".into() };
+        let writes = cgroups.limit_writes("sbx", &limits);
         assert!(
             writes.contains(&(
                 PathBuf::from("/sys/fs/cgroup/memory/copse/sbx/memory.limit_in_bytes"),
@@ -266,7 +289,8 @@ mod tests {
     #[test]
     fn v2_limits_use_the_unified_names() {
         let limits = Limits { cpu_count: 1, memory_mb: 1, disk_mb: 1, pids: 10 };
-        let writes = Hierarchy::V2("/cg".into()).limit_writes("a", &limits);
+        let cgroups = Cgroups { hierarchy: Hierarchy::V2("/cg".into()), subtree: "copse".into() };
+        let writes = cgroups.limit_writes("a", &limits);
         assert_eq!(writes[0], (PathBuf::from("/cg/copse/a/memory.max"), "1048576".into()));
         assert!(writes.contains(&(PathBuf::from("/cg/copse/a/cpu.max"), "100000 100000".into())));
     }
@@ -278,6 +302,14 @@ mod tests {
         assert_eq!(stat_field(stat, "cache"), Some(4096));
         assert_eq!(stat_field(stat, "missing"), None);
         assert_eq!(parse_pids("12\n 34\n\n"), vec![12, 34]);
+    }
+
+    #[test]
+    fn each_state_directory_gets_its_own_subtree() {
+        let a = subtree_name(Path::new("/var/lib/copse"));
+        assert!(a.starts_with("copse-") && a.len() == "copse-".len() + 8);
+        assert_eq!(a, subtree_name(Path::new("/var/lib/copse")));
+        assert_ne!(a, subtree_name(Path::new("/var/lib/copse-test")));
     }
 
     #[test]

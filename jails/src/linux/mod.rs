@@ -5,7 +5,7 @@
 //! - `sandboxes/<id>/{upper,work,root}`: each sandbox's private layer;
 //! - `run/<id>.sock`: the agent's socket, outside the sandbox's root, so
 //!   nothing inside can replace it;
-//! - cgroup `copse/<id>` in every hierarchy.
+//! - cgroup `copse-<hash of the state dir>/<id>` in every hierarchy.
 //!
 //! Mounts exist only inside each sandbox's mount namespace, so the host's
 //! mount table never holds a copse mount and nothing mounted can leak.
@@ -27,7 +27,7 @@ use anyhow::{Context, bail};
 
 use crate::{Placement, Progress, Recipe, Recovery, SandboxSpec, Substrate, TemplateInfo, Usage};
 use boot::{BootPlan, LISTEN_FD};
-use cgroup::Hierarchy;
+use cgroup::{Cgroups, Hierarchy};
 use rootfs::TemplateStore;
 
 pub struct LinuxSubstrate {
@@ -35,7 +35,7 @@ pub struct LinuxSubstrate {
     run: PathBuf,
     agent_binary: PathBuf,
     templates: TemplateStore,
-    cgroups: Hierarchy,
+    cgroups: Cgroups,
 }
 
 impl LinuxSubstrate {
@@ -57,7 +57,7 @@ impl LinuxSubstrate {
             run,
             agent_binary: agent_binary.to_path_buf(),
             templates: TemplateStore::new(state_dir),
-            cgroups: Hierarchy::detect()?,
+            cgroups: Cgroups::new(Hierarchy::detect()?, state_dir),
         })
     }
 

@@ -33,8 +33,16 @@ pub async fn create(State(svc): State<Service>, body: Option<Json<wire::NewSandb
         allow_internet_access: body.allow_internet_access.unwrap_or(true),
         auto_pause: body.auto_pause.unwrap_or(false),
     };
-    let record = svc.create(request).await?;
-    Ok((StatusCode::CREATED, Json(sandbox(&record))).into_response())
+    let started = std::time::Instant::now();
+    let (record, timings) = svc.create(request).await?;
+    let timing = format!(
+        "boot;dur={:.3}, handover;dur={:.3}, total;dur={:.3}",
+        timings.boot.as_secs_f64() * 1e3,
+        timings.handover.as_secs_f64() * 1e3,
+        started.elapsed().as_secs_f64() * 1e3
+    );
+    let header = [("server-timing", HeaderValue::from_str(&timing).expect("ascii"))];
+    Ok((StatusCode::CREATED, header, Json(sandbox(&record))).into_response())
 }
 
 pub async fn connect(
@@ -68,10 +76,10 @@ pub async fn list(State(svc): State<Service>, Query(query): Query<wire::ListQuer
     };
     let page: Vec<wire::ListedSandbox> = all.iter().skip(start).take(limit).map(listed).collect();
     let mut headers = HeaderMap::new();
-    if start + page.len() < all.len() {
-        if let Some(last) = all.get(start + page.len() - 1) {
-            headers.insert("x-next-token", HeaderValue::from_str(&last.id).expect("ids are ascii"));
-        }
+    if start + page.len() < all.len()
+        && let Some(last) = all.get(start + page.len() - 1)
+    {
+        headers.insert("x-next-token", HeaderValue::from_str(&last.id).expect("ids are ascii"));
     }
     Ok((headers, Json(page)).into_response())
 }

@@ -23,10 +23,10 @@ pub async fn switch(State(svc): State<Arc<Sandboxes>>, request: Request, next: N
         Target::Missing(id) => return not_found(&id),
         Target::ControlPlane => return next.run(request).await,
     };
-    if let Some(token) = request.headers().get(ACCESS_TOKEN_HEADER) {
-        if token.as_bytes() != record.access_token.as_bytes() {
-            return ApiError::new(StatusCode::UNAUTHORIZED, "invalid access token for this sandbox").into_response();
-        }
+    if let Some(token) = request.headers().get(ACCESS_TOKEN_HEADER)
+        && !copse_agent::signature::equal(token.to_str().unwrap_or(""), &record.access_token)
+    {
+        return ApiError::new(StatusCode::UNAUTHORIZED, "invalid access token for this sandbox").into_response();
     }
     forward(&record, request).await
 }
@@ -44,10 +44,10 @@ fn target(svc: &Sandboxes, request: &Request) -> Target {
             Err(_) => Target::Missing(id.to_string()),
         };
     }
-    if request.uri().path() == "/files" {
-        if let Some(record) = signed_link_owner(svc, request) {
-            return Target::Sandbox(Box::new(record));
-        }
+    if request.uri().path() == "/files"
+        && let Some(record) = signed_link_owner(svc, request)
+    {
+        return Target::Sandbox(Box::new(record));
     }
     Target::ControlPlane
 }
