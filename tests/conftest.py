@@ -32,7 +32,8 @@ class Gateway:
         self.log = open(data_dir / "gateway.log", "ab")
 
     def start(self, keep_sandboxes: bool = False):
-        args = [str(COPSE), "up", "--listen", f"127.0.0.1:{self.port}", "--data-dir", str(self.data_dir)]
+        # No warm pool: the leak checks account for every sandbox on the host.
+        args = [str(COPSE), "up", "--listen", f"127.0.0.1:{self.port}", "--data-dir", str(self.data_dir), "--pool", "base=0"]
         if keep_sandboxes:
             args.append("--keep-sandboxes")
         env = dict(os.environ, COPSE_API_KEY=API_KEY, COPSE_LOG=os.environ.get("COPSE_LOG", "info"))

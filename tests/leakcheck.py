@@ -3,54 +3,70 @@
 A sandbox on the Linux substrate owns, on the host:
 - `<data_dir>/sandboxes/<id>/` (upper, work and mount-point dirs),
 - `<data_dir>/run/<id>.sock` (the agent's socket),
-- a cgroup `copse/<id>` in every hierarchy (one tree on v2, one per
-  controller on v1),
+- a cgroup `<subtree>/<id>` in every hierarchy (one tree on v2, one per
+  controller on v1), where the subtree is `copse-<hash of the data dir>`
+  (older builds used one shared `copse` subtree),
 - processes in that cgroup, holding the sandbox's mount and pid namespaces.
 Mounts live only inside the sandbox's mount namespace, so the host mount
 table should never mention the data dir.
 
-`find_leaks` lists everything of copse that does not belong to a live
-sandbox. cgroups and processes are host-wide (another copse with another
-data dir may run on the same machine), so a `Baseline` taken before a test
-excludes what was there already.
+`find_leaks` lists everything of this gateway's that does not belong to a
+live sandbox. Other gateways on the host (other data dirs) have their own
+subtrees and are left out; for the shared legacy subtree a `Baseline` taken
+before a test excludes what was there already.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
 import pathlib
 import time
 from typing import Iterable, Optional
 
 CGROUP_ROOT = pathlib.Path("/sys/fs/cgroup")
-SUBTREE = "copse"
+LEGACY_SUBTREE = "copse"
 
 
-def _cgroup_parents() -> list[pathlib.Path]:
-    """Every `copse` subtree, in v2 (`/sys/fs/cgroup/copse`,
-    `/sys/fs/cgroup/unified/copse`) and v1 (`/sys/fs/cgroup/<ctrl>/copse`)
-    layouts alike."""
-    parents = [CGROUP_ROOT / SUBTREE]
+def is_copse_subtree(name: str) -> bool:
+    return name == LEGACY_SUBTREE or name.startswith(LEGACY_SUBTREE + "-")
+
+
+def subtree_for(data_dir: pathlib.Path) -> str:
+    """The cgroup subtree of the gateway using `data_dir`:
+    `copse-` + the first 4 bytes of sha256(canonical path), in hex."""
+    digest = hashlib.sha256(os.fsencode(os.path.realpath(data_dir))).digest()
+    return f"{LEGACY_SUBTREE}-{digest[:4].hex()}"
+
+
+def _hierarchy_roots() -> list[pathlib.Path]:
+    """v2 (`/sys/fs/cgroup`, `/sys/fs/cgroup/unified`) and every v1
+    controller mount (`/sys/fs/cgroup/<ctrl>`)."""
+    roots = [CGROUP_ROOT]
     try:
-        for entry in CGROUP_ROOT.iterdir():
-            if entry.is_dir() and entry.name != SUBTREE:
-                parents.append(entry / SUBTREE)
+        roots += [e for e in CGROUP_ROOT.iterdir() if e.is_dir() and not is_copse_subtree(e.name)]
     except OSError:
         pass
-    return [p for p in parents if p.is_dir()]
+    return roots
 
 
-def cgroup_dirs() -> dict[str, list[pathlib.Path]]:
-    """Sandbox id -> its cgroup directories, across all hierarchies."""
-    found: dict[str, list[pathlib.Path]] = {}
-    for parent in _cgroup_parents():
+def cgroup_dirs() -> dict[tuple[str, str], list[pathlib.Path]]:
+    """(subtree, sandbox id) -> its cgroup directories, across all
+    hierarchies and every copse subtree."""
+    found: dict[tuple[str, str], list[pathlib.Path]] = {}
+    for root in _hierarchy_roots():
         try:
-            for entry in parent.iterdir():
-                if entry.is_dir():
-                    found.setdefault(entry.name, []).append(entry)
+            subtrees = [e for e in root.iterdir() if e.is_dir() and is_copse_subtree(e.name)]
         except OSError:
-            pass
+            continue
+        for subtree in subtrees:
+            try:
+                for entry in subtree.iterdir():
+                    if entry.is_dir():
+                        found.setdefault((subtree.name, entry.name), []).append(entry)
+            except OSError:
+                pass
     return found
 
 
@@ -66,15 +82,15 @@ def _pids() -> list[int]:
     return [int(name) for name in os.listdir("/proc") if name.isdigit()]
 
 
-def _copse_cgroup_id(cgroup_text: str) -> Optional[str]:
-    """The sandbox id in a /proc/<pid>/cgroup text, if the process is in a
-    `.../copse/<id>` cgroup of any hierarchy."""
+def _copse_cgroup(cgroup_text: str) -> Optional[tuple[str, str]]:
+    """(subtree, sandbox id) from a /proc/<pid>/cgroup text, if the process
+    is in a `.../copse[-<hash>]/<id>` cgroup of any hierarchy."""
     for line in cgroup_text.splitlines():
         path = line.split(":", 2)[-1]
         parts = path.split("/")
         for i, part in enumerate(parts[:-1]):
-            if part == SUBTREE and parts[i + 1]:
-                return parts[i + 1]
+            if is_copse_subtree(part) and parts[i + 1]:
+                return part, parts[i + 1]
     return None
 
 
@@ -99,6 +115,7 @@ def _exe_name(pid: int) -> str:
 @dataclasses.dataclass
 class CopseProcess:
     pid: int
+    subtree: Optional[str]  # copse cgroup subtree it is in, if any
     sandbox: Optional[str]  # id from its copse cgroup, None if not in one
     state: str
     cmdline: str
@@ -114,13 +131,13 @@ def copse_processes(data_dir: pathlib.Path) -> list[CopseProcess]:
         cgroup = _read(f"/proc/{pid}/cgroup")
         if cgroup is None:
             continue
-        sandbox = _copse_cgroup_id(cgroup)
+        subtree, sandbox = _copse_cgroup(cgroup) or (None, None)
         exe = _exe_name(pid)
         mountinfo = _read(f"/proc/{pid}/mountinfo") or ""
         in_data_dir = marker in mountinfo and not _same_mount_ns(pid)
         if sandbox is None and not exe.startswith("copse") and not in_data_dir:
             continue
-        result.append(CopseProcess(pid, sandbox, _state(pid), _cmdline(pid), in_data_dir))
+        result.append(CopseProcess(pid, subtree, sandbox, _state(pid), _cmdline(pid), in_data_dir))
     return result
 
 
@@ -160,11 +177,10 @@ def held_namespaces(pid: int) -> set[str]:
 
 @dataclasses.dataclass
 class Baseline:
-    """What was on the host before: cgroups and processes of other copse
-    instances, which are not ours to judge."""
+    """What was in the shared legacy `copse` subtree before (other
+    gateways' sandboxes, not ours to judge)."""
 
-    cgroup_ids: set[str]
-    process_sandboxes: set[str]
+    legacy_ids: set[str]
     namespaces: set[str]
 
 
@@ -173,11 +189,9 @@ def baseline(data_dir: pathlib.Path) -> Baseline:
     namespaces: set[str] = set()
     for p in procs:
         namespaces |= held_namespaces(p.pid)
-    return Baseline(
-        cgroup_ids=set(cgroup_dirs()),
-        process_sandboxes={p.sandbox for p in procs if p.sandbox},
-        namespaces=namespaces,
-    )
+    legacy = {sid for (subtree, sid) in cgroup_dirs() if subtree == LEGACY_SUBTREE}
+    legacy |= {p.sandbox for p in procs if p.subtree == LEGACY_SUBTREE and p.sandbox}
+    return Baseline(legacy_ids=legacy, namespaces=namespaces)
 
 
 def find_leaks(
@@ -186,10 +200,17 @@ def find_leaks(
     before: Optional[Baseline] = None,
     gateway_pid: Optional[int] = None,
 ) -> list[str]:
-    """Everything of copse on the host that belongs to no live sandbox."""
+    """Everything of this gateway's on the host that belongs to no live
+    sandbox."""
     live = set(live)
-    before = before or Baseline(set(), set(), set())
+    before = before or Baseline(set(), set())
+    ours_subtree = subtree_for(data_dir)
     leaks: list[str] = []
+
+    def ours(subtree: Optional[str], sid: Optional[str]) -> bool:
+        if subtree == ours_subtree:
+            return True
+        return subtree == LEGACY_SUBTREE and sid not in before.legacy_ids
 
     sandboxes = data_dir / "sandboxes"
     if sandboxes.is_dir():
@@ -205,26 +226,27 @@ def find_leaks(
                 kind = "socket" if entry.is_socket() else "file"
                 leaks.append(f"{kind} in run dir {entry}")
 
-    for sid, dirs in sorted(cgroup_dirs().items()):
-        if sid not in live and sid not in before.cgroup_ids:
+    for (subtree, sid), dirs in sorted(cgroup_dirs().items()):
+        if sid not in live and ours(subtree, sid):
             leaks.extend(f"cgroup {d}" for d in dirs)
 
     live_namespaces: set[str] = set()
     stray_namespaces: dict[str, str] = {}
     for p in copse_processes(data_dir):
-        ours = p.in_data_dir or (p.sandbox is not None and p.sandbox not in before.process_sandboxes)
-        if p.sandbox in live:
+        mine = p.in_data_dir or ours(p.subtree, p.sandbox)
+        if not mine and p.pid != gateway_pid:
+            continue
+        if p.sandbox is not None and p.sandbox in live:
             live_namespaces |= held_namespaces(p.pid)
             continue
-        if p.sandbox is not None and ours:
-            leaks.append(f"process {p.pid} [{p.state}] in cgroup copse/{p.sandbox}: {p.cmdline!r}")
+        if p.sandbox is not None:
+            leaks.append(f"process {p.pid} [{p.state}] in cgroup {p.subtree}/{p.sandbox}: {p.cmdline!r}")
             continue
-        if p.sandbox is None and p.in_data_dir:
+        if p.in_data_dir:
             leaks.append(f"process {p.pid} [{p.state}] outside any copse cgroup, mounts of {data_dir}: {p.cmdline!r}")
             continue
-        if p.sandbox is None and (p.pid == gateway_pid or ours):
-            for ns in held_namespaces(p.pid):
-                stray_namespaces.setdefault(ns, f"process {p.pid} {p.cmdline!r}")
+        for ns in held_namespaces(p.pid):
+            stray_namespaces.setdefault(ns, f"process {p.pid} {p.cmdline!r}")
 
     for ns, holder in sorted(stray_namespaces.items()):
         if ns not in live_namespaces and ns not in before.namespaces:

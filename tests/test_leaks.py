@@ -1,5 +1,7 @@
 """Nothing of a sandbox outlives it: not after many create/exec/kill cycles,
-and not after the gateway is killed with SIGKILL and started again."""
+not after the gateway is killed with SIGKILL and started again, and not after
+a graceful stop. Sandboxes the gateway should keep (crash, --keep-sandboxes)
+are re-adopted and usable, or gone without a trace."""
 
 import os
 import signal

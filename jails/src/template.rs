@@ -56,6 +56,22 @@ pub enum PackageSystem {
     FreeBsd,
 }
 
+impl PackageSystem {
+    /// The package system templates are built from on this host.
+    pub fn host() -> Self {
+        if cfg!(target_os = "freebsd") { Self::FreeBsd } else { Self::Debian }
+    }
+}
+
+/// A post-install script that writes `content` to `path` inside the new
+/// root (POSIX sh, so it works in a Debian chroot and a FreeBSD jail root).
+pub fn write_file_script(path: &str, content: &str, mode: &str) -> String {
+    const END: &str = "COPSE_END_OF_FILE";
+    assert!(!content.contains(END), "file content must not contain the heredoc delimiter");
+    let dir = path.rsplit_once('/').map(|(d, _)| d).filter(|d| !d.is_empty()).unwrap_or("/");
+    format!("mkdir -p '{dir}' && cat > '{path}' <<'{END}'\n{content}\n{END}\nchmod {mode} '{path}'")
+}
+
 /// Template names become directory and dataset names: keep them boring.
 pub fn validate_name(name: &str) -> Result<(), String> {
     let ok = !name.is_empty()
@@ -77,6 +93,15 @@ mod tests {
         assert!(validate_name(".hidden").is_err());
         assert!(validate_name("").is_err());
         assert!(validate_name("a/b").is_err());
+    }
+
+    #[test]
+    fn file_scripts_quote_their_content() {
+        let script = write_file_script("/opt/x/run.py", "print('$HOME')", "0644");
+        assert_eq!(
+            script,
+            "mkdir -p '/opt/x' && cat > '/opt/x/run.py' <<'COPSE_END_OF_FILE'\nprint('$HOME')\nCOPSE_END_OF_FILE\nchmod 0644 '/opt/x/run.py'"
+        );
     }
 
     #[test]

@@ -12,6 +12,7 @@ pub mod connect;
 pub mod files;
 pub mod filesystem;
 pub mod paths;
+pub mod ports;
 pub mod process;
 pub mod routes;
 pub mod signature;
@@ -40,6 +41,10 @@ pub struct AgentConfig {
     /// Confine started processes (seccomp, no capabilities). Only tests that
     /// need a capability in the child turn this off.
     pub confine: bool,
+    /// Also listen on this port of the sandbox's loopback, where envd lives
+    /// in an E2B sandbox (services inside, such as the code interpreter,
+    /// call `/envs` there). The token guards it like the socket.
+    pub loopback_port: Option<u16>,
 }
 
 impl Default for AgentConfig {
@@ -50,6 +55,7 @@ impl Default for AgentConfig {
             default_user: "user".into(),
             etc_dir: PathBuf::from("/etc"),
             confine: true,
+            loopback_port: None,
         }
     }
 }
@@ -69,8 +75,13 @@ pub fn serve_blocking(listener: std::os::unix::net::UnixListener, config: AgentC
 
 /// Serves on a tokio unix listener; the async core of [`serve_blocking`].
 pub async fn serve(listener: tokio::net::UnixListener, config: AgentConfig) -> anyhow::Result<()> {
+    let loopback_port = config.loopback_port;
     let state = AgentState::new(config)?;
     let app = routes::router(state);
+    if let Some(port) = loopback_port {
+        let tcp = tokio::net::TcpListener::bind(("127.0.0.1", port)).await?;
+        tokio::spawn(axum::serve(tcp, app.clone()).into_future());
+    }
     axum::serve(listener, app).await?;
     Ok(())
 }

@@ -56,5 +56,6 @@ fn main() -> anyhow::Result<()> {
 
 /// The substrate sets the sandbox up and hands over the agent's socket.
 fn boot() -> anyhow::Result<()> {
-    copse_jails::boot_agent(|listener| copse_agent::serve_blocking(listener, AgentConfig::default()))
+    let config = AgentConfig { loopback_port: Some(copse_agent::ports::AGENT_PORT), ..AgentConfig::default() };
+    copse_jails::boot_agent(|listener| copse_agent::serve_blocking(listener, config))
 }

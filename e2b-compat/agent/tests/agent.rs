@@ -483,3 +483,36 @@ async fn unknown_users_are_unauthenticated() {
     let resp = agent.send(Request::get("/files?path=x&username=nobody").body(Full::default()).unwrap()).await;
     assert_eq!(resp.status(), StatusCode::UNAUTHORIZED);
 }
+
+#[tokio::test]
+async fn other_sandbox_ports_are_relayed_to_loopback() {
+    let agent = start_agent(Some(TOKEN)).await;
+    // A tiny HTTP server standing in for a service inside the sandbox.
+    let server = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = server.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let (mut conn, _) = server.accept().await.unwrap();
+        let mut buf = [0u8; 1024];
+        let n = conn.read(&mut buf).await.unwrap();
+        assert!(String::from_utf8_lossy(&buf[..n]).starts_with("GET /contexts "));
+        conn.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n[]").await.unwrap();
+    });
+    // No access token: the relayed service decides for itself.
+    let req = Request::get("/contexts")
+        .header("e2b-sandbox-port", port.to_string())
+        .header("x-access-token", "")
+        .body(Full::default())
+        .unwrap();
+    let resp = agent.send(req).await;
+    assert_eq!(resp.status(), StatusCode::OK);
+    assert_eq!(&body_bytes(resp).await[..], b"[]");
+
+    // A closed port is a clear 502, not a hang.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let req = Request::get("/health").header("e2b-sandbox-port", closed.to_string()).body(Full::default()).unwrap();
+    let resp = agent.send(req).await;
+    assert_eq!(resp.status(), StatusCode::BAD_GATEWAY);
+    let body: Value = serde_json::from_slice(&body_bytes(resp).await).unwrap();
+    assert!(body["message"].as_str().unwrap().contains("port is not open"));
+}

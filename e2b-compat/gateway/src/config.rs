@@ -17,9 +17,8 @@ pub struct Config {
     pub agent_binary: PathBuf,
     /// Leave sandboxes running on shutdown, to be re-adopted on restart.
     pub keep_sandboxes: bool,
-    /// Sandboxes of `pool_template` kept booted ahead of demand.
-    pub pool_size: usize,
-    pub pool_template: String,
+    /// (template, size): sandboxes kept booted ahead of demand.
+    pub pools: Vec<(String, usize)>,
 }
 
 impl Config {

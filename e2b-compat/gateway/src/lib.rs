@@ -8,4 +8,6 @@ pub mod pool;
 pub mod progress;
 pub mod sandboxes;
 pub mod server;
+pub mod services;
 pub mod store;
+pub mod templates;

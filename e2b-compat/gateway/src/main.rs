@@ -48,12 +48,11 @@ enum Command {
         /// Leave sandboxes running on shutdown (a restart re-adopts them).
         #[arg(long)]
         keep_sandboxes: bool,
-        /// Sandboxes kept booted ahead of demand (warm pool).
-        #[arg(long, env = "COPSE_POOL", default_value_t = 0)]
-        pool: usize,
-        /// Template the warm pool holds.
-        #[arg(long, default_value = "base")]
-        pool_template: String,
+        /// Sandboxes kept booted ahead of demand: TEMPLATE=N (a bare N
+        /// means base); repeat for several templates.
+        #[arg(long = "pool", env = "COPSE_POOL", value_delimiter = ',', value_parser = copse_gateway::pool::parse_pool_arg,
+              default_value = "code-interpreter-v1=1")]
+        pools: Vec<(String, usize)>,
     },
     /// Manage templates.
     Template {
@@ -97,14 +96,13 @@ fn main() -> anyhow::Result<()> {
         .init();
     let cli = Cli::parse();
     match cli.command {
-        Command::Up { listen, paths, keep_sandboxes, pool, pool_template } => {
+        Command::Up { listen, paths, keep_sandboxes, pools } => {
             let config = Config {
                 listen,
                 data_dir: paths.data_dir,
                 agent_binary: config::find_agent(paths.agent)?,
                 keep_sandboxes,
-                pool_size: pool,
-                pool_template,
+                pools,
             };
             tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(server::run(config))
         }
@@ -139,8 +137,7 @@ fn local_config(paths: Paths) -> anyhow::Result<Config> {
         data_dir: paths.data_dir,
         agent_binary: config::find_agent(paths.agent)?,
         keep_sandboxes: true,
-        pool_size: 0,
-        pool_template: String::new(),
+        pools: Vec::new(),
     })
 }
 

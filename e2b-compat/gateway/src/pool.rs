@@ -1,6 +1,7 @@
-//! Warm pool: sandboxes booted ahead of demand for one template, so a
+//! Warm pools: sandboxes booted ahead of demand for one template, so a
 //! create only hands one over (token and environment via the agent's
-//! `/init`) instead of booting.
+//! `/init`) instead of booting — and, for templates with a service such as
+//! the code interpreter, instead of waiting for it to start.
 //!
 //! Pooled sandboxes belong to no user and are not in the database; after a
 //! crash, recovery finds them resident but unknown and destroys them.
@@ -9,7 +10,7 @@ use std::collections::VecDeque;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
-use copse_jails::{Limits, Placement, SandboxSpec, Substrate};
+use copse_jails::Placement;
 use tokio::sync::Notify;
 
 /// A booted sandbox that no one has been given yet.
@@ -32,43 +33,24 @@ impl WarmPool {
         Arc::new(Self { template, target, ready: Mutex::new(VecDeque::new()), wanted: Notify::new() })
     }
 
-    pub fn take(&self, template: &str) -> Option<Booted> {
-        if template != self.template {
-            return None;
-        }
+    pub fn take(&self) -> Option<Booted> {
         let booted = self.lock().pop_front();
         self.wanted.notify_one();
         booted
     }
 
-    /// Keeps the pool at its target size until the task is aborted.
-    pub fn spawn_refill(
-        self: &Arc<Self>,
-        substrate: Arc<dyn Substrate>,
-        limits: Limits,
-        boot: impl Fn() -> (String, PathBuf) + Send + 'static,
-    ) -> tokio::task::JoinHandle<()> {
-        let pool = self.clone();
-        tokio::spawn(async move {
-            loop {
-                while pool.lock().len() < pool.target {
-                    let (id, agent_socket) = boot();
-                    let spec = SandboxSpec { id: id.clone(), template: pool.template.clone(), limits, agent_socket };
-                    let substrate = substrate.clone();
-                    match tokio::task::spawn_blocking(move || substrate.create(&spec).map(|p| (p, spec))).await {
-                        Ok(Ok((placement, spec))) => {
-                            pool.lock().push_back(Booted { id, placement, agent_socket: spec.agent_socket })
-                        }
-                        Ok(Err(e)) => {
-                            tracing::error!("warm pool for {}: {e:#}", pool.template);
-                            tokio::time::sleep(std::time::Duration::from_secs(1)).await;
-                        }
-                        Err(e) => tracing::error!("warm pool task: {e}"),
-                    }
-                }
-                pool.wanted.notified().await;
-            }
-        })
+    pub fn put(&self, booted: Booted) {
+        self.lock().push_back(booted);
+    }
+
+    /// How many sandboxes the pool lacks.
+    pub fn missing(&self) -> usize {
+        self.target.saturating_sub(self.lock().len())
+    }
+
+    /// Waits until a sandbox is taken.
+    pub async fn wanted(&self) {
+        self.wanted.notified().await;
     }
 
     /// Everything still waiting in the pool, for destruction on shutdown.
@@ -78,5 +60,42 @@ impl WarmPool {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<Booted>> {
         self.ready.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// Parses `--pool` values: `TEMPLATE=N`, or a bare `N` for `base`.
+pub fn parse_pool_arg(arg: &str) -> Result<(String, usize), String> {
+    let (template, size) = arg.split_once('=').unwrap_or(("base", arg));
+    let size = size.trim().parse().map_err(|_| format!("pool size in {arg:?} is not a number"))?;
+    if template.is_empty() {
+        return Err(format!("pool {arg:?} names no template"));
+    }
+    Ok((template.to_string(), size))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pool_arguments_name_a_template_or_default_to_base() {
+        assert_eq!(parse_pool_arg("3"), Ok(("base".into(), 3)));
+        assert_eq!(parse_pool_arg("code-interpreter-v1=2"), Ok(("code-interpreter-v1".into(), 2)));
+        assert!(parse_pool_arg("base=x").is_err());
+        assert!(parse_pool_arg("=2").is_err());
+    }
+
+    #[test]
+    fn taking_makes_room_for_a_refill() {
+        let pool = WarmPool::new("base".into(), 2);
+        assert_eq!(pool.missing(), 2);
+        pool.put(Booted {
+            id: "a".into(),
+            placement: Placement { init_pid: 1, init_start: 1 },
+            agent_socket: "/x".into(),
+        });
+        assert_eq!(pool.missing(), 1);
+        assert_eq!(pool.take().map(|b| b.id), Some("a".into()));
+        assert!(pool.take().is_none());
     }
 }

@@ -14,6 +14,7 @@ use time::OffsetDateTime;
 use crate::agent_link;
 use crate::pool::{Booted, WarmPool};
 use crate::store::Store;
+use crate::{services, templates};
 
 /// The envd version copse's agent implements (every SDK feature gate on).
 pub const ENVD_VERSION: &str = "0.6.4";
@@ -83,44 +84,61 @@ pub struct Sandboxes {
     store: Store,
     run_dir: PathBuf,
     limits: Limits,
-    pool: Option<Arc<WarmPool>>,
+    pools: Vec<Arc<WarmPool>>,
     /// Last (time, cpu ns) per sandbox, to turn CPU time into a percentage.
     cpu_samples: Mutex<HashMap<String, (Instant, u64)>>,
 }
 
 impl Sandboxes {
-    /// `pool`: keep this many sandboxes of this template booted ahead.
-    pub fn new(substrate: Arc<dyn Substrate>, store: Store, run_dir: PathBuf, pool: Option<(String, usize)>) -> Self {
+    /// `pools`: (template, size) pairs of sandboxes to keep booted ahead.
+    pub fn new(substrate: Arc<dyn Substrate>, store: Store, run_dir: PathBuf, pools: &[(String, usize)]) -> Self {
         Self {
             substrate,
             store,
             run_dir,
             limits: Limits::default(),
-            pool: pool.filter(|(_, size)| *size > 0).map(|(template, size)| WarmPool::new(template, size)),
+            pools: pools
+                .iter()
+                .filter(|(_, size)| *size > 0)
+                .map(|(t, size)| WarmPool::new(t.clone(), *size))
+                .collect(),
             cpu_samples: Mutex::new(HashMap::new()),
-        }
-    }
-
-    /// Starts filling the warm pool, if there is one.
-    pub fn spawn_pool(&self) -> Option<tokio::task::JoinHandle<()>> {
-        let pool = self.pool.as_ref()?;
-        let run_dir = self.run_dir.clone();
-        Some(pool.spawn_refill(self.substrate.clone(), self.limits, move || {
-            let id = new_id();
-            let socket = socket_path(&run_dir, &id);
-            (id, socket)
-        }))
-    }
-
-    /// Destroys pooled sandboxes no one was given (on shutdown).
-    pub async fn drain_pool(&self) {
-        for booted in self.pool.iter().flat_map(|p| p.drain()) {
-            self.destroy_quietly(&booted.id).await;
         }
     }
 
     pub fn substrate(&self) -> &Arc<dyn Substrate> {
         &self.substrate
+    }
+
+    /// Keeps every warm pool filled until the returned tasks are aborted.
+    pub fn spawn_pools(self: &Arc<Self>) -> Vec<tokio::task::JoinHandle<()>> {
+        self.pools
+            .iter()
+            .map(|pool| {
+                let (this, pool) = (self.clone(), pool.clone());
+                tokio::spawn(async move {
+                    loop {
+                        while pool.missing() > 0 {
+                            match this.boot(&pool.template).await {
+                                Ok(booted) => pool.put(booted),
+                                Err(e) => {
+                                    tracing::error!("warm pool for {}: {e:#}", pool.template);
+                                    tokio::time::sleep(Duration::from_secs(1)).await;
+                                }
+                            }
+                        }
+                        pool.wanted().await;
+                    }
+                })
+            })
+            .collect()
+    }
+
+    /// Destroys pooled sandboxes no one was given (on shutdown).
+    pub async fn drain_pools(&self) {
+        for booted in self.pools.iter().flat_map(|p| p.drain()) {
+            self.destroy_quietly(&booted.id).await;
+        }
     }
 
     /// Re-adopt what survived a gateway restart; destroy the rest.
@@ -138,7 +156,8 @@ impl Sandboxes {
     pub async fn create(&self, request: CreateRequest) -> Result<(SandboxRecord, Timings)> {
         let timeout = validate_timeout(request.timeout_s.unwrap_or(DEFAULT_TIMEOUT_S))?;
         let started = Instant::now();
-        let booted = match self.pool.as_ref().and_then(|p| p.take(&request.template)) {
+        let pooled = self.pools.iter().find(|p| p.template == request.template).and_then(|p| p.take());
+        let booted = match pooled {
             Some(booted) => booted,
             None => self.boot(&request.template).await?,
         };
@@ -176,7 +195,14 @@ impl Sandboxes {
         let (placement, spec) = tokio::task::spawn_blocking(move || substrate.create(&spec).map(|p| (p, spec)))
             .await
             .map_err(anyhow::Error::from)??;
-        Ok(Booted { id, placement, agent_socket: spec.agent_socket })
+        let booted = Booted { id, placement, agent_socket: spec.agent_socket };
+        if let Some(service) = templates::service(template)
+            && let Err(e) = services::start(&booted.agent_socket, &service).await
+        {
+            self.destroy_quietly(&booted.id).await;
+            return Err(e.context(format!("starting the {template} service")).into());
+        }
+        Ok(booted)
     }
 
     /// Tells the agent who its user is: the token it must demand and the

@@ -5,7 +5,9 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use copse_jails::Substrate;
-use copse_jails::template::{PackageSystem, Recipe, builtin};
+use copse_jails::template::Recipe;
+
+use axum::serve::ListenerExt;
 
 use crate::api::{self, Keys};
 use crate::config::{self, Config};
@@ -19,8 +21,7 @@ pub fn open_substrate(config: &Config) -> anyhow::Result<Arc<dyn Substrate>> {
 }
 
 pub fn default_recipes() -> Vec<Recipe> {
-    let os = if cfg!(target_os = "freebsd") { PackageSystem::FreeBsd } else { PackageSystem::Debian };
-    builtin(os)
+    crate::templates::recipes()
 }
 
 /// Builds each recipe that is missing, showing progress.
@@ -45,14 +46,13 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         tokio::task::spawn_blocking(move || ensure_templates(substrate.as_ref(), &default_recipes())).await??;
     }
     let store = Store::open(&config.database())?;
-    let pool = (config.pool_size > 0).then(|| (config.pool_template.clone(), config.pool_size));
-    let svc = Arc::new(Sandboxes::new(substrate.clone(), store, config.run_dir(), pool));
+    let svc = Arc::new(Sandboxes::new(substrate.clone(), store, config.run_dir(), &config.pools));
     let recovery = svc.recover().await?;
     if !recovery.adopted.is_empty() || !recovery.removed.is_empty() {
         tracing::info!(adopted = ?recovery.adopted, removed = ?recovery.removed, "recovered sandboxes from the previous run");
     }
     let reaper = svc.spawn_reaper();
-    let pool = svc.spawn_pool();
+    let pools = svc.spawn_pools();
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
         .with_context(|| format!("listening on {}", config.listen))?;
@@ -63,21 +63,53 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     println!("  export E2B_SANDBOX_URL=http://{addr}");
     println!("  export E2B_API_KEY={}", keys[0]);
     let app = api::router(svc.clone(), Keys::new(keys));
-    axum::serve(listener, app).with_graceful_shutdown(shutdown_signal()).await?;
-    reaper.abort();
-    if let Some(pool) = pool {
-        pool.abort();
-    }
-    svc.drain_pool().await;
-    if !config.keep_sandboxes {
-        for record in svc.list(&Default::default())? {
-            if let Err(e) = svc.kill(&record.id).await {
-                tracing::error!("killing {} on shutdown: {e:#}", record.id);
+    let keep_sandboxes = config.keep_sandboxes;
+    let (stopping_tx, stopping_rx) = tokio::sync::oneshot::channel::<()>();
+    let stop = {
+        let svc = svc.clone();
+        async move {
+            shutdown_signal().await;
+            let _ = stopping_tx.send(());
+            reaper.abort();
+            for pool in pools {
+                pool.abort();
+            }
+            // Sandboxes go first: their command streams are the responses
+            // graceful shutdown would otherwise wait on for ever.
+            svc.drain_pools().await;
+            if !keep_sandboxes {
+                kill_all(&svc).await;
             }
         }
+    };
+    // Connect streams write small frames; Nagle would hold each for a
+    // delayed ACK (~40 ms on Linux).
+    let listener = listener.tap_io(|tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
+    let server = axum::serve(listener, app).with_graceful_shutdown(stop);
+    tokio::select! {
+        result = server => result?,
+        // Streams still open (sandboxes kept on purpose) get a grace period.
+        _ = async {
+            let _ = stopping_rx.await;
+            tokio::time::sleep(SHUTDOWN_GRACE).await;
+        } => tracing::warn!("closing connections still open after {SHUTDOWN_GRACE:?}"),
     }
     println!("copse stopped");
     Ok(())
+}
+
+/// How long open connections may finish after the sandboxes are gone.
+const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
+
+async fn kill_all(svc: &Sandboxes) {
+    let Ok(records) = svc.list(&Default::default()) else { return };
+    for record in records {
+        if let Err(e) = svc.kill(&record.id).await {
+            tracing::error!("killing {} on shutdown: {e:#}", record.id);
+        }
+    }
 }
 
 async fn shutdown_signal() {

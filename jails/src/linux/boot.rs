@@ -210,8 +210,12 @@ fn build_root(plan: &BootPlan) -> anyhow::Result<()> {
     mount(Some("tmpfs"), &dev, Some("tmpfs"), MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC, Some("mode=755,size=1m"))
         .context("mounting /dev")?;
     for (name, major, minor) in DEVICES {
-        mknod(&dev.join(name), SFlag::S_IFCHR, Mode::from_bits_truncate(0o666), makedev(*major, *minor))
+        let node = dev.join(name);
+        mknod(&node, SFlag::S_IFCHR, Mode::from_bits_truncate(0o666), makedev(*major, *minor))
             .with_context(|| format!("creating /dev/{name}"))?;
+        // mknod applies the umask; every user must be able to use these.
+        fs::set_permissions(&node, std::os::unix::fs::PermissionsExt::from_mode(0o666))
+            .with_context(|| format!("opening up /dev/{name}"))?;
     }
     for name in PROC_MASKED {
         let path = proc_dir.join(name);

@@ -142,8 +142,11 @@ impl Cgroups {
     }
 
     /// Kills every process in the cgroup and removes it. Idempotent.
+    /// Reaps the sandbox's init if this process is its parent (the
+    /// gateway is a child subreaper, so it inherits every init).
     pub fn destroy(&self, id: &str) -> anyhow::Result<()> {
         let deadline = Instant::now() + Duration::from_secs(5);
+        let mut own_children = Vec::new();
         loop {
             let pids = self.pids(id);
             if pids.is_empty() {
@@ -153,17 +156,21 @@ impl Cgroups {
                 let _ = fs::write(self.dir("", id).join("cgroup.kill"), "1");
             }
             for pid in &pids {
-                // SAFETY: kill and waitpid with plain integers; a pid that is
-                // not our child makes waitpid fail harmlessly with ECHILD.
-                unsafe {
-                    libc::kill(*pid, libc::SIGKILL);
-                    libc::waitpid(*pid, std::ptr::null_mut(), libc::WNOHANG);
+                if parent_of(*pid) == Some(std::process::id() as i32) && !own_children.contains(pid) {
+                    own_children.push(*pid);
                 }
+                // SAFETY: kill with plain integers.
+                unsafe { libc::kill(*pid, libc::SIGKILL) };
             }
             if Instant::now() > deadline {
                 bail!("processes {pids:?} of sandbox {id} survived SIGKILL for 5 s");
             }
             std::thread::sleep(Duration::from_millis(2));
+        }
+        for pid in own_children {
+            // Killed and out of the cgroup: the wait returns at once.
+            // SAFETY: waitpid on a child of this process.
+            unsafe { libc::waitpid(pid, std::ptr::null_mut(), 0) };
         }
         for dir in self.dirs(id) {
             remove_cgroup_dir(&dir, deadline)?;
@@ -205,6 +212,12 @@ pub fn subtree_name(state_dir: &Path) -> String {
     let path = fs::canonicalize(state_dir).unwrap_or_else(|_| state_dir.to_path_buf());
     let digest = Sha256::digest(path.as_os_str().as_encoded_bytes());
     format!("{PREFIX}-{:02x}{:02x}{:02x}{:02x}", digest[0], digest[1], digest[2], digest[3])
+}
+
+/// The parent pid of a live process, from /proc.
+pub fn parent_of(pid: i32) -> Option<i32> {
+    let status = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status.lines().find_map(|l| l.strip_prefix("PPid:")).and_then(|v| v.trim().parse().ok())
 }
 
 fn has_v2_controllers(list: &str) -> bool {

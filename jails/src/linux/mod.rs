@@ -169,7 +169,13 @@ impl Substrate for LinuxSubstrate {
     }
 
     fn is_alive(&self, _id: &str, placement: &Placement) -> bool {
-        process_start_time(placement.init_pid) == Some(placement.init_start)
+        let alive = process_start_time(placement.init_pid) == Some(placement.init_start);
+        if !alive && cgroup::parent_of(placement.init_pid) == Some(std::process::id() as i32) {
+            // An init that died on its own is our zombie until reaped.
+            // SAFETY: non-blocking waitpid on a child of this process.
+            unsafe { libc::waitpid(placement.init_pid, std::ptr::null_mut(), libc::WNOHANG) };
+        }
+        alive
     }
 
     fn usage(&self, id: &str) -> anyhow::Result<Usage> {

@@ -112,17 +112,21 @@ impl Step {
 /// The commands that build `recipe` into `rootfs`.
 pub fn build_plan(recipe: &Recipe, rootfs: &Path, cache: &Path, mirror: &str, suite: &str) -> Vec<Step> {
     let root = rootfs.display().to_string();
+    // apt, not debootstrap's own resolver, installs the recipe's packages:
+    // it understands virtual packages and alternatives.
     let mut steps = vec![Step::new(
         "debootstrap",
-        &[
-            "--variant=minbase",
-            &format!("--include={}", recipe.packages.join(",")),
-            &format!("--cache-dir={}", cache.display()),
-            suite,
-            &root,
-            mirror,
-        ],
+        &["--variant=minbase", &format!("--cache-dir={}", cache.display()), suite, &root, mirror],
     )];
+    if !recipe.packages.is_empty() {
+        steps.push(Step::in_root(
+            rootfs,
+            &format!(
+                "apt-get update -qq && apt-get install -y -q --no-install-recommends {} && apt-get clean",
+                recipe.packages.join(" ")
+            ),
+        ));
+    }
     let user_setup = format!(
         "groupadd -g {uid} {user} && useradd -m -u {uid} -g {uid} -d {home} -s /bin/bash {user} \
          && printf 'localhost\\n' > /etc/hostname \
@@ -204,7 +208,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn plan_bootstraps_then_adds_the_sandbox_user_then_cleans() {
+    fn plan_bootstraps_installs_adds_the_sandbox_user_then_cleans() {
         let recipe = Recipe {
             name: "base".into(),
             packages: vec!["python3".into(), "curl".into()],
@@ -212,19 +216,12 @@ mod tests {
         };
         let plan = build_plan(&recipe, Path::new("/t/rootfs"), Path::new("/c"), "http://m/debian", "bookworm");
         assert_eq!(plan[0].program, "debootstrap");
-        assert_eq!(
-            plan[0].args,
-            [
-                "--variant=minbase",
-                "--include=python3,curl",
-                "--cache-dir=/c",
-                "bookworm",
-                "/t/rootfs",
-                "http://m/debian"
-            ]
-        );
-        assert!(plan[1].args[3].contains("useradd -m -u 1000 -g 1000 -d /home/user -s /bin/bash user"));
-        assert_eq!(plan[2].args[3], "echo hi");
-        assert!(plan[3].args[3].starts_with("rm -rf /var/cache/apt/archives"));
+        assert_eq!(plan[0].args, ["--variant=minbase", "--cache-dir=/c", "bookworm", "/t/rootfs", "http://m/debian"]);
+        assert_eq!(plan[1].program, "chroot");
+        assert_eq!(&plan[1].args[..3], ["/t/rootfs", "/bin/sh", "-ec"]);
+        assert!(plan[1].args[3].contains("apt-get install -y -q --no-install-recommends python3 curl"));
+        assert!(plan[2].args[3].contains("useradd -m -u 1000 -g 1000 -d /home/user -s /bin/bash user"));
+        assert_eq!(plan[3].args[3], "echo hi");
+        assert!(plan[4].args[3].starts_with("rm -rf /var/cache/apt/archives"));
     }
 }

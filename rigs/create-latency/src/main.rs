@@ -29,6 +29,9 @@ const RIG: &str = "create-latency";
 const CREATE_BODY: &str = r#"{"templateID":"base","metadata":{},"envVars":{}}"#;
 const START_BODY: &str = r#"{"process":{"cmd":"/bin/true","args":[]},"stdin":false}"#;
 const ENVD_PORT: &str = "49983";
+/// A Server-Timing `boot` above this means the create booted a sandbox
+/// itself (a pool miss); a hit reports microseconds.
+const POOL_MISS_BOOT_MS: f64 = 1.0;
 
 #[derive(Parser, Debug)]
 #[command(version, about = "Create-to-first-exec latency: lean client and official SDK against a fresh gateway")]
@@ -83,6 +86,8 @@ struct Sample {
     total_ms: f64,
     create_ms: f64,
     exec_ms: f64,
+    /// Start request sent → `start` event received.
+    exec_start_event_ms: f64,
     delete_ms: f64,
     server: Vec<(String, f64)>,
 }
@@ -142,6 +147,8 @@ fn main() -> anyhow::Result<()> {
     let git = git_facts();
     let host = host_facts();
     let api_key = random_hex(16)?;
+    let load_start = loadavg();
+    let others = other_gateways();
     let mut notes: Vec<String> = Vec::new();
     for (what, p) in [("gateway", &args.copse), ("agent", &args.agent)] {
         if !p.is_file() {
@@ -165,6 +172,7 @@ fn main() -> anyhow::Result<()> {
     let gateway_version = command_output(Command::new(&args.copse).arg("version")).unwrap_or_default();
 
     let mut scenarios: Vec<Scenario> = Vec::new();
+    let mut gateway_children = serde_json::Map::new();
     if !args.skip_reference {
         eprintln!("== reference: spawn /bin/true, unshare -mnpiu --fork /bin/true");
         scenarios.push(reference(args.samples)?);
@@ -196,6 +204,8 @@ fn main() -> anyhow::Result<()> {
                 Err(e) => notes.push(format!("SDK cold measurement failed: {e:#}")),
             }
         }
+        let kids = gw.children();
+        gateway_children.insert("cold".into(), json!(kids));
         gw.stop(&mut notes);
     }
 
@@ -235,6 +245,8 @@ fn main() -> anyhow::Result<()> {
                 Err(e) => notes.push(format!("SDK warm measurement failed: {e:#}")),
             }
         }
+        let kids = gw.children();
+        gateway_children.insert("warm".into(), json!(kids));
         gw.stop(&mut notes);
     } else {
         notes.push(
@@ -243,9 +255,33 @@ fn main() -> anyhow::Result<()> {
         );
     }
 
-    let derived = derive(&scenarios, &mut notes);
+    let mut derived = derive(&scenarios, &mut notes);
+    for (phase, kids) in &gateway_children {
+        if let Some(z) = kids.get("Z").and_then(Value::as_u64).filter(|z| *z > 0) {
+            notes.push(format!(
+                "{phase} gateway: {z} zombie (unreaped) child processes at the end of its scenarios, just before SIGTERM"
+            ));
+        }
+    }
+    derived["gateway_children_before_stop"] = Value::Object(gateway_children);
     let targets = targets(&scenarios, &mut notes);
     notes.extend(standing_notes(pool_supported));
+    let busy = |l: &Option<String>| {
+        l.as_deref().and_then(|l| l.split_whitespace().next()?.parse::<f64>().ok()).is_some_and(|x| x >= 0.5)
+    };
+    let load_end = loadavg();
+    if busy(&load_start) || busy(&load_end) {
+        notes.push(format!(
+            "the host was not idle: 1/5/15-min load average {} at start and {} at end on {} cores; other work \
+             competed with the gateway, the client and the reference measurement",
+            load_start.as_deref().unwrap_or("?"),
+            load_end.as_deref().unwrap_or("?"),
+            std::thread::available_parallelism().map_or(0, |n| n.get())
+        ));
+    }
+    if others > 0 {
+        notes.push(format!("{others} other `copse up` process(es) were running on the host when the rig started"));
+    }
 
     let short: String =
         git.get("commit").and_then(Value::as_str).map(|c| c.chars().take(7).collect()).unwrap_or("nogit".into());
@@ -278,6 +314,9 @@ fn main() -> anyhow::Result<()> {
             "agent": args.agent.display().to_string(),
             "agent_binary_mtime": mtime(&args.agent),
             "data_dir": args.data_dir.display().to_string(),
+            "loadavg_start": load_start,
+            "loadavg_end": load_end,
+            "other_copse_up_processes_at_start": others,
             "lean_client": "copse-rig-create: Rust, hyper 1 HTTP/1.1 keep-alive over TCP (TCP_NODELAY), one connection per worker, tokio current-thread runtime",
             "sdk": if args.skip_sdk { Value::Null } else { json!({"script": args.sdk_script.display().to_string(), "python": args.python.display().to_string()}) },
         },
@@ -342,6 +381,23 @@ impl Gateway {
             }
             std::thread::sleep(Duration::from_millis(20));
         }
+    }
+
+    /// Direct children of the gateway by state letter, e.g. {"S": 12, "Z": 3}.
+    fn children(&self) -> BTreeMap<String, usize> {
+        let Some(pid) = self.child.as_ref().map(Child::id) else { return BTreeMap::new() };
+        let mut out = BTreeMap::new();
+        for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+            let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else { continue };
+            // "pid (comm) S ppid ..."; comm may contain spaces and parentheses.
+            let Some((_, rest)) = stat.rsplit_once(')') else { continue };
+            let mut f = rest.split_whitespace();
+            let (Some(state), Some(ppid)) = (f.next(), f.next()) else { continue };
+            if ppid.parse::<u32>() == Ok(pid) {
+                *out.entry(state.to_string()).or_insert(0) += 1;
+            }
+        }
+        out
     }
 
     /// SIGTERM, then wait up to 30 s (SIGKILL after that).
@@ -451,7 +507,7 @@ async fn one_sample(conn: &mut Conn, key: &str) -> anyhow::Result<Sample> {
     let del_status = del_resp.status();
     let del_body = del_resp.into_body().collect().await?.to_bytes();
     let delete_ms = ms(t_del.elapsed());
-    let t_done = exec?;
+    let (t_start_event, t_done) = exec?;
     if del_status != StatusCode::NO_CONTENT {
         bail!("delete {id}: HTTP {del_status}: {}", String::from_utf8_lossy(&del_body));
     }
@@ -459,6 +515,7 @@ async fn one_sample(conn: &mut Conn, key: &str) -> anyhow::Result<Sample> {
         total_ms: ms(t_done - t0),
         create_ms: ms(t_created - t0),
         exec_ms: ms(t_done - t_created),
+        exec_start_event_ms: ms(t_start_event - t_created),
         delete_ms,
         server,
     })
@@ -467,7 +524,7 @@ async fn one_sample(conn: &mut Conn, key: &str) -> anyhow::Result<Sample> {
 /// `process.Process/Start` of `/bin/true`. Returns the instant its `end`
 /// event arrived; the rest of the stream (the end-of-stream envelope) is read
 /// after that instant so the connection stays reusable.
-async fn first_exec(conn: &mut Conn, id: &str, token: &str) -> anyhow::Result<Instant> {
+async fn first_exec(conn: &mut Conn, id: &str, token: &str) -> anyhow::Result<(Instant, Instant)> {
     let req = conn
         .request(Method::POST, "/process.Process/Start")
         .header("e2b-sandbox-id", id)
@@ -486,7 +543,7 @@ async fn first_exec(conn: &mut Conn, id: &str, token: &str) -> anyhow::Result<In
     }
     let mut body = resp.into_body();
     let mut dec = EnvelopeDecoder::default();
-    let mut started = false;
+    let mut started: Option<Instant> = None;
     let mut ended: Option<(i64, Option<String>)> = None;
     while let Some(frame) = body.frame().await {
         let frame = frame?;
@@ -494,7 +551,7 @@ async fn first_exec(conn: &mut Conn, id: &str, token: &str) -> anyhow::Result<In
         dec.push(data);
         while let Some(env) = dec.next_envelope()? {
             match classify(&env)? {
-                StreamItem::Start { .. } => started = true,
+                StreamItem::Start { .. } => started = started.or(Some(Instant::now())),
                 StreamItem::End { exit_code, error } => ended = Some((exit_code, error)),
                 StreamItem::EndOfStream { error: Some(e) } => bail!("Process/Start stream error: {e}"),
                 StreamItem::EndOfStream { error: None } => {}
@@ -507,16 +564,14 @@ async fn first_exec(conn: &mut Conn, id: &str, token: &str) -> anyhow::Result<In
     }
     let t_end = Instant::now();
     let Some((code, error)) = ended else { bail!("Process/Start stream ended without an end event") };
-    if !started {
-        bail!("Process/Start: end event without a start event");
-    }
+    let Some(t_start) = started else { bail!("Process/Start: end event without a start event") };
     if code != 0 || error.is_some() {
         bail!("/bin/true exited {code} (error {error:?})");
     }
     while let Some(frame) = body.frame().await {
         frame?;
     }
-    Ok(t_end)
+    Ok((t_start, t_end))
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -590,6 +645,7 @@ async fn lean(
     series.insert("total_ms".into(), col(&|s| Some(s.total_ms)));
     series.insert("create_ms".into(), col(&|s| Some(s.create_ms)));
     series.insert("exec_ms".into(), col(&|s| Some(s.exec_ms)));
+    series.insert("exec_start_event_ms".into(), col(&|s| Some(s.exec_start_event_ms)));
     series.insert("delete_ms".into(), col(&|s| Some(s.delete_ms)));
     for name in &names {
         series.insert(format!("server_{name}_ms"), col(&|s| server_metric(s, name)));
@@ -601,7 +657,8 @@ async fn lean(
     if pace_ms.is_some() {
         let known: Vec<f64> = samples.iter().filter_map(|s| server_metric(s, "boot")).collect();
         counters.insert("pool_miss_known".into(), json!(known.len()));
-        counters.insert("pool_misses_boot_gt_0".into(), json!(known.iter().filter(|b| **b > 0.0).count()));
+        counters.insert("pool_misses".into(), json!(known.iter().filter(|b| **b > POOL_MISS_BOOT_MS).count()));
+        counters.insert("pool_miss_threshold_ms".into(), json!(POOL_MISS_BOOT_MS));
     }
     Ok(Scenario {
         name: name.into(),
@@ -789,8 +846,9 @@ fn standing_notes(pool_supported: bool) -> Vec<String> {
     if pool_supported {
         v.push(
             "warm scenarios: each worker sleeps pace_ms after each sample's DELETE so the pool can refill; \
-             counters.pool_misses_boot_gt_0 counts samples whose Server-Timing boot was > 0 (the pool had nothing \
-             ready), out of counters.pool_miss_known samples that carried a boot metric."
+             counters.pool_misses counts samples whose Server-Timing boot exceeded pool_miss_threshold_ms (a pool \
+             hit reports boot of a few microseconds, a real boot several milliseconds), out of \
+             counters.pool_miss_known samples that carried a boot metric."
                 .into(),
         );
     }
@@ -827,7 +885,7 @@ fn print_table(scenarios: &[Scenario]) {
         let n = s.series.get("total_ms").map_or(0, |v| v.iter().flatten().count());
         let misses = s
             .counters
-            .get("pool_misses_boot_gt_0")
+            .get("pool_misses")
             .map(|m| format!("{}/{}", m, s.counters.get("pool_miss_known").unwrap_or(&json!(0))))
             .unwrap_or("-".into());
         println!(
@@ -883,6 +941,26 @@ fn host_facts() -> Value {
         "substrate": "linux-namespaces",
         "virtualization": virt,
     })
+}
+
+/// `copse up` processes already running (another gateway competes for the CPU).
+fn other_gateways() -> usize {
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
+        .filter(|c| {
+            let args: Vec<&[u8]> = c.split(|b| *b == 0).collect();
+            args.len() > 1 && args[0].ends_with(b"copse") && args[1] == b"up"
+        })
+        .count()
+}
+
+/// `/proc/loadavg`'s 1/5/15-minute figures: other work on the host skews every number here.
+fn loadavg() -> Option<String> {
+    let s = std::fs::read_to_string("/proc/loadavg").ok()?;
+    Some(s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
 }
 
 fn mtime(p: &Path) -> Option<String> {

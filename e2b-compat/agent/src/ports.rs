@@ -1,0 +1,49 @@
+//! Traffic for a sandbox port other than the agent's own (49983): the
+//! gateway forwards it here unchanged, and the agent, which lives in the
+//! sandbox's network namespace, relays it to `127.0.0.1:<port>` — the code
+//! interpreter on 49999, or any server a user starts. Nothing outside the
+//! sandbox can reach its loopback any other way.
+
+use axum::body::Body;
+use axum::extract::Request;
+use axum::http::StatusCode;
+use axum::middleware::Next;
+use axum::response::Response;
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpStream;
+
+use crate::auth::json_error;
+
+pub const PORT_HEADER: &str = "e2b-sandbox-port";
+/// The port E2B's SDK uses for envd, i.e. this agent.
+pub const AGENT_PORT: u16 = 49983;
+
+pub async fn relay_other_ports(request: Request, next: Next) -> Response {
+    let port = request.headers().get(PORT_HEADER).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u16>().ok());
+    match port {
+        Some(port) if port != AGENT_PORT => relay(port, request).await,
+        _ => next.run(request).await,
+    }
+}
+
+async fn relay(port: u16, request: Request) -> Response {
+    let stream = match TcpStream::connect(("127.0.0.1", port)).await {
+        Ok(stream) => stream,
+        // The SDK reads "port is not open" as SandboxUnreachable.
+        Err(e) => return json_error(StatusCode::BAD_GATEWAY, format!("port is not open: {port} ({e})")),
+    };
+    let _ = stream.set_nodelay(true);
+    let (mut sender, connection) = match hyper::client::conn::http1::handshake(TokioIo::new(stream)).await {
+        Ok(pair) => pair,
+        Err(e) => return json_error(StatusCode::BAD_GATEWAY, format!("port {port}: {e}")),
+    };
+    tokio::spawn(async move {
+        if let Err(e) = connection.with_upgrades().await {
+            tracing::debug!("relay to port {port} ended: {e}");
+        }
+    });
+    match sender.send_request(request).await {
+        Ok(response) => response.map(Body::new),
+        Err(e) => json_error(StatusCode::BAD_GATEWAY, format!("port {port}: {e}")),
+    }
+}
