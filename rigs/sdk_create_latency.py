@@ -63,17 +63,17 @@ def main() -> int:
                 samples[key].append(round(value, 3))
         time.sleep(args.pace_ms / 1000)
 
-    with open(args.out, "w") as f:
-        json.dump(
-            {
-                "sdk_version": version("e2b"),
-                "python_version": platform.python_version(),
-                "samples": samples,
-                "errors": errors,
-            },
-            f,
-        )
+    write_output(args.out, version("e2b"), samples, errors)
     return 0
+
+
+def write_output(path: str, sdk_version: str, samples: dict, errors: list[str], sdk: str | None = None) -> None:
+    """The JSON the rigs read (copse_rig_common::SdkRun); shared with sdk_run_code.py."""
+    out = {"sdk_version": sdk_version, "python_version": platform.python_version(), "samples": samples, "errors": errors}
+    if sdk is not None:
+        out["sdk"] = sdk
+    with open(path, "w") as f:
+        json.dump(out, f)
 
 
 if __name__ == "__main__":

@@ -81,11 +81,14 @@ impl LinuxSubstrate {
         if self.templates.get(&spec.template).is_none() {
             bail!("template {} is not built", spec.template);
         }
+        let started = std::time::Instant::now();
         let plan = self.boot_plan(spec);
         for dir in [&plan.upper, &plan.work, &plan.root] {
             fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         }
+        let dirs_done = started.elapsed();
         self.cgroups.create(&spec.id, &spec.limits)?;
+        let cgroup_done = started.elapsed();
         let _ = fs::remove_file(&spec.agent_socket);
         let listener = UnixListener::bind(&spec.agent_socket)
             .with_context(|| format!("binding {}", spec.agent_socket.display()))?;
@@ -113,6 +116,7 @@ impl LinuxSubstrate {
         }
         let pid: i32 = String::from_utf8_lossy(&output.stdout).trim().parse().context("boot printed no init pid")?;
         let init_start = process_start_time(pid).context("init vanished right after boot")?;
+        tracing::debug!(id = %spec.id, ?dirs_done, ?cgroup_done, total = ?started.elapsed(), "booted");
         Ok(Placement { init_pid: pid, init_start })
     }
 

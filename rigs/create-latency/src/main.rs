@@ -5,33 +5,31 @@
 //! `benchmarks/schema.md`) and prints a short table.
 
 use std::collections::BTreeMap;
-use std::io::Read;
-use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, bail};
+use anyhow::bail;
 use bytes::Bytes;
 use clap::Parser;
-use copse_rig_create::{EnvelopeDecoder, StreamItem, Summary, classify, encode_envelope, parse_server_timing, round3};
+use copse_rig_common::facts::random_hex;
+use copse_rig_common::gateway::zombie_notes;
+use copse_rig_common::report::{
+    find, p50_difference, p50_target, pool_miss_counters, print_footer, server_timing, server_timing_series,
+};
+use copse_rig_common::{Conn, Gateway, LEAN_CLIENT, RigArgs, Run, Scenario, SdkRun, ms, round3};
+use copse_rig_create::{EnvelopeDecoder, StreamItem, classify, encode_envelope};
 use http_body_util::{BodyExt, Full};
-use hyper::body::Incoming;
-use hyper::client::conn::http1;
-use hyper::{Method, Request, Response, StatusCode};
-use hyper_util::rt::TokioIo;
+use hyper::{Method, StatusCode};
 use serde_json::{Value, json};
 
-const SCHEMA: u32 = 1;
 const RIG: &str = "create-latency";
 const CREATE_BODY: &str = r#"{"templateID":"base","metadata":{},"envVars":{}}"#;
 const START_BODY: &str = r#"{"process":{"cmd":"/bin/true","args":[]},"stdin":false}"#;
 const ENVD_PORT: &str = "49983";
-/// A Server-Timing `boot` above this means the create booted a sandbox
-/// itself (a pool miss); a hit reports microseconds.
-const POOL_MISS_BOOT_MS: f64 = 1.0;
 
 #[derive(Parser, Debug)]
 #[command(version, about = "Create-to-first-exec latency: lean client and official SDK against a fresh gateway")]
@@ -54,30 +52,14 @@ struct Args {
     /// Wait after the warm-up before timing a warm scenario; default: max(2 s, 3 x pool x cold create p50).
     #[arg(long)]
     pool_fill_wait_ms: Option<u64>,
-    /// Gateway binary.
-    #[arg(long, default_value = "target/release/copse")]
-    copse: PathBuf,
-    /// In-sandbox agent binary handed to the gateway.
-    #[arg(long, env = "COPSE_AGENT", default_value = "target/x86_64-unknown-linux-musl/release/copse-agent")]
-    agent: PathBuf,
-    /// Gateway data directory (templates are built there on first use).
-    #[arg(long, default_value = "/var/lib/copse-bench")]
-    data_dir: PathBuf,
-    /// Python with the pinned `e2b` SDK installed.
-    #[arg(long, default_value = ".venv/bin/python")]
-    python: PathBuf,
+    #[command(flatten)]
+    common: RigArgs,
     /// The SDK measurement script.
     #[arg(long, default_value = "rigs/sdk_create_latency.py")]
     sdk_script: PathBuf,
-    /// Skip the SDK measurement.
-    #[arg(long)]
-    skip_sdk: bool,
     /// Skip the fork+exec / unshare reference measurement.
     #[arg(long)]
     skip_reference: bool,
-    /// Where the JSON result goes.
-    #[arg(long, default_value = "benchmarks/results")]
-    out_dir: PathBuf,
 }
 
 /// One lean-client sample.
@@ -92,84 +74,17 @@ struct Sample {
     server: Vec<(String, f64)>,
 }
 
-/// One scenario's measurements, ready for the result file.
-struct Scenario {
-    name: String,
-    client: String,
-    concurrency: usize,
-    pool: Option<usize>,
-    pace_ms: Option<f64>,
-    /// Aligned series; `None` where a sample lacks the metric.
-    series: BTreeMap<String, Vec<Option<f64>>>,
-    counters: serde_json::Map<String, Value>,
-    errors: Vec<String>,
-}
-
-impl Scenario {
-    fn summary(&self, metric: &str) -> Option<Summary> {
-        let v: Vec<f64> = self.series.get(metric)?.iter().flatten().copied().collect();
-        Summary::of(&v)
-    }
-
-    fn p50(&self, metric: &str) -> Option<f64> {
-        self.summary(metric).map(|s| s.p50)
-    }
-
-    fn to_json(&self) -> Value {
-        let samples: serde_json::Map<String, Value> = self
-            .series
-            .iter()
-            .map(|(k, v)| {
-                (k.clone(), Value::Array(v.iter().map(|x| x.map_or(Value::Null, |x| json!(round3(x)))).collect()))
-            })
-            .collect();
-        let summary: serde_json::Map<String, Value> =
-            self.series.keys().filter_map(|k| Some((k.clone(), self.summary(k)?.to_json()))).collect();
-        let mut counters = self.counters.clone();
-        counters.insert("errors".into(), json!(self.errors.len()));
-        json!({
-            "name": self.name,
-            "client": self.client,
-            "concurrency": self.concurrency,
-            "pool": self.pool,
-            "pace_ms": self.pace_ms.map(round3),
-            "samples": samples,
-            "summary": summary,
-            "counters": counters,
-            "errors": self.errors.iter().take(20).collect::<Vec<_>>(),
-        })
-    }
-}
-
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    let started_at = time::OffsetDateTime::now_utc();
-    let git = git_facts();
-    let host = host_facts();
+    let run = Run::begin(RIG);
     let api_key = random_hex(16)?;
-    let load_start = loadavg();
-    let others = other_gateways();
     let mut notes: Vec<String> = Vec::new();
-    for (what, p) in [("gateway", &args.copse), ("agent", &args.agent)] {
-        if !p.is_file() {
-            bail!("{what} binary {} is missing: run `mise run build` first", p.display());
-        }
-    }
+    let bins = &args.common.bins;
+    bins.check()?;
 
     // Templates first (idempotent; the first run on a data dir builds `base` with progress).
-    eprintln!("== copse template build --data-dir {}", args.data_dir.display());
-    let status = Command::new(&args.copse)
-        .args(["template", "build", "--data-dir"])
-        .arg(&args.data_dir)
-        .env("COPSE_AGENT", &args.agent)
-        .status()
-        .context("running copse template build")?;
-    if !status.success() {
-        bail!("copse template build failed: {status}");
-    }
-    let up_help = command_output(Command::new(&args.copse).args(["up", "--help"])).unwrap_or_default();
-    let pool_supported = up_help.contains("--pool");
-    let gateway_version = command_output(Command::new(&args.copse).arg("version")).unwrap_or_default();
+    bins.build_template(None)?;
+    let pool_supported = bins.pool_supported();
 
     let mut scenarios: Vec<Scenario> = Vec::new();
     let mut gateway_children = serde_json::Map::new();
@@ -183,7 +98,7 @@ fn main() -> anyhow::Result<()> {
     // Cold: no pool.
     let mut cold_create_p50 = None;
     {
-        let gw = Gateway::start(&args, &api_key, pool_supported.then_some(0))?;
+        let gw = Gateway::start(bins, &api_key, &pool_args(pool_supported.then_some(0)), "copse-rig-create")?;
         eprintln!("== gateway (cold, pool 0) on {} (log {})", gw.addr, gw.log.display());
         for &cc in &args.concurrency {
             let name = format!("lean-cold-cc{cc}");
@@ -197,7 +112,7 @@ fn main() -> anyhow::Result<()> {
         if cold_create_p50.is_none() {
             cold_create_p50 = scenarios.iter().rev().find_map(|s| s.p50("create_ms"));
         }
-        if !args.skip_sdk {
+        if !args.common.skip_sdk {
             eprintln!("-- sdk-cold-cc1: {} samples", args.samples);
             match sdk(&args, gw.addr, &api_key, "sdk-cold-cc1", None, None) {
                 Ok(sc) => scenarios.push(sc),
@@ -216,7 +131,7 @@ fn main() -> anyhow::Result<()> {
     );
     let mut warm_paces = BTreeMap::new();
     if pool_supported {
-        let gw = Gateway::start(&args, &api_key, Some(args.warm_pool))?;
+        let gw = Gateway::start(bins, &api_key, &pool_args(Some(args.warm_pool)), "copse-rig-create")?;
         eprintln!("== gateway (warm, pool {}) on {} (log {})", args.warm_pool, gw.addr, gw.log.display());
         for &cc in &args.concurrency {
             let pace = args.warm_pace_ms.unwrap_or((2.0 * cc as f64 * cold_ref).max(5.0));
@@ -236,7 +151,7 @@ fn main() -> anyhow::Result<()> {
             sc.pool = Some(args.warm_pool);
             scenarios.push(sc);
         }
-        if !args.skip_sdk {
+        if !args.common.skip_sdk {
             let pace = warm_paces.get(&1).copied().unwrap_or((2.0 * cold_ref).max(5.0));
             eprintln!("-- sdk-warm-cc1: {} samples, pace {pace:.1} ms", args.samples);
             std::thread::sleep(fill_wait);
@@ -256,268 +171,58 @@ fn main() -> anyhow::Result<()> {
     }
 
     let mut derived = derive(&scenarios, &mut notes);
-    for (phase, kids) in &gateway_children {
-        if let Some(z) = kids.get("Z").and_then(Value::as_u64).filter(|z| *z > 0) {
-            notes.push(format!(
-                "{phase} gateway: {z} zombie (unreaped) child processes at the end of its scenarios, just before SIGTERM"
-            ));
-        }
-    }
+    notes.extend(zombie_notes(&gateway_children));
     derived["gateway_children_before_stop"] = Value::Object(gateway_children);
     let targets = targets(&scenarios, &mut notes);
     notes.extend(standing_notes(pool_supported));
-    let busy = |l: &Option<String>| {
-        l.as_deref().and_then(|l| l.split_whitespace().next()?.parse::<f64>().ok()).is_some_and(|x| x >= 0.5)
-    };
-    let load_end = loadavg();
-    if busy(&load_start) || busy(&load_end) {
-        notes.push(format!(
-            "the host was not idle: 1/5/15-min load average {} at start and {} at end on {} cores; other work \
-             competed with the gateway, the client and the reference measurement",
-            load_start.as_deref().unwrap_or("?"),
-            load_end.as_deref().unwrap_or("?"),
-            std::thread::available_parallelism().map_or(0, |n| n.get())
-        ));
-    }
-    if others > 0 {
-        notes.push(format!("{others} other `copse up` process(es) were running on the host when the rig started"));
-    }
 
-    let short: String =
-        git.get("commit").and_then(Value::as_str).map(|c| c.chars().take(7).collect()).unwrap_or("nogit".into());
-    let date = started_at.date();
-    std::fs::create_dir_all(&args.out_dir)?;
-    let out = args.out_dir.join(format!("{RIG}-{date}-{short}.json"));
     let paces: serde_json::Map<String, Value> =
         warm_paces.iter().map(|(cc, p)| (format!("cc{cc}"), json!(round3(*p)))).collect();
-    let result = json!({
-        "rig": RIG,
-        "schema": SCHEMA,
-        "started_at": started_at.format(&time::format_description::well_known::Rfc3339)?,
-        "finished_at": time::OffsetDateTime::now_utc().format(&time::format_description::well_known::Rfc3339)?,
-        "git": git,
-        "host": host,
-        "params": {
-            "samples": args.samples,
-            "concurrency": args.concurrency,
-            "warmup_per_worker": args.warmup,
-            "template": "base",
-            "create_body": serde_json::from_str::<Value>(CREATE_BODY)?,
-            "first_exec": serde_json::from_str::<Value>(START_BODY)?,
-            "warm_pool": pool_supported.then_some(args.warm_pool),
-            "warm_pace_ms": paces,
-            "pool_fill_wait_ms": fill_wait.as_millis() as u64,
-            "pool_option_supported": pool_supported,
-            "gateway": args.copse.display().to_string(),
-            "gateway_version": gateway_version.trim(),
-            "gateway_binary_mtime": mtime(&args.copse),
-            "agent": args.agent.display().to_string(),
-            "agent_binary_mtime": mtime(&args.agent),
-            "data_dir": args.data_dir.display().to_string(),
-            "loadavg_start": load_start,
-            "loadavg_end": load_end,
-            "other_copse_up_processes_at_start": others,
-            "lean_client": "copse-rig-create: Rust, hyper 1 HTTP/1.1 keep-alive over TCP (TCP_NODELAY), one connection per worker, tokio current-thread runtime",
-            "sdk": if args.skip_sdk { Value::Null } else { json!({"script": args.sdk_script.display().to_string(), "python": args.python.display().to_string()}) },
-        },
-        "scenarios": scenarios.iter().map(Scenario::to_json).collect::<Vec<_>>(),
-        "derived": derived,
-        "targets": targets,
-        "notes": notes,
+    let params = json!({
+        "samples": args.samples,
+        "concurrency": args.concurrency,
+        "warmup_per_worker": args.warmup,
+        "template": "base",
+        "create_body": serde_json::from_str::<Value>(CREATE_BODY)?,
+        "first_exec": serde_json::from_str::<Value>(START_BODY)?,
+        "warm_pool": pool_supported.then_some(args.warm_pool),
+        "warm_pace_ms": paces,
+        "pool_fill_wait_ms": fill_wait.as_millis() as u64,
+        "pool_option_supported": pool_supported,
+        "lean_client": format!("copse-rig-create: {LEAN_CLIENT}"),
+        "sdk": args.common.sdk_params(&args.sdk_script),
     });
-    std::fs::write(&out, serde_json::to_string_pretty(&result)? + "\n")?;
+    let (out, result) = run.write(&args.common.out_dir, params, bins, &scenarios, derived, targets, notes)?;
     print_table(&scenarios);
-    for t in result["targets"].as_array().into_iter().flatten() {
-        println!("target {}: {} (limit {} ms) -> {}", t["claim"], t["value_ms"], t["limit_ms"], t["met"]);
-    }
-    if let Some(o) = result["derived"]["sdk_overhead_ms"].as_object() {
-        for (k, v) in o {
-            println!("sdk overhead {k}: {v}");
-        }
-    }
-    println!("wrote {}", out.display());
+    print_footer(&result, &out);
     Ok(())
 }
 
-// ---------------------------------------------------------------- gateway
-
-struct Gateway {
-    child: Option<Child>,
-    addr: SocketAddr,
-    log: PathBuf,
-}
-
-impl Gateway {
-    fn start(args: &Args, key: &str, pool: Option<usize>) -> anyhow::Result<Self> {
-        let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
-        let addr: SocketAddr = ([127, 0, 0, 1], port).into();
-        let log = std::env::temp_dir().join(format!("copse-rig-create-{port}.log"));
-        let logf = std::fs::File::create(&log)?;
-        let mut cmd = Command::new(&args.copse);
-        cmd.args(["up", "--listen", &addr.to_string(), "--data-dir"]).arg(&args.data_dir);
-        if let Some(n) = pool {
-            cmd.args(["--pool", &n.to_string()]);
-        }
-        let child = cmd
-            .env("COPSE_API_KEY", key)
-            .env("COPSE_AGENT", &args.agent)
-            .stdin(Stdio::null())
-            .stdout(logf.try_clone()?)
-            .stderr(logf)
-            .spawn()
-            .context("starting copse up")?;
-        let mut gw = Self { child: Some(child), addr, log };
-        let deadline = Instant::now() + Duration::from_secs(300);
-        loop {
-            if TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok() {
-                return Ok(gw);
-            }
-            if let Some(status) = gw.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
-                gw.child = None;
-                bail!("copse up exited with {status} before listening; log {}:\n{}", gw.log.display(), tail(&gw.log));
-            }
-            if Instant::now() > deadline {
-                bail!("copse up did not listen on {addr} within 300 s; log {}", gw.log.display());
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    /// Direct children of the gateway by state letter, e.g. {"S": 12, "Z": 3}.
-    fn children(&self) -> BTreeMap<String, usize> {
-        let Some(pid) = self.child.as_ref().map(Child::id) else { return BTreeMap::new() };
-        let mut out = BTreeMap::new();
-        for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-            let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else { continue };
-            // "pid (comm) S ppid ..."; comm may contain spaces and parentheses.
-            let Some((_, rest)) = stat.rsplit_once(')') else { continue };
-            let mut f = rest.split_whitespace();
-            let (Some(state), Some(ppid)) = (f.next(), f.next()) else { continue };
-            if ppid.parse::<u32>() == Ok(pid) {
-                *out.entry(state.to_string()).or_insert(0) += 1;
-            }
-        }
-        out
-    }
-
-    /// SIGTERM, then wait up to 30 s (SIGKILL after that).
-    fn stop(mut self, notes: &mut Vec<String>) {
-        if let Some(msg) = self.terminate() {
-            notes.push(msg);
-        }
-    }
-
-    fn terminate(&mut self) -> Option<String> {
-        let mut child = self.child.take()?;
-        let t0 = Instant::now();
-        // SAFETY: plain kill(2) on the pid of a child we spawned and have not reaped.
-        unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
-        while t0.elapsed() < Duration::from_secs(30) {
-            match child.try_wait() {
-                Ok(Some(status)) if status.success() => return None,
-                Ok(Some(status)) => {
-                    return Some(format!("gateway on {} exited with {status} after SIGTERM", self.addr));
-                }
-                Ok(None) => std::thread::sleep(Duration::from_millis(50)),
-                Err(e) => return Some(format!("waiting for gateway: {e}")),
-            }
-        }
-        let _ = child.kill();
-        let _ = child.wait();
-        Some(format!("gateway on {} ignored SIGTERM for 30 s and was SIGKILLed", self.addr))
-    }
-}
-
-impl Drop for Gateway {
-    fn drop(&mut self) {
-        if let Some(msg) = self.terminate() {
-            eprintln!("{msg}");
-        }
-    }
-}
-
-fn tail(path: &Path) -> String {
-    let s = std::fs::read_to_string(path).unwrap_or_default();
-    let lines: Vec<&str> = s.lines().collect();
-    lines[lines.len().saturating_sub(20)..].join("\n")
+/// `--pool` values for a pool of `n` `base` sandboxes (none: the gateway's default).
+fn pool_args(n: Option<usize>) -> Vec<String> {
+    n.map(|n| n.to_string()).into_iter().collect()
 }
 
 // ---------------------------------------------------------------- lean client
 
-struct Conn {
-    addr: SocketAddr,
-    tx: http1::SendRequest<Full<Bytes>>,
-}
-
-impl Conn {
-    async fn open(addr: SocketAddr) -> anyhow::Result<Self> {
-        let stream = tokio::net::TcpStream::connect(addr).await?;
-        stream.set_nodelay(true)?;
-        let (tx, conn) = http1::handshake(TokioIo::new(stream)).await?;
-        tokio::spawn(async move {
-            let _ = conn.await;
-        });
-        Ok(Self { addr, tx })
-    }
-
-    async fn send(&mut self, req: Request<Full<Bytes>>) -> anyhow::Result<Response<Incoming>> {
-        if self.tx.is_closed() {
-            *self = Self::open(self.addr).await?;
-        }
-        self.tx.ready().await?;
-        Ok(self.tx.send_request(req).await?)
-    }
-
-    fn request(&self, method: Method, path: &str) -> hyper::http::request::Builder {
-        Request::builder().method(method).uri(path).header(hyper::header::HOST, self.addr.to_string())
-    }
-}
-
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1000.0
-}
-
 /// create → first exec → delete; only the first two are timed.
 async fn one_sample(conn: &mut Conn, key: &str) -> anyhow::Result<Sample> {
     let t0 = Instant::now();
-    let req = conn
-        .request(Method::POST, "/v2/sandboxes")
-        .header("x-api-key", key)
-        .header("content-type", "application/json")
-        .body(Full::new(Bytes::from_static(CREATE_BODY.as_bytes())))?;
-    let resp = conn.send(req).await?;
-    let status = resp.status();
-    let server =
-        resp.headers().get("server-timing").and_then(|v| v.to_str().ok()).map(parse_server_timing).unwrap_or_default();
-    let body = resp.into_body().collect().await?.to_bytes();
+    let created = conn.create_sandbox(key, CREATE_BODY).await?;
     let t_created = Instant::now();
-    if status != StatusCode::CREATED {
-        bail!("create: HTTP {status}: {}", String::from_utf8_lossy(&body));
-    }
-    let created: Value = serde_json::from_slice(&body).context("create response is not JSON")?;
-    let id = created["sandboxID"].as_str().context("create response without sandboxID")?.to_string();
-    let token = created["envdAccessToken"].as_str().unwrap_or("").to_string();
-
-    let exec = first_exec(conn, &id, &token).await;
-
+    let exec = first_exec(conn, &created.id, &created.token).await;
     let t_del = Instant::now();
-    let del =
-        conn.request(Method::DELETE, &format!("/sandboxes/{id}")).header("x-api-key", key).body(Full::default())?;
-    let del_resp = conn.send(del).await?;
-    let del_status = del_resp.status();
-    let del_body = del_resp.into_body().collect().await?.to_bytes();
+    let deleted = conn.delete_sandbox(key, &created.id).await;
     let delete_ms = ms(t_del.elapsed());
     let (t_start_event, t_done) = exec?;
-    if del_status != StatusCode::NO_CONTENT {
-        bail!("delete {id}: HTTP {del_status}: {}", String::from_utf8_lossy(&del_body));
-    }
+    deleted?;
     Ok(Sample {
         total_ms: ms(t_done - t0),
         create_ms: ms(t_created - t0),
         exec_ms: ms(t_done - t_created),
         exec_start_event_ms: ms(t_start_event - t_created),
         delete_ms,
-        server,
+        server: created.server_timing,
     })
 }
 
@@ -632,14 +337,6 @@ async fn lean(
             }
         }
     }
-    let mut names: Vec<String> = Vec::new();
-    for s in &samples {
-        for (k, _) in &s.server {
-            if !names.contains(k) {
-                names.push(k.clone());
-            }
-        }
-    }
     let mut series: BTreeMap<String, Vec<Option<f64>>> = BTreeMap::new();
     let col = |f: &dyn Fn(&Sample) -> Option<f64>| samples.iter().map(f).collect::<Vec<_>>();
     series.insert("total_ms".into(), col(&|s| Some(s.total_ms)));
@@ -647,18 +344,13 @@ async fn lean(
     series.insert("exec_ms".into(), col(&|s| Some(s.exec_ms)));
     series.insert("exec_start_event_ms".into(), col(&|s| Some(s.exec_start_event_ms)));
     series.insert("delete_ms".into(), col(&|s| Some(s.delete_ms)));
-    for name in &names {
-        series.insert(format!("server_{name}_ms"), col(&|s| server_metric(s, name)));
-    }
-    series.insert("api_overhead_ms".into(), col(&|s| server_metric(s, "total").map(|t| s.create_ms - t)));
+    series.extend(server_timing_series(&samples.iter().map(|s| s.server.clone()).collect::<Vec<_>>()));
+    series.insert("api_overhead_ms".into(), col(&|s| server_timing(&s.server, "total").map(|t| s.create_ms - t)));
     let mut counters = serde_json::Map::new();
     counters.insert("ok".into(), json!(samples.len()));
     counters.insert("with_server_timing".into(), json!(samples.iter().filter(|s| !s.server.is_empty()).count()));
     if pace_ms.is_some() {
-        let known: Vec<f64> = samples.iter().filter_map(|s| server_metric(s, "boot")).collect();
-        counters.insert("pool_miss_known".into(), json!(known.len()));
-        counters.insert("pool_misses".into(), json!(known.iter().filter(|b| **b > POOL_MISS_BOOT_MS).count()));
-        counters.insert("pool_miss_threshold_ms".into(), json!(POOL_MISS_BOOT_MS));
+        counters.extend(pool_miss_counters(series.get("server_boot_ms").map_or(&[][..], Vec::as_slice)));
     }
     Ok(Scenario {
         name: name.into(),
@@ -672,10 +364,6 @@ async fn lean(
     })
 }
 
-fn server_metric(s: &Sample, name: &str) -> Option<f64> {
-    s.server.iter().find(|(k, _)| k == name).map(|(_, v)| *v)
-}
-
 // ---------------------------------------------------------------- SDK
 
 fn sdk(
@@ -686,41 +374,16 @@ fn sdk(
     pool: Option<usize>,
     pace_ms: Option<f64>,
 ) -> anyhow::Result<Scenario> {
-    let out = std::env::temp_dir().join(format!("copse-rig-create-{name}-{}.json", std::process::id()));
-    let url = format!("http://{addr}");
-    let status = Command::new(&args.python)
-        .arg(&args.sdk_script)
-        .args(["--samples", &args.samples.to_string(), "--warmup", &args.warmup.to_string()])
-        .args(["--pace-ms", &pace_ms.unwrap_or(0.0).to_string(), "--out"])
-        .arg(&out)
-        .env("E2B_API_URL", &url)
-        .env("E2B_SANDBOX_URL", &url)
-        .env("E2B_API_KEY", key)
-        .stdin(Stdio::null())
-        .status()
-        .with_context(|| format!("running {} {}", args.python.display(), args.sdk_script.display()))?;
-    if !status.success() {
-        bail!("SDK script exited with {status}");
-    }
-    let v: Value = serde_json::from_slice(&std::fs::read(&out)?)?;
-    let _ = std::fs::remove_file(&out);
-    let mut series = BTreeMap::new();
-    for (k, arr) in v["samples"].as_object().context("SDK output without samples")? {
-        series.insert(k.clone(), arr.as_array().into_iter().flatten().map(Value::as_f64).collect());
-    }
-    let mut counters = serde_json::Map::new();
-    counters.insert("ok".into(), json!(series.get("total_ms").map_or(0, Vec::len)));
-    let sdk_version = v["sdk_version"].as_str().unwrap_or("?");
-    Ok(Scenario {
-        name: name.into(),
-        client: format!("e2b-python-sdk {sdk_version} (python {})", v["python_version"].as_str().unwrap_or("?")),
-        concurrency: 1,
-        pool: Some(pool.unwrap_or(0)),
-        pace_ms,
-        series,
-        counters,
-        errors: v["errors"].as_array().into_iter().flatten().filter_map(|e| e.as_str().map(String::from)).collect(),
-    })
+    let script_args = [
+        "--samples".to_string(),
+        args.samples.to_string(),
+        "--warmup".into(),
+        args.warmup.to_string(),
+        "--pace-ms".into(),
+        pace_ms.unwrap_or(0.0).to_string(),
+    ];
+    let run = SdkRun::run(&args.common.python, &args.sdk_script, &script_args, addr, key)?;
+    Ok(run.into_scenario(name, "total_ms", Some(pool.unwrap_or(0)), pace_ms))
 }
 
 // ---------------------------------------------------------------- reference
@@ -758,19 +421,13 @@ fn reference(n: usize) -> anyhow::Result<Scenario> {
         name: "reference".into(),
         client: "std::process::Command, sequential, wall clock spawn..wait".into(),
         concurrency: 1,
-        pool: None,
-        pace_ms: None,
         series,
-        counters: serde_json::Map::new(),
         errors,
+        ..Scenario::default()
     })
 }
 
 // ---------------------------------------------------------------- results
-
-fn find<'a>(scenarios: &'a [Scenario], name: &str) -> Option<&'a Scenario> {
-    scenarios.iter().find(|s| s.name == name)
-}
 
 fn derive(scenarios: &[Scenario], notes: &mut Vec<String>) -> Value {
     let mut overhead = serde_json::Map::new();
@@ -780,10 +437,7 @@ fn derive(scenarios: &[Scenario], notes: &mut Vec<String>) -> Value {
         else {
             continue;
         };
-        let d = |m: &str| match (sdk.p50(m), lean.p50(m)) {
-            (Some(a), Some(b)) => json!(round3(a - b)),
-            _ => Value::Null,
-        };
+        let d = |m: &str| p50_difference(Some(sdk), Some(lean), m);
         overhead.insert(
             kind.into(),
             json!({"total_p50": d("total_ms"), "create_p50": d("create_ms"), "exec_p50": d("exec_ms")}),
@@ -801,29 +455,22 @@ fn derive(scenarios: &[Scenario], notes: &mut Vec<String>) -> Value {
 }
 
 fn targets(scenarios: &[Scenario], notes: &mut Vec<String>) -> Value {
-    let mut out = Vec::new();
-    let mut push = |claim: &str, scenario: &str, metric: &str, limit: f64| {
-        let value = find(scenarios, scenario).and_then(|s| s.p50(metric));
-        out.push(json!({
-            "claim": claim,
-            "scenario": scenario,
-            "metric": metric,
-            "stat": "p50",
-            "limit_ms": limit,
-            "value_ms": value.map(round3),
-            "met": value.map(|v| v <= limit),
-        }));
-        value.is_none()
-    };
-    if push("cold substrate part (server boot) p50 <= 15 ms", "lean-cold-cc1", "server_boot_ms", 15.0) {
+    let cold = p50_target(
+        scenarios,
+        "cold substrate part (server boot) p50 <= 15 ms",
+        "lean-cold-cc1",
+        "server_boot_ms",
+        15.0,
+    );
+    if cold["value_ms"].is_null() {
         notes.push(
             "cold substrate target not evaluated: the gateway sent no Server-Timing `boot` metric, so the \
              substrate share of create_ms is unknown"
                 .into(),
         );
     }
-    push("warm create+first-exec p50 <= 3 ms", "lean-warm-cc1", "total_ms", 3.0);
-    Value::Array(out)
+    let warm = p50_target(scenarios, "warm create+first-exec p50 <= 3 ms", "lean-warm-cc1", "total_ms", 3.0);
+    json!([cold, warm])
 }
 
 fn standing_notes(pool_supported: bool) -> Vec<String> {
@@ -903,73 +550,4 @@ fn print_table(scenarios: &[Scenario]) {
             s.errors.len()
         );
     }
-}
-
-// ---------------------------------------------------------------- facts
-
-fn command_output(cmd: &mut Command) -> Option<String> {
-    let out = cmd.stderr(Stdio::null()).output().ok()?;
-    out.status.success().then(|| String::from_utf8_lossy(&out.stdout).into_owned())
-}
-
-fn git_facts() -> Value {
-    let commit = command_output(Command::new("git").args(["rev-parse", "HEAD"])).map(|s| s.trim().to_string());
-    let dirty = command_output(Command::new("git").args(["status", "--porcelain"])).map(|s| !s.trim().is_empty());
-    json!({"commit": commit, "dirty": dirty})
-}
-
-fn host_facts() -> Value {
-    let read = |p: &str| std::fs::read_to_string(p).unwrap_or_default();
-    let os = read("/etc/os-release")
-        .lines()
-        .find_map(|l| l.strip_prefix("PRETTY_NAME=").map(|v| v.trim_matches('"').to_string()));
-    let cpu = read("/proc/cpuinfo")
-        .lines()
-        .find_map(|l| l.strip_prefix("model name").and_then(|r| r.split_once(':')).map(|(_, v)| v.trim().to_string()));
-    let mem = read("/proc/meminfo").lines().find_map(|l| {
-        l.strip_prefix("MemTotal:").and_then(|r| r.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-    });
-    let cgroup = if Path::new("/sys/fs/cgroup/cgroup.controllers").exists() { "v2" } else { "v1" };
-    let virt = command_output(&mut Command::new("systemd-detect-virt")).map(|s| s.trim().to_string());
-    json!({
-        "kernel": read("/proc/sys/kernel/osrelease").trim(),
-        "os": os,
-        "cpu_model": cpu,
-        "cores": std::thread::available_parallelism().map(|n| n.get()).ok(),
-        "memory_bytes": mem.map(|kb| kb * 1024),
-        "cgroup": cgroup,
-        "substrate": "linux-namespaces",
-        "virtualization": virt,
-    })
-}
-
-/// `copse up` processes already running (another gateway competes for the CPU).
-fn other_gateways() -> usize {
-    std::fs::read_dir("/proc")
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
-        .filter(|c| {
-            let args: Vec<&[u8]> = c.split(|b| *b == 0).collect();
-            args.len() > 1 && args[0].ends_with(b"copse") && args[1] == b"up"
-        })
-        .count()
-}
-
-/// `/proc/loadavg`'s 1/5/15-minute figures: other work on the host skews every number here.
-fn loadavg() -> Option<String> {
-    let s = std::fs::read_to_string("/proc/loadavg").ok()?;
-    Some(s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
-}
-
-fn mtime(p: &Path) -> Option<String> {
-    let t = std::fs::metadata(p).ok()?.modified().ok()?;
-    time::OffsetDateTime::from(t).format(&time::format_description::well_known::Rfc3339).ok()
-}
-
-fn random_hex(n: usize) -> anyhow::Result<String> {
-    let mut buf = vec![0u8; n];
-    std::fs::File::open("/dev/urandom")?.read_exact(&mut buf)?;
-    Ok(buf.iter().map(|b| format!("{b:02x}")).collect())
 }
