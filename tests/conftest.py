@@ -31,9 +31,10 @@ class Gateway:
         self.proc = None
         self.log = open(data_dir / "gateway.log", "ab")
 
-    def start(self, keep_sandboxes: bool = False):
-        # No warm pool: the leak checks account for every sandbox on the host.
-        args = [str(COPSE), "up", "--listen", f"127.0.0.1:{self.port}", "--data-dir", str(self.data_dir), "--pool", "base=0"]
+    def start(self, keep_sandboxes: bool = False, pools: str = "base=0"):
+        # No warm pool by default: the leak checks account for every sandbox
+        # on the host, and pooled ones belong to no user.
+        args = [str(COPSE), "up", "--listen", f"127.0.0.1:{self.port}", "--data-dir", str(self.data_dir), "--pool", pools]
         if keep_sandboxes:
             args.append("--keep-sandboxes")
         env = dict(os.environ, COPSE_API_KEY=API_KEY, COPSE_LOG=os.environ.get("COPSE_LOG", "info"))

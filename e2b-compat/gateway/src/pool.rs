@@ -26,11 +26,18 @@ pub struct WarmPool {
     target: usize,
     ready: Mutex<VecDeque<Booted>>,
     wanted: Notify,
+    stopping: std::sync::atomic::AtomicBool,
 }
 
 impl WarmPool {
     pub fn new(template: String, target: usize) -> Arc<Self> {
-        Arc::new(Self { template, target, ready: Mutex::new(VecDeque::new()), wanted: Notify::new() })
+        Arc::new(Self {
+            template,
+            target,
+            ready: Mutex::new(VecDeque::new()),
+            wanted: Notify::new(),
+            stopping: std::sync::atomic::AtomicBool::new(false),
+        })
     }
 
     pub fn take(&self) -> Option<Booted> {
@@ -43,9 +50,27 @@ impl WarmPool {
         self.lock().push_back(booted);
     }
 
-    /// How many sandboxes the pool lacks.
+    pub fn ready(&self) -> usize {
+        self.lock().len()
+    }
+
+    pub fn target(&self) -> usize {
+        self.target
+    }
+
+    /// How many sandboxes the pool lacks (none once it is stopping).
     pub fn missing(&self) -> usize {
-        self.target.saturating_sub(self.lock().len())
+        if self.is_stopping() { 0 } else { self.target.saturating_sub(self.lock().len()) }
+    }
+
+    /// Asks the refill task to finish the boot in flight and end.
+    pub fn stop(&self) {
+        self.stopping.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.wanted.notify_one();
+    }
+
+    pub fn is_stopping(&self) -> bool {
+        self.stopping.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// Waits until a sandbox is taken.

@@ -110,14 +110,16 @@ impl Sandboxes {
         &self.substrate
     }
 
-    /// Keeps every warm pool filled until the returned tasks are aborted.
+    /// Keeps every warm pool filled until [`Self::drain_pools`].
     pub fn spawn_pools(self: &Arc<Self>) -> Vec<tokio::task::JoinHandle<()>> {
         self.pools
             .iter()
             .map(|pool| {
                 let (this, pool) = (self.clone(), pool.clone());
                 tokio::spawn(async move {
-                    loop {
+                    // A boot in flight finishes before the task ends, so
+                    // the drain on shutdown finds every pooled sandbox.
+                    while !pool.is_stopping() {
                         while pool.missing() > 0 {
                             match this.boot(&pool.template).await {
                                 Ok(booted) => pool.put(booted),
@@ -134,8 +136,20 @@ impl Sandboxes {
             .collect()
     }
 
-    /// Destroys pooled sandboxes no one was given (on shutdown).
-    pub async fn drain_pools(&self) {
+    /// (template, ready, target) of each warm pool.
+    pub fn pool_status(&self) -> Vec<(String, usize, usize)> {
+        self.pools.iter().map(|p| (p.template.clone(), p.ready(), p.target())).collect()
+    }
+
+    /// Stops the refill tasks, waits for them, and destroys the pooled
+    /// sandboxes no one was given (on shutdown).
+    pub async fn drain_pools(&self, refills: Vec<tokio::task::JoinHandle<()>>) {
+        for pool in &self.pools {
+            pool.stop();
+        }
+        for refill in refills {
+            let _ = refill.await;
+        }
         for booted in self.pools.iter().flat_map(|p| p.drain()) {
             self.destroy_quietly(&booted.id).await;
         }

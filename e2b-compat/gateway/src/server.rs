@@ -71,12 +71,10 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             shutdown_signal().await;
             let _ = stopping_tx.send(());
             reaper.abort();
-            for pool in pools {
-                pool.abort();
-            }
+
             // Sandboxes go first: their command streams are the responses
             // graceful shutdown would otherwise wait on for ever.
-            svc.drain_pools().await;
+            svc.drain_pools(pools).await;
             if !keep_sandboxes {
                 kill_all(&svc).await;
             }

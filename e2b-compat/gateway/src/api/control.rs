@@ -159,6 +159,16 @@ pub async fn templates(State(svc): State<Service>) -> ApiResult<Json<Vec<wire::T
     ))
 }
 
+/// copse's own addition: how full each warm pool is.
+pub async fn pools(State(svc): State<Service>) -> Json<serde_json::Value> {
+    let pools: Vec<_> = svc
+        .pool_status()
+        .into_iter()
+        .map(|(template, ready, target)| serde_json::json!({ "template": template, "ready": ready, "target": target }))
+        .collect();
+    Json(serde_json::Value::Array(pools))
+}
+
 pub async fn not_implemented() -> ApiError {
     ApiError::new(StatusCode::NOT_IMPLEMENTED, "this operation is not supported by copse yet")
 }

@@ -39,6 +39,7 @@ pub fn router(svc: Arc<Sandboxes>, keys: Keys) -> Router {
         .route("/sandboxes/{id}/refreshes", post(control::refresh))
         .route("/sandboxes/{id}/metrics", get(control::metrics))
         .route("/templates", get(control::templates))
+        .route("/copse/pools", get(control::pools))
         .route("/sandboxes/{id}/pause", post(control::not_implemented))
         .route("/sandboxes/{id}/resume", post(control::not_implemented))
         .route("/sandboxes/{id}/snapshots", post(control::not_implemented))

@@ -1,0 +1,96 @@
+"""Warm pools: a code-interpreter sandbox is handed out already booted, with
+its Python kernel started, and the pool refills and drains cleanly."""
+
+import json
+import os
+import time
+import urllib.request
+
+import pytest
+from e2b import Sandbox
+
+import leakcheck
+
+
+def resident_ids(gateway) -> set[str]:
+    return {p.name for p in (gateway.data_dir / "sandboxes").iterdir()}
+
+
+def live_ids() -> set[str]:
+    paginator = Sandbox.list()
+    ids = set()
+    while paginator.has_next:
+        ids |= {s.sandbox_id for s in paginator.next_items()}
+    return ids
+
+
+def pooled_ids(gateway) -> set[str]:
+    return resident_ids(gateway) - live_ids()
+
+
+def pools(gateway) -> list[dict]:
+    request = urllib.request.Request(f"{gateway.url}/copse/pools", headers={"X-API-KEY": os.environ["E2B_API_KEY"]})
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return json.load(response)
+
+
+def wait_for_pool(gateway, size: int, seconds: float = 90) -> set[str]:
+    """Waits until the pool holds `size` ready sandboxes; returns their ids."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if [p["ready"] for p in pools(gateway)] == [size]:
+            pooled = pooled_ids(gateway)
+            assert len(pooled) == size, pooled
+            return pooled
+        time.sleep(0.2)
+    raise AssertionError(f"pool did not reach {size} within {seconds} s: {pools(gateway)}")
+
+
+@pytest.mark.timeout(400, func_only=True)
+def test_code_interpreter_sandboxes_come_from_the_pool_with_a_warm_kernel(gateway):
+    from e2b_code_interpreter import Sandbox as CodeSandbox
+
+    before = leakcheck.baseline(gateway.data_dir)
+    gateway.stop()
+    gateway.start(pools="code-interpreter-v1=1")
+    try:
+        pooled = wait_for_pool(gateway, 1)
+        # A pooled sandbox is on the host but belongs to no one yet.
+        assert not pooled & live_ids()
+
+        asked_at = time.time()
+        sbx = CodeSandbox.create(timeout=120)
+        try:
+            assert sbx.sandbox_id in pooled
+            # The kernel process started before anyone asked for the sandbox.
+            kernel_age = sbx.run_code("import os, time; time.time() - os.stat(f'/proc/{os.getpid()}').st_ctime")
+            assert kernel_age.error is None
+            assert float(kernel_age.text) > time.time() - asked_at
+            assert sbx.run_code("1+1").text == "2"
+        finally:
+            sbx.kill()
+
+        # Handing one out makes the pool boot a replacement.
+        refilled = wait_for_pool(gateway, 1)
+        assert sbx.sandbox_id not in refilled
+    finally:
+        gateway.stop()  # drains the pool
+        leakcheck.assert_no_leaks(gateway.data_dir, set(), before)
+        gateway.start()
+
+
+@pytest.mark.timeout(300, func_only=True)
+def test_stopping_while_the_pool_boots_leaves_nothing_behind(gateway):
+    before = leakcheck.baseline(gateway.data_dir)
+    gateway.stop()
+    gateway.start(pools="code-interpreter-v1=2")
+    try:
+        # Stop while the pool's first sandbox is still starting its kernel.
+        deadline = time.monotonic() + 30
+        while not resident_ids(gateway) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert resident_ids(gateway), "the pool never started booting"
+    finally:
+        gateway.stop()
+        leakcheck.assert_no_leaks(gateway.data_dir, set(), before)
+        gateway.start()
