@@ -8,6 +8,8 @@ writes into its result file. Sequential.
   first_result_ms runs from the create call to the on_result callback of the
   main result, total_ms to run_code's return; sbx.kill() is not timed.
 --mode roundtrip: one sandbox; one sample = one sbx.run_code("1+1").
+--settle-ms: pause after the warm-up, so the pool refill the create started
+  is not booting a kernel while samples are taken.
 
 Output JSON: {"sdk", "sdk_version", "python_version", "samples": {metric:
 [...]}, "errors": [...]}. Summaries are left to the rig.
@@ -60,15 +62,17 @@ def create_sample() -> dict[str, float]:
     }
 
 
-def measure(sample, n: int, warmup: int, pace_s: float) -> tuple[dict[str, list[float]], list[str]]:
+def measure(sample, n: int, warmup: int, pace_s: float, settle_s: float) -> tuple[dict[str, list[float]], list[str]]:
     samples: dict[str, list[float]] = {}
     errors: list[str] = []
     for i in range(warmup + n):
+        if i == warmup:
+            time.sleep(settle_s)
         try:
             values = sample()
         except Exception as e:  # noqa: BLE001 - recorded, the run goes on
             if i >= warmup:
-                errors.append(repr(e))
+                errors.append(f"sample {i - warmup}: {e!r}")
             else:
                 print(f"sdk warm-up sample failed: {e!r}", file=sys.stderr)
         else:
@@ -85,12 +89,13 @@ def main() -> int:
     ap.add_argument("--samples", type=int, default=100)
     ap.add_argument("--warmup", type=int, default=1, help="untimed samples first")
     ap.add_argument("--pace-ms", type=float, default=0.0, help="sleep after each sample (lets the pool refill)")
+    ap.add_argument("--settle-ms", type=float, default=0.0, help="sleep after the warm-up (lets the pool refill)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
 
-    pace_s = args.pace_ms / 1000
+    pace_s, settle_s = args.pace_ms / 1000, args.settle_ms / 1000
     if args.mode == "create":
-        samples, errors = measure(create_sample, args.samples, args.warmup, pace_s)
+        samples, errors = measure(create_sample, args.samples, args.warmup, pace_s, settle_s)
     else:
         sbx = Sandbox.create()
         try:
@@ -100,7 +105,7 @@ def main() -> int:
                 result_at, done = run_1_plus_1(sbx)
                 return {"roundtrip_ms": (done - t0) * MS, "result_ms": (result_at - t0) * MS}
 
-            samples, errors = measure(roundtrip_sample, args.samples, args.warmup, pace_s)
+            samples, errors = measure(roundtrip_sample, args.samples, args.warmup, pace_s, settle_s)
         finally:
             sbx.kill()
 

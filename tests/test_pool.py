@@ -7,21 +7,13 @@ import time
 import urllib.request
 
 import pytest
-from e2b import Sandbox
 
 import leakcheck
+from test_leaks import live_ids
 
 
 def resident_ids(gateway) -> set[str]:
     return {p.name for p in (gateway.data_dir / "sandboxes").iterdir()}
-
-
-def live_ids() -> set[str]:
-    paginator = Sandbox.list()
-    ids = set()
-    while paginator.has_next:
-        ids |= {s.sandbox_id for s in paginator.next_items()}
-    return ids
 
 
 def pooled_ids(gateway) -> set[str]:

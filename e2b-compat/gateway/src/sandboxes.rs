@@ -170,8 +170,7 @@ impl Sandboxes {
     pub async fn create(&self, request: CreateRequest) -> Result<(SandboxRecord, Timings)> {
         let timeout = validate_timeout(request.timeout_s.unwrap_or(DEFAULT_TIMEOUT_S))?;
         let started = Instant::now();
-        let pooled = self.pools.iter().find(|p| p.template == request.template).and_then(|p| p.take());
-        let booted = match pooled {
+        let booted = match self.take_pooled(&request.template).await {
             Some(booted) => booted,
             None => self.boot(&request.template).await?,
         };
@@ -198,6 +197,25 @@ impl Sandboxes {
             return Err(e.into());
         }
         Ok((record, Timings { boot, handover: started.elapsed() - boot }))
+    }
+
+    /// A pooled sandbox that is still whole (its init alive, its service
+    /// answering); broken ones are destroyed on the way.
+    async fn take_pooled(&self, template: &str) -> Option<Booted> {
+        let pool = self.pools.iter().find(|p| p.template == template)?;
+        while let Some(booted) = pool.take() {
+            let alive = self.substrate.is_alive(&booted.id, &booted.placement);
+            let serving = match templates::service(template) {
+                Some(service) => alive && services::is_ready(&booted.agent_socket, &service).await,
+                None => alive,
+            };
+            if serving {
+                return Some(booted);
+            }
+            tracing::warn!("pooled sandbox {} broke while waiting; destroying it", booted.id);
+            self.destroy_quietly(&booted.id).await;
+        }
+        None
     }
 
     async fn boot(&self, template: &str) -> Result<Booted> {

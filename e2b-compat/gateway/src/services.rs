@@ -58,23 +58,28 @@ async fn launch(agent_socket: &Path, service: &Service) -> anyhow::Result<()> {
 async fn wait_ready(agent_socket: &Path, service: &Service) -> anyhow::Result<()> {
     let deadline = Instant::now() + READY_TIMEOUT;
     loop {
-        let request = Request::get(service.health_path)
-            .header("host", "agent")
-            .header("e2b-sandbox-port", service.port.to_string())
-            .body(Body::empty())?;
-        let response = agent_link::send(agent_socket, request).await.context("asking the agent")?;
-        if response.status().is_success() {
+        let status = probe(agent_socket, service).await?;
+        if status.is_success() {
             return Ok(());
         }
         if Instant::now() > deadline {
-            bail!(
-                "service on port {} not ready after {READY_TIMEOUT:?} (last status {})",
-                service.port,
-                response.status()
-            );
+            bail!("service on port {} not ready after {READY_TIMEOUT:?} (last status {status})", service.port);
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// Whether the service answers its health check right now.
+pub async fn is_ready(agent_socket: &Path, service: &Service) -> bool {
+    probe(agent_socket, service).await.is_ok_and(|status| status.is_success())
+}
+
+async fn probe(agent_socket: &Path, service: &Service) -> anyhow::Result<hyper::StatusCode> {
+    let request = Request::get(service.health_path)
+        .header("host", "agent")
+        .header("e2b-sandbox-port", service.port.to_string())
+        .body(Body::empty())?;
+    Ok(agent_link::send(agent_socket, request).await.context("asking the agent")?.status())
 }
 
 /// A Connect streaming envelope: flags, big-endian length, message.

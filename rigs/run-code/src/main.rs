@@ -92,6 +92,8 @@ fn main() -> anyhow::Result<()> {
 
     let cold_ref = cold_p50.unwrap_or(1500.0);
     let pace = args.pace_ms.unwrap_or((1.5 * cold_ref).max(500.0));
+    // Round-trip scenarios wait this long after their own create's warm-up (the pool refills meanwhile).
+    let settle = Duration::from_secs_f64(pace / 1000.0);
     let fill_wait =
         Duration::from_millis(args.pool_fill_wait_ms.unwrap_or(((args.pool as f64 * 1.5 * cold_ref) as u64).max(3000)));
     {
@@ -108,7 +110,7 @@ fn main() -> anyhow::Result<()> {
             rt.block_on(lean_create("lean-pooled", gw.addr, &key, args.pool, args.samples, args.warmup, Some(pace)))?;
         scenarios.push(sc);
         eprintln!("-- lean-warm-roundtrip: {} samples", args.samples);
-        let sc = rt.block_on(lean_roundtrip(gw.addr, &key, args.pool, args.samples, args.roundtrip_warmup))?;
+        let sc = rt.block_on(lean_roundtrip(gw.addr, &key, args.pool, args.samples, args.roundtrip_warmup, settle))?;
         scenarios.push(sc);
         if !args.common.skip_sdk {
             for (name, mode, pace_ms) in
@@ -126,6 +128,8 @@ fn main() -> anyhow::Result<()> {
                     warmup.to_string(),
                     "--pace-ms".into(),
                     pace_ms.unwrap_or(0.0).to_string(),
+                    "--settle-ms".into(),
+                    ms(settle).to_string(),
                 ];
                 let ok_metric = if mode == "roundtrip" { "roundtrip_ms" } else { "first_result_ms" };
                 match SdkRun::run(&args.common.python, &args.sdk_script, &script_args, gw.addr, &key) {
@@ -185,6 +189,7 @@ fn main() -> anyhow::Result<()> {
         "pool_args": {"cold": pool_spec(0), "pooled": pool_spec(args.pool)},
         "pace_ms": round3(pace),
         "pool_fill_wait_ms": fill_wait.as_millis() as u64,
+        "roundtrip_settle_ms": round3(ms(settle)),
         "create_body": serde_json::from_str::<Value>(CREATE_BODY)?,
         "execute_body": serde_json::from_str::<Value>(EXECUTE_BODY)?,
         "execute_headers": ["E2b-Sandbox-Id", format!("E2b-Sandbox-Port: {JUPYTER_PORT}"), "X-Access-Token", "Content-Type: application/json"],
@@ -310,10 +315,10 @@ async fn lean_create(
         pause().await;
     }
     let (mut samples, mut errors) = (Vec::new(), Vec::new());
-    for _ in 0..n {
+    for i in 0..n {
         match one_create(&mut conn, key).await {
             Ok(s) => samples.push(s),
-            Err(e) => errors.push(format!("{e:#}")),
+            Err(e) => errors.push(format!("sample {i}: {e:#}")),
         }
         pause().await;
     }
@@ -346,11 +351,23 @@ async fn lean_create(
 }
 
 /// One sandbox, `n` sequential `run_code("1+1")` on one keep-alive connection.
-async fn lean_roundtrip(addr: SocketAddr, key: &str, pool: usize, n: usize, warmup: usize) -> anyhow::Result<Scenario> {
+/// `settle` is waited after the warm-up, so the pool's refill for the
+/// sandbox this took is not booting while the round-trips are timed.
+async fn lean_roundtrip(
+    addr: SocketAddr,
+    key: &str,
+    pool: usize,
+    n: usize,
+    warmup: usize,
+    settle: Duration,
+) -> anyhow::Result<Scenario> {
     let mut conn = Conn::open(addr).await?;
     let Created { id, token, server_timing: timing } = conn.create_sandbox(key, CREATE_BODY).await?;
     let (mut roundtrip, mut result, mut end, mut errors) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for i in 0..warmup + n {
+        if i == warmup {
+            tokio::time::sleep(settle).await;
+        }
         let t0 = Instant::now();
         match execute(&mut conn, &id, &token).await {
             Ok(x) if i >= warmup => {
@@ -359,7 +376,7 @@ async fn lean_roundtrip(addr: SocketAddr, key: &str, pool: usize, n: usize, warm
                 end.push(Some(ms(x.end_at - t0)));
             }
             Ok(_) => {}
-            Err(e) => errors.push(format!("{e:#}")),
+            Err(e) => errors.push(format!("call {i} (warm-up: {}): {e:#}", i < warmup)),
         }
     }
     conn.delete_sandbox(key, &id).await?;
@@ -434,8 +451,9 @@ fn standing_notes() -> Vec<String> {
          its first run_code waits for the Python kernel; it has fewer samples (cold_samples) because each takes \
          about a second or more."
             .into(),
-        "lean-warm-roundtrip: one sandbox from the pool, roundtrip_warmup untimed run_code calls, then `samples` \
-         sequential POST /execute on the same keep-alive connection. roundtrip_ms = request sent -> response body \
+        "lean-warm-roundtrip: one sandbox from the pool, roundtrip_warmup untimed run_code calls, then a pause of \
+         params.roundtrip_settle_ms (so the pool's refill for this sandbox is not booting a kernel meanwhile), then \
+         `samples` sequential POST /execute on the same keep-alive connection. roundtrip_ms = request sent -> response body \
          complete (what the SDK waits for); result_ms = request sent -> main result line; end_of_execution_ms = \
          request sent -> end_of_execution line."
             .into(),
@@ -443,7 +461,8 @@ fn standing_notes() -> Vec<String> {
          first_result_ms = create call -> the SDK's on_result callback for the main result; total_ms = until \
          run_code returned; create_ms, run_code_ms its parts; kill_ms (untimed sbx.kill()). Pool misses are not \
          observable through the SDK (no access to Server-Timing); the same pace as lean-pooled is used. \
-         sdk-warm-roundtrip (--mode roundtrip): one sandbox, roundtrip_ms = run_code(\"1+1\") call -> return, \
+         sdk-warm-roundtrip (--mode roundtrip): one sandbox, the same warm-up and settle pause as \
+         lean-warm-roundtrip, roundtrip_ms = run_code(\"1+1\") call -> return, \
          result_ms = call -> on_result callback. The SDK builds a new httpx.Client for every run_code call (HTTP/1.1 \
          transport from e2b's get_transport), so connection reuse across calls depends on that transport."
             .into(),
@@ -457,11 +476,20 @@ fn standing_notes() -> Vec<String> {
 
 fn print_table(scenarios: &[Scenario]) {
     println!(
-        "{:<20} {:<16} {:>4} {:>9} {:>9} {:>9} {:>9} {:>7} {:>5}",
+        "{:<20} {:<20} {:>4} {:>9} {:>9} {:>9} {:>9} {:>7} {:>5}",
         "scenario", "metric", "n", "p50", "p95", "min", "max", "misses", "errs"
     );
-    let metrics =
-        ["first_result_ms", "create_ms", "execute_ms", "run_code_ms", "server_boot_ms", "roundtrip_ms", "result_ms"];
+    let metrics = [
+        "first_result_ms",
+        "create_ms",
+        "execute_ms",
+        "execute_end_ms",
+        "run_code_ms",
+        "server_boot_ms",
+        "roundtrip_ms",
+        "result_ms",
+        "end_of_execution_ms",
+    ];
     for s in scenarios {
         let misses = s
             .counters
@@ -471,7 +499,7 @@ fn print_table(scenarios: &[Scenario]) {
         for m in metrics {
             let Some(x) = s.summary(m) else { continue };
             println!(
-                "{:<20} {:<16} {:>4} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>7} {:>5}",
+                "{:<20} {:<20} {:>4} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>7} {:>5}",
                 s.name,
                 m,
                 x.n,
