@@ -60,8 +60,10 @@ pub struct SandboxSpec {
 pub struct Placement {
     /// Host pid of the sandbox's init (Linux) or jail id (FreeBSD).
     pub init_pid: i32,
-    /// Kernel start time of that process, so a recycled pid is never mistaken
-    /// for the sandbox after a crash.
+    /// A number that changes whenever the id is reused for a new instance,
+    /// so a recycled pid or name is never mistaken for the sandbox after a
+    /// crash: init's kernel start time on Linux, the clone's ZFS creation
+    /// transaction group on FreeBSD.
     pub init_start: u64,
 }
 
