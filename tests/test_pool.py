@@ -1,6 +1,7 @@
 """Warm pools: a code-interpreter sandbox is handed out already booted, with
 its Python kernel started, and the pool refills and drains cleanly."""
 
+import contextlib
 import json
 import os
 import time
@@ -38,14 +39,26 @@ def wait_for_pool(gateway, size: int, seconds: float = 90) -> set[str]:
     raise AssertionError(f"pool did not reach {size} within {seconds} s: {pools(gateway)}")
 
 
+@contextlib.contextmanager
+def restarted_with_pools(gateway, pools: str):
+    """Runs the gateway with `pools` for the block; on the way out, a stop
+    must drain every pooled sandbox without a trace."""
+    before = leakcheck.baseline(gateway.data_dir)
+    gateway.stop()
+    gateway.start(pools=pools)
+    try:
+        yield
+    finally:
+        gateway.stop()
+        leakcheck.assert_no_leaks(gateway.data_dir, set(), before)
+        gateway.start()
+
+
 @pytest.mark.timeout(400, func_only=True)
 def test_code_interpreter_sandboxes_come_from_the_pool_with_a_warm_kernel(gateway):
     from e2b_code_interpreter import Sandbox as CodeSandbox
 
-    before = leakcheck.baseline(gateway.data_dir)
-    gateway.stop()
-    gateway.start(pools="code-interpreter-v1=1")
-    try:
+    with restarted_with_pools(gateway, "code-interpreter-v1=1"):
         pooled = wait_for_pool(gateway, 1)
         # A pooled sandbox is on the host but belongs to no one yet.
         assert not pooled & live_ids()
@@ -65,24 +78,13 @@ def test_code_interpreter_sandboxes_come_from_the_pool_with_a_warm_kernel(gatewa
         # Handing one out makes the pool boot a replacement.
         refilled = wait_for_pool(gateway, 1)
         assert sbx.sandbox_id not in refilled
-    finally:
-        gateway.stop()  # drains the pool
-        leakcheck.assert_no_leaks(gateway.data_dir, set(), before)
-        gateway.start()
 
 
 @pytest.mark.timeout(300, func_only=True)
 def test_stopping_while_the_pool_boots_leaves_nothing_behind(gateway):
-    before = leakcheck.baseline(gateway.data_dir)
-    gateway.stop()
-    gateway.start(pools="code-interpreter-v1=2")
-    try:
+    with restarted_with_pools(gateway, "code-interpreter-v1=2"):
         # Stop while the pool's first sandbox is still starting its kernel.
         deadline = time.monotonic() + 30
         while not resident_ids(gateway) and time.monotonic() < deadline:
             time.sleep(0.01)
         assert resident_ids(gateway), "the pool never started booting"
-    finally:
-        gateway.stop()
-        leakcheck.assert_no_leaks(gateway.data_dir, set(), before)
-        gateway.start()

@@ -10,6 +10,8 @@ use axum::body::Body;
 use http_body_util::BodyExt;
 use hyper::Request;
 
+use copse_agent::connect::{EnvelopeDecoder, FLAG_END_STREAM, encode_envelope};
+
 use crate::agent_link;
 use crate::templates::Service;
 
@@ -34,20 +36,20 @@ async fn launch(agent_socket: &Path, service: &Service) -> anyhow::Result<()> {
         .header("host", "agent")
         .header("content-type", "application/connect+json")
         .header("connect-protocol-version", "1")
-        .body(Body::from(envelope(&serde_json::to_vec(&start)?)))?;
+        .body(Body::from(encode_envelope(0, &serde_json::to_vec(&start)?)))?;
     let response = agent_link::send(agent_socket, request).await?;
     if !response.status().is_success() {
         bail!("agent answered {} to Process.Start", response.status());
     }
     let mut body = response.into_body();
-    let mut buffer = Vec::new();
+    let mut decoder = EnvelopeDecoder::default();
     while let Some(frame) = body.frame().await {
         if let Ok(data) = frame?.into_data() {
-            buffer.extend_from_slice(&data);
+            decoder.push(&data);
         }
-        if let Some((flags, message)) = first_message(&buffer) {
-            if flags & 0x02 != 0 {
-                bail!("service did not start: {}", String::from_utf8_lossy(message));
+        if let Some(first) = decoder.next_envelope().map_err(|e| anyhow::anyhow!("{}", e.to_json()))? {
+            if first.flags & FLAG_END_STREAM != 0 {
+                bail!("service did not start: {}", String::from_utf8_lossy(&first.payload));
             }
             return Ok(());
         }
@@ -80,31 +82,4 @@ async fn probe(agent_socket: &Path, service: &Service) -> anyhow::Result<hyper::
         .header("e2b-sandbox-port", service.port.to_string())
         .body(Body::empty())?;
     Ok(agent_link::send(agent_socket, request).await.context("asking the agent")?.status())
-}
-
-/// A Connect streaming envelope: flags, big-endian length, message.
-fn envelope(message: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(5 + message.len());
-    out.push(0);
-    out.extend_from_slice(&(message.len() as u32).to_be_bytes());
-    out.extend_from_slice(message);
-    out
-}
-
-fn first_message(buffer: &[u8]) -> Option<(u8, &[u8])> {
-    let length = u32::from_be_bytes(buffer.get(1..5)?.try_into().ok()?) as usize;
-    Some((buffer[0], buffer.get(5..5 + length)?))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn envelopes_round_trip() {
-        let framed = envelope(b"{\"a\":1}");
-        assert_eq!(&framed[..5], &[0, 0, 0, 0, 7]);
-        assert_eq!(first_message(&framed), Some((0, &b"{\"a\":1}"[..])));
-        assert_eq!(first_message(&framed[..6]), None);
-    }
 }
