@@ -30,8 +30,6 @@ pub enum SandboxError {
     UnknownTemplate { name: String, available: String },
     #[error("{0}")]
     Invalid(String),
-    #[error("{0}")]
-    Conflict(String),
     #[error(transparent)]
     Internal(#[from] anyhow::Error),
 }

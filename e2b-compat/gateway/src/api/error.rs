@@ -36,7 +36,6 @@ impl From<SandboxError> for ApiError {
         let status = match &err {
             SandboxError::NotFound(_) => StatusCode::NOT_FOUND,
             SandboxError::UnknownTemplate { .. } | SandboxError::Invalid(_) => StatusCode::BAD_REQUEST,
-            SandboxError::Conflict(_) => StatusCode::CONFLICT,
             SandboxError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         };
         if status == StatusCode::INTERNAL_SERVER_ERROR {
