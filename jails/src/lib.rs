@@ -52,6 +52,10 @@ pub struct SandboxSpec {
     pub limits: Limits,
     /// Host path of the unix socket the in-sandbox agent will listen on.
     pub agent_socket: PathBuf,
+    /// Start from this filesystem snapshot (taken by [`Substrate::snapshot`])
+    /// instead of the bare template; `template` must be the snapshot's.
+    #[serde(default)]
+    pub snapshot: Option<String>,
 }
 
 /// Where a running sandbox lives on the host; persisted by the gateway so a
@@ -86,6 +90,26 @@ pub struct Recovery {
     pub removed: Vec<String>,
 }
 
+/// A point-in-time copy of one sandbox's files, kept by the substrate.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SnapshotInfo {
+    pub id: String,
+    /// Template the snapshotted sandbox was booted from; sandboxes created
+    /// from the snapshot boot from it too.
+    pub template: String,
+    /// Bytes of files the snapshot holds on top of its template.
+    pub size_bytes: u64,
+}
+
+/// Which lifecycle operations a substrate offers beyond create/destroy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Capabilities {
+    /// Snapshots that also keep memory and processes ("full" in E2B's
+    /// terms). Without it only filesystem snapshots exist, and a request for
+    /// a full one must be refused, never silently downgraded.
+    pub memory_snapshots: bool,
+}
+
 /// One line of progress from a long operation such as a template build.
 pub type Progress<'a> = &'a (dyn Fn(&str) + Send + Sync);
 
@@ -112,6 +136,41 @@ pub trait Substrate: Send + Sync + 'static {
     fn is_alive(&self, id: &str, placement: &Placement) -> bool;
 
     fn usage(&self, id: &str) -> anyhow::Result<Usage>;
+
+    fn capabilities(&self) -> Capabilities;
+
+    /// Stop every process of the sandbox where it stands (memory and state
+    /// kept, no CPU used) until [`Substrate::resume`]. Idempotent.
+    fn pause(&self, id: &str) -> anyhow::Result<()>;
+
+    /// Let a paused sandbox run again. Idempotent.
+    fn resume(&self, id: &str) -> anyhow::Result<()>;
+
+    /// Take a consistent copy of the sandbox's files (its processes are held
+    /// still while it is taken) and keep it as `snapshot_id`. The sandbox
+    /// keeps running as it was, paused or not.
+    fn snapshot(&self, id: &str, snapshot_id: &str) -> anyhow::Result<SnapshotInfo>;
+
+    /// Snapshots this substrate holds.
+    fn snapshots(&self) -> anyhow::Result<Vec<SnapshotInfo>>;
+
+    /// Forget a snapshot. Sandboxes already created from it are unaffected.
+    /// Unknown ids are a no-op.
+    fn delete_snapshot(&self, snapshot_id: &str) -> anyhow::Result<()>;
+
+    /// Put the files of `snapshot_id` in place of the sandbox's own and start
+    /// it afresh under the same id (and, with `spec.snapshot` ignored, the
+    /// same spec). Memory is not restored unless the substrate has
+    /// [`Capabilities::memory_snapshots`].
+    fn rollback(&self, spec: &SandboxSpec, snapshot_id: &str) -> anyhow::Result<Placement>;
+
+    /// Write a snapshot as one self-contained stream (to move it to
+    /// another host).
+    fn export_snapshot(&self, snapshot_id: &str, out: &mut dyn std::io::Write) -> anyhow::Result<()>;
+
+    /// Read a stream written by [`Substrate::export_snapshot`] and keep it as
+    /// `snapshot_id`.
+    fn import_snapshot(&self, snapshot_id: &str, input: &mut dyn std::io::Read) -> anyhow::Result<SnapshotInfo>;
 
     /// After a gateway restart: keep the `known` sandboxes that are alive,
     /// destroy the dead ones and every resource that belongs to no known

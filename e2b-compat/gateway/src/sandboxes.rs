@@ -220,7 +220,13 @@ impl Sandboxes {
         self.check_template(template).await?;
         let id = new_id();
         let agent_socket = socket_path(&self.run_dir, &id);
-        let spec = SandboxSpec { id: id.clone(), template: template.to_string(), limits: self.limits, agent_socket };
+        let spec = SandboxSpec {
+            id: id.clone(),
+            template: template.to_string(),
+            limits: self.limits,
+            agent_socket,
+            snapshot: None,
+        };
         let substrate = self.substrate.clone();
         let (placement, spec) = tokio::task::spawn_blocking(move || substrate.create(&spec).map(|p| (p, spec)))
             .await

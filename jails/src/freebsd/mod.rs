@@ -176,6 +176,48 @@ impl Substrate for JailSubstrate {
         Ok(usage)
     }
 
+    fn capabilities(&self) -> crate::Capabilities {
+        crate::Capabilities { memory_snapshots: false }
+    }
+
+    // Lifecycle on jails (SIGSTOP/SIGCONT, zfs snapshot/clone/rollback/send)
+    // is the FreeBSD issue's remaining work; until it lands these refuse.
+    fn pause(&self, _id: &str) -> anyhow::Result<()> {
+        bail!("pause is not implemented on the FreeBSD substrate yet")
+    }
+
+    fn resume(&self, _id: &str) -> anyhow::Result<()> {
+        bail!("resume is not implemented on the FreeBSD substrate yet")
+    }
+
+    fn snapshot(&self, _id: &str, _snapshot_id: &str) -> anyhow::Result<crate::SnapshotInfo> {
+        bail!("snapshots are not implemented on the FreeBSD substrate yet")
+    }
+
+    fn snapshots(&self) -> anyhow::Result<Vec<crate::SnapshotInfo>> {
+        Ok(Vec::new())
+    }
+
+    fn delete_snapshot(&self, _snapshot_id: &str) -> anyhow::Result<()> {
+        Ok(())
+    }
+
+    fn rollback(&self, _spec: &SandboxSpec, _snapshot_id: &str) -> anyhow::Result<Placement> {
+        bail!("rollback is not implemented on the FreeBSD substrate yet")
+    }
+
+    fn export_snapshot(&self, _snapshot_id: &str, _out: &mut dyn std::io::Write) -> anyhow::Result<()> {
+        bail!("snapshot export is not implemented on the FreeBSD substrate yet")
+    }
+
+    fn import_snapshot(
+        &self,
+        _snapshot_id: &str,
+        _input: &mut dyn std::io::Read,
+    ) -> anyhow::Result<crate::SnapshotInfo> {
+        bail!("snapshot import is not implemented on the FreeBSD substrate yet")
+    }
+
     fn recover(&self, known: &[(String, Placement)]) -> anyhow::Result<Recovery> {
         let host = self.observe()?;
         let decision = reconcile::reconcile(&self.layout, known, &host);

@@ -188,6 +188,46 @@ impl Substrate for LinuxSubstrate {
         Ok(usage)
     }
 
+    fn capabilities(&self) -> crate::Capabilities {
+        crate::Capabilities { memory_snapshots: false }
+    }
+
+    fn pause(&self, _id: &str) -> anyhow::Result<()> {
+        bail!("pause: in progress")
+    }
+
+    fn resume(&self, _id: &str) -> anyhow::Result<()> {
+        bail!("resume: in progress")
+    }
+
+    fn snapshot(&self, _id: &str, _snapshot_id: &str) -> anyhow::Result<crate::SnapshotInfo> {
+        bail!("snapshot: in progress")
+    }
+
+    fn snapshots(&self) -> anyhow::Result<Vec<crate::SnapshotInfo>> {
+        Ok(Vec::new())
+    }
+
+    fn delete_snapshot(&self, _snapshot_id: &str) -> anyhow::Result<()> {
+        Ok(())
+    }
+
+    fn rollback(&self, _spec: &SandboxSpec, _snapshot_id: &str) -> anyhow::Result<Placement> {
+        bail!("rollback: in progress")
+    }
+
+    fn export_snapshot(&self, _snapshot_id: &str, _out: &mut dyn std::io::Write) -> anyhow::Result<()> {
+        bail!("export: in progress")
+    }
+
+    fn import_snapshot(
+        &self,
+        _snapshot_id: &str,
+        _input: &mut dyn std::io::Read,
+    ) -> anyhow::Result<crate::SnapshotInfo> {
+        bail!("import: in progress")
+    }
+
     fn recover(&self, known: &[(String, Placement)]) -> anyhow::Result<Recovery> {
         let mut recovery = Recovery::default();
         for (id, placement) in known {

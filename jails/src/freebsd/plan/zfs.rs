@@ -187,6 +187,7 @@ mod tests {
             template: "base".into(),
             limits: Limits { cpu_count: 2, memory_mb: 512, disk_mb: 1024, pids: 512 },
             agent_socket: "/var/run/copse/i3k2m9x.sock".into(),
+            snapshot: None,
         }
     }
 
