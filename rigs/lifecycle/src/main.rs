@@ -368,7 +368,7 @@ async fn clone(api: &Api, total: u32, cc: usize, rounds: usize) -> anyhow::Resul
             api.expect(
                 &mut conn,
                 Method::POST,
-                &path,
+                path,
                 Some(json!({ "count": count, "timeout": 600 })),
                 StatusCode::CREATED,
             )
