@@ -12,11 +12,19 @@ use std::path::PathBuf;
 pub struct Cmd {
     pub program: &'static str,
     pub args: Vec<String>,
+    /// A failure is expected when the object is already gone (cleanup that
+    /// may repeat); the executor logs it and goes on.
+    pub may_fail: bool,
 }
 
 impl Cmd {
-    fn new(program: &'static str, args: impl IntoIterator<Item = impl Into<String>>) -> Self {
-        Self { program, args: args.into_iter().map(Into::into).collect() }
+    pub fn new(program: &'static str, args: impl IntoIterator<Item = impl Into<String>>) -> Self {
+        Self { program, args: args.into_iter().map(Into::into).collect(), may_fail: false }
+    }
+
+    pub fn allow_failure(mut self) -> Self {
+        self.may_fail = true;
+        self
     }
 }
 

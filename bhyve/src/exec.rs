@@ -9,6 +9,17 @@ use nix::unistd::Pid;
 
 use crate::command::Cmd;
 
+/// Run commands in order; stop at the first failure that is not allowed.
+pub fn run_all(cmds: &[Cmd]) -> anyhow::Result<()> {
+    for cmd in cmds {
+        match run(cmd) {
+            Err(e) if cmd.may_fail => eprintln!("ignored: {e:#}"),
+            other => other?,
+        }
+    }
+    Ok(())
+}
+
 /// Run a short command to completion; its stderr becomes the error.
 pub fn run(cmd: &Cmd) -> anyhow::Result<()> {
     let out = Command::new(cmd.program)
