@@ -8,10 +8,13 @@
 //! hostname (the id), access token, processes (fresh, nothing of the
 //! source's memory), cgroup, and lifetime (the fork request's timeout).
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
 use futures::future::join_all;
 
 use crate::sandboxes::{
-    self, Paused, Result, SandboxError, SandboxRecord, Sandboxes, SnapshotRecord, State, new_id, new_token, now_ms,
+    Paused, Result, SandboxError, SandboxRecord, Sandboxes, SnapshotRecord, State, new_id, new_token, now_ms,
     validate_timeout,
 };
 
@@ -28,10 +31,27 @@ pub enum Connected {
     Resumed,
 }
 
+/// Per-sandbox locks, so two state changes of one sandbox (say, two
+/// requests auto-resuming it at once) never interleave.
+#[derive(Default)]
+pub struct Transitions(Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>);
+
+impl Transitions {
+    async fn lock(&self, id: &str) -> tokio::sync::OwnedMutexGuard<()> {
+        let lock = self.0.lock().unwrap_or_else(|p| p.into_inner()).entry(id.to_string()).or_default().clone();
+        lock.lock_owned().await
+    }
+
+    pub fn forget(&self, id: &str) {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).remove(id);
+    }
+}
+
 impl Sandboxes {
     /// Pauses a running sandbox. `memory`: keep its processes frozen in
     /// place; otherwise keep only its files and stop its processes.
     pub async fn pause(&self, id: &str, memory: bool) -> Result<()> {
+        let _transition = self.transitions.lock(id).await;
         let mut record = self.get(id)?;
         if record.state == State::Paused {
             return Err(SandboxError::Conflict(format!("sandbox {id} is already paused")));
@@ -72,6 +92,7 @@ impl Sandboxes {
         timeout_s: Option<i64>,
         memory: Option<bool>,
     ) -> Result<(SandboxRecord, Connected)> {
+        let _transition = self.transitions.lock(id).await;
         let record = self.get(id)?;
         let Some(paused) = record.paused.clone() else {
             return Ok((self.extend(id, timeout_s)?, Connected::AlreadyRunning));
@@ -215,6 +236,7 @@ impl Sandboxes {
     /// Puts the files of one of the sandbox's snapshots back in place and
     /// restarts its processes; id, token and lifetime stay.
     pub async fn rollback(&self, id: &str, snapshot: &str) -> Result<SandboxRecord> {
+        let transition = self.transitions.lock(id).await;
         let mut record = self.get(id)?;
         let snapshot =
             self.store.snapshot(snapshot)?.ok_or_else(|| SandboxError::SnapshotNotFound(snapshot.to_string()))?;
@@ -240,11 +262,12 @@ impl Sandboxes {
             record.end_at_ms = now_ms() + paused.remaining_ms.max(1000);
         }
         record.state = State::Running;
-        if let Err(e) = self.start_service(&record.template, &record.agent_socket).await {
-            self.kill(id).await.ok();
-            return Err(e.into());
-        }
-        if let Err(e) = self.hand_over(&record).await {
+        let ready = match self.start_service(&record.template, &record.agent_socket).await {
+            Ok(()) => self.hand_over(&record).await,
+            Err(e) => Err(e),
+        };
+        drop(transition);
+        if let Err(e) = ready {
             self.kill(id).await.ok();
             return Err(e.into());
         }
@@ -254,17 +277,11 @@ impl Sandboxes {
     /// `count` new sandboxes with the source's files as of now; the source
     /// keeps running untouched (frozen only while its files are copied).
     /// One result per child, in order.
-    pub async fn fork(
-        &self,
-        id: &str,
-        count: u32,
-        max: u32,
-        timeout_s: Option<i64>,
-    ) -> Result<Vec<Result<SandboxRecord>>> {
+    pub async fn fork(&self, id: &str, count: u32, max: u32, timeout_s: i64) -> Result<Vec<Result<SandboxRecord>>> {
         if !(1..=max).contains(&count) {
             return Err(SandboxError::Invalid(format!("count must be between 1 and {max}, got {count}")));
         }
-        let timeout = validate_timeout(timeout_s.unwrap_or(sandboxes::DEFAULT_TIMEOUT_S))?;
+        let timeout = validate_timeout(timeout_s)?;
         let source = self.get(id)?;
         if source.has_no_processes() {
             return Err(SandboxError::Conflict(format!("sandbox {id} is paused without memory; resume it first")));

@@ -128,6 +128,8 @@ pub struct Sandboxes {
     pools: Vec<Arc<WarmPool>>,
     /// Last (time, cpu ns) per sandbox, to turn CPU time into a percentage.
     cpu_samples: Mutex<HashMap<String, (Instant, u64)>>,
+    /// One state change (pause, resume, rollback) at a time per sandbox.
+    pub(crate) transitions: crate::lifecycle::Transitions,
 }
 
 impl Sandboxes {
@@ -144,6 +146,7 @@ impl Sandboxes {
                 .map(|(t, size)| WarmPool::new(t.clone(), *size))
                 .collect(),
             cpu_samples: Mutex::new(HashMap::new()),
+            transitions: Default::default(),
         }
     }
 
@@ -398,6 +401,7 @@ impl Sandboxes {
         .map_err(anyhow::Error::from)??;
         self.store.remove(id)?;
         self.cpu_samples.lock().unwrap_or_else(|p| p.into_inner()).remove(id);
+        self.transitions.forget(id);
         Ok(())
     }
 
@@ -409,8 +413,13 @@ impl Sandboxes {
         }
     }
 
-    pub async fn metrics(&self, id: &str) -> Result<Metric> {
+    /// Resource use now; `None` for a sandbox paused without memory, which
+    /// has nothing running to measure.
+    pub async fn metrics(&self, id: &str) -> Result<Option<Metric>> {
         let record = self.get(id)?;
+        if record.has_no_processes() {
+            return Ok(None);
+        }
         let substrate = self.substrate.clone();
         let owned = id.to_string();
         let usage =
@@ -424,7 +433,7 @@ impl Sandboxes {
         };
         let cores = f64::from(record.limits.cpu_count.max(1));
         let cpu_pct = (usage.cpu_ns.saturating_sub(cpu_before) as f64 / wall.as_nanos().max(1) as f64) * 100.0 / cores;
-        Ok(Metric {
+        Ok(Some(Metric {
             cpu_count: record.limits.cpu_count,
             cpu_used_pct: (cpu_pct * 100.0).round() / 100.0,
             mem_used: usage.memory_bytes,
@@ -432,7 +441,7 @@ impl Sandboxes {
             mem_cache: usage.memory_cache_bytes,
             disk_used: usage.disk_bytes,
             disk_total: record.limits.disk_mb * 1024 * 1024,
-        })
+        }))
     }
 
     /// Kills (or, if asked at create, pauses) expired sandboxes.

@@ -118,7 +118,8 @@ pub async fn fork(
     Path(id): Path<String>,
     body: Option<Json<wire::ForkRequest>>,
 ) -> ApiResult<Response> {
-    children(svc, id, body, lifecycle::MAX_FORKS).await
+    // E2B's API gives forks 15 s unless the request says otherwise.
+    children(svc, id, body, lifecycle::MAX_FORKS, 15).await
 }
 
 /// copse's clone (CubeSandbox's name for it): a fork with a larger count.
@@ -127,12 +128,19 @@ pub async fn clone(
     Path(id): Path<String>,
     body: Option<Json<wire::ForkRequest>>,
 ) -> ApiResult<Response> {
-    children(svc, id, body, lifecycle::MAX_CLONES).await
+    children(svc, id, body, lifecycle::MAX_CLONES, sandboxes::DEFAULT_TIMEOUT_S).await
 }
 
-async fn children(svc: Service, id: String, body: Option<Json<wire::ForkRequest>>, max: u32) -> ApiResult<Response> {
+async fn children(
+    svc: Service,
+    id: String,
+    body: Option<Json<wire::ForkRequest>>,
+    max: u32,
+    default_timeout_s: i64,
+) -> ApiResult<Response> {
     let body = body.map(|Json(b)| b).unwrap_or_default();
-    let results = svc.fork(&id, body.count.unwrap_or(1), max, body.timeout).await?;
+    let timeout = body.timeout.unwrap_or(default_timeout_s);
+    let results = svc.fork(&id, body.count.unwrap_or(1), max, timeout).await?;
     let body: Vec<wire::ForkResult> = results
         .into_iter()
         .map(|r| match r {
@@ -247,7 +255,7 @@ pub async fn refresh(
 }
 
 pub async fn metrics(State(svc): State<Service>, Path(id): Path<String>) -> ApiResult<Json<Vec<wire::SandboxMetric>>> {
-    let metric = svc.metrics(&id).await?;
+    let Some(metric) = svc.metrics(&id).await? else { return Ok(Json(Vec::new())) };
     let now = OffsetDateTime::now_utc();
     Ok(Json(vec![wire::SandboxMetric {
         timestamp: rfc3339(now),
