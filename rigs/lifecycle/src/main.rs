@@ -359,6 +359,7 @@ async fn clone(api: &Api, total: u32, cc: usize, rounds: usize) -> anyhow::Resul
     let counts: Vec<u32> = (0..cc as u32).map(|i| total / cc as u32 + u32::from(i < total % cc as u32)).collect();
     let mut rows = Vec::new();
     let mut failures = 0;
+    let mut errors = Vec::new();
     for _ in 0..rounds {
         let t0 = Instant::now();
         let path = format!("/copse/sandboxes/{}/clone", source.id);
@@ -374,18 +375,23 @@ async fn clone(api: &Api, total: u32, cc: usize, rounds: usize) -> anyhow::Resul
             )
             .await
         });
-        let answers = collect_values(join_all(requests).await)?;
+        let answers = join_all(requests).await;
         let wall = ms(t0.elapsed());
         let mut ids = Vec::new();
-        for child in answers.iter().flat_map(|a| a.as_array().cloned().unwrap_or_default()) {
-            match child["sandbox"]["sandboxID"].as_str() {
-                Some(id) => ids.push(id.to_string()),
-                None => failures += 1,
+        for answer in answers {
+            match answer {
+                Ok(children) => {
+                    for child in children.as_array().cloned().unwrap_or_default() {
+                        match child["sandbox"]["sandboxID"].as_str() {
+                            Some(id) => ids.push(id.to_string()),
+                            None => errors.push(format!("clone failed: {}", child["error"])),
+                        }
+                    }
+                }
+                Err(e) => errors.push(format!("clone request failed: {e:#}")),
             }
         }
-        if ids.len() != total as usize {
-            bail!("asked for {total} clones, got {} ({failures} failed so far)", ids.len());
-        }
+        failures += total as usize - ids.len();
         rows.push([wall, wall / f64::from(total)]);
         for id in ids {
             api.delete(&mut conn, &id).await?;
@@ -395,6 +401,9 @@ async fn clone(api: &Api, total: u32, cc: usize, rounds: usize) -> anyhow::Resul
     let mut s = scenario(&format!("clone-{total}-c{cc}"), cc, &["wall_ms", "per_sandbox_ms"], &rows);
     s.counters.insert("clones_per_round".into(), json!(total));
     s.counters.insert("failed_clones".into(), json!(failures));
+    // A round with failed clones still counts: its wall clock covers every
+    // clone asked for, answered or not.
+    s.errors = errors;
     Ok(s)
 }
 
@@ -416,10 +425,6 @@ fn collect<T>(results: Vec<anyhow::Result<Vec<T>>>) -> anyhow::Result<Vec<T>> {
         out.extend(r?);
     }
     Ok(out)
-}
-
-fn collect_values(results: Vec<anyhow::Result<Value>>) -> anyhow::Result<Vec<Value>> {
-    results.into_iter().collect()
 }
 
 /// `mb` megabytes that no file system can deduplicate or compress away.
