@@ -298,9 +298,13 @@ def test_lifecycle_leaves_nothing_behind(gateway):
     snap = sbx.create_snapshot()
     forks = [c for c in sbx.fork(count=2) if isinstance(c, Sandbox)]
     sbx.pause(mode="filesystem")
+    frozen = Sandbox.create(timeout=60)
+    frozen.commands.run("sleep 4321", background=True, timeout=0).disconnect()
+    frozen.pause()
     for child in forks:
         child.kill()
     sbx.kill()
+    frozen.kill()  # a frozen sandbox's processes die without being resumed first
     Sandbox.delete_snapshot(snap.snapshot_id)
     leakcheck.assert_no_leaks(gateway.data_dir, live_ids(), before, gateway.proc.pid)
     assert leakcheck.unnamed_layers(gateway.data_dir) == []
