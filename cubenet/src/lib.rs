@@ -15,5 +15,5 @@ pub mod policy;
 #[cfg(target_os = "linux")]
 pub mod linux;
 
-pub use net::{Attachment, NetConfig};
+pub use net::{AddressPool, Attachment, NetConfig, SandboxNetwork};
 pub use policy::{Policy, PolicyError, ResolvedPolicy, Target};

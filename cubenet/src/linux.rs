@@ -8,24 +8,15 @@
 
 use std::collections::HashMap;
 use std::io::Write;
-use std::net::{Ipv4Addr, ToSocketAddrs};
+use std::net::ToSocketAddrs;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::Mutex;
 
-use anyhow::{Context, bail};
-use serde::{Deserialize, Serialize};
-
-use crate::net::{Attachment, NetConfig};
+use crate::net::{Attachment, NetConfig, SandboxNetwork};
 use crate::nft;
 use crate::policy::{Policy, ResolvedPolicy};
-
-/// What the substrate needs to put a sandbox on the network.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct SandboxNetwork {
-    pub address: Ipv4Addr,
-    pub policy: Policy,
-}
+use anyhow::{Context, bail};
 
 struct Attached {
     attachment: Attachment,
@@ -141,8 +132,11 @@ impl HostNetwork {
             .filter(|name| self.cfg.owns_if(name) && !keep.contains(name))
             .map(|name| format!("link del {name}\n"))
             .collect();
-        if !stray.is_empty() {
-            ip_batch(&stray, None)?;
+        // A veth whose namespace is dying may vanish while this runs.
+        if !stray.is_empty()
+            && let Err(e) = ip_batch(&stray, None)
+        {
+            tracing::warn!("removing stray veths: {e:#}");
         }
         Ok(())
     }
@@ -175,10 +169,8 @@ impl HostNetwork {
             self.lock().values().map(|a| (a.attachment.clone(), a.policy.clone())).collect();
         // An ingress hook needs its device: leave out sandboxes whose veth
         // vanished (they are being destroyed).
-        let present: Vec<(Attachment, ResolvedPolicy)> = sandboxes
-            .into_iter()
-            .filter(|(a, _)| Path::new("/sys/class/net").join(&a.host_if).exists())
-            .collect();
+        let present: Vec<(Attachment, ResolvedPolicy)> =
+            sandboxes.into_iter().filter(|(a, _)| Path::new("/sys/class/net").join(&a.host_if).exists()).collect();
         nft_apply(&nft::table(&self.cfg, &present))
     }
 
@@ -240,7 +232,8 @@ fn ip_batch(script: &str, netns_pid: Option<i32>) -> anyhow::Result<()> {
             // thread's: enter in a throwaway thread, spawn, leave.
             std::thread::scope(|s| {
                 s.spawn(|| {
-                    nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNET).context("entering the sandbox netns")?;
+                    nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNET)
+                        .context("entering the sandbox netns")?;
                     run_with_stdin(&mut command, script)
                 })
                 .join()

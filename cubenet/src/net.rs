@@ -40,7 +40,9 @@ impl NetConfig {
             && bridge.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
             && bridge.starts_with(|c: char| c.is_ascii_alphabetic());
         if !valid {
-            anyhow::bail!("bridge name '{bridge}' must be 1-{MAX_BRIDGE_NAME} letters, digits or '_', starting with a letter");
+            anyhow::bail!(
+                "bridge name '{bridge}' must be 1-{MAX_BRIDGE_NAME} letters, digits or '_', starting with a letter"
+            );
         }
         Ok(Self { bridge: bridge.into(), subnet: subnet.trunc() })
     }
@@ -78,6 +80,14 @@ impl NetConfig {
     fn nth(&self, index: u32) -> Ipv4Addr {
         Ipv4Addr::from(u32::from(self.subnet.network()) + index)
     }
+}
+
+/// What a substrate needs to put a sandbox on the network: the address the
+/// gateway allocated (and persisted) and the policy to start with.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SandboxNetwork {
+    pub address: Ipv4Addr,
+    pub policy: crate::Policy,
 }
 
 /// One sandbox on the network.
@@ -152,7 +162,8 @@ mod tests {
         let mut pool = AddressPool::new(NetConfig::new("t", "10.9.0.0/29").unwrap());
         pool.mark_used("10.9.0.3".parse().unwrap());
         let got: Vec<Ipv4Addr> = std::iter::from_fn(|| pool.take()).collect();
-        let want: Vec<Ipv4Addr> = ["10.9.0.2", "10.9.0.4", "10.9.0.5", "10.9.0.6"].iter().map(|s| s.parse().unwrap()).collect();
+        let want: Vec<Ipv4Addr> =
+            ["10.9.0.2", "10.9.0.4", "10.9.0.5", "10.9.0.6"].iter().map(|s| s.parse().unwrap()).collect();
         assert_eq!(got, want);
         pool.release("10.9.0.4".parse().unwrap());
         assert_eq!(pool.take(), Some("10.9.0.4".parse().unwrap()));

@@ -197,7 +197,10 @@ pub(crate) mod tests {
     fn sandboxes() -> Vec<(Attachment, ResolvedPolicy)> {
         vec![
             sandbox(2, Policy::open()),
-            sandbox(3, Policy::from_e2b(Some(false), &strings(&["example.com", "198.51.100.0/24"]), &[], None).unwrap()),
+            sandbox(
+                3,
+                Policy::from_e2b(Some(false), &strings(&["example.com", "198.51.100.0/24"]), &[], None).unwrap(),
+            ),
             sandbox(4, Policy::from_e2b(None, &[], &strings(&["203.0.113.0/24", "192.0.2.7"]), None).unwrap()),
         ]
     }

@@ -30,12 +30,19 @@ const ALWAYS_BLOCKED: &[&str] = &["0.0.0.0/8", "127.0.0.0/8", "169.254.0.0/16", 
 /// interface an earlier `CreateEpair` produced.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Step {
-    Run { argv: Vec<String>, stdin: Option<String> },
+    Run {
+        argv: Vec<String>,
+        stdin: Option<String>,
+    },
     /// `ifconfig epair create` prints `epairNa`, whose peer is `epairNb`:
     /// rename the `a` end to `host_if`; remember the `b` end as `${jail_if}`.
-    CreateEpair { host_if: String },
+    CreateEpair {
+        host_if: String,
+    },
     /// `ifconfig bridge create` prints `bridgeN`: rename it to `name`.
-    CreateBridge { name: String },
+    CreateBridge {
+        name: String,
+    },
 }
 
 fn run(argv: &[&str]) -> Step {
@@ -49,7 +56,9 @@ impl fmt::Display for Step {
             Step::Run { argv, stdin: Some(input) } => {
                 write!(f, "{} <<EOF\n{input}EOF", argv.join(" "))
             }
-            Step::CreateEpair { host_if } => write!(f, "ifconfig epair create  # epairNa -> {host_if}, epairNb -> ${{jail_if}}"),
+            Step::CreateEpair { host_if } => {
+                write!(f, "ifconfig epair create  # epairNa -> {host_if}, epairNb -> ${{jail_if}}")
+            }
             Step::CreateBridge { name } => write!(f, "ifconfig bridge create  # bridgeN -> {name}"),
         }
     }

@@ -277,9 +277,15 @@ mod tests {
             Policy::from_e2b(None, &[], &strings(&["example.com"]), None),
             Err(PolicyError::HostInDeny("example.com".into()))
         );
-        assert!(matches!(Policy::from_e2b(None, &strings(&["*.example.com"]), &[], None), Err(PolicyError::Wildcard(_))));
+        assert!(matches!(
+            Policy::from_e2b(None, &strings(&["*.example.com"]), &[], None),
+            Err(PolicyError::Wildcard(_))
+        ));
         assert!(matches!(Policy::from_e2b(None, &strings(&["a b"]), &[], None), Err(PolicyError::InvalidTarget(_))));
-        assert!(matches!(Policy::from_e2b(None, &[], &[], Some(&strings(&["x"]))), Err(PolicyError::InvalidDnsServer(_))));
+        assert!(matches!(
+            Policy::from_e2b(None, &[], &[], Some(&strings(&["x"]))),
+            Err(PolicyError::InvalidDnsServer(_))
+        ));
     }
 
     #[test]
@@ -303,7 +309,8 @@ mod tests {
         assert!(deny_one.tightens(&open));
         assert!(!open.tightens(&closed));
         assert!(!open.tightens(&deny_one));
-        let allow_a = ResolvedPolicy { allow: vec!["192.0.2.1/32".parse().unwrap()], deny_all: true, ..Default::default() };
+        let allow_a =
+            ResolvedPolicy { allow: vec!["192.0.2.1/32".parse().unwrap()], deny_all: true, ..Default::default() };
         let allow_none = ResolvedPolicy { deny_all: true, ..Default::default() };
         assert!(allow_none.tightens(&allow_a));
         assert!(!allow_a.tightens(&allow_none));

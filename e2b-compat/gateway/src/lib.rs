@@ -4,6 +4,7 @@
 pub mod agent_link;
 pub mod api;
 pub mod config;
+pub mod network;
 pub mod pool;
 pub mod progress;
 pub mod sandboxes;

@@ -6,12 +6,13 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use copse_jails::{Limits, Placement, SandboxSpec, Substrate};
+use copse_jails::{Limits, Placement, Policy, SandboxNetwork, SandboxSpec, Substrate};
 use rand::Rng;
 use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
 
 use crate::agent_link;
+use crate::network::{Addresses, NetworkRequest};
 use crate::pool::{Booted, WarmPool};
 use crate::store::Store;
 use crate::{services, templates};
@@ -21,6 +22,8 @@ pub const ENVD_VERSION: &str = "0.6.4";
 pub const DEFAULT_TIMEOUT_S: i64 = 300;
 /// E2B's ceiling for a sandbox's lifetime on its largest plan.
 pub const MAX_TIMEOUT_S: i64 = 24 * 3600;
+/// Allowed host names are re-resolved every minute (600 reaper ticks).
+const HOST_REFRESH_TICKS: u64 = 600;
 
 #[derive(Debug, thiserror::Error)]
 pub enum SandboxError {
@@ -58,6 +61,9 @@ pub struct SandboxRecord {
     pub auto_pause: bool,
     pub placement: Placement,
     pub agent_socket: PathBuf,
+    /// Address and current egress policy; `None` without a sandbox network.
+    #[serde(default)]
+    pub network: Option<SandboxNetwork>,
 }
 
 #[derive(Debug, Default)]
@@ -66,7 +72,7 @@ pub struct CreateRequest {
     pub timeout_s: Option<i64>,
     pub metadata: HashMap<String, String>,
     pub env_vars: HashMap<String, String>,
-    pub allow_internet_access: bool,
+    pub network: NetworkRequest,
     pub auto_pause: bool,
 }
 
@@ -83,6 +89,7 @@ pub struct Sandboxes {
     run_dir: PathBuf,
     limits: Limits,
     pools: Vec<Arc<WarmPool>>,
+    addresses: Addresses,
     /// Last (time, cpu ns) per sandbox, to turn CPU time into a percentage.
     cpu_samples: Mutex<HashMap<String, (Instant, u64)>>,
 }
@@ -101,7 +108,15 @@ impl Sandboxes {
                 .map(|(t, size)| WarmPool::new(t.clone(), *size))
                 .collect(),
             cpu_samples: Mutex::new(HashMap::new()),
+            addresses: Addresses::new(None),
         }
+    }
+
+    /// Sandboxes get an address on `network` (and pooled ones an open policy
+    /// until hand-out).
+    pub fn with_network(mut self, network: Option<&copse_jails::NetConfig>) -> Self {
+        self.addresses = Addresses::new(network);
+        self
     }
 
     pub fn substrate(&self) -> &Arc<dyn Substrate> {
@@ -162,18 +177,41 @@ impl Sandboxes {
         for id in &recovery.removed {
             self.store.remove(id)?;
         }
+        let networks: Vec<(String, SandboxNetwork)> = records
+            .into_iter()
+            .filter(|r| recovery.adopted.contains(&r.id))
+            .filter_map(|r| Some((r.id, r.network?)))
+            .collect();
+        for (id, network) in &networks {
+            self.addresses.hold(id, network.address);
+        }
+        let substrate = self.substrate.clone();
+        tokio::task::spawn_blocking(move || substrate.recover_network(&networks)).await??;
         Ok(recovery)
     }
 
     pub async fn create(&self, request: CreateRequest) -> Result<(SandboxRecord, Timings)> {
         let timeout = validate_timeout(request.timeout_s.unwrap_or(DEFAULT_TIMEOUT_S))?;
+        let policy = request.network.policy()?;
         let started = Instant::now();
         let booted = match self.take_pooled(&request.template).await {
             Some(booted) => booted,
             None => self.boot(&request.template).await?,
         };
         let boot = started.elapsed();
-        let Booted { id, placement, agent_socket } = booted;
+        let Booted { id, placement, agent_socket, network } = booted;
+        // Booted sandboxes (pooled ones included) start open; the caller's
+        // policy is applied before the sandbox is handed out.
+        let network = match network {
+            Some(network) if network.policy != policy => {
+                if let Err(e) = self.apply_policy(&id, &policy).await {
+                    self.destroy_quietly(&id).await;
+                    return Err(e);
+                }
+                Some(SandboxNetwork { policy: policy.clone(), ..network })
+            }
+            other => other,
+        };
         let now = now_ms();
         let record = SandboxRecord {
             id,
@@ -185,10 +223,11 @@ impl Sandboxes {
             started_at_ms: now,
             end_at_ms: now + timeout * 1000,
             state: State::Running,
-            allow_internet_access: request.allow_internet_access,
+            allow_internet_access: policy.internet_access(),
             auto_pause: request.auto_pause,
             placement,
             agent_socket,
+            network,
         };
         if let Err(e) = self.hand_over(&record).await {
             self.destroy_quietly(&record.id).await;
@@ -220,18 +259,22 @@ impl Sandboxes {
         self.check_template(template).await?;
         let id = new_id();
         let agent_socket = socket_path(&self.run_dir, &id);
+        let network = self.addresses.take(&id)?.map(|address| SandboxNetwork { address, policy: Policy::open() });
         let spec = SandboxSpec {
             id: id.clone(),
             template: template.to_string(),
             limits: self.limits,
             agent_socket,
             snapshot: None,
+            network,
         };
         let substrate = self.substrate.clone();
-        let (placement, spec) = tokio::task::spawn_blocking(move || substrate.create(&spec).map(|p| (p, spec)))
+        let created = tokio::task::spawn_blocking(move || substrate.create(&spec).map(|p| (p, spec)))
             .await
-            .map_err(anyhow::Error::from)??;
-        let booted = Booted { id, placement, agent_socket: spec.agent_socket };
+            .map_err(anyhow::Error::from)
+            .and_then(|r| r);
+        let (placement, spec) = created.inspect_err(|_| self.addresses.release(&id))?;
+        let booted = Booted { id, placement, agent_socket: spec.agent_socket, network: spec.network };
         if let Some(service) = templates::service(template)
             && let Err(e) = services::start(&booted.agent_socket, &service).await
         {
@@ -306,6 +349,7 @@ impl Sandboxes {
         let substrate = self.substrate.clone();
         let owned = id.to_string();
         tokio::task::spawn_blocking(move || substrate.destroy(&owned)).await.map_err(anyhow::Error::from)??;
+        self.addresses.release(id);
         self.store.remove(id)?;
         self.cpu_samples.lock().unwrap_or_else(|p| p.into_inner()).remove(id);
         Ok(())
@@ -314,9 +358,45 @@ impl Sandboxes {
     async fn destroy_quietly(&self, id: &str) {
         let substrate = self.substrate.clone();
         let owned = id.to_string();
-        if let Ok(Err(e)) = tokio::task::spawn_blocking(move || substrate.destroy(&owned)).await {
-            tracing::error!("destroying sandbox {id}: {e:#}");
+        match tokio::task::spawn_blocking(move || substrate.destroy(&owned)).await {
+            Ok(Err(e)) => tracing::error!("destroying sandbox {id}: {e:#}"),
+            _ => self.addresses.release(id),
         }
+    }
+
+    /// Replaces the sandbox's egress policy (E2B's `update_network`).
+    pub async fn update_network(&self, id: &str, request: NetworkRequest) -> Result<SandboxRecord> {
+        let policy = request.policy()?;
+        let mut record = self.get(id)?;
+        // Without a network the sandbox has no egress at all, which every
+        // policy admits; the policy is kept for when it is asked about.
+        if let Some(network) = record.network.as_mut() {
+            self.apply_policy(id, &policy).await?;
+            network.policy = policy.clone();
+        }
+        record.allow_internet_access = policy.internet_access();
+        self.store.put(&record)?;
+        Ok(record)
+    }
+
+    async fn apply_policy(&self, id: &str, policy: &Policy) -> Result<()> {
+        let (substrate, owned, policy) = (self.substrate.clone(), id.to_string(), policy.clone());
+        tokio::task::spawn_blocking(move || substrate.update_network(&owned, &policy))
+            .await
+            .map_err(anyhow::Error::from)??;
+        Ok(())
+    }
+
+    /// Re-applies policies that name hosts, so their addresses follow DNS.
+    pub async fn refresh_host_names(&self) -> anyhow::Result<()> {
+        for record in self.store.all()? {
+            if let Some(network) = record.network.as_ref().filter(|n| n.policy.has_hosts())
+                && let Err(e) = self.apply_policy(&record.id, &network.policy).await
+            {
+                tracing::warn!("refreshing the host names of {}: {e:#}", record.id);
+            }
+        }
+        Ok(())
     }
 
     pub async fn metrics(&self, id: &str) -> Result<Metric> {
@@ -380,6 +460,11 @@ impl Sandboxes {
                     && let Err(e) = this.reap_dead().await
                 {
                     tracing::error!("reaper: {e:#}");
+                }
+                if tick.is_multiple_of(HOST_REFRESH_TICKS)
+                    && let Err(e) = this.refresh_host_names().await
+                {
+                    tracing::error!("host name refresh: {e:#}");
                 }
             }
         })
