@@ -202,14 +202,17 @@ def network_leaks(bridge: Optional[str], live: Iterable[str]) -> list[str]:
         m = per_sandbox.match(body["name"])
         if m and m.group(2) not in live:
             leaks.append(f"nft {kind} {table} {body['name']}")
-        if kind == "chain" and body["name"].startswith("spoof_") and m and m.group(2) in live:
-            bound_veths.add(body.get("dev"))
         if kind == "map":
             for element in body.get("elem", []):
                 target = element[1]["jump"]["target"] if isinstance(element, list) else ""
                 sid = target.split("_", 1)[-1]
                 if sid not in live:
                     leaks.append(f"nft map element {table} {body['name']} -> {target}")
+    # nft's JSON (1.0.6) leaves out a chain's device; the text has it.
+    text = subprocess.run(["nft", "list", "table", "inet", table], capture_output=True, text=True).stdout
+    for sid, dev in re.findall(r'chain spoof_(\S+) \{\s*type filter hook ingress device "([^"]+)"', text):
+        if sid in live:
+            bound_veths.add(dev)
     veth = re.compile(rf"^{re.escape(bridge)}-[0-9a-f]+$")
     for name in sorted(os.listdir("/sys/class/net")):
         if veth.match(name) and name not in bound_veths:

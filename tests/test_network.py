@@ -96,9 +96,10 @@ def netns_pid(sandbox_id: str) -> int:
 PROBE = """
 import socket, subprocess, sys
 kind, addr, port = sys.argv[1], sys.argv[2], int(sys.argv[3])
+source = (sys.argv[4], 0) if len(sys.argv) > 4 else None
 try:
     if kind == "tcp":
-        socket.create_connection((addr, port), timeout=2).close()
+        socket.create_connection((addr, port), timeout=2, source_address=source).close()
     elif kind == "udp":
         s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.settimeout(2)
         s.sendto(b"ping", (addr, port)); s.recvfrom(16)
@@ -115,9 +116,11 @@ except OSError as e:
 """
 
 
-def probe_from(sandbox_id: str, kind: str, addr: str, port: int = 0) -> bool:
-    """TCP connect, UDP echo or ICMP echo from the sandbox's netns."""
-    out = sh("nsenter", f"--net=/proc/{netns_pid(sandbox_id)}/ns/net", "python3", "-c", PROBE, kind, addr, str(port))
+def probe_from(sandbox_id: str, kind: str, addr: str, port: int = 0, source: str = "") -> bool:
+    """TCP connect (from `source` if given), UDP echo or ICMP echo from the
+    sandbox's netns."""
+    args = [kind, addr, str(port)] + ([source] if source else [])
+    out = sh("nsenter", f"--net=/proc/{netns_pid(sandbox_id)}/ns/net", "python3", "-c", PROBE, *args)
     return out.stdout.startswith("reached")
 
 
@@ -225,6 +228,12 @@ def test_sandboxes_cannot_reach_each_other_or_the_host(gateway, internet):
         assert not reaches(a, HOST_ADDR, gateway.port)
         assert not probe_from(a.sandbox_id, "icmp", HOST_ADDR)
         assert not probe_from(a.sandbox_id, "tcp", "169.254.169.254", 80)
+
+        # Spoofing: even root in A's namespace cannot send as B.
+        a_ns = f"--net=/proc/{netns_pid(a.sandbox_id)}/ns/net"
+        sh("nsenter", a_ns, "ip", "addr", "add", f"{b_addr}/32", "dev", "eth0")
+        assert probe_from(a.sandbox_id, "tcp", INTERNET, PORT), "A's own address should still work"
+        assert not probe_from(a.sandbox_id, "tcp", INTERNET, PORT, source=b_addr), "A sent packets as B"
     finally:
         listener.close()
         a.kill()
