@@ -84,6 +84,10 @@ def gateway():
     os.environ.pop("E2B_DEBUG", None)
     yield gw
     gw.stop()
+    # A gateway keeps its bridge and nftables table across restarts; the
+    # suite's own network goes with the suite.
+    subprocess.run(["nft", "delete", "table", "inet", f"copse_{BRIDGE}"], capture_output=True)
+    subprocess.run(["ip", "link", "del", BRIDGE], capture_output=True)
 
 
 @pytest.fixture

@@ -144,6 +144,9 @@ pub fn main() -> anyhow::Result<()> {
     ));
     rt.block_on(conn.delete_sandbox(&key, &created.id))?;
     gateway.stop(&mut notes);
+    // A gateway keeps its bridge and table across restarts; the rig's own
+    // network has no further use.
+    HostNetwork::open(NetConfig::new(&args.bridge, &args.subnet)?)?.remove()?;
 
     scenarios.push(attach_scenario(args.attach_samples)?);
     drop(peer);
