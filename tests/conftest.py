@@ -15,6 +15,13 @@ COPSE = ROOT / "target" / "release" / "copse"
 API_KEY = "copse-test-key"
 # Templates are cached here between runs; sandboxes never outlive a run.
 DATA_DIR = pathlib.Path(os.environ.get("COPSE_TEST_DATA_DIR", "/var/lib/copse-test"))
+# The suite's own sandbox network, apart from a gateway serving on this host
+# (copse0, 10.88.0.0/16). Exported so every gateway the suite starts, and
+# the leak checks, use it.
+os.environ.setdefault("COPSE_BRIDGE", "copset")
+os.environ.setdefault("COPSE_SUBNET", "10.89.0.0/16")
+BRIDGE = os.environ["COPSE_BRIDGE"]
+SUBNET = os.environ["COPSE_SUBNET"]
 
 
 def free_port() -> int:
@@ -77,6 +84,10 @@ def gateway():
     os.environ.pop("E2B_DEBUG", None)
     yield gw
     gw.stop()
+    # A gateway keeps its bridge and nftables table across restarts; the
+    # suite's own network goes with the suite.
+    subprocess.run(["nft", "delete", "table", "inet", f"copse_{BRIDGE}"], capture_output=True)
+    subprocess.run(["ip", "link", "del", BRIDGE], capture_output=True)
 
 
 @pytest.fixture

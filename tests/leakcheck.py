@@ -6,7 +6,11 @@ A sandbox on the Linux substrate owns, on the host:
 - a cgroup `<subtree>/<id>` in every hierarchy (one tree on v2, one per
   controller on v1), where the subtree is `copse-<hash of the data dir>`
   (older builds used one shared `copse` subtree),
-- processes in that cgroup, holding the sandbox's mount and pid namespaces.
+- processes in that cgroup, holding the sandbox's mount and pid namespaces;
+- with a sandbox network (bridge `$COPSE_BRIDGE`): a veth `<bridge>-<hex>`
+  on the host, and in the nftables table `inet copse_<bridge>` the chains
+  `egress_<id>`, `ingress_<id>`, `spoof_<id>` (bound to that veth), the sets
+  `allow_<id>`, `deny_<id>` and one element per verdict map.
 Mounts live only inside the sandbox's mount namespace, so the host mount
 table should never mention the data dir.
 
@@ -20,8 +24,11 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import os
 import pathlib
+import re
+import subprocess
 import time
 from typing import Iterable, Optional
 
@@ -175,6 +182,44 @@ def held_namespaces(pid: int) -> set[str]:
     return held - host
 
 
+def network_leaks(bridge: Optional[str], live: Iterable[str]) -> list[str]:
+    """Veths, sets, chains and map elements of `bridge`'s network that
+    belong to no live sandbox."""
+    if not bridge:
+        return []
+    live = set(live)
+    leaks: list[str] = []
+    table = f"copse_{bridge}"
+    out = subprocess.run(["nft", "-j", "list", "table", "inet", table], capture_output=True, text=True)
+    objects = json.loads(out.stdout)["nftables"] if out.returncode == 0 else []
+    per_sandbox = re.compile(r"^(egress|ingress|spoof|allow|deny)_(.+)$")
+    bound_veths = set()
+    for obj in objects:
+        kind = next(iter(obj))
+        if kind not in ("chain", "set", "map"):
+            continue
+        body = obj[kind]
+        m = per_sandbox.match(body["name"])
+        if m and m.group(2) not in live:
+            leaks.append(f"nft {kind} {table} {body['name']}")
+        if kind == "map":
+            for element in body.get("elem", []):
+                target = element[1]["jump"]["target"] if isinstance(element, list) else ""
+                sid = target.split("_", 1)[-1]
+                if sid not in live:
+                    leaks.append(f"nft map element {table} {body['name']} -> {target}")
+    # nft's JSON (1.0.6) leaves out a chain's device; the text has it.
+    text = subprocess.run(["nft", "list", "table", "inet", table], capture_output=True, text=True).stdout
+    for sid, dev in re.findall(r'chain spoof_(\S+) \{\s*type filter hook ingress device "([^"]+)"', text):
+        if sid in live:
+            bound_veths.add(dev)
+    veth = re.compile(rf"^{re.escape(bridge)}-[0-9a-f]+$")
+    for name in sorted(os.listdir("/sys/class/net")):
+        if veth.match(name) and name not in bound_veths:
+            leaks.append(f"veth {name} of no live sandbox")
+    return leaks
+
+
 @dataclasses.dataclass
 class Baseline:
     """What was in the shared legacy `copse` subtree before (other
@@ -258,6 +303,7 @@ def find_leaks(
         if marker in line:
             leaks.append(f"host mount: {line}")
 
+    leaks.extend(network_leaks(os.environ.get("COPSE_BRIDGE"), live))
     return leaks
 
 

@@ -27,6 +27,8 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
+pub use copse_cubenet::{NetConfig, Policy, SandboxNetwork};
+
 pub use template::{Recipe, TemplateInfo};
 
 /// Resource limits applied to a whole sandbox.
@@ -56,6 +58,10 @@ pub struct SandboxSpec {
     /// instead of the bare template; `template` must be the snapshot's.
     #[serde(default)]
     pub snapshot: Option<String>,
+    /// Put the sandbox on the host's sandbox network, configured before
+    /// `create` returns; `None` leaves it with loopback only.
+    #[serde(default)]
+    pub network: Option<SandboxNetwork>,
 }
 
 /// Where a running sandbox lives on the host; persisted by the gateway so a
@@ -176,22 +182,43 @@ pub trait Substrate: Send + Sync + 'static {
     /// destroy the dead ones and every resource that belongs to no known
     /// sandbox.
     fn recover(&self, known: &[(String, Placement)]) -> anyhow::Result<Recovery>;
+
+    /// Replace a running sandbox's egress policy; takes effect on its next
+    /// packet, and flows the new policy refuses are cut.
+    fn update_network(&self, id: &str, _policy: &Policy) -> anyhow::Result<()> {
+        anyhow::bail!("sandbox {id}: this substrate has no sandbox network")
+    }
+
+    /// After [`Substrate::recover`]: make the network hold exactly the
+    /// `known` (re-adopted) sandboxes' attachments, removing every other.
+    fn recover_network(&self, _known: &[(String, SandboxNetwork)]) -> anyhow::Result<()> {
+        Ok(())
+    }
 }
 
 /// The substrate of the host this binary was built for.
+/// `network`: the sandbox network to create or re-use (none: loopback only).
 #[cfg(target_os = "linux")]
 pub fn host_substrate(
     state_dir: &std::path::Path,
     agent_binary: &std::path::Path,
+    network: Option<&NetConfig>,
 ) -> anyhow::Result<Box<dyn Substrate>> {
-    Ok(Box::new(linux::LinuxSubstrate::open(state_dir, agent_binary)?))
+    let mut substrate = linux::LinuxSubstrate::open(state_dir, agent_binary)?;
+    if let Some(config) = network {
+        substrate = substrate.with_network(config.clone())?;
+    }
+    Ok(Box::new(substrate))
 }
 
 /// The substrate of the host this binary was built for.
+/// The pf backend in `copse_cubenet::pf` is not wired in yet: FreeBSD
+/// sandboxes keep loopback only.
 #[cfg(target_os = "freebsd")]
 pub fn host_substrate(
     state_dir: &std::path::Path,
     agent_binary: &std::path::Path,
+    _network: Option<&NetConfig>,
 ) -> anyhow::Result<Box<dyn Substrate>> {
     Ok(Box::new(freebsd::JailSubstrate::open(state_dir, agent_binary)?))
 }

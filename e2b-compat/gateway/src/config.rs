@@ -19,6 +19,8 @@ pub struct Config {
     pub keep_sandboxes: bool,
     /// (template, size): sandboxes kept booted ahead of demand.
     pub pools: Vec<(String, usize)>,
+    /// The sandbox network (bridge and subnet); `None`: loopback only.
+    pub network: Option<copse_jails::NetConfig>,
 }
 
 impl Config {

@@ -5,6 +5,7 @@ pub mod agent_link;
 pub mod api;
 pub mod config;
 pub mod lifecycle;
+pub mod network;
 pub mod pool;
 pub mod progress;
 pub mod sandboxes;

@@ -138,7 +138,8 @@ impl Sandboxes {
     /// Boots the sandbox again, under its id, from the files in substrate
     /// snapshot `key` (then dropped), and hands it back to its owner.
     async fn reboot_from(&self, mut record: SandboxRecord, key: &str) -> Result<SandboxRecord> {
-        let booted = self.boot_from(record.id.clone(), &record.template, Some(key.to_string())).await?;
+        let booted =
+            self.boot_from(record.id.clone(), &record.template, Some(key.to_string()), record.network.clone()).await?;
         record.placement = booted.placement;
         if let Err(e) = self.hand_over(&record).await {
             self.destroy_quietly(&record.id).await;
@@ -246,7 +247,7 @@ impl Sandboxes {
                 snapshot.id, snapshot.template, record.template
             )));
         }
-        let spec = self.spec(id, &record.template, None);
+        let spec = self.spec(id, &record.template, None, record.network.clone());
         let leftover = record.paused.as_ref().and_then(|p| p.files_only.clone());
         let placement = self
             .blocking(move |s| {
@@ -300,7 +301,16 @@ impl Sandboxes {
     }
 
     async fn child_of(&self, source: &SandboxRecord, key: &str, timeout_s: i64) -> Result<SandboxRecord> {
-        let booted = self.boot_from(new_id(), &source.template, Some(key.to_string())).await?;
+        let booted = self.boot_from(new_id(), &source.template, Some(key.to_string()), None).await?;
+        // A child gets its own address, under its source's policy.
+        let policy = source.network.as_ref().map(|n| n.policy.clone()).unwrap_or_else(copse_jails::Policy::open);
+        let network = match self.with_policy(&booted.id, booted.network.clone(), &policy).await {
+            Ok(network) => network,
+            Err(e) => {
+                self.discard(&booted.id).await;
+                return Err(e);
+            }
+        };
         let now = now_ms();
         let record = SandboxRecord {
             id: booted.id,
@@ -311,10 +321,11 @@ impl Sandboxes {
             paused: None,
             placement: booted.placement,
             agent_socket: booted.agent_socket,
+            network,
             ..source.clone()
         };
         if let Err(e) = self.hand_over(&record).await {
-            self.destroy_quietly(&record.id).await;
+            self.discard(&record.id).await;
             return Err(e.into());
         }
         Ok(record)

@@ -53,6 +53,12 @@ enum Command {
         #[arg(long = "pool", env = "COPSE_POOL", value_delimiter = ',', value_parser = copse_gateway::pool::parse_pool_arg,
               default_value = "code-interpreter-v1=1")]
         pools: Vec<(String, usize)>,
+        /// Bridge the sandboxes' veths join (also names the nftables table).
+        #[arg(long, env = "COPSE_BRIDGE", default_value = copse_cubenet::net::DEFAULT_BRIDGE)]
+        bridge: String,
+        /// Subnet sandbox addresses come from; the host takes the first.
+        #[arg(long, env = "COPSE_SUBNET", default_value = copse_cubenet::net::DEFAULT_SUBNET)]
+        subnet: String,
     },
     /// Manage templates.
     Template {
@@ -124,13 +130,14 @@ fn main() -> anyhow::Result<()> {
         .init();
     let cli = Cli::parse();
     match cli.command {
-        Command::Up { listen, paths, keep_sandboxes, pools } => {
+        Command::Up { listen, paths, keep_sandboxes, pools, bridge, subnet } => {
             let config = Config {
                 listen,
                 data_dir: paths.data_dir,
                 agent_binary: config::find_agent(paths.agent)?,
                 keep_sandboxes,
                 pools,
+                network: Some(copse_jails::NetConfig::new(&bridge, &subnet)?),
             };
             tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(server::run(config))
         }
@@ -211,6 +218,7 @@ fn local_config(paths: Paths) -> anyhow::Result<Config> {
         agent_binary: config::find_agent(paths.agent)?,
         keep_sandboxes: true,
         pools: Vec::new(),
+        network: None,
     })
 }
 

@@ -19,6 +19,7 @@ pub struct Booted {
     pub id: String,
     pub placement: Placement,
     pub agent_socket: PathBuf,
+    pub network: Option<copse_jails::SandboxNetwork>,
 }
 
 pub struct WarmPool {
@@ -115,6 +116,7 @@ mod tests {
         let pool = WarmPool::new("base".into(), 2);
         assert_eq!(pool.missing(), 2);
         pool.put(Booted {
+            network: None,
             id: "a".into(),
             placement: Placement { init_pid: 1, init_start: 1 },
             agent_socket: "/x".into(),

@@ -6,12 +6,13 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use copse_jails::{Limits, Placement, SandboxSpec, Substrate};
+use copse_jails::{Limits, Placement, Policy, SandboxNetwork, SandboxSpec, Substrate};
 use rand::Rng;
 use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
 
 use crate::agent_link;
+use crate::network::{Addresses, NetworkRequest};
 use crate::pool::{Booted, WarmPool};
 use crate::store::Store;
 use crate::{services, templates};
@@ -21,6 +22,8 @@ pub const ENVD_VERSION: &str = "0.6.4";
 pub const DEFAULT_TIMEOUT_S: i64 = 300;
 /// E2B's ceiling for a sandbox's lifetime on its largest plan.
 pub const MAX_TIMEOUT_S: i64 = 24 * 3600;
+/// Allowed host names are re-resolved every minute (600 reaper ticks).
+const HOST_REFRESH_TICKS: u64 = 600;
 
 #[derive(Debug, thiserror::Error)]
 pub enum SandboxError {
@@ -71,6 +74,10 @@ pub struct SandboxRecord {
     pub paused: Option<Paused>,
     pub placement: Placement,
     pub agent_socket: PathBuf,
+    /// Address and current egress policy; `None` without a sandbox network.
+    /// Kept while paused, so a resumed sandbox has the same address.
+    #[serde(default)]
+    pub network: Option<SandboxNetwork>,
 }
 
 /// How a paused sandbox is held.
@@ -107,7 +114,7 @@ pub struct CreateRequest {
     pub timeout_s: Option<i64>,
     pub metadata: HashMap<String, String>,
     pub env_vars: HashMap<String, String>,
-    pub allow_internet_access: bool,
+    pub network: NetworkRequest,
     pub auto_pause: bool,
     pub auto_pause_memory: bool,
     pub auto_resume: bool,
@@ -130,6 +137,7 @@ pub struct Sandboxes {
     cpu_samples: Mutex<HashMap<String, (Instant, u64)>>,
     /// One state change (pause, resume, rollback) at a time per sandbox.
     pub(crate) transitions: crate::lifecycle::Transitions,
+    pub(crate) addresses: Addresses,
 }
 
 impl Sandboxes {
@@ -147,7 +155,15 @@ impl Sandboxes {
                 .collect(),
             cpu_samples: Mutex::new(HashMap::new()),
             transitions: Default::default(),
+            addresses: Addresses::new(None),
         }
+    }
+
+    /// Sandboxes get an address on `network` (and pooled ones an open policy
+    /// until hand-out).
+    pub fn with_network(mut self, network: Option<&copse_jails::NetConfig>) -> Self {
+        self.addresses = Addresses::new(network);
+        self
     }
 
     pub fn substrate(&self) -> &Arc<dyn Substrate> {
@@ -195,7 +211,7 @@ impl Sandboxes {
             let _ = refill.await;
         }
         for booted in self.pools.iter().flat_map(|p| p.drain()) {
-            self.destroy_quietly(&booted.id).await;
+            self.discard(&booted.id).await;
         }
     }
 
@@ -211,17 +227,32 @@ impl Sandboxes {
         for id in &recovery.removed {
             self.store.remove(id)?;
         }
+        // Sandboxes paused without memory have no interface now but keep
+        // their address for when they resume.
+        for record in records.iter().filter(|r| recovery.adopted.contains(&r.id) || r.has_no_processes()) {
+            if let Some(network) = &record.network {
+                self.addresses.hold(&record.id, network.address);
+            }
+        }
+        let attached: Vec<(String, SandboxNetwork)> = records
+            .into_iter()
+            .filter(|r| recovery.adopted.contains(&r.id))
+            .filter_map(|r| Some((r.id, r.network?)))
+            .collect();
+        let substrate = self.substrate.clone();
+        tokio::task::spawn_blocking(move || substrate.recover_network(&attached)).await??;
         self.reconcile_snapshots().await?;
         Ok(recovery)
     }
 
     pub async fn create(&self, request: CreateRequest) -> Result<(SandboxRecord, Timings)> {
         let timeout = validate_timeout(request.timeout_s.unwrap_or(DEFAULT_TIMEOUT_S))?;
+        let policy = request.network.policy()?;
         let started = Instant::now();
         let mut template = request.template.clone();
         let booted = if let Some(snapshot) = self.store.snapshot(&request.template)? {
             template = snapshot.template.clone();
-            self.boot_from(new_id(), &snapshot.template, Some(snapshot.key)).await?
+            self.boot_from(new_id(), &snapshot.template, Some(snapshot.key), None).await?
         } else {
             match self.take_pooled(&request.template).await {
                 Some(booted) => booted,
@@ -229,7 +260,14 @@ impl Sandboxes {
             }
         };
         let boot = started.elapsed();
-        let Booted { id, placement, agent_socket } = booted;
+        let Booted { id, placement, agent_socket, network } = booted;
+        let network = match self.with_policy(&id, network, &policy).await {
+            Ok(network) => network,
+            Err(e) => {
+                self.discard(&id).await;
+                return Err(e);
+            }
+        };
         let now = now_ms();
         let record = SandboxRecord {
             id,
@@ -241,16 +279,17 @@ impl Sandboxes {
             started_at_ms: now,
             end_at_ms: now + timeout * 1000,
             state: State::Running,
-            allow_internet_access: request.allow_internet_access,
+            allow_internet_access: policy.internet_access(),
             auto_pause: request.auto_pause,
             auto_pause_memory: request.auto_pause_memory,
             auto_resume: request.auto_resume,
             paused: None,
             placement,
             agent_socket,
+            network,
         };
         if let Err(e) = self.hand_over(&record).await {
-            self.destroy_quietly(&record.id).await;
+            self.discard(&record.id).await;
             return Err(e.into());
         }
         Ok((record, Timings { boot, handover: started.elapsed() - boot }))
@@ -270,38 +309,83 @@ impl Sandboxes {
                 return Some(booted);
             }
             tracing::warn!("pooled sandbox {} broke while waiting; destroying it", booted.id);
-            self.destroy_quietly(&booted.id).await;
+            self.discard(&booted.id).await;
         }
         None
     }
 
     async fn boot(&self, template: &str) -> Result<Booted> {
         self.check_template(template).await?;
-        self.boot_from(new_id(), template, None).await
+        self.boot_from(new_id(), template, None, None).await
+    }
+
+    /// Booted sandboxes (pooled ones included) start with an open policy;
+    /// this applies the caller's before the sandbox is handed out.
+    pub(crate) async fn with_policy(
+        &self,
+        id: &str,
+        network: Option<SandboxNetwork>,
+        policy: &Policy,
+    ) -> Result<Option<SandboxNetwork>> {
+        match network {
+            Some(network) if &network.policy != policy => {
+                self.apply_policy(id, policy).await?;
+                Ok(Some(SandboxNetwork { policy: policy.clone(), ..network }))
+            }
+            other => Ok(other),
+        }
     }
 
     /// The spec of sandbox `id`; `snapshot` is a substrate snapshot key.
-    pub(crate) fn spec(&self, id: &str, template: &str, snapshot: Option<String>) -> SandboxSpec {
+    pub(crate) fn spec(
+        &self,
+        id: &str,
+        template: &str,
+        snapshot: Option<String>,
+        network: Option<SandboxNetwork>,
+    ) -> SandboxSpec {
         SandboxSpec {
             id: id.to_string(),
             template: template.to_string(),
             limits: self.limits,
             agent_socket: socket_path(&self.run_dir, id),
             snapshot,
+            network,
         }
     }
 
     /// Boots sandbox `id` (from a snapshot's files if given) and starts its
-    /// template's service; on failure nothing of it is left.
-    pub(crate) async fn boot_from(&self, id: String, template: &str, snapshot: Option<String>) -> Result<Booted> {
-        let spec = self.spec(&id, template, snapshot);
+    /// template's service; on failure nothing of it is left. `network`: the
+    /// address (and policy) it keeps; without one it gets a new address and
+    /// an open policy.
+    pub(crate) async fn boot_from(
+        &self,
+        id: String,
+        template: &str,
+        snapshot: Option<String>,
+        network: Option<SandboxNetwork>,
+    ) -> Result<Booted> {
+        let allocated = network.is_none();
+        let network = match network {
+            Some(network) => Some(network),
+            None => self.addresses.take(&id)?.map(|address| SandboxNetwork { address, policy: Policy::open() }),
+        };
+        let release = |id: &str| {
+            if allocated {
+                self.addresses.release(id)
+            }
+        };
+        let spec = self.spec(&id, template, snapshot, network);
         let substrate = self.substrate.clone();
-        let (placement, spec) = tokio::task::spawn_blocking(move || substrate.create(&spec).map(|p| (p, spec)))
+        let created = tokio::task::spawn_blocking(move || substrate.create(&spec).map(|p| (p, spec)))
             .await
-            .map_err(anyhow::Error::from)??;
-        let booted = Booted { id, placement, agent_socket: spec.agent_socket };
+            .map_err(anyhow::Error::from)
+            .and_then(|r| r);
+        let (placement, spec) = created.inspect_err(|_| release(&id))?;
+        let booted = Booted { id, placement, agent_socket: spec.agent_socket, network: spec.network };
         if let Err(e) = self.start_service(template, &booted.agent_socket).await {
             self.destroy_quietly(&booted.id).await;
+            release(&booted.id);
             return Err(e.into());
         }
         Ok(booted)
@@ -399,18 +483,66 @@ impl Sandboxes {
         })
         .await
         .map_err(anyhow::Error::from)??;
+        self.addresses.release(id);
         self.store.remove(id)?;
         self.cpu_samples.lock().unwrap_or_else(|p| p.into_inner()).remove(id);
         self.transitions.forget(id);
         Ok(())
     }
 
+    /// Destroys a sandbox that never reached its caller and frees its
+    /// address.
+    pub(crate) async fn discard(&self, id: &str) {
+        self.destroy_quietly(id).await;
+        self.addresses.release(id);
+    }
+
+    /// Destroys a sandbox, logging failure; its address stays with it (a
+    /// sandbox paused without memory keeps its address).
     pub(crate) async fn destroy_quietly(&self, id: &str) {
         let substrate = self.substrate.clone();
         let owned = id.to_string();
         if let Ok(Err(e)) = tokio::task::spawn_blocking(move || substrate.destroy(&owned)).await {
             tracing::error!("destroying sandbox {id}: {e:#}");
         }
+    }
+
+    /// Replaces the sandbox's egress policy (E2B's `update_network`). A
+    /// sandbox paused without memory gets it when it resumes.
+    pub async fn update_network(&self, id: &str, request: NetworkRequest) -> Result<SandboxRecord> {
+        let policy = request.policy()?;
+        let mut record = self.get(id)?;
+        // Without a network the sandbox has no egress at all, which every
+        // policy admits; the policy is kept for when it is asked about.
+        if let Some(network) = record.network.as_mut() {
+            if !record.paused.as_ref().is_some_and(|p| p.files_only.is_some()) {
+                self.apply_policy(id, &policy).await?;
+            }
+            network.policy = policy.clone();
+        }
+        record.allow_internet_access = policy.internet_access();
+        self.store.put(&record)?;
+        Ok(record)
+    }
+
+    pub(crate) async fn apply_policy(&self, id: &str, policy: &Policy) -> Result<()> {
+        let (substrate, owned, policy) = (self.substrate.clone(), id.to_string(), policy.clone());
+        tokio::task::spawn_blocking(move || substrate.update_network(&owned, &policy))
+            .await
+            .map_err(anyhow::Error::from)??;
+        Ok(())
+    }
+
+    /// Re-applies policies that name hosts, so their addresses follow DNS.
+    pub async fn refresh_host_names(&self) -> anyhow::Result<()> {
+        for record in self.store.all()?.into_iter().filter(|r| !r.has_no_processes()) {
+            if let Some(network) = record.network.as_ref().filter(|n| n.policy.has_hosts())
+                && let Err(e) = self.apply_policy(&record.id, &network.policy).await
+            {
+                tracing::warn!("refreshing the host names of {}: {e:#}", record.id);
+            }
+        }
+        Ok(())
     }
 
     /// Resource use now; `None` for a sandbox paused without memory, which
@@ -493,6 +625,11 @@ impl Sandboxes {
                     && let Err(e) = this.reap_dead().await
                 {
                     tracing::error!("reaper: {e:#}");
+                }
+                if tick.is_multiple_of(HOST_REFRESH_TICKS)
+                    && let Err(e) = this.refresh_host_names().await
+                {
+                    tracing::error!("host name refresh: {e:#}");
                 }
             }
         })

@@ -17,7 +17,7 @@ use crate::store::Store;
 
 pub fn open_substrate(config: &Config) -> anyhow::Result<Arc<dyn Substrate>> {
     std::fs::create_dir_all(&config.data_dir).with_context(|| format!("creating {}", config.data_dir.display()))?;
-    Ok(Arc::from(copse_jails::host_substrate(&config.data_dir, &config.agent_binary)?))
+    Ok(Arc::from(copse_jails::host_substrate(&config.data_dir, &config.agent_binary, config.network.as_ref())?))
 }
 
 pub fn open_store(config: &Config) -> anyhow::Result<Store> {
@@ -51,7 +51,9 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         tokio::task::spawn_blocking(move || ensure_templates(substrate.as_ref(), &default_recipes())).await??;
     }
     let store = open_store(&config)?;
-    let svc = Arc::new(Sandboxes::new(substrate.clone(), store, config.run_dir(), &config.pools));
+    let svc = Arc::new(
+        Sandboxes::new(substrate.clone(), store, config.run_dir(), &config.pools).with_network(config.network.as_ref()),
+    );
     let recovery = svc.recover().await?;
     if !recovery.adopted.is_empty() || !recovery.removed.is_empty() {
         tracing::info!(adopted = ?recovery.adopted, removed = ?recovery.removed, "recovered sandboxes from the previous run");

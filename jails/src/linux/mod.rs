@@ -41,6 +41,7 @@ pub struct LinuxSubstrate {
     templates: TemplateStore,
     layers: LayerStore,
     cgroups: Cgroups,
+    network: Option<copse_cubenet::linux::HostNetwork>,
 }
 
 impl LinuxSubstrate {
@@ -64,7 +65,14 @@ impl LinuxSubstrate {
             templates: TemplateStore::new(state_dir),
             layers: LayerStore::open(state_dir)?,
             cgroups: Cgroups::new(Hierarchy::detect()?, state_dir),
+            network: None,
         })
+    }
+
+    /// Sandboxes whose spec asks for a network join `config`'s bridge.
+    pub fn with_network(mut self, config: copse_cubenet::NetConfig) -> anyhow::Result<Self> {
+        self.network = Some(copse_cubenet::linux::HostNetwork::open(config)?);
+        Ok(self)
     }
 
     fn sandbox_dir(&self, id: &str) -> PathBuf {
@@ -171,13 +179,23 @@ impl Substrate for LinuxSubstrate {
 
     fn create(&self, spec: &SandboxSpec) -> anyhow::Result<Placement> {
         crate::template::validate_name(&spec.id).map_err(anyhow::Error::msg)?;
-        self.boot(spec).inspect_err(|_| {
+        let boot_and_attach = || {
+            let placement = self.boot(spec)?;
+            if let (Some(network), Some(wanted)) = (&self.network, &spec.network) {
+                network.attach(&spec.id, placement.init_pid, wanted)?;
+            }
+            Ok(placement)
+        };
+        boot_and_attach().inspect_err(|_| {
             let _ = self.destroy(&spec.id);
         })
     }
 
     fn destroy(&self, id: &str) -> anyhow::Result<()> {
         crate::template::validate_name(id).map_err(anyhow::Error::msg)?;
+        if let Some(network) = &self.network {
+            network.detach(id)?;
+        }
         self.cgroups.destroy(id)?;
         let dir = self.sandbox_dir(id);
         let stacked = self.base(id).is_ok_and(|b| !b.layers.is_empty());
@@ -291,6 +309,17 @@ impl Substrate for LinuxSubstrate {
         }
         self.layers.collect_garbage(&self.sandboxes)?;
         Ok(recovery)
+    }
+
+    fn update_network(&self, id: &str, policy: &crate::Policy) -> anyhow::Result<()> {
+        match &self.network {
+            Some(network) => network.update(id, policy),
+            None => bail!("sandbox {id}: no sandbox network configured"),
+        }
+    }
+
+    fn recover_network(&self, known: &[(String, crate::SandboxNetwork)]) -> anyhow::Result<()> {
+        self.network.as_ref().map_or(Ok(()), |network| network.reconcile(known))
     }
 }
 

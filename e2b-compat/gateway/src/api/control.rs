@@ -13,6 +13,7 @@ use time::format_description::well_known::Rfc3339;
 use super::error::ApiError;
 use super::wire;
 use crate::lifecycle::{self, Connected};
+use crate::network::NetworkRequest;
 use crate::sandboxes::{self, CreateRequest, ListFilter, SandboxRecord, Sandboxes, SnapshotRecord};
 
 pub type Service = Arc<Sandboxes>;
@@ -31,7 +32,7 @@ pub async fn create(State(svc): State<Service>, body: Option<Json<wire::NewSandb
         timeout_s: body.timeout,
         metadata: body.metadata.unwrap_or_default(),
         env_vars: body.env_vars.unwrap_or_default(),
-        allow_internet_access: body.allow_internet_access.unwrap_or(true),
+        network: network_request(body.allow_internet_access, body.network),
         auto_pause: body.auto_pause.unwrap_or(false),
         auto_pause_memory: body.auto_pause_memory.unwrap_or(true),
         auto_resume: body.auto_resume.is_some_and(|a| a.enabled),
@@ -227,6 +228,27 @@ pub async fn detail(State(svc): State<Service>, Path(id): Path<String>) -> ApiRe
             on_timeout: if record.auto_pause { "pause" } else { "kill" },
         },
     }))
+}
+
+/// `PUT /sandboxes/{id}/network`: replaces the egress rules as a whole.
+pub async fn update_network(
+    State(svc): State<Service>,
+    Path(id): Path<String>,
+    body: Option<Json<wire::NetworkConfig>>,
+) -> ApiResult<StatusCode> {
+    let Json(body) = body.ok_or_else(|| ApiError::bad_request("request body must be a JSON object"))?;
+    svc.update_network(&id, network_request(body.allow_internet_access, Some(body))).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+fn network_request(allow_internet_access: Option<bool>, network: Option<wire::NetworkConfig>) -> NetworkRequest {
+    let network = network.unwrap_or_default();
+    NetworkRequest {
+        allow_internet_access: allow_internet_access.or(network.allow_internet_access),
+        allow_out: network.allow_out,
+        deny_out: network.deny_out,
+        dns_servers: network.dns_servers,
+    }
 }
 
 pub async fn kill(State(svc): State<Service>, Path(id): Path<String>) -> ApiResult<StatusCode> {

@@ -14,7 +14,7 @@ use axum::extract::{Request, State};
 use axum::http::StatusCode;
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{delete, get, post};
+use axum::routing::{delete, get, post, put};
 
 use crate::sandboxes::Sandboxes;
 use error::ApiError;
@@ -38,6 +38,7 @@ pub fn router(svc: Arc<Sandboxes>, keys: Keys) -> Router {
         .route("/sandboxes/{id}/timeout", post(control::set_timeout))
         .route("/sandboxes/{id}/refreshes", post(control::refresh))
         .route("/sandboxes/{id}/metrics", get(control::metrics))
+        .route("/sandboxes/{id}/network", put(control::update_network))
         .route("/templates", get(control::templates))
         .route("/copse/pools", get(control::pools))
         .route("/sandboxes/{id}/pause", post(control::pause))

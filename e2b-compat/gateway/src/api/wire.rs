@@ -23,6 +23,20 @@ pub struct NewSandbox {
     #[serde(rename = "allow_internet_access")]
     pub allow_internet_access: Option<bool>,
     pub secure: Option<bool>,
+    pub network: Option<NetworkConfig>,
+}
+
+/// `network` of the create body, and the body of `PUT /sandboxes/{id}/network`
+/// (which also carries `allow_internet_access`). Fields copse does not
+/// enforce (`egressProxy`, `rules`, `maskRequestHost`, ...) are ignored.
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NetworkConfig {
+    pub allow_out: Option<Vec<String>>,
+    pub deny_out: Option<Vec<String>>,
+    pub dns_servers: Option<Vec<String>>,
+    #[serde(rename = "allow_internet_access")]
+    pub allow_internet_access: Option<bool>,
 }
 
 #[derive(Debug, Default, Deserialize)]

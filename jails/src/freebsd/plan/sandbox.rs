@@ -95,6 +95,7 @@ mod tests {
             limits: Limits { cpu_count: 1, memory_mb: 1024, disk_mb: 2048, pids: 128 },
             agent_socket: "/var/run/copse/i3k2m9x.sock".into(),
             snapshot: None,
+            network: None,
         }
     }
 

@@ -188,6 +188,7 @@ mod tests {
             limits: Limits { cpu_count: 2, memory_mb: 512, disk_mb: 1024, pids: 512 },
             agent_socket: "/var/run/copse/i3k2m9x.sock".into(),
             snapshot: None,
+            network: None,
         }
     }
 

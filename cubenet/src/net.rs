@@ -1,0 +1,171 @@
+//! The sandbox network of one gateway: a bridge, a subnet, and the address
+//! and host-side interface each sandbox gets on it.
+
+use std::collections::BTreeSet;
+use std::net::Ipv4Addr;
+
+use ipnet::Ipv4Net;
+use serde::{Deserialize, Serialize};
+
+pub const DEFAULT_BRIDGE: &str = "copse0";
+pub const DEFAULT_SUBNET: &str = "10.88.0.0/16";
+
+/// Host interface names are `<bridge>-<index in hex>`: the index of a /16
+/// needs four digits and Linux allows 15 characters.
+const MAX_BRIDGE_NAME: usize = 10;
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NetConfig {
+    /// Bridge name; also names the nftables table and the pf root anchor's
+    /// members, so two gateways with different bridges never touch each
+    /// other's state.
+    pub bridge: String,
+    pub subnet: Ipv4Net,
+}
+
+impl Default for NetConfig {
+    fn default() -> Self {
+        Self { bridge: DEFAULT_BRIDGE.into(), subnet: DEFAULT_SUBNET.parse().expect("valid default subnet") }
+    }
+}
+
+impl NetConfig {
+    pub fn new(bridge: &str, subnet: &str) -> anyhow::Result<Self> {
+        let subnet: Ipv4Net = subnet.parse().map_err(|_| anyhow::anyhow!("invalid subnet '{subnet}'"))?;
+        if !(16..=29).contains(&subnet.prefix_len()) {
+            anyhow::bail!("the sandbox subnet must be a /16 to /29, got /{}", subnet.prefix_len());
+        }
+        let valid = !bridge.is_empty()
+            && bridge.len() <= MAX_BRIDGE_NAME
+            && bridge.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+            && bridge.starts_with(|c: char| c.is_ascii_alphabetic());
+        if !valid {
+            anyhow::bail!(
+                "bridge name '{bridge}' must be 1-{MAX_BRIDGE_NAME} letters, digits or '_', starting with a letter"
+            );
+        }
+        Ok(Self { bridge: bridge.into(), subnet: subnet.trunc() })
+    }
+
+    /// The host's address on the bridge: the sandboxes' default route.
+    pub fn gateway(&self) -> Ipv4Addr {
+        self.nth(1)
+    }
+
+    /// Name of the nftables table (Linux) holding every rule of this network.
+    pub fn table(&self) -> String {
+        format!("copse_{}", self.bridge)
+    }
+
+    /// Host-side interface of the sandbox at `address`.
+    pub fn host_if(&self, address: Ipv4Addr) -> String {
+        format!("{}-{:x}", self.bridge, self.index(address))
+    }
+
+    /// Whether `name` is a host-side interface this network would create.
+    pub fn owns_if(&self, name: &str) -> bool {
+        name.strip_prefix(&self.bridge)
+            .and_then(|rest| rest.strip_prefix('-'))
+            .is_some_and(|hex| !hex.is_empty() && hex.chars().all(|c| c.is_ascii_hexdigit()))
+    }
+
+    pub fn attachment(&self, id: &str, address: Ipv4Addr) -> Attachment {
+        Attachment { id: id.to_string(), address, host_if: self.host_if(address) }
+    }
+
+    fn index(&self, address: Ipv4Addr) -> u32 {
+        u32::from(address) - u32::from(self.subnet.network())
+    }
+
+    fn nth(&self, index: u32) -> Ipv4Addr {
+        Ipv4Addr::from(u32::from(self.subnet.network()) + index)
+    }
+}
+
+/// What a substrate needs to put a sandbox on the network: the address the
+/// gateway allocated (and persisted) and the policy to start with.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SandboxNetwork {
+    pub address: Ipv4Addr,
+    pub policy: crate::Policy,
+}
+
+/// One sandbox on the network.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Attachment {
+    pub id: String,
+    pub address: Ipv4Addr,
+    /// Host end of the sandbox's veth (Linux) or epair (FreeBSD).
+    pub host_if: String,
+}
+
+/// Addresses handed to sandboxes: every host address of the subnet but the
+/// gateway's, lowest free first.
+#[derive(Debug)]
+pub struct AddressPool {
+    config: NetConfig,
+    used: BTreeSet<Ipv4Addr>,
+}
+
+impl AddressPool {
+    pub fn new(config: NetConfig) -> Self {
+        Self { config, used: BTreeSet::new() }
+    }
+
+    /// Records an address already in use (a sandbox re-adopted after a
+    /// restart). Addresses outside the subnet are ignored.
+    pub fn mark_used(&mut self, address: Ipv4Addr) {
+        if self.config.subnet.contains(&address) {
+            self.used.insert(address);
+        }
+    }
+
+    pub fn take(&mut self) -> Option<Ipv4Addr> {
+        let first = u32::from(self.config.gateway()) + 1;
+        let last = u32::from(self.config.subnet.broadcast());
+        let free = (first..last).map(Ipv4Addr::from).find(|a| !self.used.contains(a))?;
+        self.used.insert(free);
+        Some(free)
+    }
+
+    pub fn release(&mut self, address: Ipv4Addr) {
+        self.used.remove(&address);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn interface_names_fit_linux_and_are_recognised() {
+        let cfg = NetConfig::new("copse0", "10.88.0.0/16").unwrap();
+        let last = cfg.host_if("10.88.255.254".parse().unwrap());
+        assert_eq!(last, "copse0-fffe");
+        assert!(last.len() <= 15);
+        assert!(cfg.owns_if(&last));
+        assert!(!cfg.owns_if("copse0"));
+        assert!(!cfg.owns_if("copse01-5"));
+        assert!(!cfg.owns_if("eth0"));
+    }
+
+    #[test]
+    fn bad_configs_are_refused() {
+        assert!(NetConfig::new("a-very-long-bridge", "10.88.0.0/16").is_err());
+        assert!(NetConfig::new("copse0", "10.0.0.0/8").is_err());
+        assert!(NetConfig::new("copse 0", "10.88.0.0/16").is_err());
+        assert_eq!(NetConfig::new("t1", "10.89.3.4/24").unwrap().subnet.to_string(), "10.89.3.0/24");
+    }
+
+    #[test]
+    fn pool_skips_network_gateway_and_broadcast_and_reuses_released() {
+        let mut pool = AddressPool::new(NetConfig::new("t", "10.9.0.0/29").unwrap());
+        pool.mark_used("10.9.0.3".parse().unwrap());
+        let got: Vec<Ipv4Addr> = std::iter::from_fn(|| pool.take()).collect();
+        let want: Vec<Ipv4Addr> =
+            ["10.9.0.2", "10.9.0.4", "10.9.0.5", "10.9.0.6"].iter().map(|s| s.parse().unwrap()).collect();
+        assert_eq!(got, want);
+        pool.release("10.9.0.4".parse().unwrap());
+        assert_eq!(pool.take(), Some("10.9.0.4".parse().unwrap()));
+    }
+}

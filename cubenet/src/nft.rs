@@ -1,0 +1,236 @@
+//! The Linux backend's rules, as `nft -f` scripts (pure; golden-tested).
+//!
+//! One table, `inet copse_<bridge>`, holds everything of one network:
+//! - `forward` sends packets from the bridge to `from_sandbox`, which drops
+//!   what no sandbox may reach (`always_blocked`: the sandbox subnet itself,
+//!   loopback, link-local and metadata, multicast) and then jumps, by source
+//!   address, to the sandbox's own `egress_<id>` chain through the `egress`
+//!   verdict map. Packets towards a sandbox go through `ingress_<id>`, which
+//!   admits replies only, and only from peers the policy still admits.
+//! - Policies are checked on every packet, not only a connection's first:
+//!   tightening a policy cuts flows it no longer admits at their next packet
+//!   without touching conntrack.
+//! - `input` refuses everything that arrives from the bridge: the host
+//!   offers sandboxes no service (the gateway talks to them over unix
+//!   sockets).
+//! - `spoof_<id>`, an ingress hook on the sandbox's host-side interface,
+//!   drops IPv4 and ARP not sourced from the sandbox's address, and IPv6,
+//!   so a sandbox can neither spoof nor poison the host's ARP cache.
+//! - `postrouting` masquerades the subnet towards every other interface.
+//!
+//! Sandbox-to-sandbox frames never reach these hooks: bridge ports are
+//! `isolated`, so the bridge does not switch between them at all.
+//!
+//! Every change is one script, which `nft -f` applies as one transaction.
+
+use std::fmt::Write;
+
+use ipnet::Ipv4Net;
+
+use crate::net::{Attachment, NetConfig};
+use crate::policy::ResolvedPolicy;
+
+/// Destinations no policy can open.
+const ALWAYS_BLOCKED: &[&str] = &["0.0.0.0/8", "127.0.0.0/8", "169.254.0.0/16", "224.0.0.0/3"];
+
+const REJECT: &str = "reject with icmpx admin-prohibited";
+
+/// The whole table with `sandboxes` attached, replacing whatever table of
+/// that name exists (at start-up, and to reconcile after a crash).
+pub fn table(cfg: &NetConfig, sandboxes: &[(Attachment, ResolvedPolicy)]) -> String {
+    let t = cfg.table();
+    let mut blocked: Vec<Ipv4Net> = ALWAYS_BLOCKED.iter().map(|s| s.parse().expect("valid constant")).collect();
+    blocked.push(cfg.subnet);
+    let blocked = Ipv4Net::aggregate(&blocked);
+    let mut out = String::new();
+    // Declaring first makes the delete valid when no table exists yet.
+    let _ = writeln!(out, "table inet {t}\ndelete table inet {t}");
+    let _ = writeln!(out, "table inet {t} {{");
+    let _ = writeln!(out, "\tmap egress {{\n\t\ttype ipv4_addr : verdict\n{}\t}}", map_elements(sandboxes, "egress"));
+    let _ = writeln!(out, "\tmap ingress {{\n\t\ttype ipv4_addr : verdict\n{}\t}}", map_elements(sandboxes, "ingress"));
+    let _ = writeln!(
+        out,
+        "\tset always_blocked {{\n\t\ttype ipv4_addr\n\t\tflags interval\n\t\telements = {{ {} }}\n\t}}",
+        join(&blocked)
+    );
+    let bridge = &cfg.bridge;
+    let _ = writeln!(
+        out,
+        "\tchain forward {{\n\t\ttype filter hook forward priority filter; policy accept;\n\
+         \t\tiifname \"{bridge}\" jump from_sandbox\n\t\toifname \"{bridge}\" jump to_sandbox\n\t}}"
+    );
+    let _ = writeln!(
+        out,
+        "\tchain from_sandbox {{\n\t\tip daddr @always_blocked {REJECT}\n\t\tmeta nfproto ipv6 drop\n\
+         \t\tip saddr vmap @egress\n\t\tdrop\n\t}}"
+    );
+    let _ = writeln!(out, "\tchain to_sandbox {{\n\t\tip daddr vmap @ingress\n\t\tdrop\n\t}}");
+    let _ = writeln!(
+        out,
+        "\tchain input {{\n\t\ttype filter hook input priority filter; policy accept;\n\
+         \t\tiifname \"{bridge}\" {REJECT}\n\t}}"
+    );
+    let _ = writeln!(
+        out,
+        "\tchain postrouting {{\n\t\ttype nat hook postrouting priority srcnat; policy accept;\n\
+         \t\tip saddr {} oifname != \"{bridge}\" masquerade\n\t}}",
+        cfg.subnet
+    );
+    for (attachment, policy) in sandboxes {
+        out.push_str(&policy_objects(attachment, policy));
+        out.push_str(&spoof_chain(attachment));
+    }
+    out.push_str("}\n");
+    out
+}
+
+/// Adds one sandbox to an existing table.
+pub fn attach(cfg: &NetConfig, attachment: &Attachment, policy: &ResolvedPolicy) -> String {
+    let t = cfg.table();
+    let (addr, id) = (attachment.address, &attachment.id);
+    format!(
+        "table inet {t} {{\n{}{}}}\nadd element inet {t} egress {{ {addr} : jump egress_{id} }}\n\
+         add element inet {t} ingress {{ {addr} : jump ingress_{id} }}\n",
+        policy_objects(attachment, policy),
+        spoof_chain(attachment)
+    )
+}
+
+/// Replaces one sandbox's policy; effective from the next packet.
+pub fn update(cfg: &NetConfig, attachment: &Attachment, policy: &ResolvedPolicy) -> String {
+    let t = cfg.table();
+    let id = &attachment.id;
+    let mut out = String::new();
+    for object in [format!("set inet {t} allow_{id}"), format!("set inet {t} deny_{id}")] {
+        let _ = writeln!(out, "flush {object}");
+    }
+    for object in [format!("chain inet {t} egress_{id}"), format!("chain inet {t} ingress_{id}")] {
+        let _ = writeln!(out, "flush {object}");
+    }
+    let _ = write!(out, "table inet {t} {{\n{}}}\n", policy_objects(attachment, policy));
+    out
+}
+
+/// Removes one sandbox from the table.
+pub fn detach(cfg: &NetConfig, attachment: &Attachment) -> String {
+    let t = cfg.table();
+    let (addr, id) = (attachment.address, &attachment.id);
+    format!(
+        "delete element inet {t} egress {{ {addr} }}\ndelete element inet {t} ingress {{ {addr} }}\n\
+         delete chain inet {t} spoof_{id}\ndelete chain inet {t} egress_{id}\ndelete chain inet {t} ingress_{id}\n\
+         delete set inet {t} allow_{id}\ndelete set inet {t} deny_{id}\n"
+    )
+}
+
+/// Removes the whole network's rules.
+pub fn delete_table(cfg: &NetConfig) -> String {
+    let t = cfg.table();
+    format!("table inet {t}\ndelete table inet {t}\n")
+}
+
+/// The sandbox's allow and deny sets and the chains that consult them.
+fn policy_objects(a: &Attachment, p: &ResolvedPolicy) -> String {
+    let id = &a.id;
+    let mut out = String::new();
+    for (name, nets) in [("allow", &p.allow), ("deny", &p.deny)] {
+        let _ = write!(out, "\tset {name}_{id} {{\n\t\ttype ipv4_addr\n\t\tflags interval\n");
+        if !nets.is_empty() {
+            let _ = writeln!(out, "\t\telements = {{ {} }}", join(nets));
+        }
+        out.push_str("\t}\n");
+    }
+    let refuse = if p.deny_all { REJECT.to_string() } else { format!("ip daddr @deny_{id} {REJECT}\n\t\taccept") };
+    let _ = writeln!(out, "\tchain egress_{id} {{\n\t\tip daddr @allow_{id} accept\n\t\t{refuse}\n\t}}");
+    // Only replies come in, and only from peers still admitted.
+    let closing = if p.deny_all { "drop".to_string() } else { format!("ip saddr @deny_{id} drop\n\t\taccept") };
+    let _ = writeln!(
+        out,
+        "\tchain ingress_{id} {{\n\t\tct state != {{ established, related }} drop\n\
+         \t\tip saddr @allow_{id} accept\n\t\t{closing}\n\t}}"
+    );
+    out
+}
+
+fn spoof_chain(a: &Attachment) -> String {
+    let (id, addr, dev) = (&a.id, a.address, &a.host_if);
+    // The inet family has no `arp` matches: the sender address is the 32
+    // bits at offset 14 of the ARP header (Ethernet/IPv4 ARP).
+    let arp_sender = u32::from(addr);
+    format!(
+        "\tchain spoof_{id} {{\n\t\ttype filter hook ingress device \"{dev}\" priority -500; policy accept;\n\
+         \t\tmeta protocol ip ip saddr != {addr} drop\n\t\tmeta protocol arp @nh,112,32 != {arp_sender:#010x} drop\n\
+         \t\tmeta protocol ip6 drop\n\t}}\n"
+    )
+}
+
+fn map_elements(sandboxes: &[(Attachment, ResolvedPolicy)], chain: &str) -> String {
+    if sandboxes.is_empty() {
+        return String::new();
+    }
+    let elements: Vec<String> =
+        sandboxes.iter().map(|(a, _)| format!("{} : jump {chain}_{}", a.address, a.id)).collect();
+    format!("\t\telements = {{ {} }}\n", elements.join(", "))
+}
+
+fn join(nets: &[Ipv4Net]) -> String {
+    nets.iter().map(Ipv4Net::to_string).collect::<Vec<_>>().join(", ")
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use crate::policy::Policy;
+
+    fn cfg() -> NetConfig {
+        NetConfig::new("copse0", "10.88.0.0/16").unwrap()
+    }
+
+    fn sandbox(n: u8, policy: Policy) -> (Attachment, ResolvedPolicy) {
+        let a = cfg().attachment(&format!("sbx{n}"), std::net::Ipv4Addr::new(10, 88, 0, n));
+        (a, policy.resolve(|_| vec!["93.184.216.34".parse().unwrap()]))
+    }
+
+    fn strings(v: &[&str]) -> Vec<String> {
+        v.iter().map(|s| s.to_string()).collect()
+    }
+
+    fn sandboxes() -> Vec<(Attachment, ResolvedPolicy)> {
+        vec![
+            sandbox(2, Policy::open()),
+            sandbox(
+                3,
+                Policy::from_e2b(Some(false), &strings(&["example.com", "198.51.100.0/24"]), &[], None).unwrap(),
+            ),
+            sandbox(4, Policy::from_e2b(None, &[], &strings(&["203.0.113.0/24", "192.0.2.7"]), None).unwrap()),
+        ]
+    }
+
+    /// Compares with the file under `tests/golden/`; `COPSE_BLESS=1`
+    /// rewrites it (review the diff before committing).
+    pub fn golden(name: &str, actual: &str) {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden").join(name);
+        if std::env::var_os("COPSE_BLESS").is_some() {
+            std::fs::write(&path, actual).unwrap();
+        }
+        let expected = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        assert_eq!(actual, expected, "{name} differs from its golden file");
+    }
+
+    #[test]
+    fn full_table() {
+        golden("table.nft", &table(&cfg(), &sandboxes()));
+    }
+
+    #[test]
+    fn empty_table() {
+        golden("table-empty.nft", &table(&cfg(), &[]));
+    }
+
+    #[test]
+    fn attach_update_detach() {
+        let (a, p) = sandboxes().remove(1);
+        golden("attach.nft", &attach(&cfg(), &a, &p));
+        golden("update.nft", &update(&cfg(), &a, &ResolvedPolicy::open()));
+        golden("detach.nft", &detach(&cfg(), &a));
+    }
+}

@@ -1,0 +1,318 @@
+//! The egress policy of one sandbox, in E2B's terms.
+//!
+//! E2B's semantics, which both backends implement:
+//! - with no rules, all egress is allowed (besides what [`crate::nft`] and
+//!   [`crate::pf`] always block: other sandboxes, the host, link-local);
+//! - `deny_out` blocks the listed networks; `0.0.0.0/0` blocks everything,
+//!   and `allow_internet_access: false` means exactly that;
+//! - `allow_out` entries win over `deny_out` ones, so "deny 0.0.0.0/0 plus an
+//!   allow list" admits only the listed targets;
+//! - hostnames are allowed in `allow_out` only. They are resolved when the
+//!   policy is applied (and re-resolved on every refresh); when any is
+//!   present, the `dns_servers` (8.8.8.8 unless given) are allowed too.
+//!
+//! Sandboxes have IPv4 only, so IPv6 entries are accepted and have nothing
+//! to act on: every IPv6 packet from a sandbox is dropped anyway.
+
+use std::net::{IpAddr, Ipv4Addr};
+
+use ipnet::{IpNet, Ipv4Net};
+use serde::{Deserialize, Serialize};
+
+/// E2B's default resolver, allowed when `allow_out` names a host and the
+/// caller gave no `dns_servers`.
+pub const DEFAULT_DNS: Ipv4Addr = Ipv4Addr::new(8, 8, 8, 8);
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum PolicyError {
+    #[error("invalid network target '{0}': expected an IPv4 address, a CIDR block or a host name")]
+    InvalidTarget(String),
+    #[error("deny_out accepts only IP addresses and CIDR blocks, not host names ('{0}')")]
+    HostInDeny(String),
+    #[error(
+        "wildcard host '{0}' is not supported: copse resolves allowed host names itself and has no DNS proxy to match subdomains"
+    )]
+    Wildcard(String),
+    #[error("invalid DNS server '{0}': expected an IPv4 address")]
+    InvalidDnsServer(String),
+}
+
+/// One entry of an allow or deny list.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Target {
+    Net(Ipv4Net),
+    Host(String),
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Policy {
+    /// Admitted even when a deny entry covers them.
+    pub allow: Vec<Target>,
+    /// Blocked unless an allow entry admits them.
+    pub deny: Vec<Ipv4Net>,
+    /// Resolvers admitted when `allow` names a host.
+    pub dns_servers: Vec<Ipv4Addr>,
+}
+
+impl Policy {
+    /// What a sandbox gets when nobody asked for anything: open egress.
+    pub fn open() -> Self {
+        Self::default()
+    }
+
+    /// The policy E2B's create and `update_network` bodies describe. Absent
+    /// lists are empty; an absent `dns_servers` is E2B's default.
+    pub fn from_e2b(
+        allow_internet_access: Option<bool>,
+        allow_out: &[String],
+        deny_out: &[String],
+        dns_servers: Option<&[String]>,
+    ) -> Result<Self, PolicyError> {
+        let mut allow = Vec::new();
+        for entry in allow_out {
+            if let Some(target) = parse_target(entry)? {
+                allow.push(target);
+            }
+        }
+        let mut deny = Vec::new();
+        for entry in deny_out {
+            match parse_target(entry)? {
+                Some(Target::Net(net)) => deny.push(net),
+                Some(Target::Host(host)) => return Err(PolicyError::HostInDeny(host)),
+                None => {}
+            }
+        }
+        if allow_internet_access == Some(false) {
+            deny.push(Ipv4Net::default());
+        }
+        let dns_servers = match dns_servers {
+            None => vec![DEFAULT_DNS],
+            Some(list) => list
+                .iter()
+                .map(|s| s.trim().parse::<Ipv4Addr>().map_err(|_| PolicyError::InvalidDnsServer(s.clone())))
+                .collect::<Result<_, _>>()?,
+        };
+        Ok(Self { allow, deny, dns_servers })
+    }
+
+    /// Whether the sandbox may reach the internet at large, as E2B reports
+    /// it (`allow_internet_access`).
+    pub fn internet_access(&self) -> bool {
+        !self.deny.iter().any(|n| n.prefix_len() == 0)
+    }
+
+    pub fn has_hosts(&self) -> bool {
+        self.allow.iter().any(|t| matches!(t, Target::Host(_)))
+    }
+
+    /// Turns host names into addresses with `lookup`. A name that does not
+    /// resolve admits nothing (allow entries only ever widen), and is
+    /// reported in [`ResolvedPolicy::unresolved`].
+    pub fn resolve(&self, lookup: impl Fn(&str) -> Vec<Ipv4Addr>) -> ResolvedPolicy {
+        let mut allow = Vec::new();
+        let mut unresolved = Vec::new();
+        for target in &self.allow {
+            match target {
+                Target::Net(net) => allow.push(*net),
+                Target::Host(host) => {
+                    let addrs = lookup(host);
+                    if addrs.is_empty() {
+                        unresolved.push(host.clone());
+                    }
+                    allow.extend(addrs.into_iter().map(Ipv4Net::from));
+                }
+            }
+        }
+        if self.has_hosts() {
+            allow.extend(self.dns_servers.iter().copied().map(Ipv4Net::from));
+        }
+        let deny_all = !self.internet_access();
+        let deny = if deny_all { Vec::new() } else { Ipv4Net::aggregate(&self.deny) };
+        ResolvedPolicy { allow: Ipv4Net::aggregate(&allow), deny, deny_all, unresolved }
+    }
+}
+
+/// A policy with addresses only: what the backends render.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ResolvedPolicy {
+    /// Non-overlapping networks (aggregated), admitted before any deny.
+    pub allow: Vec<Ipv4Net>,
+    /// Non-overlapping networks; empty when `deny_all`.
+    pub deny: Vec<Ipv4Net>,
+    /// Everything not in `allow` is blocked.
+    pub deny_all: bool,
+    /// Host names that resolved to no IPv4 address.
+    #[serde(default)]
+    pub unresolved: Vec<String>,
+}
+
+impl ResolvedPolicy {
+    pub fn open() -> Self {
+        Self::default()
+    }
+
+    /// Whether egress to `addr` passes this policy (before the rules every
+    /// sandbox gets regardless).
+    pub fn admits(&self, addr: Ipv4Addr) -> bool {
+        if self.allow.iter().any(|n| n.contains(&addr)) {
+            return true;
+        }
+        !(self.deny_all || self.deny.iter().any(|n| n.contains(&addr)))
+    }
+
+    /// Whether some destination `previous` admitted is refused now, so flows
+    /// opened under `previous` must be cut.
+    pub fn tightens(&self, previous: &ResolvedPolicy) -> bool {
+        if self.deny_all && !previous.deny_all {
+            return true;
+        }
+        // A new deny range, or a lost allow range, can only narrow.
+        let new_deny = self.deny.iter().any(|d| !previous.deny.iter().any(|p| p.contains(d)));
+        let lost_allow = previous.allow.iter().any(|p| !self.allow.iter().any(|a| a.contains(p)));
+        (new_deny && !previous.deny_all) || ((self.deny_all || !self.deny.is_empty()) && lost_allow)
+    }
+}
+
+/// `Ok(None)` for IPv6 entries, which sandboxes cannot use anyway.
+fn parse_target(entry: &str) -> Result<Option<Target>, PolicyError> {
+    let entry = entry.trim();
+    if let Ok(net) = entry.parse::<IpNet>() {
+        return Ok(match net {
+            IpNet::V4(net) => Some(Target::Net(net.trunc())),
+            IpNet::V6(_) => None,
+        });
+    }
+    if let Ok(addr) = entry.parse::<IpAddr>() {
+        return Ok(match addr {
+            IpAddr::V4(addr) => Some(Target::Net(Ipv4Net::from(addr))),
+            IpAddr::V6(_) => None,
+        });
+    }
+    if entry.starts_with("*.") {
+        return Err(PolicyError::Wildcard(entry.to_string()));
+    }
+    if is_host_name(entry) {
+        return Ok(Some(Target::Host(entry.trim_end_matches('.').to_ascii_lowercase())));
+    }
+    Err(PolicyError::InvalidTarget(entry.to_string()))
+}
+
+fn is_host_name(s: &str) -> bool {
+    let s = s.trim_end_matches('.');
+    !s.is_empty()
+        && s.len() <= 253
+        && s.split('.').all(|label| {
+            !label.is_empty()
+                && label.len() <= 63
+                && !label.starts_with('-')
+                && !label.ends_with('-')
+                && label.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
+        })
+        // All-numeric names are malformed addresses, not hosts.
+        && !s.split('.').all(|l| l.chars().all(|c| c.is_ascii_digit()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn strings(v: &[&str]) -> Vec<String> {
+        v.iter().map(|s| s.to_string()).collect()
+    }
+
+    fn ip(s: &str) -> Ipv4Addr {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn no_rules_admit_everything() {
+        let p = Policy::from_e2b(None, &[], &[], None).unwrap().resolve(|_| vec![]);
+        assert!(p.admits(ip("198.51.100.10")));
+        assert!(!p.deny_all);
+    }
+
+    #[test]
+    fn no_internet_access_blocks_everything_but_the_allow_list() {
+        let policy = Policy::from_e2b(Some(false), &strings(&["203.0.113.7"]), &[], None).unwrap();
+        assert!(!policy.internet_access());
+        let p = policy.resolve(|_| vec![]);
+        assert!(p.deny_all);
+        assert!(p.admits(ip("203.0.113.7")));
+        assert!(!p.admits(ip("203.0.113.8")));
+    }
+
+    #[test]
+    fn allow_wins_over_deny() {
+        let policy =
+            Policy::from_e2b(None, &strings(&["198.51.100.10/32"]), &strings(&["198.51.100.0/24"]), None).unwrap();
+        let p = policy.resolve(|_| vec![]);
+        assert!(p.admits(ip("198.51.100.10")));
+        assert!(!p.admits(ip("198.51.100.11")));
+        assert!(p.admits(ip("192.0.2.1")));
+    }
+
+    #[test]
+    fn host_names_resolve_and_bring_their_dns_servers() {
+        let policy = Policy::from_e2b(Some(false), &strings(&["Example.com."]), &[], None).unwrap();
+        assert_eq!(policy.allow, vec![Target::Host("example.com".into())]);
+        let p = policy.resolve(|h| if h == "example.com" { vec![ip("93.184.216.34")] } else { vec![] });
+        assert!(p.admits(ip("93.184.216.34")));
+        assert!(p.admits(DEFAULT_DNS));
+        assert!(!p.admits(ip("1.1.1.1")));
+
+        let no_dns = Policy::from_e2b(Some(false), &strings(&["nowhere.test"]), &[], Some(&[])).unwrap();
+        let p = no_dns.resolve(|_| vec![]);
+        assert_eq!(p.unresolved, vec!["nowhere.test".to_string()]);
+        assert!(p.allow.is_empty());
+    }
+
+    #[test]
+    fn bad_entries_are_refused_with_the_offending_text() {
+        assert_eq!(
+            Policy::from_e2b(None, &strings(&["10.0.0.0/33"]), &[], None),
+            Err(PolicyError::InvalidTarget("10.0.0.0/33".into()))
+        );
+        assert_eq!(
+            Policy::from_e2b(None, &[], &strings(&["example.com"]), None),
+            Err(PolicyError::HostInDeny("example.com".into()))
+        );
+        assert!(matches!(
+            Policy::from_e2b(None, &strings(&["*.example.com"]), &[], None),
+            Err(PolicyError::Wildcard(_))
+        ));
+        assert!(matches!(Policy::from_e2b(None, &strings(&["a b"]), &[], None), Err(PolicyError::InvalidTarget(_))));
+        assert!(matches!(
+            Policy::from_e2b(None, &[], &[], Some(&strings(&["x"]))),
+            Err(PolicyError::InvalidDnsServer(_))
+        ));
+    }
+
+    #[test]
+    fn ipv6_entries_are_accepted_and_inert() {
+        let policy = Policy::from_e2b(None, &strings(&["2001:db8::/32"]), &strings(&["::1"]), None).unwrap();
+        assert_eq!(policy, Policy { dns_servers: vec![DEFAULT_DNS], ..Policy::default() });
+    }
+
+    #[test]
+    fn overlapping_ranges_are_merged_for_interval_sets() {
+        let policy = Policy::from_e2b(None, &[], &strings(&["10.1.0.0/16", "10.1.2.3", "10.0.0.0/16"]), None).unwrap();
+        assert_eq!(policy.resolve(|_| vec![]).deny, vec!["10.0.0.0/15".parse::<Ipv4Net>().unwrap()]);
+    }
+
+    #[test]
+    fn tightening_is_detected_and_widening_is_not() {
+        let open = ResolvedPolicy::open();
+        let closed = ResolvedPolicy { deny_all: true, ..ResolvedPolicy::default() };
+        let deny_one = ResolvedPolicy { deny: vec!["198.51.100.0/24".parse().unwrap()], ..ResolvedPolicy::default() };
+        assert!(closed.tightens(&open));
+        assert!(deny_one.tightens(&open));
+        assert!(!open.tightens(&closed));
+        assert!(!open.tightens(&deny_one));
+        let allow_a =
+            ResolvedPolicy { allow: vec!["192.0.2.1/32".parse().unwrap()], deny_all: true, ..Default::default() };
+        let allow_none = ResolvedPolicy { deny_all: true, ..Default::default() };
+        assert!(allow_none.tightens(&allow_a));
+        assert!(!allow_a.tightens(&allow_none));
+    }
+}
