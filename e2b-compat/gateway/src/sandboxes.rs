@@ -512,10 +512,11 @@ impl Sandboxes {
     pub async fn update_network(&self, id: &str, request: NetworkRequest) -> Result<SandboxRecord> {
         let policy = request.policy()?;
         let mut record = self.get(id)?;
+        let attached = !record.has_no_processes();
         // Without a network the sandbox has no egress at all, which every
         // policy admits; the policy is kept for when it is asked about.
         if let Some(network) = record.network.as_mut() {
-            if !record.paused.as_ref().is_some_and(|p| p.files_only.is_some()) {
+            if attached {
                 self.apply_policy(id, &policy).await?;
             }
             network.policy = policy.clone();
