@@ -19,6 +19,16 @@ pub struct Config {
     pub keep_sandboxes: bool,
     /// (template, size): sandboxes kept booted ahead of demand.
     pub pools: Vec<(String, usize)>,
+    /// The domain sandbox ports are named under (`{port}-{id}.{domain}`).
+    pub domain: Option<String>,
+    /// Serve HTTPS with this certificate chain and key (domain mode).
+    pub tls: Option<TlsFiles>,
+}
+
+#[derive(Debug, Clone)]
+pub struct TlsFiles {
+    pub cert: PathBuf,
+    pub key: PathBuf,
 }
 
 impl Config {

@@ -11,3 +11,4 @@ pub mod server;
 pub mod services;
 pub mod store;
 pub mod templates;
+pub mod tls;

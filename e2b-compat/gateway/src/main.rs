@@ -53,6 +53,22 @@ enum Command {
         #[arg(long = "pool", env = "COPSE_POOL", value_delimiter = ',', value_parser = copse_gateway::pool::parse_pool_arg,
               default_value = "code-interpreter-v1=1")]
         pools: Vec<(String, usize)>,
+        /// Name sandbox ports `{port}-{sandboxID}.DOMAIN` (what the SDK's
+        /// `get_host` returns) and route requests by that host name.
+        #[arg(long, env = "COPSE_DOMAIN")]
+        domain: Option<String>,
+        /// Serve HTTPS with this PEM certificate chain (needs --domain and
+        /// --tls-key); `copse tls init` mints one for a local domain.
+        #[arg(long, requires_all = ["domain", "tls_key"])]
+        tls_cert: Option<PathBuf>,
+        /// The PEM private key of --tls-cert.
+        #[arg(long, requires = "tls_cert")]
+        tls_key: Option<PathBuf>,
+    },
+    /// Local TLS for domain mode.
+    Tls {
+        #[command(subcommand)]
+        command: TlsCommand,
     },
     /// Manage templates.
     Template {
@@ -72,6 +88,21 @@ enum Command {
     },
     /// Print the version and the substrate this build uses.
     Version,
+}
+
+#[derive(Subcommand)]
+enum TlsCommand {
+    /// Mint a local CA and a certificate for DOMAIN and *.DOMAIN.
+    Init {
+        #[arg(long)]
+        domain: String,
+        /// Where to write ca.pem, cert.pem and key.pem (default:
+        /// DATA_DIR/tls/DOMAIN).
+        #[arg(long)]
+        out: Option<PathBuf>,
+        #[arg(long, env = "COPSE_DATA_DIR", default_value = config::DEFAULT_DATA_DIR)]
+        data_dir: PathBuf,
+    },
 }
 
 #[derive(Subcommand)]
@@ -96,15 +127,23 @@ fn main() -> anyhow::Result<()> {
         .init();
     let cli = Cli::parse();
     match cli.command {
-        Command::Up { listen, paths, keep_sandboxes, pools } => {
+        Command::Up { listen, paths, keep_sandboxes, pools, domain, tls_cert, tls_key } => {
             let config = Config {
                 listen,
                 data_dir: paths.data_dir,
                 agent_binary: config::find_agent(paths.agent)?,
                 keep_sandboxes,
                 pools,
+                domain,
+                tls: tls_cert.zip(tls_key).map(|(cert, key)| config::TlsFiles { cert, key }),
             };
             tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(server::run(config))
+        }
+        Command::Tls { command: TlsCommand::Init { domain, out, data_dir } } => {
+            let out = out.unwrap_or_else(|| data_dir.join("tls").join(domain.to_ascii_lowercase()));
+            let minted = copse_gateway::tls::mint::init(&domain, &out)?;
+            print!("{}", copse_gateway::tls::mint::instructions(&domain, &minted));
+            Ok(())
         }
         Command::Template { command: TemplateCommand::Build { names, paths } } => {
             let substrate = server::open_substrate(&local_config(paths)?)?;
@@ -138,6 +177,8 @@ fn local_config(paths: Paths) -> anyhow::Result<Config> {
         agent_binary: config::find_agent(paths.agent)?,
         keep_sandboxes: true,
         pools: Vec::new(),
+        domain: None,
+        tls: None,
     })
 }
 

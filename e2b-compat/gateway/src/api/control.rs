@@ -3,14 +3,15 @@
 
 use std::sync::Arc;
 
-use axum::Json;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
+use axum::{Extension, Json};
 use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 
 use super::error::ApiError;
+use super::host_routing::Exposure;
 use super::wire;
 use crate::sandboxes::{self, CreateRequest, ListFilter, SandboxRecord, Sandboxes};
 
@@ -23,7 +24,11 @@ const DEFAULT_TEMPLATE: &str = "base";
 const CLIENT_ID: &str = "copse";
 const DEFAULT_PAGE: usize = 100;
 
-pub async fn create(State(svc): State<Service>, body: Option<Json<wire::NewSandbox>>) -> ApiResult<Response> {
+pub async fn create(
+    State(svc): State<Service>,
+    Extension(exposure): Extension<Exposure>,
+    body: Option<Json<wire::NewSandbox>>,
+) -> ApiResult<Response> {
     let Json(body) = body.ok_or_else(|| ApiError::bad_request("request body must be a JSON object"))?;
     let request = CreateRequest {
         template: body.template_id.unwrap_or_else(|| DEFAULT_TEMPLATE.to_string()),
@@ -42,16 +47,17 @@ pub async fn create(State(svc): State<Service>, body: Option<Json<wire::NewSandb
         started.elapsed().as_secs_f64() * 1e3
     );
     let header = [("server-timing", HeaderValue::from_str(&timing).expect("ascii"))];
-    Ok((StatusCode::CREATED, header, Json(sandbox(&record))).into_response())
+    Ok((StatusCode::CREATED, header, Json(sandbox(&record, &exposure))).into_response())
 }
 
 pub async fn connect(
     State(svc): State<Service>,
+    Extension(exposure): Extension<Exposure>,
     Path(id): Path<String>,
     body: Option<Json<wire::TimeoutBody>>,
 ) -> ApiResult<Json<wire::Sandbox>> {
     let timeout = body.and_then(|Json(b)| b.timeout);
-    Ok(Json(sandbox(&svc.connect(&id, timeout)?)))
+    Ok(Json(sandbox(&svc.connect(&id, timeout)?, &exposure)))
 }
 
 pub async fn list(State(svc): State<Service>, Query(query): Query<wire::ListQuery>) -> ApiResult<Response> {
@@ -84,13 +90,17 @@ pub async fn list(State(svc): State<Service>, Query(query): Query<wire::ListQuer
     Ok((headers, Json(page)).into_response())
 }
 
-pub async fn detail(State(svc): State<Service>, Path(id): Path<String>) -> ApiResult<Json<wire::SandboxDetail>> {
+pub async fn detail(
+    State(svc): State<Service>,
+    Extension(exposure): Extension<Exposure>,
+    Path(id): Path<String>,
+) -> ApiResult<Json<wire::SandboxDetail>> {
     let record = svc.get(&id)?;
     Ok(Json(wire::SandboxDetail {
         listed: listed(&record),
         envd_access_token: record.access_token.clone(),
         allow_internet_access: record.allow_internet_access,
-        domain: None,
+        domain: exposure.domain.clone(),
         lifecycle: wire::Lifecycle { auto_resume: false, on_timeout: if record.auto_pause { "pause" } else { "kill" } },
     }))
 }
@@ -177,7 +187,7 @@ pub async fn no_route() -> ApiError {
     ApiError::new(StatusCode::NOT_FOUND, "no such endpoint")
 }
 
-fn sandbox(record: &SandboxRecord) -> wire::Sandbox {
+fn sandbox(record: &SandboxRecord, exposure: &Exposure) -> wire::Sandbox {
     wire::Sandbox {
         template_id: record.template.clone(),
         sandbox_id: record.id.clone(),
@@ -185,7 +195,7 @@ fn sandbox(record: &SandboxRecord) -> wire::Sandbox {
         envd_version: sandboxes::ENVD_VERSION.into(),
         envd_access_token: record.access_token.clone(),
         traffic_access_token: None,
-        domain: None,
+        domain: exposure.domain.clone(),
         alias: Some(record.template.clone()),
     }
 }
