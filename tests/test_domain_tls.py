@@ -30,20 +30,24 @@ from conftest import API_KEY, COPSE, DATA_DIR, Gateway
 
 HOSTS = pathlib.Path("/etc/hosts")
 
+# The code interpreter's sandbox: envd (49983) and the interpreter (49999)
+# are both reached by host name.
 CREATE = """
 import json
-from e2b import Sandbox
+from e2b_code_interpreter import Sandbox
 sbx = Sandbox.create(timeout=120)
-print(json.dumps({"id": sbx.sandbox_id, "envd_host": sbx.get_host(49983), "app_host": sbx.get_host(8000)}))
+print(json.dumps({"id": sbx.sandbox_id, "hosts": [sbx.get_host(49983), sbx.get_host(49999)]}))
 """
 
 USE = """
 import json, sys
-from e2b import Sandbox
+from e2b_code_interpreter import Sandbox
 sbx = Sandbox.connect(sys.argv[1])
 run = sbx.commands.run("echo over $((40 + 2)) tls")
 sbx.files.write("/home/user/domain.txt", "read back over TLS")
-print(json.dumps({"stdout": run.stdout, "file": sbx.files.read("/home/user/domain.txt")}))
+code = sbx.run_code("print('streamed'); 6 * 7")
+print(json.dumps({"stdout": run.stdout, "file": sbx.files.read("/home/user/domain.txt"),
+                  "code": [code.logs.stdout, code.text]}))
 sbx.kill()
 """
 
@@ -125,8 +129,7 @@ def test_unchanged_sdk_works_with_only_a_domain(domain_mode):
     domain = domain_mode["domain"]
     created = sdk(domain_mode, CREATE)
     sandbox_id = created["id"]
-    assert created["envd_host"] == f"49983-{sandbox_id}.{domain}"
-    assert created["app_host"] == f"8000-{sandbox_id}.{domain}"
-    domain_mode["hosts"].add(created["envd_host"])
+    assert created["hosts"] == [f"49983-{sandbox_id}.{domain}", f"49999-{sandbox_id}.{domain}"]
+    domain_mode["hosts"].add(*created["hosts"])
     used = sdk(domain_mode, USE, sandbox_id)
-    assert used == {"stdout": "over 42 tls\n", "file": "read back over TLS"}
+    assert used == {"stdout": "over 42 tls\n", "file": "read back over TLS", "code": [["streamed\n"], "42"]}

@@ -48,7 +48,8 @@ def test_server_in_a_sandbox_answers_by_host_name(gateway, served):
     sandbox, host = served
     response = get(gateway, host, "/hello")
     assert response.status_code == 200
-    assert response.text.startswith(f"hello from port {PORT}")
+    # The server sees the host name the client used.
+    assert response.text == f"hello from port {PORT}, host {host}"
 
 
 def test_streamed_response_arrives_part_by_part(gateway, served):

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use axum::body::Body;
 use axum::extract::{Request, State};
-use axum::http::{HeaderValue, Method, StatusCode, Uri, Version};
+use axum::http::{HeaderValue, Method, StatusCode, Uri, Version, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
@@ -91,7 +91,17 @@ fn signed_link_owner(svc: &Sandboxes, request: &Request) -> Option<SandboxRecord
 }
 
 async fn forward(record: &SandboxRecord, port: Option<u16>, mut request: Request) -> Response {
-    request.headers_mut().insert("host", HeaderValue::from_static("agent"));
+    // A server in the sandbox sees the name the client used, as on E2B
+    // (HTTP/2 carries it in the URI, which becomes origin-form below).
+    let host = match request.headers().get(header::HOST) {
+        Some(host) => host.clone(),
+        None => request
+            .uri()
+            .authority()
+            .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
+            .unwrap_or(HeaderValue::from_static("agent")),
+    };
+    request.headers_mut().insert(header::HOST, host);
     if let Some(port) = port {
         request.headers_mut().insert(SANDBOX_PORT_HEADER, HeaderValue::from(port));
     }
