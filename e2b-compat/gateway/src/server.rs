@@ -40,6 +40,8 @@ pub fn ensure_templates(substrate: &dyn Substrate, recipes: &[Recipe]) -> anyhow
 }
 
 pub async fn run(config: Config) -> anyhow::Result<()> {
+    // A bad certificate fails before templates are built or sandboxes touched.
+    let tls = config.tls.as_ref().map(|files| tls::acceptor(&files.cert, &files.key)).transpose()?;
     let substrate = open_substrate(&config)?;
     let keys = config::api_keys(&config.data_dir, &config.listen)?;
     {
@@ -59,7 +61,6 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         .with_context(|| format!("listening on {}", config.listen))?;
     let addr = listener.local_addr()?;
     let exposure = Exposure { domain: config.domain.as_deref().map(|d| d.trim_end_matches('.').to_ascii_lowercase()) };
-    let tls = config.tls.as_ref().map(|files| tls::acceptor(&files.cert, &files.key)).transpose()?;
     print_usage(addr, &exposure, tls.is_some(), &keys[0], substrate.name());
     let app = api::router(svc.clone(), Keys::new(keys), exposure);
     let keep_sandboxes = config.keep_sandboxes;
