@@ -23,8 +23,11 @@ import socket
 import ssl
 import subprocess
 import sys
+import time
 
 import pytest
+from websockets.exceptions import InvalidStatus
+from websockets.sync.client import connect as websocket_connect
 
 from conftest import API_KEY, COPSE, DATA_DIR, Gateway
 
@@ -39,16 +42,19 @@ sbx = Sandbox.create(timeout=120)
 print(json.dumps({"id": sbx.sandbox_id, "hosts": [sbx.get_host(49983), sbx.get_host(49999)]}))
 """
 
+# Leaves the sandbox running with sandbox_server.py on port 8000, for the
+# WebSocket check; the gateway kills it when it stops.
 USE = """
 import json, sys
 from e2b_code_interpreter import Sandbox
 sbx = Sandbox.connect(sys.argv[1])
+sbx.files.write("/tmp/server.py", sys.stdin.read())
+sbx.commands.run("python3 /tmp/server.py 8000", background=True)
 run = sbx.commands.run("echo over $((40 + 2)) tls")
 sbx.files.write("/home/user/domain.txt", "read back over TLS")
 code = sbx.run_code("print('streamed'); 6 * 7")
 print(json.dumps({"stdout": run.stdout, "file": sbx.files.read("/home/user/domain.txt"),
                   "code": [code.logs.stdout, code.text]}))
-sbx.kill()
 """
 
 
@@ -101,7 +107,7 @@ def domain_mode(gateway, tmp_path_factory):
         hosts.clean()
 
 
-def sdk(domain_mode, script: str, *args: str) -> dict:
+def sdk(domain_mode, script: str, *args: str, stdin: str = "") -> dict:
     env = {k: v for k, v in os.environ.items() if k not in ("E2B_API_URL", "E2B_SANDBOX_URL")}
     env.update(E2B_DOMAIN=domain_mode["domain"], SSL_CERT_FILE=str(domain_mode["ca"]), E2B_API_KEY=API_KEY)
     # A private mount namespace, so the loopback-only resolv.conf is this
@@ -109,7 +115,7 @@ def sdk(domain_mode, script: str, *args: str) -> dict:
     isolated = ["unshare", "--mount", "sh", "-c", 'mount --bind "$0" /etc/resolv.conf && exec "$@"',
                 str(domain_mode["resolv_conf"])]
     command = [*isolated, sys.executable, "-c", script, *args]
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+    done = subprocess.run(command, env=env, input=stdin, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)
 
@@ -131,5 +137,23 @@ def test_unchanged_sdk_works_with_only_a_domain(domain_mode):
     sandbox_id = created["id"]
     assert created["hosts"] == [f"49983-{sandbox_id}.{domain}", f"49999-{sandbox_id}.{domain}"]
     domain_mode["hosts"].add(*created["hosts"])
-    used = sdk(domain_mode, USE, sandbox_id)
+    server = (pathlib.Path(__file__).parent / "sandbox_server.py").read_text()
+    used = sdk(domain_mode, USE, sandbox_id, stdin=server)
     assert used == {"stdout": "over 42 tls\n", "file": "read back over TLS", "code": [["streamed\n"], "42"]}
+
+    # A browser-style wss:// connection to a port of the sandbox.
+    app_host = f"8000-{sandbox_id}.{domain}"
+    context = ssl.create_default_context(cafile=str(domain_mode["ca"]))
+    deadline = time.monotonic() + 20
+    while True:
+        sock = socket.create_connection((domain_mode["address"], 443), timeout=10)
+        try:
+            ws = websocket_connect(f"wss://{app_host}/ws", sock=sock, ssl=context, server_hostname=app_host,
+                                   open_timeout=10)
+            break
+        except InvalidStatus as e:  # 502 until the server binds its port
+            assert e.response.status_code == 502 and time.monotonic() < deadline
+            time.sleep(0.05)
+    with ws:
+        ws.send("over wss")
+        assert ws.recv(timeout=10) == "over wss"
