@@ -31,19 +31,21 @@ def free_port() -> int:
 
 
 class Gateway:
-    def __init__(self, data_dir: pathlib.Path):
+    def __init__(self, data_dir: pathlib.Path, host: str = "127.0.0.1", port: int = 0):
         self.data_dir = data_dir
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.host = host
+        self.port = port or free_port()
+        self.url = f"http://{host}:{self.port}"
         self.proc = None
         self.log = open(data_dir / "gateway.log", "ab")
 
-    def start(self, keep_sandboxes: bool = False, pools: str = "base=0"):
+    def start(self, keep_sandboxes: bool = False, pools: str = "base=0", extra_args=()):
         # No warm pool by default: the leak checks account for every sandbox
         # on the host, and pooled ones belong to no user.
-        args = [str(COPSE), "up", "--listen", f"127.0.0.1:{self.port}", "--data-dir", str(self.data_dir), "--pool", pools]
+        args = [str(COPSE), "up", "--listen", f"{self.host}:{self.port}", "--data-dir", str(self.data_dir), "--pool", pools]
         if keep_sandboxes:
             args.append("--keep-sandboxes")
+        args.extend(extra_args)
         env = dict(os.environ, COPSE_API_KEY=API_KEY, COPSE_LOG=os.environ.get("COPSE_LOG", "info"))
         self.proc = subprocess.Popen(args, env=env, stdout=self.log, stderr=self.log)
         deadline = time.monotonic() + 60
@@ -51,7 +53,7 @@ class Gateway:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"copse up exited with {self.proc.returncode}; see {self.data_dir}/gateway.log")
             try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
+                with socket.create_connection((self.host, self.port), timeout=0.2):
                     return
             except OSError:
                 time.sleep(0.05)

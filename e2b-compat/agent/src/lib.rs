@@ -17,6 +17,7 @@ pub mod process;
 pub mod routes;
 pub mod signature;
 pub mod state;
+pub mod upgrade;
 pub mod users;
 pub mod wire;
 

@@ -2,7 +2,8 @@
 //! gateway forwards it here unchanged, and the agent, which lives in the
 //! sandbox's network namespace, relays it to `127.0.0.1:<port>` — the code
 //! interpreter on 49999, or any server a user starts. Nothing outside the
-//! sandbox can reach its loopback any other way.
+//! sandbox can reach its loopback any other way. Responses stream through
+//! as they are produced, and WebSocket upgrades are spliced (`upgrade.rs`).
 
 use axum::body::Body;
 use axum::extract::Request;
@@ -26,7 +27,7 @@ pub async fn relay_other_ports(request: Request, next: Next) -> Response {
     }
 }
 
-async fn relay(port: u16, request: Request) -> Response {
+async fn relay(port: u16, mut request: Request) -> Response {
     let stream = match TcpStream::connect(("127.0.0.1", port)).await {
         Ok(stream) => stream,
         // The SDK reads "port is not open" as SandboxUnreachable.
@@ -42,8 +43,12 @@ async fn relay(port: u16, request: Request) -> Response {
             tracing::debug!("relay to port {port} ended: {e}");
         }
     });
+    let client_upgrade = crate::upgrade::take(&mut request);
     match sender.send_request(request).await {
-        Ok(response) => response.map(Body::new),
+        Ok(mut response) => {
+            crate::upgrade::splice(client_upgrade, &mut response);
+            response.map(Body::new)
+        }
         Err(e) => json_error(StatusCode::BAD_GATEWAY, format!("port {port}: {e}")),
     }
 }

@@ -516,3 +516,50 @@ async fn other_sandbox_ports_are_relayed_to_loopback() {
     let body: Value = serde_json::from_slice(&body_bytes(resp).await).unwrap();
     assert!(body["message"].as_str().unwrap().contains("port is not open"));
 }
+
+#[tokio::test]
+async fn upgrades_to_other_ports_become_two_way_byte_streams() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let agent = start_agent(Some(TOKEN)).await;
+    // A service that accepts any upgrade, then echoes bytes upper-cased.
+    let server = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = server.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        let (mut conn, _) = server.accept().await.unwrap();
+        let mut head = Vec::new();
+        while !head.ends_with(b"\r\n\r\n") {
+            head.push(conn.read_u8().await.unwrap());
+        }
+        assert!(String::from_utf8_lossy(&head).to_ascii_lowercase().contains("upgrade: echo"));
+        conn.write_all(b"HTTP/1.1 101 Switching Protocols\r\nconnection: upgrade\r\nupgrade: echo\r\n\r\n")
+            .await
+            .unwrap();
+        let mut buf = [0u8; 64];
+        loop {
+            let n = conn.read(&mut buf).await.unwrap();
+            if n == 0 {
+                break;
+            }
+            conn.write_all(&buf[..n].to_ascii_uppercase()).await.unwrap();
+        }
+    });
+    let req = Request::get("/ws")
+        .header("e2b-sandbox-port", port.to_string())
+        .header("connection", "upgrade")
+        .header("upgrade", "echo")
+        .header("host", "sandbox")
+        .body(Full::<Bytes>::default())
+        .unwrap();
+    let stream = tokio::net::UnixStream::connect(&agent.sock).await.unwrap();
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.unwrap();
+    tokio::spawn(conn.with_upgrades());
+    let resp = tokio::time::timeout(TIMEOUT, sender.send_request(req)).await.unwrap().unwrap();
+    assert_eq!(resp.status(), StatusCode::SWITCHING_PROTOCOLS);
+    let mut upgraded = TokioIo::new(tokio::time::timeout(TIMEOUT, hyper::upgrade::on(resp)).await.unwrap().unwrap());
+    for word in ["hello", "both ways"] {
+        upgraded.write_all(word.as_bytes()).await.unwrap();
+        let mut echoed = vec![0u8; word.len()];
+        tokio::time::timeout(TIMEOUT, upgraded.read_exact(&mut echoed)).await.unwrap().unwrap();
+        assert_eq!(echoed, word.to_ascii_uppercase().as_bytes());
+    }
+}

@@ -16,7 +16,9 @@ pub async fn send(socket: &Path, request: Request<Body>) -> anyhow::Result<Respo
     let stream = UnixStream::connect(socket).await?;
     let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
     tokio::spawn(async move {
-        if let Err(e) = connection.await {
+        // Upgrades (WebSocket to a sandbox port) keep the connection open
+        // as a raw byte stream once the agent answers 101.
+        if let Err(e) = connection.with_upgrades().await {
             tracing::debug!("agent connection ended: {e}");
         }
     });

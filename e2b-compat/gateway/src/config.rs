@@ -21,6 +21,16 @@ pub struct Config {
     pub pools: Vec<(String, usize)>,
     /// The sandbox network (bridge and subnet); `None`: loopback only.
     pub network: Option<copse_jails::NetConfig>,
+    /// The domain sandbox ports are named under (`{port}-{id}.{domain}`).
+    pub domain: Option<String>,
+    /// Serve HTTPS with this certificate chain and key (domain mode).
+    pub tls: Option<TlsFiles>,
+}
+
+#[derive(Debug, Clone)]
+pub struct TlsFiles {
+    pub cert: PathBuf,
+    pub key: PathBuf,
 }
 
 impl Config {

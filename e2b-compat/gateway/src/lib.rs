@@ -14,3 +14,4 @@ pub mod services;
 pub mod snapshot_file;
 pub mod store;
 pub mod templates;
+pub mod tls;

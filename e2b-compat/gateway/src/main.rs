@@ -59,6 +59,22 @@ enum Command {
         /// Subnet sandbox addresses come from; the host takes the first.
         #[arg(long, env = "COPSE_SUBNET", default_value = copse_cubenet::net::DEFAULT_SUBNET)]
         subnet: String,
+        /// Name sandbox ports `{port}-{sandboxID}.DOMAIN` (what the SDK's
+        /// `get_host` returns) and route requests by that host name.
+        #[arg(long, env = "COPSE_DOMAIN")]
+        domain: Option<String>,
+        /// Serve HTTPS with this PEM certificate chain (needs --domain and
+        /// --tls-key); `copse tls init` mints one for a local domain.
+        #[arg(long, requires_all = ["domain", "tls_key"])]
+        tls_cert: Option<PathBuf>,
+        /// The PEM private key of --tls-cert.
+        #[arg(long, requires = "tls_cert")]
+        tls_key: Option<PathBuf>,
+    },
+    /// Local TLS for domain mode.
+    Tls {
+        #[command(subcommand)]
+        command: TlsCommand,
     },
     /// Manage templates.
     Template {
@@ -83,6 +99,21 @@ enum Command {
     },
     /// Print the version and the substrate this build uses.
     Version,
+}
+
+#[derive(Subcommand)]
+enum TlsCommand {
+    /// Mint a local CA and a certificate for DOMAIN and *.DOMAIN.
+    Init {
+        #[arg(long)]
+        domain: String,
+        /// Where to write ca.pem, cert.pem and key.pem (default:
+        /// DATA_DIR/tls/DOMAIN).
+        #[arg(long)]
+        out: Option<PathBuf>,
+        #[arg(long, env = "COPSE_DATA_DIR", default_value = config::DEFAULT_DATA_DIR)]
+        data_dir: PathBuf,
+    },
 }
 
 #[derive(Subcommand)]
@@ -130,7 +161,7 @@ fn main() -> anyhow::Result<()> {
         .init();
     let cli = Cli::parse();
     match cli.command {
-        Command::Up { listen, paths, keep_sandboxes, pools, bridge, subnet } => {
+        Command::Up { listen, paths, keep_sandboxes, pools, bridge, subnet, domain, tls_cert, tls_key } => {
             let config = Config {
                 listen,
                 data_dir: paths.data_dir,
@@ -138,8 +169,16 @@ fn main() -> anyhow::Result<()> {
                 keep_sandboxes,
                 pools,
                 network: Some(copse_jails::NetConfig::new(&bridge, &subnet)?),
+                domain,
+                tls: tls_cert.zip(tls_key).map(|(cert, key)| config::TlsFiles { cert, key }),
             };
             tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(server::run(config))
+        }
+        Command::Tls { command: TlsCommand::Init { domain, out, data_dir } } => {
+            let out = out.unwrap_or_else(|| data_dir.join("tls").join(domain.to_ascii_lowercase()));
+            let minted = copse_gateway::tls::mint::init(&domain, &out)?;
+            print!("{}", copse_gateway::tls::mint::instructions(&domain, &minted));
+            Ok(())
         }
         Command::Template { command: TemplateCommand::Build { names, paths } } => {
             let substrate = server::open_substrate(&local_config(paths)?)?;
@@ -219,6 +258,8 @@ fn local_config(paths: Paths) -> anyhow::Result<Config> {
         keep_sandboxes: true,
         pools: Vec::new(),
         network: None,
+        domain: None,
+        tls: None,
     })
 }
 

@@ -9,11 +9,12 @@ use copse_jails::template::Recipe;
 
 use axum::serve::ListenerExt;
 
-use crate::api::{self, Keys};
+use crate::api::{self, Exposure, Keys};
 use crate::config::{self, Config};
 use crate::progress::Reporter;
 use crate::sandboxes::Sandboxes;
 use crate::store::Store;
+use crate::tls;
 
 pub fn open_substrate(config: &Config) -> anyhow::Result<Arc<dyn Substrate>> {
     std::fs::create_dir_all(&config.data_dir).with_context(|| format!("creating {}", config.data_dir.display()))?;
@@ -44,6 +45,8 @@ pub fn ensure_templates(substrate: &dyn Substrate, recipes: &[Recipe]) -> anyhow
 }
 
 pub async fn run(config: Config) -> anyhow::Result<()> {
+    // A bad certificate fails before templates are built or sandboxes touched.
+    let tls = config.tls.as_ref().map(|files| tls::acceptor(&files.cert, &files.key)).transpose()?;
     let substrate = open_substrate(&config)?;
     let keys = config::api_keys(&config.data_dir, &config.listen)?;
     {
@@ -64,12 +67,9 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("listening on {}", config.listen))?;
     let addr = listener.local_addr()?;
-    println!("copse {} serving the E2B API on http://{addr} ({})", env!("CARGO_PKG_VERSION"), substrate.name());
-    println!("point the E2B SDK at it with:");
-    println!("  export E2B_API_URL=http://{addr}");
-    println!("  export E2B_SANDBOX_URL=http://{addr}");
-    println!("  export E2B_API_KEY={}", keys[0]);
-    let app = api::router(svc.clone(), Keys::new(keys));
+    let exposure = Exposure { domain: config.domain.as_deref().map(|d| d.trim_end_matches('.').to_ascii_lowercase()) };
+    print_usage(addr, &exposure, tls.is_some(), &keys[0], substrate.name());
+    let app = api::router(svc.clone(), Keys::new(keys), exposure);
     let keep_sandboxes = config.keep_sandboxes;
     let (stopping_tx, stopping_rx) = tokio::sync::oneshot::channel::<()>();
     let stop = {
@@ -87,12 +87,19 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             }
         }
     };
-    // Connect streams write small frames; Nagle would hold each for a
-    // delayed ACK (~40 ms on Linux).
-    let listener = listener.tap_io(|tcp| {
-        let _ = tcp.set_nodelay(true);
-    });
-    let server = axum::serve(listener, app).with_graceful_shutdown(stop);
+    let server = async move {
+        match tls {
+            Some(acceptor) => tls::serve(listener, acceptor, app, stop).await,
+            None => {
+                // Connect streams write small frames; Nagle would hold each
+                // for a delayed ACK (~40 ms on Linux).
+                let listener = listener.tap_io(|tcp| {
+                    let _ = tcp.set_nodelay(true);
+                });
+                Ok(axum::serve(listener, app).with_graceful_shutdown(stop).await?)
+            }
+        }
+    };
     tokio::select! {
         result = server => result?,
         // Streams still open (sandboxes kept on purpose) get a grace period.
@@ -103,6 +110,32 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     }
     println!("copse stopped");
     Ok(())
+}
+
+fn print_usage(addr: std::net::SocketAddr, exposure: &Exposure, tls: bool, key: &str, substrate: &str) {
+    let version = env!("CARGO_PKG_VERSION");
+    match (&exposure.domain, tls) {
+        (Some(domain), true) => {
+            println!("copse {version} serving the E2B API on https://api.{domain} ({addr}, {substrate})");
+            println!("sandbox ports are https://<port>-<sandboxID>.{domain}; point the E2B SDK at it with:");
+            println!("  export E2B_DOMAIN={domain}");
+            println!("  export E2B_API_KEY={key}");
+            println!("  unset E2B_API_URL E2B_SANDBOX_URL");
+            println!("(the names must resolve to {}: see `copse tls init`)", addr.ip());
+        }
+        (domain, _) => {
+            println!("copse {version} serving the E2B API on http://{addr} ({substrate})");
+            println!("point the E2B SDK at it with:");
+            println!("  export E2B_API_URL=http://{addr}");
+            println!("  export E2B_SANDBOX_URL=http://{addr}");
+            println!("  export E2B_API_KEY={key}");
+            if let Some(domain) = domain {
+                println!(
+                    "sandbox ports are reachable as http://<port>-<sandboxID>.{domain} (route those names to {addr})"
+                );
+            }
+        }
+    }
 }
 
 /// How long open connections may finish after the sandboxes are gone.

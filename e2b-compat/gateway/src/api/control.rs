@@ -3,14 +3,15 @@
 
 use std::sync::Arc;
 
-use axum::Json;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
+use axum::{Extension, Json};
 use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 
 use super::error::ApiError;
+use super::host_routing::Exposure;
 use super::wire;
 use crate::lifecycle::{self, Connected};
 use crate::network::NetworkRequest;
@@ -25,7 +26,11 @@ const DEFAULT_TEMPLATE: &str = "base";
 const CLIENT_ID: &str = "copse";
 const DEFAULT_PAGE: usize = 100;
 
-pub async fn create(State(svc): State<Service>, body: Option<Json<wire::NewSandbox>>) -> ApiResult<Response> {
+pub async fn create(
+    State(svc): State<Service>,
+    Extension(exposure): Extension<Exposure>,
+    body: Option<Json<wire::NewSandbox>>,
+) -> ApiResult<Response> {
     let Json(body) = body.ok_or_else(|| ApiError::bad_request("request body must be a JSON object"))?;
     let request = CreateRequest {
         template: body.template_id.unwrap_or_else(|| DEFAULT_TEMPLATE.to_string()),
@@ -46,11 +51,12 @@ pub async fn create(State(svc): State<Service>, body: Option<Json<wire::NewSandb
         started.elapsed().as_secs_f64() * 1e3
     );
     let header = [("server-timing", HeaderValue::from_str(&timing).expect("ascii"))];
-    Ok((StatusCode::CREATED, header, Json(sandbox(&record))).into_response())
+    Ok((StatusCode::CREATED, header, Json(sandbox(&record, &exposure))).into_response())
 }
 
 pub async fn connect(
     State(svc): State<Service>,
+    Extension(exposure): Extension<Exposure>,
     Path(id): Path<String>,
     body: Option<Json<wire::ConnectBody>>,
 ) -> ApiResult<Response> {
@@ -60,12 +66,13 @@ pub async fn connect(
         Connected::AlreadyRunning => StatusCode::OK,
         Connected::Resumed => StatusCode::CREATED,
     };
-    Ok((status, Json(sandbox(&record))).into_response())
+    Ok((status, Json(sandbox(&record, &exposure))).into_response())
 }
 
 /// The pre-connect way to resume; E2B still serves it.
 pub async fn resume(
     State(svc): State<Service>,
+    Extension(exposure): Extension<Exposure>,
     Path(id): Path<String>,
     body: Option<Json<wire::ConnectBody>>,
 ) -> ApiResult<Response> {
@@ -74,7 +81,7 @@ pub async fn resume(
         return Err(ApiError::new(StatusCode::CONFLICT, format!("sandbox {id} is not paused")));
     }
     let (record, _) = svc.connect(&id, body.timeout, body.memory).await?;
-    Ok((StatusCode::CREATED, Json(sandbox(&record))).into_response())
+    Ok((StatusCode::CREATED, Json(sandbox(&record, &exposure))).into_response())
 }
 
 pub async fn pause(
@@ -116,24 +123,27 @@ pub async fn delete_template(State(svc): State<Service>, Path(id): Path<String>)
 
 pub async fn fork(
     State(svc): State<Service>,
+    Extension(exposure): Extension<Exposure>,
     Path(id): Path<String>,
     body: Option<Json<wire::ForkRequest>>,
 ) -> ApiResult<Response> {
     // E2B's API gives forks 15 s unless the request says otherwise.
-    children(svc, id, body, lifecycle::MAX_FORKS, 15).await
+    children(svc, &exposure, id, body, lifecycle::MAX_FORKS, 15).await
 }
 
 /// copse's clone (CubeSandbox's name for it): a fork with a larger count.
 pub async fn clone(
     State(svc): State<Service>,
+    Extension(exposure): Extension<Exposure>,
     Path(id): Path<String>,
     body: Option<Json<wire::ForkRequest>>,
 ) -> ApiResult<Response> {
-    children(svc, id, body, lifecycle::MAX_CLONES, sandboxes::DEFAULT_TIMEOUT_S).await
+    children(svc, &exposure, id, body, lifecycle::MAX_CLONES, sandboxes::DEFAULT_TIMEOUT_S).await
 }
 
 async fn children(
     svc: Service,
+    exposure: &Exposure,
     id: String,
     body: Option<Json<wire::ForkRequest>>,
     max: u32,
@@ -145,7 +155,7 @@ async fn children(
     let body: Vec<wire::ForkResult> = results
         .into_iter()
         .map(|r| match r {
-            Ok(record) => wire::ForkResult { sandbox: Some(sandbox(&record)), error: None },
+            Ok(record) => wire::ForkResult { sandbox: Some(sandbox(&record, exposure)), error: None },
             Err(e) => {
                 let e = ApiError::from(e);
                 wire::ForkResult {
@@ -161,12 +171,13 @@ async fn children(
 /// copse's rollback: the sandbox's files go back to one of its snapshots.
 pub async fn rollback(
     State(svc): State<Service>,
+    Extension(exposure): Extension<Exposure>,
     Path(id): Path<String>,
     body: Option<Json<wire::RollbackRequest>>,
 ) -> ApiResult<Json<wire::Sandbox>> {
     let snapshot =
         body.and_then(|Json(b)| b.snapshot_id).ok_or_else(|| ApiError::bad_request("missing 'snapshotID'"))?;
-    Ok(Json(sandbox(&svc.rollback(&id, &snapshot).await?)))
+    Ok(Json(sandbox(&svc.rollback(&id, &snapshot).await?, &exposure)))
 }
 
 pub async fn list(State(svc): State<Service>, Query(query): Query<wire::ListQuery>) -> ApiResult<Response> {
@@ -216,13 +227,17 @@ fn next_token_header(next: Option<String>) -> HeaderMap {
     headers
 }
 
-pub async fn detail(State(svc): State<Service>, Path(id): Path<String>) -> ApiResult<Json<wire::SandboxDetail>> {
+pub async fn detail(
+    State(svc): State<Service>,
+    Extension(exposure): Extension<Exposure>,
+    Path(id): Path<String>,
+) -> ApiResult<Json<wire::SandboxDetail>> {
     let record = svc.get(&id)?;
     Ok(Json(wire::SandboxDetail {
         listed: listed(&record),
         envd_access_token: record.access_token.clone(),
         allow_internet_access: record.allow_internet_access,
-        domain: None,
+        domain: exposure.domain.clone(),
         lifecycle: wire::Lifecycle {
             auto_resume: record.auto_resume,
             on_timeout: if record.auto_pause { "pause" } else { "kill" },
@@ -329,7 +344,7 @@ pub async fn no_route() -> ApiError {
     ApiError::new(StatusCode::NOT_FOUND, "no such endpoint")
 }
 
-fn sandbox(record: &SandboxRecord) -> wire::Sandbox {
+fn sandbox(record: &SandboxRecord, exposure: &Exposure) -> wire::Sandbox {
     wire::Sandbox {
         template_id: record.template.clone(),
         sandbox_id: record.id.clone(),
@@ -337,7 +352,7 @@ fn sandbox(record: &SandboxRecord) -> wire::Sandbox {
         envd_version: sandboxes::ENVD_VERSION.into(),
         envd_access_token: record.access_token.clone(),
         traffic_access_token: None,
-        domain: None,
+        domain: exposure.domain.clone(),
         alias: Some(record.template.clone()),
     }
 }

@@ -3,21 +3,23 @@
 
 pub mod control;
 pub mod error;
+pub mod host_routing;
 pub mod proxy;
 pub mod wire;
 
 use std::collections::HashSet;
 use std::sync::Arc;
 
-use axum::Router;
 use axum::extract::{Request, State};
 use axum::http::StatusCode;
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post, put};
+use axum::{Extension, Router};
 
 use crate::sandboxes::Sandboxes;
 use error::ApiError;
+pub use host_routing::Exposure;
 
 #[derive(Clone)]
 pub struct Keys(Arc<HashSet<String>>);
@@ -28,7 +30,7 @@ impl Keys {
     }
 }
 
-pub fn router(svc: Arc<Sandboxes>, keys: Keys) -> Router {
+pub fn router(svc: Arc<Sandboxes>, keys: Keys, exposure: Exposure) -> Router {
     let control = Router::new()
         .route("/v2/sandboxes", post(control::create).get(control::list))
         .route("/sandboxes", post(control::create).get(control::list))
@@ -54,7 +56,7 @@ pub fn router(svc: Arc<Sandboxes>, keys: Keys) -> Router {
         .with_state(svc.clone());
     // The data-plane switch runs first: a request meant for a sandbox never
     // reaches the control plane, whatever its path.
-    control.layer(middleware::from_fn_with_state(svc, proxy::switch))
+    control.layer(middleware::from_fn_with_state(svc, proxy::switch)).layer(Extension(exposure))
 }
 
 async fn require_api_key(State(keys): State<Keys>, request: Request, next: Next) -> Response {

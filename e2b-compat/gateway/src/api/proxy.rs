@@ -1,25 +1,30 @@
-//! The data plane: requests carrying `E2b-Sandbox-Id` (what the SDK sends
-//! when `E2B_SANDBOX_URL` points here), and signed `/files` links that carry
-//! no headers at all, are forwarded unchanged to the sandbox's agent.
+//! The data plane: requests whose host names a sandbox port
+//! (`{port}-{id}.{domain}`, see `host_routing.rs`), requests carrying
+//! `E2b-Sandbox-Id` (what the SDK sends when `E2B_SANDBOX_URL` points here),
+//! and signed `/files` links that carry no headers at all, are forwarded
+//! unchanged to the sandbox's agent. Bodies stream both ways and WebSocket
+//! upgrades are spliced through.
 
 use std::sync::Arc;
 
 use axum::body::Body;
 use axum::extract::{Request, State};
-use axum::http::{HeaderValue, Method, StatusCode};
+use axum::http::{HeaderValue, Method, StatusCode, Uri, Version, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
 use super::error::ApiError;
+use super::host_routing::Exposure;
 use crate::agent_link;
 use crate::sandboxes::{SandboxRecord, Sandboxes};
 
 pub const SANDBOX_ID_HEADER: &str = "e2b-sandbox-id";
+const SANDBOX_PORT_HEADER: &str = copse_agent::ports::PORT_HEADER;
 const ACCESS_TOKEN_HEADER: &str = "x-access-token";
 
 pub async fn switch(State(svc): State<Arc<Sandboxes>>, request: Request, next: Next) -> Response {
-    let record = match target(&svc, &request) {
-        Target::Sandbox(record) => record,
+    let (record, port) = match target(&svc, &request) {
+        Target::Sandbox(record, port) => (record, port),
         Target::Missing(id) => return not_found(&id),
         Target::ControlPlane => return next.run(request).await,
     };
@@ -34,26 +39,35 @@ pub async fn switch(State(svc): State<Arc<Sandboxes>>, request: Request, next: N
         Ok(record) => record,
         Err(e) => return ApiError::from(e).into_response(),
     };
-    forward(&record, request).await
+    forward(&record, port, request).await
 }
 
 enum Target {
-    Sandbox(Box<SandboxRecord>),
+    /// The sandbox, and the port its host name gave (the port header
+    /// names it otherwise).
+    Sandbox(Box<SandboxRecord>, Option<u16>),
     Missing(String),
     ControlPlane,
 }
 
 fn target(svc: &Sandboxes, request: &Request) -> Target {
+    let exposure = request.extensions().get::<Exposure>();
+    if let Some(address) = exposure.and_then(|e| e.sandbox_address(request)) {
+        return match svc.get(&address.sandbox_id) {
+            Ok(record) => Target::Sandbox(Box::new(record), Some(address.port)),
+            Err(_) => Target::Missing(address.sandbox_id),
+        };
+    }
     if let Some(id) = request.headers().get(SANDBOX_ID_HEADER).and_then(|v| v.to_str().ok()) {
         return match svc.get(id) {
-            Ok(record) => Target::Sandbox(Box::new(record)),
+            Ok(record) => Target::Sandbox(Box::new(record), None),
             Err(_) => Target::Missing(id.to_string()),
         };
     }
     if request.uri().path() == "/files"
         && let Some(record) = signed_link_owner(svc, request)
     {
-        return Target::Sandbox(Box::new(record));
+        return Target::Sandbox(Box::new(record), None);
     }
     Target::ControlPlane
 }
@@ -82,10 +96,33 @@ fn signed_link_owner(svc: &Sandboxes, request: &Request) -> Option<SandboxRecord
     })
 }
 
-async fn forward(record: &SandboxRecord, mut request: Request) -> Response {
-    request.headers_mut().insert("host", HeaderValue::from_static("agent"));
+async fn forward(record: &SandboxRecord, port: Option<u16>, mut request: Request) -> Response {
+    // A server in the sandbox sees the name the client used, as on E2B
+    // (HTTP/2 carries it in the URI, which becomes origin-form below).
+    let host = match request.headers().get(header::HOST) {
+        Some(host) => host.clone(),
+        None => request
+            .uri()
+            .authority()
+            .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
+            .unwrap_or(HeaderValue::from_static("agent")),
+    };
+    request.headers_mut().insert(header::HOST, host);
+    if let Some(port) = port {
+        request.headers_mut().insert(SANDBOX_PORT_HEADER, HeaderValue::from(port));
+    }
+    // The agent speaks HTTP/1.1; a request that came in over HTTP/2 carries
+    // an absolute URI, which HTTP/1.1 origin servers need not accept.
+    *request.version_mut() = Version::HTTP_11;
+    if let Some(path) = request.uri().path_and_query().cloned() {
+        *request.uri_mut() = Uri::from(path);
+    }
+    let client_upgrade = copse_agent::upgrade::take(&mut request);
     match agent_link::send(&record.agent_socket, request).await {
-        Ok(response) => response.map(Body::new),
+        Ok(mut response) => {
+            copse_agent::upgrade::splice(client_upgrade, &mut response);
+            response.map(Body::new)
+        }
         Err(e) => {
             tracing::warn!("sandbox {} unreachable: {e:#}", record.id);
             ApiError::new(StatusCode::BAD_GATEWAY, format!("sandbox {} is not reachable: {e}", record.id))
