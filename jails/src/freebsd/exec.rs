@@ -4,7 +4,7 @@
 
 use std::ffi::CString;
 use std::fs;
-use std::io::{BufRead, BufReader, Read};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{DirBuilderExt, FileTypeExt, PermissionsExt};
 use std::os::unix::net::UnixListener;
@@ -15,6 +15,7 @@ use std::process::{Command, Stdio};
 use anyhow::{Context, anyhow, bail};
 
 use super::plan::jail::AgentLaunch;
+use super::plan::lifecycle::JailSignal;
 use super::plan::{Cmd, Step, template};
 use super::sys;
 use crate::Progress;
@@ -101,6 +102,14 @@ impl<'a> Executor<'a> {
                 start_agent(launch, jid, &listener)
                 // `listener` drops here: the agent holds the only copy.
             }
+            Step::SignalJail { name, jid, signal } => {
+                // Only the jail we observed: a name re-used since is not ours.
+                if sys::find(name)? != Some(*jid) {
+                    bail!("jail {name} is no longer jid {jid}");
+                }
+                signal_jail(*jid, *signal)
+            }
+            Step::Pipe { from, to } => pipe(from, to),
         }
     }
 }
@@ -146,6 +155,150 @@ pub fn run_cmd(cmd: &Cmd, progress: Option<Progress<'_>>) -> anyhow::Result<Stri
         bail!("`{cmd}` failed ({status}): {}", stderr.trim());
     }
     Ok(stdout)
+}
+
+fn command(cmd: &Cmd) -> Command {
+    let mut command = Command::new(&cmd.program);
+    command.args(&cmd.args).env_clear().env("PATH", HOST_PATH);
+    for (k, v) in &cmd.env {
+        command.env(k, v);
+    }
+    command
+}
+
+/// Reads a child's stderr to the end on a thread, so a full pipe can
+/// never stall it while we are busy with its stdin or stdout.
+fn drain(pipe: Option<std::process::ChildStderr>) -> std::thread::JoinHandle<String> {
+    std::thread::spawn(move || {
+        let mut s = String::new();
+        if let Some(mut p) = pipe {
+            let _ = p.read_to_string(&mut s);
+        }
+        s
+    })
+}
+
+fn finish(cmd: &Cmd, child: &mut std::process::Child, stderr: std::thread::JoinHandle<String>) -> anyhow::Result<()> {
+    let status = child.wait()?;
+    let stderr = stderr.join().unwrap_or_default();
+    if !status.success() {
+        bail!("`{cmd}` failed ({status}): {}", stderr.trim());
+    }
+    Ok(())
+}
+
+/// `from | to` without a shell: both fail loudly, with their own stderr.
+fn pipe(from: &Cmd, to: &Cmd) -> anyhow::Result<()> {
+    let mut producer = command(from)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .with_context(|| format!("spawn `{from}`"))?;
+    let producer_err = drain(producer.stderr.take());
+    let stdout = producer.stdout.take().expect("stdout is piped");
+    let consumer = command(to).stdin(Stdio::from(stdout)).stdout(Stdio::null()).stderr(Stdio::piped()).spawn();
+    let mut consumer = match consumer {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = producer.kill();
+            let _ = producer.wait();
+            return Err(e).with_context(|| format!("spawn `{to}`"));
+        }
+    };
+    let consumer_err = drain(consumer.stderr.take());
+    // The consumer's verdict first: if it failed, the producer dies of
+    // SIGPIPE and its error would only hide the cause.
+    let received = finish(to, &mut consumer, consumer_err);
+    let sent = finish(from, &mut producer, producer_err);
+    received.and(sent)
+}
+
+/// Runs `cmd` with its stdout copied into `out` (`zfs send` for export).
+pub fn run_into(cmd: &Cmd, out: &mut dyn Write) -> anyhow::Result<()> {
+    let mut child = command(cmd)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .with_context(|| format!("spawn `{cmd}`"))?;
+    let stderr = drain(child.stderr.take());
+    let copied = std::io::copy(&mut child.stdout.take().expect("stdout is piped"), out);
+    if copied.is_err() {
+        let _ = child.kill();
+    }
+    let finished = finish(cmd, &mut child, stderr);
+    copied.with_context(|| format!("copying the output of `{cmd}`"))?;
+    finished
+}
+
+/// Runs `cmd` with `input` as its stdin (`zfs recv` for import).
+pub fn run_from(cmd: &Cmd, input: &mut dyn Read) -> anyhow::Result<()> {
+    let mut child = command(cmd)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .with_context(|| format!("spawn `{cmd}`"))?;
+    let stderr = drain(child.stderr.take());
+    let mut stdin = child.stdin.take().expect("stdin is piped");
+    let copied = std::io::copy(input, &mut stdin);
+    // EOF tells the tool the stream is complete.
+    drop(stdin);
+    let finished = finish(cmd, &mut child, stderr);
+    // A tool that quit early breaks the pipe; its own error says why.
+    finished?;
+    copied.with_context(|| format!("feeding `{cmd}`"))?;
+    Ok(())
+}
+
+/// fork; in the child `jail_attach(jid)` and `kill(-1, signal)`, which
+/// reaches every process of the jail but the child itself, then exit with
+/// the errno (0 on success). ESRCH means the jail had no process left,
+/// which leaves nothing to stop or continue.
+fn signal_jail(jid: i32, signal: JailSignal) -> anyhow::Result<()> {
+    let signo = match signal {
+        JailSignal::Stop => libc::SIGSTOP,
+        JailSignal::Cont => libc::SIGCONT,
+    };
+    // SAFETY: the child makes only async-signal-safe system calls
+    // (jail_attach, kill, _exit) and touches no memory it shares.
+    let pid = unsafe { libc::fork() };
+    if pid < 0 {
+        return Err(std::io::Error::last_os_error()).context("fork");
+    }
+    if pid == 0 {
+        // SAFETY: plain system calls in the forked child; see above.
+        unsafe {
+            let errno_of = || *libc::__error();
+            if libc::jail_attach(jid) < 0 {
+                libc::_exit(errno_of());
+            }
+            if libc::kill(-1, signo) < 0 && errno_of() != libc::ESRCH {
+                libc::_exit(errno_of());
+            }
+            libc::_exit(0);
+        }
+    }
+    let mut status: libc::c_int = 0;
+    loop {
+        // SAFETY: `status` is valid for a write.
+        let ret = unsafe { libc::waitpid(pid, &raw mut status, 0) };
+        if ret >= 0 {
+            break;
+        }
+        let err = std::io::Error::last_os_error();
+        if err.kind() != std::io::ErrorKind::Interrupted {
+            return Err(err).context("waitpid");
+        }
+    }
+    if !libc::WIFEXITED(status) {
+        bail!("signalling jail {jid}: helper died (wait status {status})");
+    }
+    match libc::WEXITSTATUS(status) {
+        0 => Ok(()),
+        errno => Err(std::io::Error::from_raw_os_error(errno)).with_context(|| format!("SIG{signal} to jail {jid}")),
+    }
 }
 
 /// Whether a command exits 0 (existence checks such as `zfs list NAME`).
