@@ -82,10 +82,16 @@ pub fn serial() -> MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// A sandbox spec with a fresh id; `tag` names the test in the id.
-pub fn spec(tag: &str, limits: Limits) -> SandboxSpec {
+/// A fresh id with `tag` (the test's name) in it, for sandboxes and
+/// snapshots alike.
+pub fn fresh_id(tag: &str) -> String {
     let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
-    let id = format!("conf-{tag}-{:x}", nanos % 0xffff_ffff);
+    format!("conf-{tag}-{:x}", nanos % 0xffff_ffff)
+}
+
+/// A sandbox spec with a fresh id.
+pub fn spec(tag: &str, limits: Limits) -> SandboxSpec {
+    let id = fresh_id(tag);
     SandboxSpec {
         // Where the gateway puts it (`<data>/run/<id>.sock`): the Linux
         // substrate's destroy removes the socket there, whatever the spec said.
@@ -105,7 +111,15 @@ pub struct Sandbox {
 
 impl Sandbox {
     pub fn create(tag: &str, limits: Limits) -> anyhow::Result<Self> {
-        let spec = spec(tag, limits);
+        Self::create_from(spec(tag, limits))
+    }
+
+    /// A sandbox whose files start as those of `snapshot_id`.
+    pub fn from_snapshot(tag: &str, limits: Limits, snapshot_id: &str) -> anyhow::Result<Self> {
+        Self::create_from(SandboxSpec { snapshot: Some(snapshot_id.to_string()), ..spec(tag, limits) })
+    }
+
+    fn create_from(spec: SandboxSpec) -> anyhow::Result<Self> {
         if let Some(dir) = spec.agent_socket.parent() {
             std::fs::create_dir_all(dir)?;
         }
@@ -119,6 +133,17 @@ impl Sandbox {
 
     pub fn agent(&self) -> Agent {
         Agent { socket: self.spec.agent_socket.clone() }
+    }
+}
+
+/// A snapshot the substrate holds, deleted when dropped.
+pub struct Snapshot(pub String);
+
+impl Drop for Snapshot {
+    fn drop(&mut self) {
+        if let Err(e) = substrate().delete_snapshot(&self.0) {
+            eprintln!("deleting snapshot {}: {e:#}", self.0);
+        }
     }
 }
 
@@ -147,6 +172,12 @@ impl Agent {
     /// Runs `/bin/sh -c script` as the sandbox user and waits for its end.
     pub fn sh(&self, script: &str) -> anyhow::Result<Output> {
         block_on(run(&self.socket, script))
+    }
+
+    /// As [`Agent::sh`], but `None` if no answer came within `limit` (a
+    /// paused sandbox's agent is stopped too and answers nothing).
+    pub fn sh_within(&self, script: &str, limit: std::time::Duration) -> anyhow::Result<Option<Output>> {
+        block_on(async { tokio::time::timeout(limit, run(&self.socket, script)).await.ok().transpose() })
     }
 
     /// Writes a file through the agent's upload endpoint.
