@@ -258,6 +258,7 @@ impl Substrate for JailSubstrate {
         let source = SnapshotSource {
             id: id.to_string(),
             jid,
+            origin: self.property(&dataset, "origin")?,
             template: self.property(&dataset, plan::PROP_TEMPLATE)?,
             template_guid: zfs::parse_number(&self.property(&dataset, plan::PROP_TEMPLATE_GUID)?)
                 .map_err(|e| anyhow!(e))?,

@@ -3,8 +3,9 @@
 //! snapshot export/import (`zfs send`/`zfs recv` streams).
 //!
 //! A copse snapshot is a dataset `<root>/snapshots/<id>` with one ZFS
-//! snapshot `@snapshot`, received as a clone of the template's `@base` so
-//! it holds only what the sandbox wrote. It is copied out of the sandbox's
+//! snapshot `@snapshot`, received as a clone of the sandbox's own origin
+//! (the template's `@base`, or the snapshot it was created from) so it
+//! holds only what the sandbox wrote. It is copied out of the sandbox's
 //! own dataset (`zfs send -i`) rather than kept there so that it outlives
 //! the sandbox, and the sandbox's quota never pays for it. Sandboxes
 //! created from it are `zfs clone`s of `@snapshot`. Each snapshot dataset
@@ -74,6 +75,8 @@ pub fn transient_snapshot(layout: &Layout, id: &str, snapshot_id: &str) -> Strin
 pub struct SnapshotSource {
     pub id: String,
     pub jid: i32,
+    /// The ZFS snapshot the sandbox's dataset is a clone of (its `origin`).
+    pub origin: String,
     pub template: String,
     pub template_guid: u64,
     /// Already paused: leave it so, and send no SIGCONT afterwards.
@@ -86,7 +89,7 @@ pub struct SnapshotSource {
 pub fn snapshot(layout: &Layout, source: &SnapshotSource, snapshot_id: &str) -> Vec<Step> {
     let transient = transient_snapshot(layout, &source.id, snapshot_id);
     let dataset = layout.snapshot_dataset(snapshot_id);
-    let template_base = layout.template_snapshot(&source.template);
+    let origin = &source.origin;
     let mut steps = Vec::new();
     if !source.paused {
         steps.push(signal(&source.id, source.jid, JailSignal::Stop));
@@ -95,18 +98,19 @@ pub fn snapshot(layout: &Layout, source: &SnapshotSource, snapshot_id: &str) -> 
     if !source.paused {
         steps.push(signal(&source.id, source.jid, JailSignal::Cont));
     }
-    // `-i` from the template's @base (an ancestor through any chain of
-    // clones) sends only what differs from the template; received with
-    // that origin, the copy shares the template's blocks again.
+    // `-i` from the sandbox's origin sends only what the sandbox wrote;
+    // received as a clone of that origin, the copy shares its blocks
+    // again. (The origin is a dependency from then on; `delete` and
+    // `collect` respect it.)
     steps.push(Step::Pipe {
-        from: Cmd::new(tool::ZFS, ["send", "-c", "-i", &template_base, &transient]),
+        from: Cmd::new(tool::ZFS, ["send", "-c", "-i", origin, &transient]),
         to: Cmd::new(
             tool::ZFS,
             [
                 "recv".to_string(),
                 "-u".into(),
                 "-o".into(),
-                format!("origin={template_base}"),
+                format!("origin={origin}"),
                 "-o".into(),
                 "mountpoint=none".into(),
                 "-o".into(),
@@ -303,7 +307,14 @@ mod tests {
     use crate::Limits;
 
     fn source(paused: bool) -> SnapshotSource {
-        SnapshotSource { id: "i3k2m9x".into(), jid: 12, template: "base".into(), template_guid: 77, paused }
+        SnapshotSource {
+            id: "i3k2m9x".into(),
+            jid: 12,
+            origin: "zroot/copse/templates/base@base".into(),
+            template: "base".into(),
+            template_guid: 77,
+            paused,
+        }
     }
 
     #[test]
@@ -333,6 +344,20 @@ run /sbin/zfs send -c -i zroot/copse/templates/base@base zroot/copse/sandboxes/i
 run /sbin/zfs rename zroot/copse/snapshots/snap1@copse-snap1 zroot/copse/snapshots/snap1@snapshot
 run /sbin/zfs destroy zroot/copse/sandboxes/i3k2m9x@copse-snap1
 ",
+        );
+    }
+
+    #[test]
+    fn snapshot_of_a_sandbox_made_from_a_snapshot_builds_on_that_one() {
+        let source = SnapshotSource { origin: layout().snapshot_origin("snap0"), ..source(true) };
+        let plan = render(&snapshot(&layout(), &source, "snap1"));
+        let copy = plan.lines().nth(1).unwrap();
+        assert_eq!(
+            copy,
+            "run /sbin/zfs send -c -i zroot/copse/snapshots/snap0@snapshot zroot/copse/sandboxes/i3k2m9x@copse-snap1 \
+             | /sbin/zfs recv -u -o origin=zroot/copse/snapshots/snap0@snapshot -o mountpoint=none -o canmount=off \
+             -o readonly=on -o copse:snapshot=snap1 -o copse:template=base -o copse:template_guid=77 \
+             zroot/copse/snapshots/snap1"
         );
     }
 
