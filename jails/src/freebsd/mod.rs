@@ -94,6 +94,13 @@ impl JailSubstrate {
         lifecycle::parse_snapshots(&self.layout, &out).map_err(|e| anyhow!(e))
     }
 
+    fn check_snapshot_free(&self, snapshot_id: &str) -> anyhow::Result<()> {
+        if succeeds(&zfs::exists(&self.layout.snapshot_dataset(snapshot_id))) {
+            bail!("snapshot {snapshot_id} already exists");
+        }
+        Ok(())
+    }
+
     fn cloned_snapshots(&self) -> anyhow::Result<Vec<String>> {
         Ok(lifecycle::parse_cloned(&run_cmd(&lifecycle::list_clones(&self.layout), None)?))
     }
@@ -251,9 +258,9 @@ impl Substrate for JailSubstrate {
     fn snapshot(&self, id: &str, snapshot_id: &str) -> anyhow::Result<SnapshotInfo> {
         validate_id(snapshot_id).map_err(|e| anyhow!(e))?;
         let jid = self.jid(id)?;
-        if lifecycle::find(&self.stored_snapshots()?, snapshot_id).is_some() {
-            bail!("snapshot {snapshot_id} already exists");
-        }
+        // Any dataset of that name, tagged or not: the undo below destroys
+        // it, so it must be one this call made.
+        self.check_snapshot_free(snapshot_id)?;
         let dataset = self.layout.sandbox_dataset(id);
         let source = SnapshotSource {
             id: id.to_string(),
@@ -323,10 +330,7 @@ impl Substrate for JailSubstrate {
 
     fn import_snapshot(&self, snapshot_id: &str, input: &mut dyn std::io::Read) -> anyhow::Result<SnapshotInfo> {
         validate_id(snapshot_id).map_err(|e| anyhow!(e))?;
-        let stored = self.stored_snapshots()?;
-        if stored.iter().any(|s| s.dataset == self.layout.snapshot_dataset(snapshot_id)) {
-            bail!("snapshot {snapshot_id} already exists");
-        }
+        self.check_snapshot_free(snapshot_id)?;
         let imported = run_from(&lifecycle::receive_stream(&self.layout, snapshot_id), input).and_then(|()| {
             self.stored_snapshots()?
                 .iter()
@@ -353,7 +357,10 @@ impl Substrate for JailSubstrate {
         if !failed.is_empty() {
             bail!("could not remove sandboxes {failed:?}; see the log");
         }
-        self.collect_snapshots().context("destroying deleted snapshots")?;
+        // Leftover snapshot datasets only cost space: never block a start.
+        if let Err(e) = self.collect_snapshots() {
+            tracing::warn!("collecting deleted snapshots: {e:#}");
+        }
         Ok(Recovery { adopted: decision.adopt, removed: decision.destroy })
     }
 }
