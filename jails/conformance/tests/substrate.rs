@@ -26,7 +26,8 @@ fn a_sandbox_runs_commands_and_keeps_files_until_destroyed() {
     assert_eq!(out.stdout, "written through the agent\nuser\n");
 
     // Nothing of the host is visible: the sandbox has its own root.
-    let out = agent.sh("test -e /var/lib/copse-conformance && echo host-visible || echo private").unwrap();
+    let host_dir = copse_conformance::state_dir();
+    let out = agent.sh(&format!("test -e {} && echo host-visible || echo private", host_dir.display())).unwrap();
     assert_eq!(out.stdout, "private\n");
 }
 
