@@ -17,7 +17,7 @@ use anyhow::{Context, anyhow, bail};
 use super::plan::jail::AgentLaunch;
 use super::plan::lifecycle::JailSignal;
 use super::plan::{Cmd, Step, template};
-use super::sys;
+use super::{streams, sys};
 use crate::Progress;
 
 /// The only `PATH` host tools see (their environment is otherwise empty
@@ -117,11 +117,8 @@ impl<'a> Executor<'a> {
 /// Runs a host command and returns its stdout; fails on a non-zero exit
 /// with the command line and its stderr in the error.
 pub fn run_cmd(cmd: &Cmd, progress: Option<Progress<'_>>) -> anyhow::Result<String> {
-    let mut command = Command::new(&cmd.program);
-    command.args(&cmd.args).env_clear().env("PATH", HOST_PATH).stdin(Stdio::null());
-    for (k, v) in &cmd.env {
-        command.env(k, v);
-    }
+    let mut command = host_command(cmd);
+    command.stdin(Stdio::null());
     let (status, stdout, stderr) = if cmd.stream {
         let mut child =
             command.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().with_context(|| format!("spawn `{cmd}`"))?;
@@ -157,7 +154,8 @@ pub fn run_cmd(cmd: &Cmd, progress: Option<Progress<'_>>) -> anyhow::Result<Stri
     Ok(stdout)
 }
 
-fn command(cmd: &Cmd) -> Command {
+/// A host tool with an environment of only `PATH` and what the plan adds.
+fn host_command(cmd: &Cmd) -> Command {
     let mut command = Command::new(&cmd.program);
     command.args(&cmd.args).env_clear().env("PATH", HOST_PATH);
     for (k, v) in &cmd.env {
@@ -166,90 +164,19 @@ fn command(cmd: &Cmd) -> Command {
     command
 }
 
-/// Reads a child's stderr to the end on a thread, so a full pipe can
-/// never stall it while we are busy with its stdin or stdout.
-fn drain(pipe: Option<std::process::ChildStderr>) -> std::thread::JoinHandle<String> {
-    std::thread::spawn(move || {
-        let mut s = String::new();
-        if let Some(mut p) = pipe {
-            let _ = p.read_to_string(&mut s);
-        }
-        s
-    })
-}
-
-fn finish(cmd: &Cmd, child: &mut std::process::Child, stderr: std::thread::JoinHandle<String>) -> anyhow::Result<()> {
-    let status = child.wait()?;
-    let stderr = stderr.join().unwrap_or_default();
-    if !status.success() {
-        bail!("`{cmd}` failed ({status}): {}", stderr.trim());
-    }
-    Ok(())
-}
-
-/// `from | to` without a shell: both fail loudly, with their own stderr.
+/// `from | to` without a shell (`zfs send | zfs recv`).
 fn pipe(from: &Cmd, to: &Cmd) -> anyhow::Result<()> {
-    let mut producer = command(from)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .with_context(|| format!("spawn `{from}`"))?;
-    let producer_err = drain(producer.stderr.take());
-    let stdout = producer.stdout.take().expect("stdout is piped");
-    let consumer = command(to).stdin(Stdio::from(stdout)).stdout(Stdio::null()).stderr(Stdio::piped()).spawn();
-    let mut consumer = match consumer {
-        Ok(c) => c,
-        Err(e) => {
-            let _ = producer.kill();
-            let _ = producer.wait();
-            return Err(e).with_context(|| format!("spawn `{to}`"));
-        }
-    };
-    let consumer_err = drain(consumer.stderr.take());
-    // The consumer's verdict first: if it failed, the producer dies of
-    // SIGPIPE and its error would only hide the cause.
-    let received = finish(to, &mut consumer, consumer_err);
-    let sent = finish(from, &mut producer, producer_err);
-    received.and(sent)
+    streams::pipe((&mut host_command(from), &from.to_string()), (&mut host_command(to), &to.to_string()))
 }
 
 /// Runs `cmd` with its stdout copied into `out` (`zfs send` for export).
 pub fn run_into(cmd: &Cmd, out: &mut dyn Write) -> anyhow::Result<()> {
-    let mut child = command(cmd)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .with_context(|| format!("spawn `{cmd}`"))?;
-    let stderr = drain(child.stderr.take());
-    let copied = std::io::copy(&mut child.stdout.take().expect("stdout is piped"), out);
-    if copied.is_err() {
-        let _ = child.kill();
-    }
-    let finished = finish(cmd, &mut child, stderr);
-    copied.with_context(|| format!("copying the output of `{cmd}`"))?;
-    finished
+    streams::run_into((&mut host_command(cmd), &cmd.to_string()), out)
 }
 
 /// Runs `cmd` with `input` as its stdin (`zfs recv` for import).
 pub fn run_from(cmd: &Cmd, input: &mut dyn Read) -> anyhow::Result<()> {
-    let mut child = command(cmd)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .with_context(|| format!("spawn `{cmd}`"))?;
-    let stderr = drain(child.stderr.take());
-    let mut stdin = child.stdin.take().expect("stdin is piped");
-    let copied = std::io::copy(input, &mut stdin);
-    // EOF tells the tool the stream is complete.
-    drop(stdin);
-    let finished = finish(cmd, &mut child, stderr);
-    // A tool that quit early breaks the pipe; its own error says why.
-    finished?;
-    copied.with_context(|| format!("feeding `{cmd}`"))?;
-    Ok(())
+    streams::run_from((&mut host_command(cmd), &cmd.to_string()), input)
 }
 
 /// fork; in the child `jail_attach(jid)` and `kill(-1, signal)`, which

@@ -12,6 +12,7 @@ mod boot;
 pub mod confine;
 mod exec;
 pub mod plan;
+mod streams;
 mod sys;
 
 use std::path::Path;
