@@ -278,3 +278,20 @@ def assert_no_leaks(
             break
         time.sleep(0.2)
     assert not leaks, f"{len(leaks)} leftovers of dead sandboxes (live: {sorted(live)}):\n" + "\n".join(leaks[:50])
+
+
+def unnamed_layers(data_dir: pathlib.Path) -> list[str]:
+    """Snapshot layers (`<data_dir>/layers/<layer>`) that no snapshot and no
+    sandbox names any more: each should have been removed with the last
+    thing that named it."""
+    import json
+
+    layers_dir = data_dir / "layers"
+    if not layers_dir.exists():
+        return []
+    named: set[str] = set()
+    for snapshot in (data_dir / "snapshots").glob("*.json"):
+        named |= set(json.loads(snapshot.read_text())["layers"])
+    for base in (data_dir / "sandboxes").glob("*/base.json"):
+        named |= set(json.loads(base.read_text())["layers"])
+    return sorted(p.name for p in layers_dir.iterdir() if p.name != ".lock" and p.name not in named)

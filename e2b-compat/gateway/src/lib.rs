@@ -4,10 +4,12 @@
 pub mod agent_link;
 pub mod api;
 pub mod config;
+pub mod lifecycle;
 pub mod pool;
 pub mod progress;
 pub mod sandboxes;
 pub mod server;
 pub mod services;
+pub mod snapshot_file;
 pub mod store;
 pub mod templates;

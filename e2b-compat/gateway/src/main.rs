@@ -60,6 +60,11 @@ enum Command {
         command: TemplateCommand,
     },
     /// List running sandboxes.
+    /// Filesystem snapshots: list, and move them between hosts as files.
+    Snapshot {
+        #[command(subcommand)]
+        command: SnapshotCommand,
+    },
     Ls {
         #[command(flatten)]
         remote: Remote,
@@ -84,6 +89,29 @@ enum TemplateCommand {
     },
     /// List built templates.
     List {
+        #[command(flatten)]
+        paths: Paths,
+    },
+}
+
+#[derive(Subcommand)]
+enum SnapshotCommand {
+    List {
+        #[command(flatten)]
+        paths: Paths,
+    },
+    /// Write snapshot ID to FILE ("-" for stdout).
+    Export {
+        id: String,
+        file: PathBuf,
+        #[command(flatten)]
+        paths: Paths,
+    },
+    /// Read a snapshot from FILE ("-" for stdin), keeping its name unless --name.
+    Import {
+        file: PathBuf,
+        #[arg(long)]
+        name: Option<String>,
         #[command(flatten)]
         paths: Paths,
     },
@@ -122,10 +150,55 @@ fn main() -> anyhow::Result<()> {
             }
             Ok(())
         }
+        Command::Snapshot { command } => snapshot(command),
         Command::Ls { remote } => client::ls(&remote.api_url, &api_key(&remote)?),
         Command::Kill { id, remote } => client::kill(&remote.api_url, &api_key(&remote)?, &id),
         Command::Version => {
             println!("copse {} (envd {})", env!("CARGO_PKG_VERSION"), copse_gateway::sandboxes::ENVD_VERSION);
+            Ok(())
+        }
+    }
+}
+
+fn snapshot(command: SnapshotCommand) -> anyhow::Result<()> {
+    use copse_gateway::snapshot_file;
+    use std::io::{BufReader, BufWriter};
+    let open = |paths: Paths| -> anyhow::Result<_> {
+        let config = local_config(paths)?;
+        Ok((server::open_store(&config)?, server::open_substrate(&config)?))
+    };
+    match command {
+        SnapshotCommand::List { paths } => {
+            let (store, _) = open(paths)?;
+            for s in store.snapshots()? {
+                println!("{:<32} {:<24} {:>8} KiB  from {}", s.id, s.template, s.size_bytes >> 10, s.source_sandbox);
+            }
+            Ok(())
+        }
+        SnapshotCommand::Export { id, file, paths } => {
+            let (store, substrate) = open(paths)?;
+            let mut out: Box<dyn std::io::Write> = if file.as_os_str() == "-" {
+                Box::new(BufWriter::new(std::io::stdout().lock()))
+            } else {
+                Box::new(BufWriter::new(
+                    std::fs::File::create(&file).with_context(|| format!("creating {}", file.display()))?,
+                ))
+            };
+            snapshot_file::export(&store, substrate.as_ref(), &id, &mut out)?;
+            eprintln!("exported snapshot {id}");
+            Ok(())
+        }
+        SnapshotCommand::Import { file, name, paths } => {
+            let (store, substrate) = open(paths)?;
+            let mut input: Box<dyn std::io::BufRead> = if file.as_os_str() == "-" {
+                Box::new(BufReader::new(std::io::stdin().lock()))
+            } else {
+                Box::new(BufReader::new(
+                    std::fs::File::open(&file).with_context(|| format!("opening {}", file.display()))?,
+                ))
+            };
+            let record = snapshot_file::import(&store, substrate.as_ref(), &mut input, name)?;
+            println!("imported snapshot {} (template {})", record.id, record.template);
             Ok(())
         }
     }

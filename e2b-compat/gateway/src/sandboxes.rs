@@ -30,6 +30,11 @@ pub enum SandboxError {
     UnknownTemplate { name: String, available: String },
     #[error("{0}")]
     Invalid(String),
+    /// The sandbox is not in a state that allows the operation (E2B's 409).
+    #[error("{0}")]
+    Conflict(String),
+    #[error("snapshot {0} not found")]
+    SnapshotNotFound(String),
     #[error(transparent)]
     Internal(#[from] anyhow::Error),
 }
@@ -56,8 +61,44 @@ pub struct SandboxRecord {
     pub state: State,
     pub allow_internet_access: bool,
     pub auto_pause: bool,
+    /// Whether an automatic pause keeps memory (E2B's `autoPauseMemory`).
+    #[serde(default = "yes")]
+    pub auto_pause_memory: bool,
+    /// Whether traffic to the paused sandbox resumes it.
+    #[serde(default)]
+    pub auto_resume: bool,
+    #[serde(default)]
+    pub paused: Option<Paused>,
     pub placement: Placement,
     pub agent_socket: PathBuf,
+}
+
+/// How a paused sandbox is held.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Paused {
+    /// Lifetime left when it was paused; the clock stops while paused.
+    pub remaining_ms: i64,
+    /// `None`: its processes are frozen in place, memory kept. `Some(key)`:
+    /// it was paused without memory; its processes are gone and its files
+    /// wait in the substrate snapshot `key` until it is resumed.
+    pub files_only: Option<String>,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// A snapshot as the API knows it: the public id and names the SDK sees,
+/// and the substrate's own key for its files.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SnapshotRecord {
+    pub id: String,
+    pub names: Vec<String>,
+    pub key: String,
+    pub template: String,
+    pub source_sandbox: String,
+    pub created_at_ms: i64,
+    pub size_bytes: u64,
 }
 
 #[derive(Debug, Default)]
@@ -68,6 +109,8 @@ pub struct CreateRequest {
     pub env_vars: HashMap<String, String>,
     pub allow_internet_access: bool,
     pub auto_pause: bool,
+    pub auto_pause_memory: bool,
+    pub auto_resume: bool,
 }
 
 #[derive(Debug, Default)]
@@ -78,13 +121,15 @@ pub struct ListFilter {
 }
 
 pub struct Sandboxes {
-    substrate: Arc<dyn Substrate>,
-    store: Store,
+    pub(crate) substrate: Arc<dyn Substrate>,
+    pub(crate) store: Store,
     run_dir: PathBuf,
-    limits: Limits,
+    pub(crate) limits: Limits,
     pools: Vec<Arc<WarmPool>>,
     /// Last (time, cpu ns) per sandbox, to turn CPU time into a percentage.
     cpu_samples: Mutex<HashMap<String, (Instant, u64)>>,
+    /// One state change (pause, resume, rollback) at a time per sandbox.
+    pub(crate) transitions: crate::lifecycle::Transitions,
 }
 
 impl Sandboxes {
@@ -101,6 +146,7 @@ impl Sandboxes {
                 .map(|(t, size)| WarmPool::new(t.clone(), *size))
                 .collect(),
             cpu_samples: Mutex::new(HashMap::new()),
+            transitions: Default::default(),
         }
     }
 
@@ -156,28 +202,38 @@ impl Sandboxes {
     /// Re-adopt what survived a gateway restart; destroy the rest.
     pub async fn recover(&self) -> anyhow::Result<copse_jails::Recovery> {
         let records = self.store.all()?;
-        let known: Vec<(String, Placement)> = records.iter().map(|r| (r.id.clone(), r.placement.clone())).collect();
+        // A sandbox paused without memory has no processes to find; its
+        // files live in a snapshot, reconciled below.
+        let known: Vec<(String, Placement)> =
+            records.iter().filter(|r| !r.has_no_processes()).map(|r| (r.id.clone(), r.placement.clone())).collect();
         let substrate = self.substrate.clone();
         let recovery = tokio::task::spawn_blocking(move || substrate.recover(&known)).await??;
         for id in &recovery.removed {
             self.store.remove(id)?;
         }
+        self.reconcile_snapshots().await?;
         Ok(recovery)
     }
 
     pub async fn create(&self, request: CreateRequest) -> Result<(SandboxRecord, Timings)> {
         let timeout = validate_timeout(request.timeout_s.unwrap_or(DEFAULT_TIMEOUT_S))?;
         let started = Instant::now();
-        let booted = match self.take_pooled(&request.template).await {
-            Some(booted) => booted,
-            None => self.boot(&request.template).await?,
+        let mut template = request.template.clone();
+        let booted = if let Some(snapshot) = self.store.snapshot(&request.template)? {
+            template = snapshot.template.clone();
+            self.boot_from(new_id(), &snapshot.template, Some(snapshot.key)).await?
+        } else {
+            match self.take_pooled(&request.template).await {
+                Some(booted) => booted,
+                None => self.boot(&request.template).await?,
+            }
         };
         let boot = started.elapsed();
         let Booted { id, placement, agent_socket } = booted;
         let now = now_ms();
         let record = SandboxRecord {
             id,
-            template: request.template,
+            template,
             access_token: new_token(),
             metadata: request.metadata,
             env_vars: request.env_vars,
@@ -187,6 +243,9 @@ impl Sandboxes {
             state: State::Running,
             allow_internet_access: request.allow_internet_access,
             auto_pause: request.auto_pause,
+            auto_pause_memory: request.auto_pause_memory,
+            auto_resume: request.auto_resume,
+            paused: None,
             placement,
             agent_socket,
         };
@@ -218,32 +277,50 @@ impl Sandboxes {
 
     async fn boot(&self, template: &str) -> Result<Booted> {
         self.check_template(template).await?;
-        let id = new_id();
-        let agent_socket = socket_path(&self.run_dir, &id);
-        let spec = SandboxSpec {
-            id: id.clone(),
+        self.boot_from(new_id(), template, None).await
+    }
+
+    /// The spec of sandbox `id`; `snapshot` is a substrate snapshot key.
+    pub(crate) fn spec(&self, id: &str, template: &str, snapshot: Option<String>) -> SandboxSpec {
+        SandboxSpec {
+            id: id.to_string(),
             template: template.to_string(),
             limits: self.limits,
-            agent_socket,
-            snapshot: None,
-        };
+            agent_socket: socket_path(&self.run_dir, id),
+            snapshot,
+        }
+    }
+
+    /// Boots sandbox `id` (from a snapshot's files if given) and starts its
+    /// template's service; on failure nothing of it is left.
+    pub(crate) async fn boot_from(&self, id: String, template: &str, snapshot: Option<String>) -> Result<Booted> {
+        let spec = self.spec(&id, template, snapshot);
         let substrate = self.substrate.clone();
         let (placement, spec) = tokio::task::spawn_blocking(move || substrate.create(&spec).map(|p| (p, spec)))
             .await
             .map_err(anyhow::Error::from)??;
         let booted = Booted { id, placement, agent_socket: spec.agent_socket };
-        if let Some(service) = templates::service(template)
-            && let Err(e) = services::start(&booted.agent_socket, &service).await
-        {
+        if let Err(e) = self.start_service(template, &booted.agent_socket).await {
             self.destroy_quietly(&booted.id).await;
-            return Err(e.context(format!("starting the {template} service")).into());
+            return Err(e.into());
         }
         Ok(booted)
     }
 
+    /// Starts the template's long-running service (the code interpreter),
+    /// if it has one, and waits until it answers.
+    pub(crate) async fn start_service(&self, template: &str, agent_socket: &std::path::Path) -> anyhow::Result<()> {
+        match templates::service(template) {
+            Some(service) => services::start(agent_socket, &service)
+                .await
+                .map_err(|e| e.context(format!("starting the {template} service"))),
+            None => Ok(()),
+        }
+    }
+
     /// Tells the agent who its user is: the token it must demand and the
     /// environment every process gets; then makes the sandbox durable.
-    async fn hand_over(&self, record: &SandboxRecord) -> anyhow::Result<()> {
+    pub(crate) async fn hand_over(&self, record: &SandboxRecord) -> anyhow::Result<()> {
         let init = serde_json::json!({ "accessToken": record.access_token, "envVars": record.env_vars });
         agent_link::post_json(&record.agent_socket, "/init", &init).await?;
         self.store.put(record)
@@ -281,14 +358,21 @@ impl Sandboxes {
     pub fn set_timeout(&self, id: &str, timeout_s: i64) -> Result<SandboxRecord> {
         let timeout = validate_timeout(timeout_s)?;
         let mut record = self.get(id)?;
-        record.end_at_ms = now_ms() + timeout * 1000;
+        match &mut record.paused {
+            // Paused, the clock is stopped; the new lifetime starts at resume.
+            Some(paused) => paused.remaining_ms = timeout * 1000,
+            None => record.end_at_ms = now_ms() + timeout * 1000,
+        }
         self.store.put(&record)?;
         Ok(record)
     }
 
-    /// Connecting never shortens a sandbox's life, only extends it.
-    pub fn connect(&self, id: &str, timeout_s: Option<i64>) -> Result<SandboxRecord> {
+    /// Connecting never shortens a running sandbox's life, only extends it.
+    pub fn extend(&self, id: &str, timeout_s: Option<i64>) -> Result<SandboxRecord> {
         let mut record = self.get(id)?;
+        if record.paused.is_some() {
+            return Ok(record);
+        }
         if let Some(timeout) = timeout_s {
             let end = now_ms() + validate_timeout(timeout)? * 1000;
             if end > record.end_at_ms {
@@ -300,18 +384,28 @@ impl Sandboxes {
     }
 
     pub async fn kill(&self, id: &str) -> Result<()> {
-        if self.store.get(id)?.is_none() {
+        let Some(record) = self.store.get(id)? else {
             return Err(SandboxError::NotFound(id.to_string()));
-        }
+        };
         let substrate = self.substrate.clone();
         let owned = id.to_string();
-        tokio::task::spawn_blocking(move || substrate.destroy(&owned)).await.map_err(anyhow::Error::from)??;
+        let files = record.paused.and_then(|p| p.files_only);
+        tokio::task::spawn_blocking(move || {
+            substrate.destroy(&owned)?;
+            match files {
+                Some(key) => substrate.delete_snapshot(&key),
+                None => Ok(()),
+            }
+        })
+        .await
+        .map_err(anyhow::Error::from)??;
         self.store.remove(id)?;
         self.cpu_samples.lock().unwrap_or_else(|p| p.into_inner()).remove(id);
+        self.transitions.forget(id);
         Ok(())
     }
 
-    async fn destroy_quietly(&self, id: &str) {
+    pub(crate) async fn destroy_quietly(&self, id: &str) {
         let substrate = self.substrate.clone();
         let owned = id.to_string();
         if let Ok(Err(e)) = tokio::task::spawn_blocking(move || substrate.destroy(&owned)).await {
@@ -319,8 +413,13 @@ impl Sandboxes {
         }
     }
 
-    pub async fn metrics(&self, id: &str) -> Result<Metric> {
+    /// Resource use now; `None` for a sandbox paused without memory, which
+    /// has nothing running to measure.
+    pub async fn metrics(&self, id: &str) -> Result<Option<Metric>> {
         let record = self.get(id)?;
+        if record.has_no_processes() {
+            return Ok(None);
+        }
         let substrate = self.substrate.clone();
         let owned = id.to_string();
         let usage =
@@ -334,7 +433,7 @@ impl Sandboxes {
         };
         let cores = f64::from(record.limits.cpu_count.max(1));
         let cpu_pct = (usage.cpu_ns.saturating_sub(cpu_before) as f64 / wall.as_nanos().max(1) as f64) * 100.0 / cores;
-        Ok(Metric {
+        Ok(Some(Metric {
             cpu_count: record.limits.cpu_count,
             cpu_used_pct: (cpu_pct * 100.0).round() / 100.0,
             mem_used: usage.memory_bytes,
@@ -342,23 +441,37 @@ impl Sandboxes {
             mem_cache: usage.memory_cache_bytes,
             disk_used: usage.disk_bytes,
             disk_total: record.limits.disk_mb * 1024 * 1024,
-        })
+        }))
     }
 
-    /// Kills expired sandboxes and forgets ones whose init died on its own.
+    /// Kills (or, if asked at create, pauses) expired sandboxes.
     pub async fn reap(&self) -> anyhow::Result<()> {
         for id in self.store.expired(now_ms())? {
-            tracing::info!("sandbox {id} timed out");
-            if let Err(e) = self.kill(&id).await {
-                tracing::error!("killing expired sandbox {id}: {e:#}");
+            let auto_pause = self.store.get(&id)?.map(|r| (r.auto_pause, r.auto_pause_memory));
+            let outcome = match auto_pause {
+                Some((true, memory)) => {
+                    tracing::info!("sandbox {id} timed out; pausing it");
+                    self.pause(&id, memory).await
+                }
+                _ => {
+                    tracing::info!("sandbox {id} timed out");
+                    self.kill(&id).await
+                }
+            };
+            if let Err(e) = outcome {
+                tracing::error!("expiring sandbox {id}: {e:#}");
+                if auto_pause.is_some_and(|(pause, _)| pause) {
+                    self.kill(&id).await.ok();
+                }
             }
         }
         Ok(())
     }
 
+    /// Forgets sandboxes whose init died on its own.
     pub async fn reap_dead(&self) -> anyhow::Result<()> {
         for record in self.store.all()? {
-            if !self.substrate.is_alive(&record.id, &record.placement) {
+            if !record.has_no_processes() && !self.substrate.is_alive(&record.id, &record.placement) {
                 tracing::warn!("sandbox {} died on its own; cleaning up", record.id);
                 self.kill(&record.id).await.ok();
             }
@@ -386,6 +499,13 @@ impl Sandboxes {
     }
 }
 
+impl SandboxRecord {
+    /// Paused without memory: nothing of it runs on the host.
+    pub fn has_no_processes(&self) -> bool {
+        self.paused.as_ref().is_some_and(|p| p.files_only.is_some())
+    }
+}
+
 /// Where a create spent its time, for the `Server-Timing` header.
 #[derive(Debug, Clone, Copy)]
 pub struct Timings {
@@ -406,7 +526,7 @@ pub struct Metric {
     pub disk_total: u64,
 }
 
-fn validate_timeout(timeout_s: i64) -> Result<i64> {
+pub(crate) fn validate_timeout(timeout_s: i64) -> Result<i64> {
     if !(0..=MAX_TIMEOUT_S).contains(&timeout_s) {
         return Err(SandboxError::Invalid(format!(
             "timeout must be between 0 and {MAX_TIMEOUT_S} seconds, got {timeout_s}"
@@ -424,13 +544,13 @@ pub fn now_ms() -> i64 {
 }
 
 /// Ids look like E2B's: 20 lowercase letters and digits.
-fn new_id() -> String {
+pub(crate) fn new_id() -> String {
     const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789";
     let mut rng = rand::rng();
     (0..20).map(|_| ALPHABET[rng.random_range(0..ALPHABET.len())] as char).collect()
 }
 
-fn new_token() -> String {
+pub(crate) fn new_token() -> String {
     let bytes: [u8; 24] = rand::rng().random();
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }

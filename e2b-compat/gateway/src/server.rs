@@ -20,6 +20,11 @@ pub fn open_substrate(config: &Config) -> anyhow::Result<Arc<dyn Substrate>> {
     Ok(Arc::from(copse_jails::host_substrate(&config.data_dir, &config.agent_binary)?))
 }
 
+pub fn open_store(config: &Config) -> anyhow::Result<Store> {
+    std::fs::create_dir_all(&config.data_dir)?;
+    Store::open(&config.database())
+}
+
 pub fn default_recipes() -> Vec<Recipe> {
     crate::templates::recipes()
 }
@@ -45,7 +50,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         let substrate = substrate.clone();
         tokio::task::spawn_blocking(move || ensure_templates(substrate.as_ref(), &default_recipes())).await??;
     }
-    let store = Store::open(&config.database())?;
+    let store = open_store(&config)?;
     let svc = Arc::new(Sandboxes::new(substrate.clone(), store, config.run_dir(), &config.pools));
     let recovery = svc.recover().await?;
     if !recovery.adopted.is_empty() || !recovery.removed.is_empty() {
@@ -101,9 +106,11 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
 /// How long open connections may finish after the sandboxes are gone.
 const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
 
+/// Running sandboxes die with the gateway (unless kept on purpose); paused
+/// ones are durable by definition and wait for the next start.
 async fn kill_all(svc: &Sandboxes) {
     let Ok(records) = svc.list(&Default::default()) else { return };
-    for record in records {
+    for record in records.into_iter().filter(|r| r.paused.is_none()) {
         if let Err(e) = svc.kill(&record.id).await {
             tracing::error!("killing {} on shutdown: {e:#}", record.id);
         }

@@ -10,7 +10,7 @@ use std::sync::Mutex;
 use anyhow::Context;
 use rusqlite::{Connection, OptionalExtension, params};
 
-use crate::sandboxes::SandboxRecord;
+use crate::sandboxes::{SandboxRecord, SnapshotRecord};
 
 pub struct Store {
     conn: Mutex<Connection>,
@@ -29,7 +29,11 @@ impl Store {
                  end_at_ms INTEGER NOT NULL,
                  record TEXT NOT NULL
              );
-             CREATE INDEX IF NOT EXISTS sandboxes_end_at ON sandboxes(end_at_ms);",
+             CREATE INDEX IF NOT EXISTS sandboxes_end_at ON sandboxes(end_at_ms);
+             CREATE TABLE IF NOT EXISTS snapshots (
+                 id TEXT PRIMARY KEY,
+                 record TEXT NOT NULL
+             );",
         )?;
         Ok(Self { conn: Mutex::new(conn) })
     }
@@ -69,6 +73,35 @@ impl Store {
 
     pub fn remove(&self, id: &str) -> anyhow::Result<bool> {
         Ok(self.lock().execute("DELETE FROM sandboxes WHERE id = ?1", params![id])? > 0)
+    }
+
+    pub fn put_snapshot(&self, record: &SnapshotRecord) -> anyhow::Result<()> {
+        let json = serde_json::to_string(record)?;
+        self.lock().execute(
+            "INSERT INTO snapshots (id, record) VALUES (?1, ?2)
+             ON CONFLICT(id) DO UPDATE SET record = excluded.record",
+            params![record.id, json],
+        )?;
+        Ok(())
+    }
+
+    pub fn snapshot(&self, id: &str) -> anyhow::Result<Option<SnapshotRecord>> {
+        let json: Option<String> = self
+            .lock()
+            .query_row("SELECT record FROM snapshots WHERE id = ?1", params![id], |row| row.get(0))
+            .optional()?;
+        json.map(|j| serde_json::from_str(&j).context("corrupt snapshot record")).transpose()
+    }
+
+    pub fn snapshots(&self) -> anyhow::Result<Vec<SnapshotRecord>> {
+        let conn = self.lock();
+        let mut stmt = conn.prepare("SELECT record FROM snapshots ORDER BY id")?;
+        let rows = stmt.query_map([], |row| row.get::<_, String>(0))?;
+        rows.map(|r| Ok(serde_json::from_str(&r?)?)).collect()
+    }
+
+    pub fn remove_snapshot(&self, id: &str) -> anyhow::Result<bool> {
+        Ok(self.lock().execute("DELETE FROM snapshots WHERE id = ?1", params![id])? > 0)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Connection> {

@@ -30,8 +30,9 @@ pub const LISTEN_FD: i32 = 3;
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BootPlan {
     pub hostname: String,
-    /// Template root (read-only lower layer).
-    pub lower: PathBuf,
+    /// Read-only lower layers, uppermost first: the layers of the snapshot
+    /// the sandbox starts from (if any), then the template root.
+    pub lowers: Vec<PathBuf>,
     /// The sandbox's private writable layer and overlayfs scratch space.
     pub upper: PathBuf,
     pub work: PathBuf,
@@ -45,7 +46,7 @@ impl BootPlan {
     pub fn overlay_options(&self) -> String {
         format!(
             "lowerdir={},upperdir={},workdir={},volatile",
-            self.lower.display(),
+            self.lowers.iter().map(|l| l.display().to_string()).collect::<Vec<_>>().join(":"),
             self.upper.display(),
             self.work.display()
         )
@@ -317,20 +318,20 @@ mod tests {
     fn overlay_options_name_every_layer() {
         let plan = BootPlan {
             hostname: "h".into(),
-            lower: "/t/rootfs".into(),
+            lowers: vec!["/l/snap1".into(), "/t/rootfs".into()],
             upper: "/s/upper".into(),
             work: "/s/work".into(),
             root: "/s/root".into(),
             cgroup_procs: vec![],
         };
-        assert_eq!(plan.overlay_options(), "lowerdir=/t/rootfs,upperdir=/s/upper,workdir=/s/work,volatile");
+        assert_eq!(plan.overlay_options(), "lowerdir=/l/snap1:/t/rootfs,upperdir=/s/upper,workdir=/s/work,volatile");
     }
 
     #[test]
     fn plan_round_trips_through_json() {
         let plan = BootPlan {
             hostname: "sbx".into(),
-            lower: "/a".into(),
+            lowers: vec!["/a".into()],
             upper: "/b".into(),
             work: "/c".into(),
             root: "/d".into(),

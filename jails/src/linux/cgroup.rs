@@ -141,6 +141,46 @@ impl Cgroups {
         fs::read_to_string(self.dir("pids", id).join("cgroup.procs")).map(|s| parse_pids(&s)).unwrap_or_default()
     }
 
+    /// The file that freezes the cgroup, and what it reads when frozen and
+    /// thawed: v1's freezer controller or v2's `cgroup.freeze`.
+    fn freezer(&self, id: &str) -> (PathBuf, &'static str, &'static str) {
+        match self.hierarchy {
+            Hierarchy::V2(_) => (self.dir("", id).join("cgroup.freeze"), "1", "0"),
+            Hierarchy::V1 => (self.dir("freezer", id).join("freezer.state"), "FROZEN", "THAWED"),
+        }
+    }
+
+    pub fn is_frozen(&self, id: &str) -> bool {
+        let (file, frozen, _) = self.freezer(id);
+        fs::read_to_string(file).is_ok_and(|s| s.trim() == frozen)
+    }
+
+    /// Freezes or thaws every process of the sandbox and waits until the
+    /// kernel reports it done (a freeze passes through `FREEZING` while
+    /// tasks reach a safe point).
+    pub fn set_frozen(&self, id: &str, frozen: bool) -> anyhow::Result<()> {
+        let (file, on, off) = self.freezer(id);
+        let want = if frozen { on } else { off };
+        fs::write(&file, want).with_context(|| format!("writing {}", file.display()))?;
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let state = match self.hierarchy {
+                Hierarchy::V2(_) => {
+                    let events = fs::read_to_string(self.dir("", id).join("cgroup.events")).unwrap_or_default();
+                    if stat_field(&events, "frozen") == Some(u64::from(frozen)) { want } else { "" }.to_string()
+                }
+                Hierarchy::V1 => fs::read_to_string(&file).unwrap_or_default().trim().to_string(),
+            };
+            if state == want {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!("sandbox {id} did not reach {want} within 5 s (at '{state}')");
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    }
+
     /// Kills every process in the cgroup and removes it. Idempotent.
     /// Reaps the sandbox's init if this process is its parent (the
     /// gateway is a child subreaper, so it inherits every init).
@@ -161,6 +201,11 @@ impl Cgroups {
                 }
                 // SAFETY: kill with plain integers.
                 unsafe { libc::kill(*pid, libc::SIGKILL) };
+            }
+            // A frozen task acts on SIGKILL only once thawed; thawing after
+            // the kill lets it die without running another instruction.
+            if self.is_frozen(id) {
+                let _ = fs::write(self.freezer(id).0, self.freezer(id).2);
             }
             if Instant::now() > deadline {
                 bail!("processes {pids:?} of sandbox {id} survived SIGKILL for 5 s");

@@ -13,6 +13,7 @@
 pub mod boot;
 pub mod cgroup;
 pub mod confine;
+pub mod layers;
 pub mod rootfs;
 
 use std::fs;
@@ -25,9 +26,12 @@ use std::process::{Command, Stdio};
 
 use anyhow::{Context, bail};
 
-use crate::{Placement, Progress, Recipe, Recovery, SandboxSpec, Substrate, TemplateInfo, Usage};
+use crate::{
+    Capabilities, Placement, Progress, Recipe, Recovery, SandboxSpec, SnapshotInfo, Substrate, TemplateInfo, Usage,
+};
 use boot::{BootPlan, LISTEN_FD};
 use cgroup::{Cgroups, Hierarchy};
+use layers::{Base, LayerStore};
 use rootfs::TemplateStore;
 
 pub struct LinuxSubstrate {
@@ -35,6 +39,7 @@ pub struct LinuxSubstrate {
     run: PathBuf,
     agent_binary: PathBuf,
     templates: TemplateStore,
+    layers: LayerStore,
     cgroups: Cgroups,
 }
 
@@ -57,6 +62,7 @@ impl LinuxSubstrate {
             run,
             agent_binary: agent_binary.to_path_buf(),
             templates: TemplateStore::new(state_dir),
+            layers: LayerStore::open(state_dir)?,
             cgroups: Cgroups::new(Hierarchy::detect()?, state_dir),
         })
     }
@@ -65,11 +71,13 @@ impl LinuxSubstrate {
         self.sandboxes.join(id)
     }
 
-    pub fn boot_plan(&self, spec: &SandboxSpec) -> BootPlan {
+    fn boot_plan(&self, spec: &SandboxSpec, base: &Base) -> BootPlan {
         let dir = self.sandbox_dir(&spec.id);
+        let mut lowers: Vec<PathBuf> = base.layers.iter().map(|l| self.layers.layer_dir(l)).collect();
+        lowers.push(self.templates.rootfs(&base.template));
         BootPlan {
             hostname: spec.id.chars().take(63).collect(),
-            lower: self.templates.rootfs(&spec.template),
+            lowers,
             upper: dir.join("upper"),
             work: dir.join("work"),
             root: dir.join("root"),
@@ -77,12 +85,22 @@ impl LinuxSubstrate {
         }
     }
 
+    /// What the sandbox stacks on, as recorded at its boot.
+    fn base(&self, id: &str) -> anyhow::Result<Base> {
+        let path = self.sandbox_dir(id).join("base.json");
+        let bytes = fs::read(&path).with_context(|| format!("sandbox {id} has no {}", path.display()))?;
+        Ok(serde_json::from_slice(&bytes)?)
+    }
+
     fn boot(&self, spec: &SandboxSpec) -> anyhow::Result<Placement> {
-        if self.templates.get(&spec.template).is_none() {
-            bail!("template {} is not built", spec.template);
-        }
         let started = std::time::Instant::now();
-        let plan = self.boot_plan(spec);
+        let dir = self.sandbox_dir(&spec.id);
+        fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        let base = self.layers.pin(&dir, spec.snapshot.as_deref(), &spec.template)?;
+        if self.templates.get(&base.template).is_none() {
+            bail!("template {} is not built", base.template);
+        }
+        let plan = self.boot_plan(spec, &base);
         for dir in [&plan.upper, &plan.work, &plan.root] {
             fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         }
@@ -162,6 +180,7 @@ impl Substrate for LinuxSubstrate {
         crate::template::validate_name(id).map_err(anyhow::Error::msg)?;
         self.cgroups.destroy(id)?;
         let dir = self.sandbox_dir(id);
+        let stacked = self.base(id).is_ok_and(|b| !b.layers.is_empty());
         match fs::remove_dir_all(&dir) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
                 return Err(e).with_context(|| format!("removing {}", dir.display()));
@@ -169,6 +188,9 @@ impl Substrate for LinuxSubstrate {
             _ => {}
         }
         let _ = fs::remove_file(self.run.join(format!("{id}.sock")));
+        if stacked {
+            self.layers.collect_garbage(&self.sandboxes)?;
+        }
         Ok(())
     }
 
@@ -188,44 +210,65 @@ impl Substrate for LinuxSubstrate {
         Ok(usage)
     }
 
-    fn capabilities(&self) -> crate::Capabilities {
-        crate::Capabilities { memory_snapshots: false }
+    fn capabilities(&self) -> Capabilities {
+        // Memory snapshots need a checkpointing runtime; see docs/lifecycle.md.
+        Capabilities { memory_snapshots: false }
     }
 
-    fn pause(&self, _id: &str) -> anyhow::Result<()> {
-        bail!("pause: in progress")
+    fn pause(&self, id: &str) -> anyhow::Result<()> {
+        crate::template::validate_name(id).map_err(anyhow::Error::msg)?;
+        self.cgroups.set_frozen(id, true)
     }
 
-    fn resume(&self, _id: &str) -> anyhow::Result<()> {
-        bail!("resume: in progress")
+    fn resume(&self, id: &str) -> anyhow::Result<()> {
+        crate::template::validate_name(id).map_err(anyhow::Error::msg)?;
+        self.cgroups.set_frozen(id, false)
     }
 
-    fn snapshot(&self, _id: &str, _snapshot_id: &str) -> anyhow::Result<crate::SnapshotInfo> {
-        bail!("snapshot: in progress")
+    fn snapshot(&self, id: &str, snapshot_id: &str) -> anyhow::Result<SnapshotInfo> {
+        for name in [id, snapshot_id] {
+            crate::template::validate_name(name).map_err(anyhow::Error::msg)?;
+        }
+        let below = self.base(id)?;
+        // Frozen, nothing in the sandbox can write while the upper layer is
+        // copied, so the copy is one instant of its files.
+        let was_frozen = self.cgroups.is_frozen(id);
+        if !was_frozen {
+            self.cgroups.set_frozen(id, true)?;
+        }
+        let taken = self.layers.capture(snapshot_id, &self.sandbox_dir(id).join("upper"), &below);
+        if !was_frozen {
+            self.cgroups.set_frozen(id, false)?;
+        }
+        taken
     }
 
-    fn snapshots(&self) -> anyhow::Result<Vec<crate::SnapshotInfo>> {
-        Ok(Vec::new())
+    fn snapshots(&self) -> anyhow::Result<Vec<SnapshotInfo>> {
+        self.layers.list()
     }
 
-    fn delete_snapshot(&self, _snapshot_id: &str) -> anyhow::Result<()> {
-        Ok(())
+    fn delete_snapshot(&self, snapshot_id: &str) -> anyhow::Result<()> {
+        crate::template::validate_name(snapshot_id).map_err(anyhow::Error::msg)?;
+        self.layers.delete(snapshot_id, &self.sandboxes)
     }
 
-    fn rollback(&self, _spec: &SandboxSpec, _snapshot_id: &str) -> anyhow::Result<Placement> {
-        bail!("rollback: in progress")
+    fn rollback(&self, spec: &SandboxSpec, snapshot_id: &str) -> anyhow::Result<Placement> {
+        if self.layers.get(snapshot_id)?.is_none() {
+            bail!("snapshot {snapshot_id} not found");
+        }
+        // Files cannot be swapped under a mounted overlay, so the sandbox
+        // restarts on the snapshot's layers under its own id.
+        self.destroy(&spec.id)?;
+        self.create(&SandboxSpec { snapshot: Some(snapshot_id.to_string()), ..spec.clone() })
     }
 
-    fn export_snapshot(&self, _snapshot_id: &str, _out: &mut dyn std::io::Write) -> anyhow::Result<()> {
-        bail!("export: in progress")
+    fn export_snapshot(&self, snapshot_id: &str, out: &mut dyn std::io::Write) -> anyhow::Result<()> {
+        self.layers.export(snapshot_id, out)
     }
 
-    fn import_snapshot(
-        &self,
-        _snapshot_id: &str,
-        _input: &mut dyn std::io::Read,
-    ) -> anyhow::Result<crate::SnapshotInfo> {
-        bail!("import: in progress")
+    fn import_snapshot(&self, snapshot_id: &str, input: &mut dyn std::io::Read) -> anyhow::Result<SnapshotInfo> {
+        crate::template::validate_name(snapshot_id).map_err(anyhow::Error::msg)?;
+        self.layers.import(snapshot_id, input)
     }
 
     fn recover(&self, known: &[(String, Placement)]) -> anyhow::Result<Recovery> {
@@ -246,6 +289,7 @@ impl Substrate for LinuxSubstrate {
                 recovery.removed.push(id.clone());
             }
         }
+        self.layers.collect_garbage(&self.sandboxes)?;
         Ok(recovery)
     }
 }

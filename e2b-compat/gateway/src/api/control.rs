@@ -12,7 +12,8 @@ use time::format_description::well_known::Rfc3339;
 
 use super::error::ApiError;
 use super::wire;
-use crate::sandboxes::{self, CreateRequest, ListFilter, SandboxRecord, Sandboxes};
+use crate::lifecycle::{self, Connected};
+use crate::sandboxes::{self, CreateRequest, ListFilter, SandboxRecord, Sandboxes, SnapshotRecord};
 
 pub type Service = Arc<Sandboxes>;
 type ApiResult<T> = Result<T, ApiError>;
@@ -32,6 +33,8 @@ pub async fn create(State(svc): State<Service>, body: Option<Json<wire::NewSandb
         env_vars: body.env_vars.unwrap_or_default(),
         allow_internet_access: body.allow_internet_access.unwrap_or(true),
         auto_pause: body.auto_pause.unwrap_or(false),
+        auto_pause_memory: body.auto_pause_memory.unwrap_or(true),
+        auto_resume: body.auto_resume.is_some_and(|a| a.enabled),
     };
     let started = std::time::Instant::now();
     let (record, timings) = svc.create(request).await?;
@@ -48,10 +51,121 @@ pub async fn create(State(svc): State<Service>, body: Option<Json<wire::NewSandb
 pub async fn connect(
     State(svc): State<Service>,
     Path(id): Path<String>,
-    body: Option<Json<wire::TimeoutBody>>,
+    body: Option<Json<wire::ConnectBody>>,
+) -> ApiResult<Response> {
+    let body = body.map(|Json(b)| b).unwrap_or_default();
+    let (record, how) = svc.connect(&id, body.timeout, body.memory).await?;
+    let status = match how {
+        Connected::AlreadyRunning => StatusCode::OK,
+        Connected::Resumed => StatusCode::CREATED,
+    };
+    Ok((status, Json(sandbox(&record))).into_response())
+}
+
+/// The pre-connect way to resume; E2B still serves it.
+pub async fn resume(
+    State(svc): State<Service>,
+    Path(id): Path<String>,
+    body: Option<Json<wire::ConnectBody>>,
+) -> ApiResult<Response> {
+    let body = body.map(|Json(b)| b).unwrap_or_default();
+    if svc.get(&id)?.paused.is_none() {
+        return Err(ApiError::new(StatusCode::CONFLICT, format!("sandbox {id} is not paused")));
+    }
+    let (record, _) = svc.connect(&id, body.timeout, body.memory).await?;
+    Ok((StatusCode::CREATED, Json(sandbox(&record))).into_response())
+}
+
+pub async fn pause(
+    State(svc): State<Service>,
+    Path(id): Path<String>,
+    body: Option<Json<wire::PauseBody>>,
+) -> ApiResult<StatusCode> {
+    let memory = body.and_then(|Json(b)| b.memory).unwrap_or(true);
+    svc.pause(&id, memory).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+pub async fn create_snapshot(
+    State(svc): State<Service>,
+    Path(id): Path<String>,
+    body: Option<Json<wire::SnapshotRequest>>,
+) -> ApiResult<Response> {
+    let body = body.map(|Json(b)| b).unwrap_or_default();
+    let snapshot = svc.create_snapshot(&id, body.name, body.memory).await?;
+    Ok((StatusCode::CREATED, Json(snapshot_info(&snapshot))).into_response())
+}
+
+pub async fn list_snapshots(
+    State(svc): State<Service>,
+    Query(query): Query<wire::SnapshotsQuery>,
+) -> ApiResult<Response> {
+    let all = svc.snapshots(query.sandbox_id.as_deref(), query.name.as_deref())?;
+    let (page, next) = paginate(&all, |s| &s.id, query.limit, query.next_token.as_deref());
+    let body: Vec<wire::SnapshotInfo> = page.iter().map(snapshot_info).collect();
+    Ok((next_token_header(next), Json(body)).into_response())
+}
+
+/// `DELETE /templates/{id}`: how the SDK deletes a snapshot. Built
+/// templates are not deletable through the API.
+pub async fn delete_template(State(svc): State<Service>, Path(id): Path<String>) -> ApiResult<StatusCode> {
+    svc.delete_snapshot(&id).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+pub async fn fork(
+    State(svc): State<Service>,
+    Path(id): Path<String>,
+    body: Option<Json<wire::ForkRequest>>,
+) -> ApiResult<Response> {
+    // E2B's API gives forks 15 s unless the request says otherwise.
+    children(svc, id, body, lifecycle::MAX_FORKS, 15).await
+}
+
+/// copse's clone (CubeSandbox's name for it): a fork with a larger count.
+pub async fn clone(
+    State(svc): State<Service>,
+    Path(id): Path<String>,
+    body: Option<Json<wire::ForkRequest>>,
+) -> ApiResult<Response> {
+    children(svc, id, body, lifecycle::MAX_CLONES, sandboxes::DEFAULT_TIMEOUT_S).await
+}
+
+async fn children(
+    svc: Service,
+    id: String,
+    body: Option<Json<wire::ForkRequest>>,
+    max: u32,
+    default_timeout_s: i64,
+) -> ApiResult<Response> {
+    let body = body.map(|Json(b)| b).unwrap_or_default();
+    let timeout = body.timeout.unwrap_or(default_timeout_s);
+    let results = svc.fork(&id, body.count.unwrap_or(1), max, timeout).await?;
+    let body: Vec<wire::ForkResult> = results
+        .into_iter()
+        .map(|r| match r {
+            Ok(record) => wire::ForkResult { sandbox: Some(sandbox(&record)), error: None },
+            Err(e) => {
+                let e = ApiError::from(e);
+                wire::ForkResult {
+                    sandbox: None,
+                    error: Some(serde_json::json!({ "code": e.status.as_u16(), "message": e.message })),
+                }
+            }
+        })
+        .collect();
+    Ok((StatusCode::CREATED, Json(body)).into_response())
+}
+
+/// copse's rollback: the sandbox's files go back to one of its snapshots.
+pub async fn rollback(
+    State(svc): State<Service>,
+    Path(id): Path<String>,
+    body: Option<Json<wire::RollbackRequest>>,
 ) -> ApiResult<Json<wire::Sandbox>> {
-    let timeout = body.and_then(|Json(b)| b.timeout);
-    Ok(Json(sandbox(&svc.connect(&id, timeout)?)))
+    let snapshot =
+        body.and_then(|Json(b)| b.snapshot_id).ok_or_else(|| ApiError::bad_request("missing 'snapshotID'"))?;
+    Ok(Json(sandbox(&svc.rollback(&id, &snapshot).await?)))
 }
 
 pub async fn list(State(svc): State<Service>, Query(query): Query<wire::ListQuery>) -> ApiResult<Response> {
@@ -68,20 +182,37 @@ pub async fn list(State(svc): State<Service>, Query(query): Query<wire::ListQuer
         });
     }
     let all = svc.list(&filter)?;
-    let limit = query.limit.unwrap_or(DEFAULT_PAGE).clamp(1, 1000);
-    // The page token is the id of the last sandbox already returned.
-    let start = match &query.next_token {
-        Some(token) if !token.is_empty() => all.iter().position(|r| &r.id == token).map(|i| i + 1).unwrap_or(all.len()),
+    let (page, next) = paginate(&all, |r| &r.id, query.limit, query.next_token.as_deref());
+    let page: Vec<wire::ListedSandbox> = page.iter().map(listed).collect();
+    Ok((next_token_header(next), Json(page)).into_response())
+}
+
+/// One page of `all` after the item whose key is `token` (the last one the
+/// caller already has), and the token of the next page if there is one.
+fn paginate<'a, T>(
+    all: &'a [T],
+    key: impl Fn(&T) -> &String,
+    limit: Option<usize>,
+    token: Option<&str>,
+) -> (&'a [T], Option<String>) {
+    let limit = limit.unwrap_or(DEFAULT_PAGE).clamp(1, 1000);
+    let start = match token {
+        Some(token) if !token.is_empty() => {
+            all.iter().position(|x| key(x) == token).map(|i| i + 1).unwrap_or(all.len())
+        }
         _ => 0,
     };
-    let page: Vec<wire::ListedSandbox> = all.iter().skip(start).take(limit).map(listed).collect();
+    let end = (start + limit).min(all.len());
+    let next = (end < all.len() && end > start).then(|| key(&all[end - 1]).clone());
+    (&all[start..end], next)
+}
+
+fn next_token_header(next: Option<String>) -> HeaderMap {
     let mut headers = HeaderMap::new();
-    if start + page.len() < all.len()
-        && let Some(last) = all.get(start + page.len() - 1)
-    {
-        headers.insert("x-next-token", HeaderValue::from_str(&last.id).expect("ids are ascii"));
+    if let Some(token) = next.and_then(|t| HeaderValue::from_str(&t).ok()) {
+        headers.insert("x-next-token", token);
     }
-    Ok((headers, Json(page)).into_response())
+    headers
 }
 
 pub async fn detail(State(svc): State<Service>, Path(id): Path<String>) -> ApiResult<Json<wire::SandboxDetail>> {
@@ -91,7 +222,10 @@ pub async fn detail(State(svc): State<Service>, Path(id): Path<String>) -> ApiRe
         envd_access_token: record.access_token.clone(),
         allow_internet_access: record.allow_internet_access,
         domain: None,
-        lifecycle: wire::Lifecycle { auto_resume: false, on_timeout: if record.auto_pause { "pause" } else { "kill" } },
+        lifecycle: wire::Lifecycle {
+            auto_resume: record.auto_resume,
+            on_timeout: if record.auto_pause { "pause" } else { "kill" },
+        },
     }))
 }
 
@@ -116,12 +250,12 @@ pub async fn refresh(
     body: Option<Json<wire::RefreshBody>>,
 ) -> ApiResult<StatusCode> {
     let duration = body.and_then(|Json(b)| b.duration).unwrap_or(sandboxes::DEFAULT_TIMEOUT_S);
-    svc.connect(&id, Some(duration))?;
+    svc.extend(&id, Some(duration))?;
     Ok(StatusCode::NO_CONTENT)
 }
 
 pub async fn metrics(State(svc): State<Service>, Path(id): Path<String>) -> ApiResult<Json<Vec<wire::SandboxMetric>>> {
-    let metric = svc.metrics(&id).await?;
+    let Some(metric) = svc.metrics(&id).await? else { return Ok(Json(Vec::new())) };
     let now = OffsetDateTime::now_utc();
     Ok(Json(vec![wire::SandboxMetric {
         timestamp: rfc3339(now),
@@ -169,10 +303,6 @@ pub async fn pools(State(svc): State<Service>) -> Json<serde_json::Value> {
     Json(serde_json::Value::Array(pools))
 }
 
-pub async fn not_implemented() -> ApiError {
-    ApiError::new(StatusCode::NOT_IMPLEMENTED, "this operation is not supported by copse yet")
-}
-
 pub async fn no_route() -> ApiError {
     ApiError::new(StatusCode::NOT_FOUND, "no such endpoint")
 }
@@ -188,6 +318,10 @@ fn sandbox(record: &SandboxRecord) -> wire::Sandbox {
         domain: None,
         alias: Some(record.template.clone()),
     }
+}
+
+fn snapshot_info(snapshot: &SnapshotRecord) -> wire::SnapshotInfo {
+    wire::SnapshotInfo { snapshot_id: snapshot.id.clone(), names: snapshot.names.clone() }
 }
 
 fn listed(record: &SandboxRecord) -> wire::ListedSandbox {

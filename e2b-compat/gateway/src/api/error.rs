@@ -34,7 +34,8 @@ impl IntoResponse for ApiError {
 impl From<SandboxError> for ApiError {
     fn from(err: SandboxError) -> Self {
         let status = match &err {
-            SandboxError::NotFound(_) => StatusCode::NOT_FOUND,
+            SandboxError::NotFound(_) | SandboxError::SnapshotNotFound(_) => StatusCode::NOT_FOUND,
+            SandboxError::Conflict(_) => StatusCode::CONFLICT,
             SandboxError::UnknownTemplate { .. } | SandboxError::Invalid(_) => StatusCode::BAD_REQUEST,
             SandboxError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         };

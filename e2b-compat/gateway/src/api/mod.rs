@@ -14,7 +14,7 @@ use axum::extract::{Request, State};
 use axum::http::StatusCode;
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{delete, get, post};
 
 use crate::sandboxes::Sandboxes;
 use error::ApiError;
@@ -40,10 +40,14 @@ pub fn router(svc: Arc<Sandboxes>, keys: Keys) -> Router {
         .route("/sandboxes/{id}/metrics", get(control::metrics))
         .route("/templates", get(control::templates))
         .route("/copse/pools", get(control::pools))
-        .route("/sandboxes/{id}/pause", post(control::not_implemented))
-        .route("/sandboxes/{id}/resume", post(control::not_implemented))
-        .route("/sandboxes/{id}/snapshots", post(control::not_implemented))
-        .route("/sandboxes/{id}/fork", post(control::not_implemented))
+        .route("/sandboxes/{id}/pause", post(control::pause))
+        .route("/sandboxes/{id}/resume", post(control::resume))
+        .route("/sandboxes/{id}/snapshots", post(control::create_snapshot))
+        .route("/sandboxes/{id}/fork", post(control::fork))
+        .route("/snapshots", get(control::list_snapshots))
+        .route("/templates/{id}", delete(control::delete_template))
+        .route("/copse/sandboxes/{id}/clone", post(control::clone))
+        .route("/copse/sandboxes/{id}/rollback", post(control::rollback))
         .fallback(control::no_route)
         .route_layer(middleware::from_fn_with_state(keys, require_api_key))
         .with_state(svc.clone());

@@ -28,6 +28,12 @@ pub async fn switch(State(svc): State<Arc<Sandboxes>>, request: Request, next: N
     {
         return ApiError::new(StatusCode::UNAUTHORIZED, "invalid access token for this sandbox").into_response();
     }
+    // A frozen agent would hold the request forever: resume first (if the
+    // sandbox asked for that) or say it is paused.
+    let record = match svc.resume_for_traffic(*record).await {
+        Ok(record) => record,
+        Err(e) => return ApiError::from(e).into_response(),
+    };
     forward(&record, request).await
 }
 

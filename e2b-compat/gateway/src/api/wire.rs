@@ -17,10 +17,77 @@ pub struct NewSandbox {
     #[serde(default)]
     pub env_vars: Option<HashMap<String, String>>,
     pub auto_pause: Option<bool>,
+    pub auto_pause_memory: Option<bool>,
+    pub auto_resume: Option<AutoResume>,
     /// Snake case on the wire, unlike every other key.
     #[serde(rename = "allow_internet_access")]
     pub allow_internet_access: Option<bool>,
     pub secure: Option<bool>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+pub struct AutoResume {
+    #[serde(default)]
+    pub enabled: bool,
+}
+
+/// Body of connect (v1 and v2) and of the older `/resume`.
+#[derive(Debug, Default, Deserialize)]
+pub struct ConnectBody {
+    pub timeout: Option<i64>,
+    /// `false`: start afresh from the files even if memory was kept.
+    pub memory: Option<bool>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+pub struct PauseBody {
+    pub memory: Option<bool>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+pub struct SnapshotRequest {
+    pub name: Option<String>,
+    pub memory: Option<bool>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct SnapshotInfo {
+    #[serde(rename = "snapshotID")]
+    pub snapshot_id: String,
+    pub names: Vec<String>,
+}
+
+/// Query of `GET /snapshots`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SnapshotsQuery {
+    #[serde(rename = "sandboxID")]
+    pub sandbox_id: Option<String>,
+    pub name: Option<String>,
+    pub limit: Option<usize>,
+    pub next_token: Option<String>,
+}
+
+/// Body of fork (E2B) and clone (copse).
+#[derive(Debug, Default, Deserialize)]
+pub struct ForkRequest {
+    pub timeout: Option<i64>,
+    pub count: Option<u32>,
+}
+
+/// One child of a fork: the sandbox or why it failed.
+#[derive(Debug, Serialize)]
+pub struct ForkResult {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sandbox: Option<Sandbox>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<serde_json::Value>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+pub struct RollbackRequest {
+    #[serde(rename = "snapshotID")]
+    pub snapshot_id: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -1,0 +1,57 @@
+//! `copse snapshot export|import`: a snapshot as one file, to move it to
+//! another host. The file is a header line, the snapshot's API record as
+//! one JSON line, then the substrate's own stream of its files.
+
+use std::io::{BufRead, Read, Write};
+
+use anyhow::{Context, bail};
+use copse_jails::Substrate;
+
+use crate::sandboxes::{SnapshotRecord, new_id, now_ms};
+use crate::store::Store;
+
+const MAGIC: &str = "copse-snapshot 1";
+
+pub fn export(store: &Store, substrate: &dyn Substrate, id: &str, out: &mut dyn Write) -> anyhow::Result<()> {
+    let record = store.snapshot(id)?.with_context(|| format!("snapshot {id} not found"))?;
+    writeln!(out, "{MAGIC}")?;
+    writeln!(out, "{}", serde_json::to_string(&record)?)?;
+    substrate.export_snapshot(&record.key, out)?;
+    out.flush()?;
+    Ok(())
+}
+
+/// Reads an export; the snapshot keeps its name unless `name` is given. An
+/// existing snapshot of that name is refused, not overwritten.
+pub fn import(
+    store: &Store,
+    substrate: &dyn Substrate,
+    input: &mut dyn BufRead,
+    name: Option<String>,
+) -> anyhow::Result<SnapshotRecord> {
+    let mut line = String::new();
+    input.read_line(&mut line)?;
+    if line.trim_end() != MAGIC {
+        bail!("not a copse snapshot export (expected a '{MAGIC}' header)");
+    }
+    line.clear();
+    input.read_line(&mut line)?;
+    let mut record: SnapshotRecord = serde_json::from_str(&line).context("corrupt snapshot header")?;
+    if let Some(name) = name {
+        record.names = vec![name.clone()];
+        record.id = name;
+    }
+    if store.snapshot(&record.id)?.is_some() {
+        bail!("a snapshot named {} exists already; import it under another name with --name", record.id);
+    }
+    if !substrate.templates()?.iter().any(|t| t.name == record.template) {
+        bail!("snapshot {} needs template {}, which is not built on this host", record.id, record.template);
+    }
+    record.key = format!("snap-{}", new_id());
+    let mut rest: Box<dyn Read + '_> = Box::new(input);
+    let info = substrate.import_snapshot(&record.key, &mut rest)?;
+    record.size_bytes = info.size_bytes;
+    record.created_at_ms = now_ms();
+    store.put_snapshot(&record)?;
+    Ok(record)
+}

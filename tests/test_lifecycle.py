@@ -1,0 +1,310 @@
+"""Lifecycle through the official SDK: pause and resume (memory kept, or
+files only), auto-pause on timeout with auto-resume, filesystem snapshots and
+sandboxes created from them, fork, rollback (copse's own endpoint), deleting
+snapshots, and the errors for unknown ids and unsupported modes."""
+
+import json
+import os
+import subprocess
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+from e2b import Sandbox, SandboxNotFoundException
+
+import leakcheck
+from conftest import COPSE
+from test_leaks import live_ids, stop_gateway
+
+COUNTER = "i=0; while true; do i=$((i+1)); echo $i > /tmp/count; sleep 0.05; done"
+
+
+def api(gateway, method: str, path: str, body=None) -> tuple[int, dict | list | None]:
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(
+        f"{gateway.url}{path}",
+        data=data,
+        method=method,
+        headers={"X-API-KEY": os.environ["E2B_API_KEY"], "Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            raw = response.read()
+            return response.status, json.loads(raw) if raw else None
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"null")
+
+
+def cpu_ns(gateway, sandbox_id: str) -> int:
+    """The sandbox's CPU time from the host's own cgroup accounting."""
+    subtree = leakcheck.subtree_for(gateway.data_dir)
+    v1 = leakcheck.CGROUP_ROOT / "cpuacct" / subtree / sandbox_id / "cpuacct.usage"
+    if v1.exists():
+        return int(v1.read_text())
+    stat = (leakcheck.CGROUP_ROOT / subtree / sandbox_id / "cpu.stat").read_text()
+    return int(dict(line.split() for line in stat.splitlines())["usage_usec"]) * 1000
+
+
+def state(sandbox_id: str) -> str:
+    return Sandbox.get_info(sandbox_id).state
+
+
+@pytest.mark.timeout(120, func_only=True)
+def test_pause_freezes_processes_and_connect_resumes_them_in_place(gateway):
+    sbx = Sandbox.create(timeout=120)
+    try:
+        sbx.files.write("/home/user/note", "kept")
+        counter = sbx.commands.run(COUNTER, background=True, timeout=0)
+        counter.disconnect()
+        time.sleep(0.5)
+        assert sbx.pause() is True
+        assert state(sbx.sandbox_id) == "paused"
+        # Paused means no CPU at all and a stopped clock for the counter.
+        used = cpu_ns(gateway, sbx.sandbox_id)
+        time.sleep(1.0)
+        assert cpu_ns(gateway, sbx.sandbox_id) == used
+        assert sbx.pause() is False, "pausing twice is E2B's 409, reported as False"
+
+        resumed = Sandbox.connect(sbx.sandbox_id, timeout=120)
+        assert state(sbx.sandbox_id) == "running"
+        first = int(resumed.commands.run("cat /tmp/count").stdout)
+        # The loop ran ~0.5 s (≈10 ticks) before the pause and 1 s passed
+        # while paused: a counter that kept going would be past 25.
+        assert first < 25, first
+        time.sleep(0.3)
+        assert int(resumed.commands.run("cat /tmp/count").stdout) > first
+        assert counter.pid in {p.pid for p in resumed.commands.list()}
+        assert resumed.files.read("/home/user/note") == "kept"
+    finally:
+        sbx.kill()
+
+
+@pytest.mark.timeout(120, func_only=True)
+def test_pause_without_memory_keeps_files_and_restarts_processes(gateway):
+    sbx = Sandbox.create(timeout=120)
+    try:
+        sbx.files.write("/home/user/note", "files only")
+        sleeper = sbx.commands.run("sleep 4321", background=True, timeout=0)
+        sleeper.disconnect()
+        assert sbx.pause(mode="filesystem") is True
+        assert state(sbx.sandbox_id) == "paused"
+        # Nothing of it runs: no cgroup, no processes.
+        assert not any(sid == sbx.sandbox_id for (_, sid) in leakcheck.cgroup_dirs())
+
+        again = Sandbox.connect(sbx.sandbox_id)
+        assert again.files.read("/home/user/note") == "files only"
+        assert sleeper.pid not in {p.pid for p in again.commands.list()}
+        assert again.commands.run("echo alive").stdout == "alive\n"
+    finally:
+        sbx.kill()
+
+
+@pytest.mark.timeout(120, func_only=True)
+def test_timeout_pauses_and_traffic_resumes_when_asked(gateway):
+    sbx = Sandbox.create(timeout=2, lifecycle={"on_timeout": "pause", "auto_resume": True})
+    try:
+        sbx.files.write("/home/user/state", "before timeout")
+        deadline = time.monotonic() + 15
+        while state(sbx.sandbox_id) != "paused":
+            assert time.monotonic() < deadline, "the sandbox did not auto-pause"
+            time.sleep(0.2)
+        assert Sandbox.get_info(sbx.sandbox_id).lifecycle["auto_resume"] is True
+        # Traffic to it (the SDK's data plane) resumes it.
+        assert sbx.files.read("/home/user/state") == "before timeout"
+        assert state(sbx.sandbox_id) == "running"
+        sbx.set_timeout(120)
+    finally:
+        sbx.kill()
+
+
+@pytest.mark.timeout(120, func_only=True)
+def test_paused_sandbox_without_auto_resume_refuses_traffic_until_connected(gateway):
+    sbx = Sandbox.create(timeout=120)
+    try:
+        sbx.pause()
+        with pytest.raises(Exception, match="paused"):
+            sbx.commands.run("true")
+        assert Sandbox.connect(sbx.sandbox_id).commands.run("echo ok").stdout == "ok\n"
+    finally:
+        sbx.kill()
+
+
+@pytest.mark.timeout(240, func_only=True)
+def test_filesystem_snapshot_boots_new_sandboxes_and_survives_a_restart(gateway):
+    sbx = Sandbox.create(timeout=240)
+    children = []
+    try:
+        sbx.files.write("/home/user/data.txt", "from the snapshot")
+        sbx.commands.run("rm /etc/debian_version && mkdir -p /opt/made && echo x > /opt/made/file", user="root")
+        sleeper = sbx.commands.run("sleep 4321", background=True, timeout=0)
+        sleeper.disconnect()
+        snap = sbx.create_snapshot(mode="filesystem")
+        assert snap.snapshot_id in [s.snapshot_id for s in Sandbox.list_snapshots(sandbox_id=sbx.sandbox_id).next_items()]
+        # The source is untouched: still running, its process still there.
+        assert sleeper.pid in {p.pid for p in sbx.commands.list()}
+
+        stop_gateway(gateway)
+        gateway.start()
+
+        child = Sandbox.create(template=snap.snapshot_id, timeout=120)
+        children.append(child)
+        assert child.sandbox_id != sbx.sandbox_id
+        assert child.files.read("/home/user/data.txt") == "from the snapshot"
+        assert child.commands.run("cat /opt/made/file").stdout == "x\n"
+        # A deletion is part of the snapshot too (a whiteout in its layer).
+        assert child.commands.run("test ! -e /etc/debian_version").exit_code == 0
+        assert not [p for p in child.commands.list() if "sleep" in p.cmd], "processes start fresh"
+        # The child's writes are its own.
+        child.files.write("/home/user/data.txt", "changed in child")
+        assert Sandbox.create(template=snap.snapshot_id, timeout=60).files.read("/home/user/data.txt") == (
+            "from the snapshot"
+        )
+    finally:
+        for child in children:
+            child.kill()
+        sbx.kill()
+        for s in Sandbox.list_snapshots(sandbox_id=sbx.sandbox_id).next_items():
+            Sandbox.delete_snapshot(s.snapshot_id)
+
+
+@pytest.mark.timeout(240, func_only=True)
+def test_fork_gives_independent_children_and_leaves_the_source_running(gateway):
+    source = Sandbox.create(timeout=240, metadata={"role": "source"})
+    children = []
+    try:
+        source.files.write("/home/user/shared", "from source")
+        results = source.fork(count=3, timeout=60)
+        assert len(results) == 3
+        children = [c for c in results if isinstance(c, Sandbox)]
+        assert len(children) == 3, results
+        ids = {c.sandbox_id for c in children}
+        assert len(ids) == 3 and source.sandbox_id not in ids
+        hostnames = {c.commands.run("hostname").stdout.strip() for c in children}
+        assert len(hostnames) == 3
+        for child in children:
+            assert child.files.read("/home/user/shared") == "from source"
+            assert Sandbox.get_info(child.sandbox_id).metadata == {"role": "source"}
+        children[0].files.write("/home/user/shared", "child 0 only")
+        assert children[1].files.read("/home/user/shared") == "from source"
+        assert source.files.read("/home/user/shared") == "from source"
+        assert state(source.sandbox_id) == "running"
+        # E2B's bounds: 1 to 20.
+        status, body = api(gateway, "POST", f"/sandboxes/{source.sandbox_id}/fork", {"count": 21})
+        assert status == 400 and "count" in body["message"]
+    finally:
+        for child in children:
+            child.kill()
+        source.kill()
+
+
+@pytest.mark.timeout(180, func_only=True)
+def test_rollback_puts_a_snapshots_files_back_under_the_same_id(gateway):
+    sbx = Sandbox.create(timeout=180)
+    try:
+        sbx.files.write("/home/user/doc", "version 1")
+        snap = sbx.create_snapshot(name="rollback-v1")
+        sbx.files.write("/home/user/doc", "version 2")
+        sbx.files.write("/home/user/extra", "made after")
+
+        status, body = api(gateway, "POST", f"/copse/sandboxes/{sbx.sandbox_id}/rollback", {"snapshotID": snap.snapshot_id})
+        assert status == 200, body
+        assert body["sandboxID"] == sbx.sandbox_id
+        assert sbx.files.read("/home/user/doc") == "version 1"
+        assert sbx.commands.run("test ! -e /home/user/extra").exit_code == 0
+
+        status, body = api(gateway, "POST", f"/copse/sandboxes/{sbx.sandbox_id}/rollback", {"snapshotID": "nope"})
+        assert status == 404 and "nope" in body["message"]
+    finally:
+        sbx.kill()
+        Sandbox.delete_snapshot("rollback-v1")
+
+
+@pytest.mark.timeout(120, func_only=True)
+def test_deleted_snapshots_are_gone_and_unknown_ids_get_clear_errors(gateway):
+    sbx = Sandbox.create(timeout=120)
+    try:
+        snap = sbx.create_snapshot(name="to-delete")
+        assert snap.snapshot_id == "to-delete"
+        assert Sandbox.delete_snapshot("to-delete") is True
+        assert Sandbox.delete_snapshot("to-delete") is False
+        assert "to-delete" not in [s.snapshot_id for s in Sandbox.list_snapshots().next_items()]
+        with pytest.raises(Exception, match="to-delete"):
+            Sandbox.create(template="to-delete")
+
+        # Memory snapshots need a checkpointing runtime this substrate lacks:
+        # refused, never downgraded.
+        status, body = api(gateway, "POST", f"/sandboxes/{sbx.sandbox_id}/snapshots", {"memory": True})
+        assert status == 400 and "filesystem" in body["message"]
+
+        with pytest.raises(SandboxNotFoundException):
+            Sandbox.pause("no-such-sandbox")
+        with pytest.raises(SandboxNotFoundException):
+            Sandbox.connect("no-such-sandbox")
+        status, body = api(gateway, "POST", "/sandboxes/no-such-sandbox/snapshots", {})
+        assert status == 404 and body["code"] == 404
+        status, body = api(gateway, "POST", "/sandboxes/no-such-sandbox/fork", {"count": 1})
+        assert status == 404
+    finally:
+        sbx.kill()
+
+
+@pytest.mark.timeout(240, func_only=True)
+def test_snapshot_exports_to_a_file_and_imports_as_another(gateway, tmp_path):
+    sbx = Sandbox.create(timeout=120)
+    try:
+        sbx.files.write("/home/user/portable", "moves between hosts")
+        sbx.create_snapshot(name="export-me")
+    finally:
+        sbx.kill()
+    export = tmp_path / "snap.copse"
+    data_dir = ["--data-dir", str(gateway.data_dir)]
+    subprocess.run([str(COPSE), "snapshot", "export", "export-me", str(export), *data_dir], check=True)
+    Sandbox.delete_snapshot("export-me")
+    subprocess.run([str(COPSE), "snapshot", "import", str(export), "--name", "imported", *data_dir], check=True)
+    bad = subprocess.run(
+        [str(COPSE), "snapshot", "import", str(export), "--name", "imported", *data_dir], capture_output=True, text=True
+    )
+    assert bad.returncode != 0 and "exists already" in bad.stderr
+    try:
+        child = Sandbox.create(template="imported", timeout=60)
+        assert child.files.read("/home/user/portable") == "moves between hosts"
+        child.kill()
+    finally:
+        Sandbox.delete_snapshot("imported")
+
+
+@pytest.mark.timeout(300, func_only=True)
+def test_code_interpreter_variables_survive_pause_and_paused_sandboxes_survive_a_restart(gateway):
+    from e2b_code_interpreter import Sandbox as CodeSandbox
+
+    sbx = CodeSandbox.create(timeout=300)
+    try:
+        assert sbx.run_code("x = 41 + 1").error is None
+        sbx.pause()
+        stop_gateway(gateway)  # a graceful stop keeps paused sandboxes
+        gateway.start()
+        assert state(sbx.sandbox_id) == "paused"
+        again = CodeSandbox.connect(sbx.sandbox_id)
+        assert again.run_code("x").text == "42"
+    finally:
+        sbx.kill()
+
+
+@pytest.mark.timeout(120, func_only=True)
+def test_lifecycle_leaves_nothing_behind(gateway):
+    before = leakcheck.baseline(gateway.data_dir)
+    sbx = Sandbox.create(timeout=60)
+    snap = sbx.create_snapshot()
+    forks = [c for c in sbx.fork(count=2) if isinstance(c, Sandbox)]
+    sbx.pause(mode="filesystem")
+    frozen = Sandbox.create(timeout=60)
+    frozen.commands.run("sleep 4321", background=True, timeout=0).disconnect()
+    frozen.pause()
+    for child in forks:
+        child.kill()
+    sbx.kill()
+    frozen.kill()  # a frozen sandbox's processes die without being resumed first
+    Sandbox.delete_snapshot(snap.snapshot_id)
+    leakcheck.assert_no_leaks(gateway.data_dir, live_ids(), before, gateway.proc.pid)
+    assert leakcheck.unnamed_layers(gateway.data_dir) == []
