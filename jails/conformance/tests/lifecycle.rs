@@ -1,7 +1,6 @@
 //! Lifecycle every substrate offers beyond create/destroy: pause and
 //! resume, filesystem snapshots, sandboxes from snapshots, rollback,
-//! export and import. Built with the `lifecycle` feature, which
-//! `scripts/conformance` turns on where the host's substrate implements it.
+//! export and import.
 
 use std::time::Duration;
 
