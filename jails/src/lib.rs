@@ -21,6 +21,12 @@ pub mod freebsd;
 #[path = "freebsd/plan/mod.rs"]
 mod freebsd_plan;
 
+/// Likewise the FreeBSD executor's stream plumbing (`zfs send | zfs recv`,
+/// export, import): plain processes, tested for real on any Unix.
+#[cfg(all(test, not(target_os = "freebsd")))]
+#[path = "freebsd/streams.rs"]
+mod freebsd_streams;
+
 pub mod confine;
 
 use std::path::PathBuf;

@@ -4,7 +4,7 @@
 
 use std::ffi::CString;
 use std::fs;
-use std::io::{BufRead, BufReader, Read};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{DirBuilderExt, FileTypeExt, PermissionsExt};
 use std::os::unix::net::UnixListener;
@@ -15,8 +15,9 @@ use std::process::{Command, Stdio};
 use anyhow::{Context, anyhow, bail};
 
 use super::plan::jail::AgentLaunch;
+use super::plan::lifecycle::JailSignal;
 use super::plan::{Cmd, Step, template};
-use super::sys;
+use super::{streams, sys};
 use crate::Progress;
 
 /// The only `PATH` host tools see (their environment is otherwise empty
@@ -101,6 +102,14 @@ impl<'a> Executor<'a> {
                 start_agent(launch, jid, &listener)
                 // `listener` drops here: the agent holds the only copy.
             }
+            Step::SignalJail { name, jid, signal } => {
+                // Only the jail we observed: a name re-used since is not ours.
+                if sys::find(name)? != Some(*jid) {
+                    bail!("jail {name} is no longer jid {jid}");
+                }
+                signal_jail(*jid, *signal)
+            }
+            Step::Pipe { from, to } => pipe(from, to),
         }
     }
 }
@@ -108,11 +117,8 @@ impl<'a> Executor<'a> {
 /// Runs a host command and returns its stdout; fails on a non-zero exit
 /// with the command line and its stderr in the error.
 pub fn run_cmd(cmd: &Cmd, progress: Option<Progress<'_>>) -> anyhow::Result<String> {
-    let mut command = Command::new(&cmd.program);
-    command.args(&cmd.args).env_clear().env("PATH", HOST_PATH).stdin(Stdio::null());
-    for (k, v) in &cmd.env {
-        command.env(k, v);
-    }
+    let mut command = host_command(cmd);
+    command.stdin(Stdio::null());
     let (status, stdout, stderr) = if cmd.stream {
         let mut child =
             command.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().with_context(|| format!("spawn `{cmd}`"))?;
@@ -146,6 +152,80 @@ pub fn run_cmd(cmd: &Cmd, progress: Option<Progress<'_>>) -> anyhow::Result<Stri
         bail!("`{cmd}` failed ({status}): {}", stderr.trim());
     }
     Ok(stdout)
+}
+
+/// A host tool with an environment of only `PATH` and what the plan adds.
+fn host_command(cmd: &Cmd) -> Command {
+    let mut command = Command::new(&cmd.program);
+    command.args(&cmd.args).env_clear().env("PATH", HOST_PATH);
+    for (k, v) in &cmd.env {
+        command.env(k, v);
+    }
+    command
+}
+
+/// `from | to` without a shell (`zfs send | zfs recv`).
+fn pipe(from: &Cmd, to: &Cmd) -> anyhow::Result<()> {
+    streams::pipe((&mut host_command(from), &from.to_string()), (&mut host_command(to), &to.to_string()))
+}
+
+/// Runs `cmd` with its stdout copied into `out` (`zfs send` for export).
+pub fn run_into(cmd: &Cmd, out: &mut dyn Write) -> anyhow::Result<()> {
+    streams::run_into((&mut host_command(cmd), &cmd.to_string()), out)
+}
+
+/// Runs `cmd` with `input` as its stdin (`zfs recv` for import).
+pub fn run_from(cmd: &Cmd, input: &mut dyn Read) -> anyhow::Result<()> {
+    streams::run_from((&mut host_command(cmd), &cmd.to_string()), input)
+}
+
+/// fork; in the child `jail_attach(jid)` and `kill(-1, signal)`, which
+/// reaches every process of the jail but the child itself, then exit with
+/// the errno (0 on success). ESRCH means the jail had no process left,
+/// which leaves nothing to stop or continue.
+fn signal_jail(jid: i32, signal: JailSignal) -> anyhow::Result<()> {
+    let signo = match signal {
+        JailSignal::Stop => libc::SIGSTOP,
+        JailSignal::Cont => libc::SIGCONT,
+    };
+    // SAFETY: the child makes only async-signal-safe system calls
+    // (jail_attach, kill, _exit) and touches no memory it shares.
+    let pid = unsafe { libc::fork() };
+    if pid < 0 {
+        return Err(std::io::Error::last_os_error()).context("fork");
+    }
+    if pid == 0 {
+        // SAFETY: plain system calls in the forked child; see above.
+        unsafe {
+            let errno_of = || *libc::__error();
+            if libc::jail_attach(jid) < 0 {
+                libc::_exit(errno_of());
+            }
+            if libc::kill(-1, signo) < 0 && errno_of() != libc::ESRCH {
+                libc::_exit(errno_of());
+            }
+            libc::_exit(0);
+        }
+    }
+    let mut status: libc::c_int = 0;
+    loop {
+        // SAFETY: `status` is valid for a write.
+        let ret = unsafe { libc::waitpid(pid, &raw mut status, 0) };
+        if ret >= 0 {
+            break;
+        }
+        let err = std::io::Error::last_os_error();
+        if err.kind() != std::io::ErrorKind::Interrupted {
+            return Err(err).context("waitpid");
+        }
+    }
+    if !libc::WIFEXITED(status) {
+        bail!("signalling jail {jid}: helper died (wait status {status})");
+    }
+    match libc::WEXITSTATUS(status) {
+        0 => Ok(()),
+        errno => Err(std::io::Error::from_raw_os_error(errno)).with_context(|| format!("SIG{signal} to jail {jid}")),
+    }
 }
 
 /// Whether a command exits 0 (existence checks such as `zfs list NAME`).

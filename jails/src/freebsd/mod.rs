@@ -12,6 +12,7 @@ mod boot;
 pub mod confine;
 mod exec;
 pub mod plan;
+mod streams;
 mod sys;
 
 use std::path::Path;
@@ -20,12 +21,15 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, anyhow, bail};
 
-use self::exec::{Executor, run_cmd, succeeds};
+use self::exec::{Executor, run_cmd, run_from, run_into, succeeds};
+use self::plan::lifecycle::{self, SnapshotSource, StoredSnapshot};
 use self::plan::recover::{self as reconcile, HostTraces};
 use self::plan::template::{self as tpl, BuildInputs};
 use self::plan::{Layout, devfs, host, jail_name, mounts, rctl, sandbox, validate_id, zfs};
 use crate::template::validate_name;
-use crate::{Placement, Progress, Recipe, Recovery, SandboxSpec, Substrate, TemplateInfo, Usage};
+use crate::{
+    Capabilities, Placement, Progress, Recipe, Recovery, SandboxSpec, SnapshotInfo, Substrate, TemplateInfo, Usage,
+};
 
 /// Entry point of `copse-agent boot` inside a jail; see [`boot`].
 pub fn boot_agent(serve: impl FnOnce(std::os::unix::net::UnixListener) -> anyhow::Result<()>) -> ! {
@@ -78,6 +82,77 @@ impl JailSubstrate {
     fn destroy_with(&self, id: &str, host: &HostTraces) -> anyhow::Result<()> {
         let steps = sandbox::destroy(id, &host.of(&self.layout, id));
         Executor::new(None).run_all(&steps).with_context(|| format!("destroying sandbox {id}"))
+    }
+
+    /// The jid of sandbox `id`'s live jail.
+    fn jid(&self, id: &str) -> anyhow::Result<i32> {
+        validate_id(id).map_err(|e| anyhow!(e))?;
+        sys::find(&jail_name(id))?.ok_or_else(|| anyhow!("sandbox {id} is not running"))
+    }
+
+    fn stored_snapshots(&self) -> anyhow::Result<Vec<StoredSnapshot>> {
+        let out = run_cmd(&lifecycle::list_snapshots(&self.layout), None)?;
+        lifecycle::parse_snapshots(&self.layout, &out).map_err(|e| anyhow!(e))
+    }
+
+    fn check_snapshot_free(&self, snapshot_id: &str) -> anyhow::Result<()> {
+        if succeeds(&zfs::exists(&self.layout.snapshot_dataset(snapshot_id))) {
+            bail!("snapshot {snapshot_id} already exists");
+        }
+        Ok(())
+    }
+
+    fn cloned_snapshots(&self) -> anyhow::Result<Vec<String>> {
+        Ok(lifecycle::parse_cloned(&run_cmd(&lifecycle::list_clones(&self.layout), None)?))
+    }
+
+    fn property(&self, dataset: &str, property: &str) -> anyhow::Result<String> {
+        Ok(run_cmd(&zfs::get_number(dataset, property), None)?.trim().to_string())
+    }
+
+    /// Where `spec`'s dataset is cloned from: its template, or the copse
+    /// snapshot it names (which must be of that template).
+    fn origin(&self, spec: &SandboxSpec) -> anyhow::Result<zfs::Origin> {
+        if let Some(snapshot_id) = &spec.snapshot {
+            validate_id(snapshot_id).map_err(|e| anyhow!(e))?;
+            let stored = self.stored_snapshots()?;
+            let found = lifecycle::find(&stored, snapshot_id)
+                .ok_or_else(|| anyhow!("snapshot {snapshot_id} does not exist"))?;
+            if found.template.as_deref() != Some(spec.template.as_str()) {
+                bail!("snapshot {snapshot_id} is of template {:?}, not {}", found.template, spec.template);
+            }
+            return Ok(zfs::Origin::snapshot(&self.layout, snapshot_id, found.template_guid.unwrap_or(0)));
+        }
+        let template = self
+            .template_snapshots()?
+            .into_iter()
+            .find(|t| t.template == spec.template)
+            .ok_or_else(|| anyhow!("template {} is not built", spec.template))?;
+        Ok(zfs::Origin::template(&self.layout, &spec.template, template.guid))
+    }
+
+    /// Runs a create-shaped plan and reads the new placement; on failure
+    /// removes whatever of the sandbox exists.
+    fn boot(&self, spec: &SandboxSpec, steps: &[plan::Step]) -> anyhow::Result<Placement> {
+        let mut executor = Executor::new(None);
+        let created = executor.run_all(steps).and_then(|()| {
+            let jid = executor.jid().ok_or_else(|| anyhow!("no jail was created"))?;
+            let txg = run_cmd(&zfs::get_number(&self.layout.sandbox_dataset(&spec.id), "createtxg"), None)?;
+            Ok(reconcile::placement(jid, zfs::parse_number(&txg).map_err(|e| anyhow!(e))?))
+        });
+        if let Err(e) = &created {
+            tracing::warn!(sandbox = %spec.id, "create failed, cleaning up: {e:#}");
+            if let Err(cleanup) = self.destroy(&spec.id) {
+                tracing::error!(sandbox = %spec.id, "cleanup after failed create: {cleanup:#}");
+            }
+        }
+        created.with_context(|| format!("creating sandbox {}", spec.id))
+    }
+
+    /// Destroys deleted snapshots no sandbox is cloned from any more.
+    fn collect_snapshots(&self) -> anyhow::Result<()> {
+        let steps = lifecycle::collect(&self.stored_snapshots()?, &self.cloned_snapshots()?);
+        Executor::new(None).run_all(&steps)
     }
 
     fn build_template(&self, recipe: &Recipe, progress: Progress<'_>) -> anyhow::Result<()> {
@@ -136,24 +211,8 @@ impl Substrate for JailSubstrate {
     fn create(&self, spec: &SandboxSpec) -> anyhow::Result<Placement> {
         validate_id(&spec.id).map_err(|e| anyhow!(e))?;
         validate_name(&spec.template).map_err(|e| anyhow!(e))?;
-        let template = self
-            .template_snapshots()?
-            .into_iter()
-            .find(|t| t.template == spec.template)
-            .ok_or_else(|| anyhow!("template {} is not built", spec.template))?;
-        let mut executor = Executor::new(None);
-        let created = executor.run_all(&sandbox::create(&self.layout, spec, template.guid)).and_then(|()| {
-            let jid = executor.jid().ok_or_else(|| anyhow!("no jail was created"))?;
-            let txg = run_cmd(&zfs::get_number(&self.layout.sandbox_dataset(&spec.id), "createtxg"), None)?;
-            Ok(reconcile::placement(jid, zfs::parse_number(&txg).map_err(|e| anyhow!(e))?))
-        });
-        if let Err(e) = &created {
-            tracing::warn!(sandbox = %spec.id, "create failed, cleaning up: {e:#}");
-            if let Err(cleanup) = self.destroy(&spec.id) {
-                tracing::error!(sandbox = %spec.id, "cleanup after failed create: {cleanup:#}");
-            }
-        }
-        created.with_context(|| format!("creating sandbox {}", spec.id))
+        let origin = self.origin(spec)?;
+        self.boot(spec, &sandbox::create(&self.layout, spec, &origin))
     }
 
     fn destroy(&self, id: &str) -> anyhow::Result<()> {
@@ -161,7 +220,12 @@ impl Substrate for JailSubstrate {
             // No sandbox can have such an id, so there is nothing to remove.
             return Ok(());
         }
-        self.destroy_with(id, &self.observe()?)
+        self.destroy_with(id, &self.observe()?)?;
+        // A deleted snapshot this sandbox was the last clone of can go now.
+        if let Err(e) = self.collect_snapshots() {
+            tracing::warn!("collecting deleted snapshots: {e:#}");
+        }
+        Ok(())
     }
 
     fn is_alive(&self, id: &str, placement: &Placement) -> bool {
@@ -176,46 +240,109 @@ impl Substrate for JailSubstrate {
         Ok(usage)
     }
 
-    fn capabilities(&self) -> crate::Capabilities {
-        crate::Capabilities { memory_snapshots: false }
+    fn capabilities(&self) -> Capabilities {
+        // Jails have no way to save a process's memory; snapshots are of
+        // files only.
+        Capabilities { memory_snapshots: false }
     }
 
-    // Lifecycle on jails (SIGSTOP/SIGCONT, zfs snapshot/clone/rollback/send)
-    // is the FreeBSD issue's remaining work; until it lands these refuse.
-    fn pause(&self, _id: &str) -> anyhow::Result<()> {
-        bail!("pause is not implemented on the FreeBSD substrate yet")
+    fn pause(&self, id: &str) -> anyhow::Result<()> {
+        let jid = self.jid(id)?;
+        Executor::new(None).run_all(&lifecycle::pause(id, jid)).with_context(|| format!("pausing sandbox {id}"))
     }
 
-    fn resume(&self, _id: &str) -> anyhow::Result<()> {
-        bail!("resume is not implemented on the FreeBSD substrate yet")
+    fn resume(&self, id: &str) -> anyhow::Result<()> {
+        let jid = self.jid(id)?;
+        Executor::new(None).run_all(&lifecycle::resume(id, jid)).with_context(|| format!("resuming sandbox {id}"))
     }
 
-    fn snapshot(&self, _id: &str, _snapshot_id: &str) -> anyhow::Result<crate::SnapshotInfo> {
-        bail!("snapshots are not implemented on the FreeBSD substrate yet")
+    fn snapshot(&self, id: &str, snapshot_id: &str) -> anyhow::Result<SnapshotInfo> {
+        validate_id(snapshot_id).map_err(|e| anyhow!(e))?;
+        let jid = self.jid(id)?;
+        // Any dataset of that name, tagged or not: the undo below destroys
+        // it, so it must be one this call made.
+        self.check_snapshot_free(snapshot_id)?;
+        let dataset = self.layout.sandbox_dataset(id);
+        let source = SnapshotSource {
+            id: id.to_string(),
+            jid,
+            origin: self.property(&dataset, "origin")?,
+            template: self.property(&dataset, plan::PROP_TEMPLATE)?,
+            template_guid: zfs::parse_number(&self.property(&dataset, plan::PROP_TEMPLATE_GUID)?)
+                .map_err(|e| anyhow!(e))?,
+            paused: lifecycle::is_paused(&run_cmd(&lifecycle::processes(jid), None)?),
+        };
+        let taken = Executor::new(None).run_all(&lifecycle::snapshot(&self.layout, &source, snapshot_id));
+        if let Err(e) = taken {
+            // One step at a time, so a jail gone meanwhile (its SIGCONT
+            // fails) does not keep the copies from being removed.
+            for step in lifecycle::snapshot_undo(&self.layout, &source, snapshot_id) {
+                if let Err(undo) = Executor::new(None).run_all(std::slice::from_ref(&step)) {
+                    tracing::error!(sandbox = %id, "after a failed snapshot: {undo:#}");
+                }
+            }
+            return Err(e.context(format!("snapshot {snapshot_id} of sandbox {id}")));
+        }
+        self.stored_snapshots()?
+            .iter()
+            .find(|s| s.id.as_deref() == Some(snapshot_id) && !s.deleted)
+            .and_then(StoredSnapshot::info)
+            .ok_or_else(|| anyhow!("snapshot {snapshot_id} was taken but is not listed"))
     }
 
-    fn snapshots(&self) -> anyhow::Result<Vec<crate::SnapshotInfo>> {
-        Ok(Vec::new())
+    fn snapshots(&self) -> anyhow::Result<Vec<SnapshotInfo>> {
+        Ok(self.stored_snapshots()?.iter().filter_map(StoredSnapshot::info).collect())
     }
 
-    fn delete_snapshot(&self, _snapshot_id: &str) -> anyhow::Result<()> {
-        Ok(())
+    fn delete_snapshot(&self, snapshot_id: &str) -> anyhow::Result<()> {
+        if validate_id(snapshot_id).is_err() {
+            // No snapshot can have such an id, so there is nothing to remove.
+            return Ok(());
+        }
+        let stored = self.stored_snapshots()?;
+        let Some(found) = lifecycle::find(&stored, snapshot_id) else {
+            return Ok(());
+        };
+        let has_clones = self.cloned_snapshots()?.contains(&found.dataset);
+        Executor::new(None)
+            .run_all(&lifecycle::delete(found, has_clones))
+            .with_context(|| format!("deleting snapshot {snapshot_id}"))
     }
 
-    fn rollback(&self, _spec: &SandboxSpec, _snapshot_id: &str) -> anyhow::Result<Placement> {
-        bail!("rollback is not implemented on the FreeBSD substrate yet")
+    fn rollback(&self, spec: &SandboxSpec, snapshot_id: &str) -> anyhow::Result<Placement> {
+        validate_id(&spec.id).map_err(|e| anyhow!(e))?;
+        let spec = SandboxSpec { snapshot: Some(snapshot_id.to_string()), ..spec.clone() };
+        // Looked up before anything is torn down: a rollback to a snapshot
+        // that does not exist leaves the sandbox as it was.
+        let origin = self.origin(&spec)?;
+        let host = self.observe()?;
+        let steps = lifecycle::rollback(&self.layout, &spec, &host.of(&self.layout, &spec.id), &origin);
+        self.boot(&spec, &steps).with_context(|| format!("rolling sandbox {} back to {snapshot_id}", spec.id))
     }
 
-    fn export_snapshot(&self, _snapshot_id: &str, _out: &mut dyn std::io::Write) -> anyhow::Result<()> {
-        bail!("snapshot export is not implemented on the FreeBSD substrate yet")
+    fn export_snapshot(&self, snapshot_id: &str, out: &mut dyn std::io::Write) -> anyhow::Result<()> {
+        validate_id(snapshot_id).map_err(|e| anyhow!(e))?;
+        if lifecycle::find(&self.stored_snapshots()?, snapshot_id).is_none() {
+            bail!("snapshot {snapshot_id} does not exist");
+        }
+        run_into(&lifecycle::send_stream(&self.layout, snapshot_id), out)
+            .with_context(|| format!("exporting snapshot {snapshot_id}"))
     }
 
-    fn import_snapshot(
-        &self,
-        _snapshot_id: &str,
-        _input: &mut dyn std::io::Read,
-    ) -> anyhow::Result<crate::SnapshotInfo> {
-        bail!("snapshot import is not implemented on the FreeBSD substrate yet")
+    fn import_snapshot(&self, snapshot_id: &str, input: &mut dyn std::io::Read) -> anyhow::Result<SnapshotInfo> {
+        validate_id(snapshot_id).map_err(|e| anyhow!(e))?;
+        self.check_snapshot_free(snapshot_id)?;
+        let imported = run_from(&lifecycle::receive_stream(&self.layout, snapshot_id), input).and_then(|()| {
+            self.stored_snapshots()?
+                .iter()
+                .find(|s| s.id.as_deref() == Some(snapshot_id))
+                .and_then(StoredSnapshot::info)
+                .ok_or_else(|| anyhow!("the stream is not a copse snapshot (no {} property)", plan::PROP_TEMPLATE))
+        });
+        if imported.is_err() {
+            let _ = Executor::new(None).run_all(&lifecycle::import_undo(&self.layout, snapshot_id));
+        }
+        imported.with_context(|| format!("importing snapshot {snapshot_id}"))
     }
 
     fn recover(&self, known: &[(String, Placement)]) -> anyhow::Result<Recovery> {
@@ -230,6 +357,10 @@ impl Substrate for JailSubstrate {
         }
         if !failed.is_empty() {
             bail!("could not remove sandboxes {failed:?}; see the log");
+        }
+        // Leftover snapshot datasets only cost space: never block a start.
+        if let Err(e) = self.collect_snapshots() {
+            tracing::warn!("collecting deleted snapshots: {e:#}");
         }
         Ok(Recovery { adopted: decision.adopt, removed: decision.destroy })
     }

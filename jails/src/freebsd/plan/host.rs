@@ -47,7 +47,7 @@ mod tests {
     #[test]
     fn first_start_on_a_fresh_host_golden() {
         let plan = render(&prepare(&layout(), Path::new("/usr/local/libexec/copse-agent"), &Found::default()));
-        let head: String = plan.lines().take(7).map(|l| format!("{l}\n")).collect();
+        let head: String = plan.lines().take(8).map(|l| format!("{l}\n")).collect();
         assert_golden(
             &head,
             "
@@ -58,6 +58,7 @@ copy /usr/local/libexec/copse-agent /var/db/copse/agent/copse-agent mode=555
 run /sbin/zfs create -o mountpoint=none -o compression=lz4 -o atime=off -o setuid=off zroot/copse
 run /sbin/zfs create -o mountpoint=none -o compression=lz4 -o atime=off -o setuid=off zroot/copse/templates
 run /sbin/zfs create -o mountpoint=none -o compression=lz4 -o atime=off -o setuid=off zroot/copse/sandboxes
+run /sbin/zfs create -o mountpoint=none -o compression=lz4 -o atime=off -o setuid=off zroot/copse/snapshots
 ",
         );
         assert!(plan.contains("run /sbin/devfs rule -s 4270 delset\n"));

@@ -17,6 +17,7 @@ use std::path::{Path, PathBuf};
 pub mod devfs;
 pub mod host;
 pub mod jail;
+pub mod lifecycle;
 pub mod mounts;
 pub mod rctl;
 pub mod recover;
@@ -42,6 +43,7 @@ pub mod tool {
     pub const SHA256: &str = "/sbin/sha256";
     pub const CHROOT: &str = "/usr/sbin/chroot";
     pub const FREEBSD_VERSION: &str = "/bin/freebsd-version";
+    pub const PS: &str = "/bin/ps";
 }
 
 /// Where the agent binary appears inside every jail (a read-only nullfs
@@ -59,9 +61,21 @@ pub const PROP_TEMPLATE: &str = "copse:template";
 pub const PROP_TEMPLATE_GUID: &str = "copse:template_guid";
 pub const PROP_BUILT_AT: &str = "copse:built_at";
 pub const PROP_RECIPE: &str = "copse:recipe";
+/// On a dataset under `<root>/snapshots`: the snapshot id it holds. Like
+/// [`PROP_SANDBOX`], the only mark that makes it copse's to list or destroy.
+pub const PROP_SNAPSHOT: &str = "copse:snapshot";
+/// On a sandbox dataset: the snapshot it was created from, if any.
+pub const PROP_FROM_SNAPSHOT: &str = "copse:from_snapshot";
+/// On a snapshot dataset that was deleted while sandboxes still were
+/// clones of it: destroyed once the last of them is gone.
+pub const PROP_DELETED: &str = "copse:deleted";
 
 /// The snapshot every template is cloned from.
 pub const TEMPLATE_SNAPSHOT: &str = "base";
+
+/// The ZFS snapshot inside every dataset under `<root>/snapshots`, which
+/// sandboxes created from a copse snapshot are cloned from.
+pub const SNAPSHOT_SNAPSHOT: &str = "snapshot";
 
 /// The devfs ruleset number copse loads and mounts jails' `/dev` with.
 /// Rulesets 1–5 ship in `/etc/defaults/devfs.rules`; this one is copse's.
@@ -120,6 +134,21 @@ impl Layout {
 
     pub fn template_snapshot(&self, name: &str) -> String {
         format!("{}@{TEMPLATE_SNAPSHOT}", self.template_dataset(name))
+    }
+
+    /// Parent of the datasets that hold copse snapshots; they outlive the
+    /// sandbox they were taken from, so they cannot live below it.
+    pub fn snapshots_dataset(&self) -> String {
+        format!("{}/snapshots", self.dataset_root)
+    }
+
+    pub fn snapshot_dataset(&self, snapshot_id: &str) -> String {
+        format!("{}/{snapshot_id}", self.snapshots_dataset())
+    }
+
+    /// The ZFS snapshot sandboxes created from `snapshot_id` are cloned from.
+    pub fn snapshot_origin(&self, snapshot_id: &str) -> String {
+        format!("{}@{SNAPSHOT_SNAPSHOT}", self.snapshot_dataset(snapshot_id))
     }
 
     /// Mountpoint of a sandbox's clone, which is also its jail's `path`.
@@ -291,6 +320,20 @@ pub enum Step {
     },
     /// fork, `jail_attach(2)`, exec the agent with the socket as fd 3.
     StartAgent(jail::AgentLaunch),
+    /// fork, `jail_attach(2)` to `jid` (if the jail named `name` still has
+    /// it), then `kill(-1, signal)`: the kernel signals every process of
+    /// the jail but the sender in one pass, so nothing forked meanwhile
+    /// escapes, and no binary of the sandbox's is trusted to do it.
+    SignalJail {
+        name: String,
+        jid: i32,
+        signal: lifecycle::JailSignal,
+    },
+    /// `from | to`, failing if either fails (`zfs send | zfs recv`).
+    Pipe {
+        from: Cmd,
+        to: Cmd,
+    },
 }
 
 impl fmt::Display for Step {
@@ -310,6 +353,8 @@ impl fmt::Display for Step {
             Step::RemoveJail { name, jid } => write!(f, "jail_remove {jid} ({name})"),
             Step::BindAgentSocket { path } => write!(f, "listen {}", path.display()),
             Step::StartAgent(launch) => write!(f, "start {launch}"),
+            Step::SignalJail { name, jid, signal } => write!(f, "signal {signal} every process in jail {jid} ({name})"),
+            Step::Pipe { from, to } => write!(f, "run {from} | {to}"),
         }
     }
 }
@@ -354,6 +399,7 @@ mod tests {
         assert_eq!(none.devfs_ruleset, 4270);
         assert_eq!(none.sandbox_dataset("abc"), "zroot/copse/sandboxes/abc");
         assert_eq!(none.template_snapshot("base"), "zroot/copse/templates/base@base");
+        assert_eq!(none.snapshot_origin("s1"), "zroot/copse/snapshots/s1@snapshot");
         assert_eq!(none.sandbox_root("abc"), Path::new("/var/db/copse/sandboxes/abc"));
         assert_eq!(none.agent_binary(), Path::new("/var/db/copse/agent/copse-agent"));
 

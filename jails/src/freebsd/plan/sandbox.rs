@@ -14,12 +14,11 @@ use std::path::PathBuf;
 use super::{AGENT_DIR_IN_JAIL, Cmd, Layout, Step, devfs, jail, jail_name, mounts, rctl, tool, zfs};
 use crate::SandboxSpec;
 
-/// The steps of `Substrate::create`. `template_guid` is the guid of the
-/// template's `@base` snapshot, looked up just before.
-pub fn create(layout: &Layout, spec: &SandboxSpec, template_guid: u64) -> Vec<Step> {
+/// The steps of `Substrate::create`, from `origin` (looked up just before).
+pub fn create(layout: &Layout, spec: &SandboxSpec, origin: &zfs::Origin) -> Vec<Step> {
     let root = layout.sandbox_root(&spec.id);
     let agent_mountpoint = root.join(AGENT_DIR_IN_JAIL.trim_start_matches('/'));
-    let mut steps = vec![Step::Run(zfs::clone_sandbox(layout, spec, template_guid))];
+    let mut steps = vec![Step::Run(zfs::clone_sandbox(layout, spec, origin))];
     steps.extend(devfs::mount(&root, layout.devfs_ruleset));
     steps.push(Step::RealDir { path: agent_mountpoint.clone(), below: root.clone(), mode: 0o755 });
     steps.push(Step::Run(Cmd::new(
@@ -102,7 +101,7 @@ mod tests {
     #[test]
     fn create_plan_golden() {
         assert_golden(
-            &render(&create(&layout(), &spec(), 77)),
+            &render(&create(&layout(), &spec(), &zfs::Origin::template(&layout(), "base", 77))),
             "
 run /sbin/zfs clone -o mountpoint=/var/db/copse/sandboxes/i3k2m9x -o quota=2048M -o readonly=off -o compression=lz4 -o atime=off -o setuid=off -o copse:sandbox=i3k2m9x -o copse:template=base -o copse:template_guid=77 -o copse:agent_socket=/var/run/copse/i3k2m9x.sock zroot/copse/templates/base@base zroot/copse/sandboxes/i3k2m9x
 realdir /var/db/copse/sandboxes/i3k2m9x/dev mode=555 nosymlinks-below=/var/db/copse/sandboxes/i3k2m9x
@@ -126,7 +125,7 @@ start jail=copse-i3k2m9x cwd=/ fd3=/var/run/copse/i3k2m9x.sock PATH=/sbin:/bin:/
 
     #[test]
     fn agent_socket_stays_outside_the_jail_root() {
-        let plan = create(&layout(), &spec(), 77);
+        let plan = create(&layout(), &spec(), &zfs::Origin::template(&layout(), "base", 77));
         let root = layout().sandbox_root("i3k2m9x");
         for step in &plan {
             if let Step::BindAgentSocket { path } = step {

@@ -6,8 +6,8 @@
 use std::path::PathBuf;
 
 use super::{
-    Cmd, Layout, PROP_AGENT_SOCKET, PROP_BUILT_AT, PROP_SANDBOX, PROP_TEMPLATE, PROP_TEMPLATE_GUID, TEMPLATE_SNAPSHOT,
-    tool,
+    Cmd, Layout, PROP_AGENT_SOCKET, PROP_BUILT_AT, PROP_FROM_SNAPSHOT, PROP_SANDBOX, PROP_TEMPLATE, PROP_TEMPLATE_GUID,
+    TEMPLATE_SNAPSHOT, tool,
 };
 use crate::SandboxSpec;
 
@@ -31,12 +31,44 @@ pub fn create_parent(dataset: &str) -> Cmd {
 
 /// The parents `open` makes sure exist, outermost first.
 pub fn parents(layout: &Layout) -> Vec<String> {
-    vec![layout.dataset_root.clone(), layout.templates_dataset(), layout.sandboxes_dataset()]
+    vec![
+        layout.dataset_root.clone(),
+        layout.templates_dataset(),
+        layout.sandboxes_dataset(),
+        layout.snapshots_dataset(),
+    ]
 }
 
-/// `zfs clone` of a template's `@base` into the sandbox's dataset, tagged
-/// so crash reconciliation can find it and know what it came from.
-pub fn clone_sandbox(layout: &Layout, spec: &SandboxSpec, template_guid: u64) -> Cmd {
+/// What a sandbox's dataset is cloned from: its template's `@base`, or
+/// the `@snapshot` of a copse snapshot taken from a sandbox of the same
+/// template.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Origin {
+    /// Full ZFS snapshot name.
+    pub zfs_snapshot: String,
+    /// Guid of the template's `@base` the files ultimately come from.
+    pub template_guid: u64,
+    /// The copse snapshot id, when cloned from one.
+    pub snapshot_id: Option<String>,
+}
+
+impl Origin {
+    pub fn template(layout: &Layout, template: &str, guid: u64) -> Self {
+        Self { zfs_snapshot: layout.template_snapshot(template), template_guid: guid, snapshot_id: None }
+    }
+
+    pub fn snapshot(layout: &Layout, snapshot_id: &str, template_guid: u64) -> Self {
+        Self {
+            zfs_snapshot: layout.snapshot_origin(snapshot_id),
+            template_guid,
+            snapshot_id: Some(snapshot_id.to_string()),
+        }
+    }
+}
+
+/// `zfs clone` of `origin` into the sandbox's dataset, tagged so crash
+/// reconciliation can find it and know what it came from.
+pub fn clone_sandbox(layout: &Layout, spec: &SandboxSpec, origin: &Origin) -> Cmd {
     let mut props: Vec<(String, String)> = vec![
         ("mountpoint".into(), layout.sandbox_root(&spec.id).display().to_string()),
         // quota counts what the sandbox writes (and its snapshots), not the
@@ -50,15 +82,18 @@ pub fn clone_sandbox(layout: &Layout, spec: &SandboxSpec, template_guid: u64) ->
     props.extend([
         (PROP_SANDBOX.into(), spec.id.clone()),
         (PROP_TEMPLATE.into(), spec.template.clone()),
-        (PROP_TEMPLATE_GUID.into(), template_guid.to_string()),
+        (PROP_TEMPLATE_GUID.into(), origin.template_guid.to_string()),
         (PROP_AGENT_SOCKET.into(), spec.agent_socket.display().to_string()),
     ]);
+    if let Some(snapshot_id) = &origin.snapshot_id {
+        props.push((PROP_FROM_SNAPSHOT.into(), snapshot_id.clone()));
+    }
     let mut args = vec!["clone".to_string()];
     for (k, v) in props {
         args.push("-o".into());
         args.push(format!("{k}={v}"));
     }
-    args.push(layout.template_snapshot(&spec.template));
+    args.push(origin.zfs_snapshot.clone());
     args.push(layout.sandbox_dataset(&spec.id));
     Cmd::new(tool::ZFS, args)
 }
@@ -102,7 +137,7 @@ pub struct SandboxDataset {
     pub createtxg: u64,
 }
 
-fn prop(value: &str) -> Option<&str> {
+pub(super) fn prop(value: &str) -> Option<&str> {
     (value != "-" && !value.is_empty()).then_some(value)
 }
 
@@ -195,11 +230,22 @@ mod tests {
     #[test]
     fn clone_command_golden() {
         assert_eq!(
-            clone_sandbox(&layout(), &spec(), 1234567890123).to_string(),
+            clone_sandbox(&layout(), &spec(), &Origin::template(&layout(), "base", 1234567890123)).to_string(),
             "/sbin/zfs clone -o mountpoint=/var/db/copse/sandboxes/i3k2m9x -o quota=1024M -o readonly=off \
              -o compression=lz4 -o atime=off -o setuid=off -o copse:sandbox=i3k2m9x -o copse:template=base \
              -o copse:template_guid=1234567890123 -o copse:agent_socket=/var/run/copse/i3k2m9x.sock \
              zroot/copse/templates/base@base zroot/copse/sandboxes/i3k2m9x"
+        );
+    }
+
+    #[test]
+    fn clone_from_a_snapshot_golden() {
+        assert_eq!(
+            clone_sandbox(&layout(), &spec(), &Origin::snapshot(&layout(), "snap1", 42)).to_string(),
+            "/sbin/zfs clone -o mountpoint=/var/db/copse/sandboxes/i3k2m9x -o quota=1024M -o readonly=off \
+             -o compression=lz4 -o atime=off -o setuid=off -o copse:sandbox=i3k2m9x -o copse:template=base \
+             -o copse:template_guid=42 -o copse:agent_socket=/var/run/copse/i3k2m9x.sock \
+             -o copse:from_snapshot=snap1 zroot/copse/snapshots/snap1@snapshot zroot/copse/sandboxes/i3k2m9x"
         );
     }
 
@@ -213,6 +259,7 @@ mod tests {
                 "/sbin/zfs create -o mountpoint=none -o compression=lz4 -o atime=off -o setuid=off zroot/copse",
                 "/sbin/zfs create -o mountpoint=none -o compression=lz4 -o atime=off -o setuid=off zroot/copse/templates",
                 "/sbin/zfs create -o mountpoint=none -o compression=lz4 -o atime=off -o setuid=off zroot/copse/sandboxes",
+                "/sbin/zfs create -o mountpoint=none -o compression=lz4 -o atime=off -o setuid=off zroot/copse/snapshots",
             ]
         );
         assert_eq!(

@@ -1,0 +1,126 @@
+//! Lifecycle every substrate offers beyond create/destroy: pause and
+//! resume, filesystem snapshots, sandboxes from snapshots, rollback,
+//! export and import.
+
+use std::time::Duration;
+
+use copse_conformance::{Sandbox, Snapshot, fresh_id, serial, substrate};
+use copse_jails::Limits;
+
+const SMALL: Limits = Limits { cpu_count: 1, memory_mb: 256, disk_mb: 1024, pids: 64 };
+const TICKER: &str = "nohup sh -c 'while :; do echo t >> /home/user/ticks; sleep 0.05; done' >/dev/null 2>&1 &";
+
+fn ticks(sandbox: &Sandbox) -> usize {
+    sandbox.agent().sh("cat /home/user/ticks").unwrap().stdout.lines().count()
+}
+
+#[test]
+#[ignore = "needs root, COPSE_AGENT and a template: run `mise run conformance`"]
+fn pause_holds_every_process_and_resume_lets_them_go_on() {
+    let _serial = serial();
+    let sandbox = Sandbox::create("pause", SMALL).unwrap();
+    sandbox.agent().sh(TICKER).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+
+    let before = ticks(&sandbox);
+    substrate().pause(sandbox.id()).unwrap();
+    substrate().pause(sandbox.id()).unwrap();
+    // The agent is held too: it cannot answer.
+    let silent = sandbox.agent().sh_within("true", Duration::from_millis(500)).unwrap();
+    assert!(silent.is_none(), "a paused sandbox's agent answered: {silent:?}");
+    std::thread::sleep(Duration::from_secs(1));
+    substrate().resume(sandbox.id()).unwrap();
+    substrate().resume(sandbox.id()).unwrap();
+    let after = ticks(&sandbox);
+    // A second and a half of running would have written about 30 ticks.
+    assert!(after < before + 8, "ticker ran while paused: {before} then {after}");
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(ticks(&sandbox) > after + 2, "ticker did not go on after resume");
+    assert!(substrate().is_alive(sandbox.id(), &sandbox.placement));
+}
+
+#[test]
+#[ignore = "needs root, COPSE_AGENT and a template: run `mise run conformance`"]
+fn a_snapshot_keeps_files_for_new_sandboxes_and_outlives_deletion_of_its_users() {
+    let _serial = serial();
+    let origin = Sandbox::create("snap-origin", SMALL).unwrap();
+    origin.agent().write_file("/home/user/kept.txt", b"before\n").unwrap();
+    let snapshot = Snapshot(fresh_id("snap"));
+    let info = substrate().snapshot(origin.id(), &snapshot.0).unwrap();
+    assert_eq!((info.id.as_str(), info.template.as_str()), (snapshot.0.as_str(), "base"));
+    assert!(substrate().snapshots().unwrap().contains(&info));
+
+    // The origin runs on, unpaused, and its later writes are its own.
+    let out = origin.agent().sh_within("echo after > /home/user/later.txt && echo ok", Duration::from_secs(10));
+    assert_eq!(out.unwrap().map(|o| o.stdout), Some("ok\n".into()));
+
+    let copy = Sandbox::from_snapshot("snap-copy", SMALL, &snapshot.0).unwrap();
+    assert_eq!(copy.agent().read_file("/home/user/kept.txt").unwrap(), b"before\n");
+    let out = copy.agent().sh("test -e /home/user/later.txt && echo leaked || echo absent").unwrap();
+    assert_eq!(out.stdout, "absent\n");
+
+    // Deleting the snapshot forgets it; the sandbox made from it goes on.
+    substrate().delete_snapshot(&snapshot.0).unwrap();
+    assert!(!substrate().snapshots().unwrap().iter().any(|s| s.id == snapshot.0));
+    assert_eq!(copy.agent().read_file("/home/user/kept.txt").unwrap(), b"before\n");
+    substrate().delete_snapshot(&snapshot.0).unwrap();
+    assert!(Sandbox::from_snapshot("snap-gone", SMALL, &snapshot.0).is_err());
+}
+
+#[test]
+#[ignore = "needs root, COPSE_AGENT and a template: run `mise run conformance`"]
+fn a_snapshot_of_a_paused_sandbox_leaves_it_paused() {
+    let _serial = serial();
+    let sandbox = Sandbox::create("snap-paused", SMALL).unwrap();
+    substrate().pause(sandbox.id()).unwrap();
+    let snapshot = Snapshot(fresh_id("snap-paused"));
+    substrate().snapshot(sandbox.id(), &snapshot.0).unwrap();
+    assert!(sandbox.agent().sh_within("true", Duration::from_millis(500)).unwrap().is_none());
+    substrate().resume(sandbox.id()).unwrap();
+    assert_eq!(sandbox.agent().sh("echo back").unwrap().stdout, "back\n");
+}
+
+#[test]
+#[ignore = "needs root, COPSE_AGENT and a template: run `mise run conformance`"]
+fn rollback_brings_back_the_files_and_restarts_the_sandbox() {
+    let _serial = serial();
+    let mut sandbox = Sandbox::create("rollback", SMALL).unwrap();
+    sandbox.agent().write_file("/home/user/a.txt", b"original\n").unwrap();
+    let snapshot = Snapshot(fresh_id("rollback"));
+    substrate().snapshot(sandbox.id(), &snapshot.0).unwrap();
+    sandbox.agent().sh("echo changed > /home/user/a.txt; echo new > /home/user/b.txt; sleep 600 &").unwrap();
+
+    let placement = substrate().rollback(&sandbox.spec, &snapshot.0).unwrap();
+    assert_ne!(placement, sandbox.placement, "the sandbox was not started afresh");
+    sandbox.placement = placement;
+    assert!(substrate().is_alive(sandbox.id(), &sandbox.placement));
+    assert_eq!(sandbox.agent().read_file("/home/user/a.txt").unwrap(), b"original\n");
+    let out = sandbox.agent().sh("test -e /home/user/b.txt && echo kept || echo gone; pgrep -x sleep || true").unwrap();
+    assert_eq!(out.stdout, "gone\n", "files or processes survived the rollback");
+
+    // A snapshot that does not exist leaves the sandbox as it is.
+    assert!(substrate().rollback(&sandbox.spec, "conf-no-such-snapshot").is_err());
+    assert_eq!(sandbox.agent().read_file("/home/user/a.txt").unwrap(), b"original\n");
+}
+
+#[test]
+#[ignore = "needs root, COPSE_AGENT and a template: run `mise run conformance`"]
+fn an_exported_snapshot_imports_as_a_working_one() {
+    let _serial = serial();
+    let origin = Sandbox::create("export", SMALL).unwrap();
+    origin.agent().write_file("/home/user/moved.txt", b"travelled\n").unwrap();
+    let snapshot = Snapshot(fresh_id("export"));
+    substrate().snapshot(origin.id(), &snapshot.0).unwrap();
+    drop(origin);
+
+    let mut stream = Vec::new();
+    substrate().export_snapshot(&snapshot.0, &mut stream).unwrap();
+    assert!(!stream.is_empty());
+    let imported = Snapshot(fresh_id("import"));
+    let info = substrate().import_snapshot(&imported.0, &mut stream.as_slice()).unwrap();
+    assert_eq!((info.id.as_str(), info.template.as_str()), (imported.0.as_str(), "base"));
+
+    let copy = Sandbox::from_snapshot("imported", SMALL, &imported.0).unwrap();
+    assert_eq!(copy.agent().read_file("/home/user/moved.txt").unwrap(), b"travelled\n");
+    assert!(substrate().import_snapshot(&fresh_id("garbage"), &mut &b"not a snapshot"[..]).is_err());
+}
