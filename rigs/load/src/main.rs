@@ -34,11 +34,13 @@ const EXPECTED: &str = "332833500";
 #[derive(Parser, Debug)]
 #[command(version, about = "Snippet requests under sustained load: sandbox reused vs fresh per request")]
 struct Args {
-    /// hey workers (simultaneous requests).
-    #[arg(long, default_value_t = 10)]
+    /// hey workers (simultaneous requests); a cold code-interpreter create
+    /// keeps about one core busy for a second, so more than a few workers
+    /// on a small host only queue.
+    #[arg(long, default_value_t = 4)]
     concurrency: usize,
     /// How long hey sends requests in each mode, seconds.
-    #[arg(long, default_value_t = 20)]
+    #[arg(long, default_value_t = 30)]
     duration_s: u64,
     /// Modes to run.
     #[arg(long, value_delimiter = ',', default_values_t = ["reused".to_string(), "fresh-pooled".to_string(), "fresh-cold".to_string()])]
