@@ -205,27 +205,21 @@ fn rig_context(name: &str, title: &str, task: &str, files: &[ResultFile]) -> any
     if !bars.is_empty() {
         chart_svgs.push(charts::bars(&format!("{title}: p50 (bar) and p95 (line) per scenario"), "ms", &bars)?);
     }
-    let memory: Vec<(String, Vec<(f64, f64)>)> = scenarios_json
-        .iter()
-        .filter(|s| s["samples"]["sandboxes"].is_array())
-        .flat_map(|s| {
-            let name = s["name"].as_str().unwrap_or("?").trim_end_matches("-memory").to_string();
-            let x: Vec<Option<f64>> =
-                s["samples"]["sandboxes"].as_array().into_iter().flatten().map(Value::as_f64).collect();
-            ["avail_per_sandbox_mib", "cgroup_per_sandbox_mib"].map(|m| {
-                let y = s["samples"][m].as_array().cloned().unwrap_or_default();
+    // One chart per template: their scales differ by two orders of magnitude.
+    for sc in scenarios_json.iter().filter(|s| s["samples"]["sandboxes"].is_array()) {
+        let name = sc["name"].as_str().unwrap_or("?").trim_end_matches("-memory");
+        let x: Vec<Option<f64>> =
+            sc["samples"]["sandboxes"].as_array().into_iter().flatten().map(Value::as_f64).collect();
+        let series: Vec<(String, Vec<(f64, f64)>)> = ["avail_per_sandbox_mib", "cgroup_per_sandbox_mib"]
+            .iter()
+            .map(|m| {
+                let y = sc["samples"][*m].as_array().cloned().unwrap_or_default();
                 let pts = x.iter().zip(y.iter()).filter_map(|(x, y)| Some(((*x)?, y.as_f64()?))).collect();
-                (format!("{name} {m}"), pts)
+                (m.to_string(), pts)
             })
-        })
-        .collect();
-    if !memory.is_empty() {
-        chart_svgs.push(charts::lines(
-            "Host memory per sandbox by sandboxes alive",
-            "sandboxes alive",
-            "MiB per sandbox",
-            &memory,
-        )?);
+            .collect();
+        let caption = format!("{name}: host memory per sandbox by sandboxes alive");
+        chart_svgs.push(charts::lines(&caption, "sandboxes alive", "MiB per sandbox", &series)?);
     }
     let clock: Vec<Value> = j["clock"]
         .as_object()
