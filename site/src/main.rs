@@ -235,6 +235,17 @@ fn rig_context(name: &str, title: &str, task: &str, files: &[ResultFile]) -> any
         .flatten()
         .map(|t| json!({"claim": t["claim"], "value": fmt_value(&t["value_ms"]), "met": fmt_value(&t["met"])}))
         .collect();
+    // Ratios to the anchors, one row per tier (create-latency's derived.ratio_p50).
+    let ratio_rows: Vec<Value> = j["derived"]["ratio_p50"]
+        .as_object()
+        .into_iter()
+        .flatten()
+        .map(|(tier, r)| {
+            let cells: Vec<Value> =
+                r.as_object().into_iter().flatten().map(|(k, v)| json!({"key": k, "value": fmt_value(v)})).collect();
+            json!({"tier": tier, "cells": cells})
+        })
+        .collect();
     let others: Vec<Value> =
         files[1..].iter().map(|f| json!({"file": f.file, "started_at": f.json["started_at"]})).collect();
     Ok(context! {
@@ -244,7 +255,7 @@ fn rig_context(name: &str, title: &str, task: &str, files: &[ResultFile]) -> any
         commit => j["git"]["commit"],
         dirty => j["git"]["dirty"],
         charts => chart_svgs,
-        scenarios, clock, host, targets, others,
+        scenarios, clock, host, targets, others, ratio_rows,
         notes => j["notes"],
         derived => serde_json::to_string_pretty(&j["derived"])?,
         params => serde_json::to_string_pretty(&j["params"])?,
