@@ -47,6 +47,12 @@ fn meminfo_available() -> u64 {
 
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    // Linux figures only: on a host without them the rig writes nothing.
+    anyhow::ensure!(
+        mem_available(&std::fs::read_to_string("/proc/meminfo").unwrap_or_default()).is_some(),
+        "bench:density needs Linux's /proc/meminfo (MemAvailable) and memory cgroups; this host has neither, nothing \
+         written"
+    );
     let run = Run::begin(RIG);
     let bins = &args.common.bins;
     bins.check()?;
