@@ -89,6 +89,45 @@ impl Conn {
     }
 }
 
+impl Conn {
+    /// Runs `code` in a code-interpreter sandbox (`POST /execute` on its
+    /// Jupyter port through the gateway) and returns the main result's
+    /// text; an `error` line or a missing result is an error.
+    pub async fn run_code(&mut self, id: &str, token: &str, code: &str) -> anyhow::Result<String> {
+        let body = serde_json::json!({"code": code, "context_id": null, "language": null, "env_vars": null});
+        let req = self
+            .request(Method::POST, "/execute")
+            .header("e2b-sandbox-id", id)
+            .header("e2b-sandbox-port", "49999")
+            .header("x-access-token", token)
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from(body.to_string())))?;
+        let resp = self.send(req).await?;
+        let status = resp.status();
+        let body = resp.into_body().collect().await?.to_bytes();
+        if status != StatusCode::OK {
+            bail!("execute: HTTP {status}: {}", String::from_utf8_lossy(&body));
+        }
+        main_result(&body)
+    }
+}
+
+/// The main result text of an `/execute` NDJSON body.
+pub fn main_result(ndjson: &[u8]) -> anyhow::Result<String> {
+    let mut result = None;
+    for line in ndjson.split(|b| *b == b'\n').filter(|l| !l.iter().all(u8::is_ascii_whitespace)) {
+        let v: Value = serde_json::from_slice(line).context("execute: a line is not JSON")?;
+        match v["type"].as_str() {
+            Some("error") => {
+                bail!("execute: {}: {}", v["name"].as_str().unwrap_or("?"), v["value"].as_str().unwrap_or(""))
+            }
+            Some("result") if v["is_main_result"] == true => result = v["text"].as_str().map(String::from),
+            _ => {}
+        }
+    }
+    result.context("execute: no main result")
+}
+
 /// What a create response told the client.
 #[derive(Debug, Clone)]
 pub struct Created {
@@ -102,4 +141,17 @@ pub struct Created {
 /// A duration in (fractional) milliseconds.
 pub fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn main_result_of_an_execute_stream() {
+        let ok = b"{\"type\":\"stdout\",\"text\":\"x\"}\n{\"type\":\"result\",\"text\":\"2\",\"is_main_result\":true}\n{\"type\":\"end_of_execution\"}\n";
+        assert_eq!(main_result(ok).unwrap(), "2");
+        assert!(main_result(b"{\"type\":\"error\",\"name\":\"NameError\",\"value\":\"x\"}\n").is_err());
+        assert!(main_result(b"{\"type\":\"end_of_execution\"}\n").is_err());
+    }
 }

@@ -3,6 +3,7 @@
 //! private gateway each rig starts, the lean HTTP client it times with, and
 //! the result file every rig writes (`benchmarks/schema.md`).
 
+pub mod catalogue;
 pub mod client;
 pub mod facts;
 pub mod gateway;

@@ -10,12 +10,13 @@ use serde_json::{Value, json};
 use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 
+use crate::catalogue;
 use crate::facts::{cores, git_facts, host_facts, load_is_busy, loadavg, other_gateways};
 use crate::gateway::Binaries;
 use crate::stats::{Summary, round3};
 
 /// Result schema version written by every rig.
-pub const SCHEMA: u32 = 1;
+pub const SCHEMA: u32 = 2;
 
 /// One scenario's measurements, ready for the result file.
 #[derive(Debug, Clone, Default)]
@@ -25,6 +26,9 @@ pub struct Scenario {
     pub concurrency: usize,
     pub pool: Option<usize>,
     pub pace_ms: Option<f64>,
+    /// Wall clock of the whole scenario: first sample started → last sample
+    /// finished, all workers together; `None` when not measured.
+    pub wall_ms: Option<f64>,
     /// Aligned series; `None` where a sample lacks the metric.
     pub series: BTreeMap<String, Vec<Option<f64>>>,
     pub counters: serde_json::Map<String, Value>,
@@ -46,6 +50,11 @@ impl Scenario {
         self.series.get(metric).map_or(0, |v| v.iter().flatten().count())
     }
 
+    /// Successful samples (the length of the aligned series).
+    pub fn completed(&self) -> usize {
+        self.series.values().map(Vec::len).max().unwrap_or(0)
+    }
+
     pub fn to_json(&self) -> Value {
         let samples: serde_json::Map<String, Value> = self
             .series
@@ -58,17 +67,30 @@ impl Scenario {
             self.series.keys().filter_map(|k| Some((k.clone(), self.summary(k)?.to_json()))).collect();
         let mut counters = self.counters.clone();
         counters.insert("errors".into(), json!(self.errors.len()));
+        let (throughput, amortized) = rates(self.completed(), self.wall_ms);
         json!({
             "name": self.name,
             "client": self.client,
             "concurrency": self.concurrency,
             "pool": self.pool,
             "pace_ms": self.pace_ms.map(round3),
+            "wall_ms": self.wall_ms.map(round3),
+            "throughput_per_s": throughput,
+            "amortized_ms": amortized,
             "samples": samples,
             "summary": summary,
             "counters": counters,
             "errors": self.errors.iter().take(20).collect::<Vec<_>>(),
         })
+    }
+}
+
+/// `(throughput_per_s, amortized_ms)` of `n` samples completed in `wall_ms`:
+/// n ÷ wall and wall ÷ n (the per-sandbox cost when they ran side by side).
+pub fn rates(n: usize, wall_ms: Option<f64>) -> (Value, Value) {
+    match wall_ms {
+        Some(w) if w > 0.0 && n > 0 => (json!(round3(n as f64 * 1000.0 / w)), json!(round3(w / n as f64))),
+        _ => (Value::Null, Value::Null),
     }
 }
 
@@ -144,6 +166,7 @@ pub fn result_file_name(rig: &str, date: time::Date, commit: Option<&str>) -> St
 /// how busy it was.
 pub struct Run {
     pub rig: &'static str,
+    pub rig_version: u32,
     pub started_at: OffsetDateTime,
     pub git: Value,
     pub host: Value,
@@ -155,6 +178,7 @@ impl Run {
     pub fn begin(rig: &'static str) -> Self {
         Self {
             rig,
+            rig_version: catalogue::find(rig).map_or(1, |r| r.version),
             started_at: OffsetDateTime::now_utc(),
             git: git_facts(),
             host: host_facts(),
@@ -200,13 +224,23 @@ impl Run {
             p.insert("loadavg_end".into(), json!(load_end));
             p.insert("other_copse_up_processes_at_start".into(), json!(self.other_gateways));
         }
+        let mut host = self.host.clone();
+        host["loadavg_start"] = json!(self.load_start);
+        host["loadavg_end"] = json!(load_end);
+        // The operator's word on what else ran (e.g. "other engineers compiling").
+        host["note"] = json!(std::env::var("COPSE_BENCH_HOST_NOTE").ok().filter(|s| !s.is_empty()));
+        let metrics: std::collections::BTreeSet<&str> =
+            scenarios.iter().flat_map(|s| s.series.keys().map(String::as_str)).collect();
+        let clock = catalogue::find(self.rig).map_or(json!({}), |r| catalogue::clock_json(r, metrics));
         let result = json!({
             "rig": self.rig,
+            "rig_version": self.rig_version,
             "schema": SCHEMA,
             "started_at": self.started_at.format(&Rfc3339)?,
             "finished_at": OffsetDateTime::now_utc().format(&Rfc3339)?,
             "git": self.git,
-            "host": self.host,
+            "host": host,
+            "clock": clock,
             "params": params,
             "scenarios": scenarios.iter().map(Scenario::to_json).collect::<Vec<_>>(),
             "derived": derived,

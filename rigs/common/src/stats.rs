@@ -24,12 +24,13 @@ pub fn parse_server_timing(header: &str) -> Vec<(String, f64)> {
     out
 }
 
-/// p50/p95/min/max/mean over the present values of one sample series.
+/// p50/p95/p99/min/max/mean over the present values of one sample series.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Summary {
     pub n: usize,
     pub p50: f64,
     pub p95: f64,
+    pub p99: f64,
     pub min: f64,
     pub max: f64,
     pub mean: f64,
@@ -47,6 +48,7 @@ impl Summary {
             n: v.len(),
             p50: percentile_sorted(&v, 50.0),
             p95: percentile_sorted(&v, 95.0),
+            p99: percentile_sorted(&v, 99.0),
             min: v[0],
             max: v[v.len() - 1],
             mean: v.iter().sum::<f64>() / v.len() as f64,
@@ -58,6 +60,7 @@ impl Summary {
             "n": self.n,
             "p50": round3(self.p50),
             "p95": round3(self.p95),
+            "p99": round3(self.p99),
             "min": round3(self.min),
             "max": round3(self.max),
             "mean": round3(self.mean),
@@ -103,6 +106,7 @@ mod tests {
         assert_eq!(s.n, 100);
         assert!((s.p50 - 50.5).abs() < 1e-9);
         assert!((s.p95 - 95.05).abs() < 1e-9);
+        assert!((s.p99 - 99.01).abs() < 1e-9);
         assert_eq!((s.min, s.max), (1.0, 100.0));
         assert!((s.mean - 50.5).abs() < 1e-9);
     }

@@ -3,6 +3,8 @@
 //! `copse-rig-common`; everything that touches the network, processes or the
 //! clock lives in `main.rs`.
 
+pub mod anchors;
+
 use anyhow::{Context, bail};
 use serde_json::{Value, json};
 

@@ -7,7 +7,6 @@
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -21,6 +20,7 @@ use copse_rig_common::report::{
     find, p50_difference, p50_target, pool_miss_counters, print_footer, server_timing, server_timing_series,
 };
 use copse_rig_common::{Conn, Gateway, LEAN_CLIENT, RigArgs, Run, Scenario, SdkRun, ms, round3};
+use copse_rig_create::anchors;
 use copse_rig_create::{EnvelopeDecoder, StreamItem, classify, encode_envelope};
 use http_body_util::{BodyExt, Full};
 use hyper::{Method, StatusCode};
@@ -38,13 +38,13 @@ struct Args {
     #[arg(long, default_value_t = 100)]
     samples: usize,
     /// Concurrency levels to run; each worker has its own keep-alive connection.
-    #[arg(long, value_delimiter = ',', default_values_t = [1usize, 10])]
+    #[arg(long, value_delimiter = ',', default_values_t = [1usize, 10, 20, 50])]
     concurrency: Vec<usize>,
     /// Untimed samples each worker runs before the timed ones (connection set-up, caches).
     #[arg(long, default_value_t = 1)]
     warmup: usize,
     /// Warm pool size for the warm scenarios (should be >= the highest concurrency).
-    #[arg(long, default_value_t = 12)]
+    #[arg(long, default_value_t = 52)]
     warm_pool: usize,
     /// Pause per worker after each warm sample so the pool can refill; default: 2 x concurrency x cold create p50.
     #[arg(long)]
@@ -57,9 +57,12 @@ struct Args {
     /// The SDK measurement script.
     #[arg(long, default_value = "rigs/sdk_create_latency.py")]
     sdk_script: PathBuf,
-    /// Skip the fork+exec / unshare reference measurement.
+    /// Skip the anchors (fork+exec, unshare, podman) measured beside copse.
     #[arg(long)]
-    skip_reference: bool,
+    skip_anchors: bool,
+    /// Samples per concurrency tier for the runc and podman anchors (each takes tens to hundreds of ms).
+    #[arg(long, default_value_t = 40)]
+    container_samples: usize,
 }
 
 /// One lean-client sample.
@@ -88,9 +91,25 @@ fn main() -> anyhow::Result<()> {
 
     let mut scenarios: Vec<Scenario> = Vec::new();
     let mut gateway_children = serde_json::Map::new();
-    if !args.skip_reference {
-        eprintln!("== reference: spawn /bin/true, unshare -mnpiu --fork /bin/true");
-        scenarios.push(reference(args.samples)?);
+    if !args.skip_anchors {
+        let rootfs = bins.data_dir.join("templates/base/rootfs");
+        let bundle = std::env::temp_dir().join(format!("copse-rig-create-runc-{}", std::process::id()));
+        let mut containers = anchors::containers_available(&mut notes);
+        if containers && let Err(e) = anchors::runc_bundle(&bundle, &rootfs) {
+            notes.push(format!("container anchors skipped: {e:#}"));
+            containers = false;
+        }
+        for &cc in &args.concurrency {
+            for anchor in anchors::Anchor::ALL {
+                if anchor.is_container() && !containers {
+                    continue;
+                }
+                let n = if anchor.is_container() { args.container_samples } else { args.samples };
+                eprintln!("== anchor {} cc{cc}: {n} samples", anchor.metric());
+                scenarios.push(anchors::measure(anchor, cc, n, &rootfs, &bundle));
+            }
+        }
+        let _ = std::fs::remove_dir_all(&bundle);
     }
 
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
@@ -327,6 +346,7 @@ async fn lean(
         tokio::time::sleep(w).await;
     }
     go.wait().await;
+    let t0 = Instant::now();
     let mut samples = Vec::new();
     let mut errors = Vec::new();
     for t in tasks {
@@ -337,6 +357,9 @@ async fn lean(
             }
         }
     }
+    // Includes the pace sleeps of pooled scenarios: their throughput is the
+    // paced rate, not the gateway's ceiling.
+    let wall_ms = ms(t0.elapsed());
     let mut series: BTreeMap<String, Vec<Option<f64>>> = BTreeMap::new();
     let col = |f: &dyn Fn(&Sample) -> Option<f64>| samples.iter().map(f).collect::<Vec<_>>();
     series.insert("total_ms".into(), col(&|s| Some(s.total_ms)));
@@ -358,6 +381,7 @@ async fn lean(
         concurrency: cc,
         pool: Some(0),
         pace_ms,
+        wall_ms: Some(wall_ms),
         series,
         counters,
         errors,
@@ -386,47 +410,6 @@ fn sdk(
     Ok(run.into_scenario(name, "total_ms", Some(pool.unwrap_or(0)), pace_ms))
 }
 
-// ---------------------------------------------------------------- reference
-
-fn reference(n: usize) -> anyhow::Result<Scenario> {
-    let mut spawn = Vec::with_capacity(n);
-    let mut unshare = Vec::with_capacity(n);
-    let mut errors = Vec::new();
-    let run = |cmd: &mut Command| -> anyhow::Result<f64> {
-        let t = Instant::now();
-        let st = cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null()).status()?;
-        let d = ms(t.elapsed());
-        if !st.success() {
-            bail!("{cmd:?}: {st}");
-        }
-        Ok(d)
-    };
-    for i in 0..n + 1 {
-        let a = run(&mut Command::new("/bin/true"));
-        let b = run(Command::new("unshare").args(["-m", "-n", "-p", "-i", "-u", "--fork", "/bin/true"]));
-        if i == 0 {
-            continue; // page cache / first-exec warm-up
-        }
-        for (r, v) in [(a, &mut spawn), (b, &mut unshare)] {
-            match r {
-                Ok(d) => v.push(Some(d)),
-                Err(e) => errors.push(format!("{e:#}")),
-            }
-        }
-    }
-    let mut series = BTreeMap::new();
-    series.insert("spawn_true_ms".into(), spawn);
-    series.insert("unshare_mnpiu_fork_true_ms".into(), unshare);
-    Ok(Scenario {
-        name: "reference".into(),
-        client: "std::process::Command, sequential, wall clock spawn..wait".into(),
-        concurrency: 1,
-        series,
-        errors,
-        ..Scenario::default()
-    })
-}
-
 // ---------------------------------------------------------------- results
 
 fn derive(scenarios: &[Scenario], notes: &mut Vec<String>) -> Value {
@@ -451,7 +434,27 @@ fn derive(scenarios: &[Scenario], notes: &mut Vec<String>) -> Value {
                 .into(),
         );
     }
-    json!({ "sdk_overhead_ms": overhead })
+    json!({ "sdk_overhead_ms": overhead, "ratio_p50": ratios(scenarios) })
+}
+
+/// copse total_ms p50 ÷ anchor p50 at each tier: `ratio_p50.cc10.cold_vs_podman`.
+fn ratios(scenarios: &[Scenario]) -> Value {
+    let mut out = serde_json::Map::new();
+    for s in scenarios.iter().filter(|s| s.name.starts_with("lean-")) {
+        let Some((kind, cc)) = s.name.strip_prefix("lean-").and_then(|r| r.split_once("-cc")) else { continue };
+        let Some(copse) = s.p50("total_ms") else { continue };
+        for anchor in anchors::Anchor::ALL {
+            let Some(a) =
+                find(scenarios, &anchor.scenario_name(cc.parse().unwrap_or(0))).and_then(|a| a.p50(anchor.metric()))
+            else {
+                continue;
+            };
+            let key = format!("{kind}_vs_{}", anchor.metric().trim_end_matches("_ms"));
+            let tier = out.entry(format!("cc{cc}")).or_insert_with(|| json!({}));
+            tier[key] = json!(round3(copse / a));
+        }
+    }
+    Value::Object(out)
 }
 
 fn targets(scenarios: &[Scenario], notes: &mut Vec<String>) -> Value {
@@ -485,9 +488,17 @@ fn standing_notes(pool_supported: bool) -> Vec<String> {
         "Client and gateway share the same cores; at cc=10 on a 2-core host the samples queue on the CPU, so \
          cc=10 latency measures throughput pressure, not per-request cost."
             .into(),
-        "reference.spawn_true_ms is std::process::Command spawn+wait of /bin/true; \
-         reference.unshare_mnpiu_fork_true_ms runs util-linux `unshare -m -n -p -i -u --fork /bin/true`, i.e. \
-         two execs and two forks plus five namespaces (an upper bound of the namespace cost, not a pure unshare(2))."
+        "anchors run on the same host in the same run, before the gateways start, at the same concurrency \
+         tiers: anchor-fork-exec (spawn+wait of /bin/true), anchor-unshare (util-linux unshare with copse's six \
+         namespaces and --fork: two forks, two execs; an upper bound of the namespace cost), anchor-runc (`runc run` \
+         of a bundle over the base template's rootfs, read-only, copse's six namespaces: create+exec+delete by \
+         the OCI runtime alone), anchor-podman (podman run --rm on runc over the same rootfs as an overlay, no \
+         network). Debian's crun refuses this host's hybrid cgroup layout, hence runc. \
+         derived.ratio_p50 = copse lean total_ms p50 ÷ anchor p50 at the same tier."
+            .into(),
+        "wall_ms: the scenario's first timed sample started → its last finished, all workers together; \
+         throughput_per_s = samples ÷ wall, amortized_ms = wall ÷ samples (the CubeSandbox report's per-sandbox \
+         figure). Warm scenarios' wall includes the workers' pace sleeps, so their throughput is the paced rate."
             .into(),
     ];
     if pool_supported {
@@ -521,11 +532,9 @@ fn print_table(scenarios: &[Scenario]) {
         "errs"
     );
     for s in scenarios {
-        if s.name == "reference" {
-            for m in ["spawn_true_ms", "unshare_mnpiu_fork_true_ms"] {
-                if let Some(x) = s.summary(m) {
-                    println!("reference {m}: p50 {:.3} ms, p95 {:.3} ms (n {})", x.p50, x.p95, x.n);
-                }
+        if s.name.starts_with("anchor-") {
+            if let Some((m, x)) = s.series.keys().next().and_then(|m| Some((m, s.summary(m)?))) {
+                println!("{} {m}: p50 {:.3} ms, p95 {:.3} ms (n {})", s.name, x.p50, x.p95, x.n);
             }
             continue;
         }

@@ -347,6 +347,7 @@ async fn lean_create(
         series,
         counters,
         errors,
+        ..Scenario::default()
     })
 }
 

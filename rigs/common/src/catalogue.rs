@@ -1,0 +1,274 @@
+//! Every rig copse has or plans, with its task and the clock definition of
+//! each metric it records. Rigs copy their entry into the result file
+//! (`rig_version`, `clock`); the site lists planned rigs without a result as
+//! "not yet measured".
+
+/// One rig: its name in result files, the version of its measurement (bumped
+/// whenever a metric's meaning changes), the mise task and what it measures.
+#[derive(Debug, Clone, Copy)]
+pub struct RigDef {
+    pub name: &'static str,
+    pub version: u32,
+    pub task: &'static str,
+    pub title: &'static str,
+    /// Metric → what starts and what stops its clock (or how it is derived).
+    pub clock: &'static [(&'static str, &'static str)],
+}
+
+const SERVER_TIMING: [(&str, &str); 4] = [
+    (
+        "server_boot_ms",
+        "gateway's own account (Server-Timing `boot` of the create response): taking a sandbox out of the pool, or booting one",
+    ),
+    (
+        "server_handover_ms",
+        "gateway's own account (Server-Timing `handover`): registering the sandbox and building the response",
+    ),
+    ("server_total_ms", "gateway's own account (Server-Timing `total`): request handler entered → response ready"),
+    (
+        "api_overhead_ms",
+        "create_ms − server_total_ms: HTTP, JSON, routing and client time outside the gateway's own account",
+    ),
+];
+
+pub const RIGS: &[RigDef] = &[
+    RigDef {
+        name: "create-latency",
+        version: 2,
+        task: "bench:create",
+        title: "Create → first command",
+        clock: &[
+            (
+                "total_ms",
+                "client sends POST /v2/sandboxes → receives the `end` event of the first command (/bin/true; SDK: `bash -l -c true`)",
+            ),
+            (
+                "create_ms",
+                "client sends POST /v2/sandboxes → create response body read (SDK: Sandbox.create() returns)",
+            ),
+            ("exec_ms", "create response read → `end` event of the first command received"),
+            ("exec_start_event_ms", "create response read → `start` event of the first command received"),
+            ("delete_ms", "DELETE /sandboxes/{id} round trip; untimed clean-up, for information"),
+            ("kill_ms", "(SDK) sbx.kill() round trip; untimed clean-up, for information"),
+            SERVER_TIMING[0],
+            SERVER_TIMING[1],
+            SERVER_TIMING[2],
+            SERVER_TIMING[3],
+            ("spawn_true_ms", "anchor: fork+exec of /bin/true → child reaped (std::process::Command spawn + wait)"),
+            (
+                "unshare_mnpiu_fork_true_ms",
+                "anchor (v1 files): `unshare -m -n -p -i -u --fork /bin/true` spawned → reaped",
+            ),
+            ("fork_exec_ms", "anchor: fork+exec of /bin/true → child reaped, one per worker at the tier's concurrency"),
+            (
+                "unshare_ms",
+                "anchor: `unshare --mount --net --pid --ipc --uts --cgroup --fork /bin/true` spawned → reaped (the namespaces a copse sandbox gets)",
+            ),
+            (
+                "runc_ms",
+                "anchor: `runc run` of a bundle over the base template's rootfs (copse's six namespaces) spawned → reaped: OCI runtime create + exec + delete",
+            ),
+            (
+                "podman_ms",
+                "anchor: `podman run --rm --network none --runtime runc --rootfs <base rootfs>:O /bin/true` spawned → reaped",
+            ),
+        ],
+    },
+    RigDef {
+        name: "run-code",
+        version: 1,
+        task: "bench:run-code",
+        title: "Create → first run_code result",
+        clock: &[
+            (
+                "first_result_ms",
+                "client sends POST /v2/sandboxes → main `result` line of the first /execute received (SDK: on_result callback)",
+            ),
+            ("create_ms", "create round trip, response body read (SDK: Sandbox.create())"),
+            ("execute_ms", "create response read → main result line"),
+            ("execute_end_ms", "create response read → `end_of_execution` line"),
+            ("run_code_ms", "(SDK) run_code call → return"),
+            ("total_ms", "(SDK) Sandbox.create() call → run_code return"),
+            (
+                "roundtrip_ms",
+                "warm sandbox: /execute request sent → response body complete (SDK: run_code call → return)",
+            ),
+            ("result_ms", "warm sandbox: /execute request sent → main result line (SDK: on_result)"),
+            ("end_of_execution_ms", "warm sandbox: /execute request sent → `end_of_execution` line"),
+            ("delete_ms", "DELETE round trip; untimed clean-up, for information"),
+            ("kill_ms", "(SDK) sbx.kill() round trip; untimed clean-up, for information"),
+            SERVER_TIMING[0],
+            SERVER_TIMING[1],
+            SERVER_TIMING[2],
+            SERVER_TIMING[3],
+        ],
+    },
+    RigDef {
+        name: "density",
+        version: 1,
+        task: "bench:density",
+        title: "Idle sandboxes per host",
+        clock: &[
+            (
+                "create_ms",
+                "client sends POST /v2/sandboxes → response read (template `code-interpreter-v1`: → first run_code result, so its kernel runs)",
+            ),
+            (
+                "avail_per_sandbox_mib",
+                "not a clock: (MemAvailable before the batch − MemAvailable after it) ÷ sandboxes in the batch, /proc/meminfo",
+            ),
+            (
+                "cgroup_per_sandbox_mib",
+                "not a clock: mean of the sandboxes' memory cgroup usage (memory.usage_in_bytes, v1; memory.current, v2) after the batch",
+            ),
+            (
+                "cgroup_rss_per_sandbox_mib",
+                "not a clock: mean of the sandboxes' cgroup `rss` (v1) / `anon` (v2) from memory.stat after the batch",
+            ),
+        ],
+    },
+    RigDef {
+        name: "load",
+        version: 1,
+        task: "bench:load",
+        title: "Snippet requests under sustained load",
+        clock: &[
+            (
+                "latency_ms",
+                "load tool (hey) sends the HTTP request to the rig's front → response body received; the front runs the snippet in a sandbox",
+            ),
+            ("req_per_s", "not a clock: requests completed ÷ hey's wall time"),
+        ],
+    },
+    RigDef {
+        name: "net",
+        version: 1,
+        task: "bench:net",
+        title: "Network isolation path",
+        clock: &[
+            (
+                "rtt_ms",
+                "1-byte TCP request sent → 1-byte reply read, one connection with TCP_NODELAY, client in the sandbox's network namespace (host namespace for the reference)",
+            ),
+            ("gbit_per_s", "not a clock: iperf3 single-stream received rate from the sandbox's namespace to the peer"),
+            ("update_ms", "PUT /sandboxes/{id}/network with a 1000-address allowOut sent → response read"),
+            ("attach_ms", "cubenet attach of a fresh network namespace called → returned (no gateway)"),
+            ("detach_ms", "cubenet detach called → returned"),
+        ],
+    },
+    RigDef {
+        name: "pause-resume",
+        version: 1,
+        task: "bench:pause-resume",
+        title: "Pause and resume",
+        clock: &[
+            ("pause_ms", "POST /sandboxes/{id}/pause sent → 204 read"),
+            ("resume_ms", "POST /v2/sandboxes/{id}/connect sent → 201 read"),
+            (
+                "resume_to_health_ms",
+                "resume request sent → the sandbox's envd GET /health answered through the gateway",
+            ),
+        ],
+    },
+    RigDef {
+        name: "snapshot",
+        version: 1,
+        task: "bench:snapshot",
+        title: "Filesystem snapshot",
+        clock: &[
+            (
+                "snapshot_ms",
+                "POST /sandboxes/{id}/snapshots sent → 201 read (files copied while the sandbox is frozen)",
+            ),
+            ("delete_ms", "DELETE /templates/{snapshot} sent → 204 read"),
+        ],
+    },
+    RigDef {
+        name: "snapshot-dirty",
+        version: 1,
+        task: "bench:snapshot-dirty",
+        title: "Snapshot with dirty data",
+        clock: &[
+            (
+                "snapshot_ms",
+                "POST /sandboxes/{id}/snapshots sent → 201 read, with N MB written into the sandbox since boot",
+            ),
+            ("delete_ms", "DELETE /templates/{snapshot} sent → 204 read"),
+        ],
+    },
+    RigDef {
+        name: "from-snapshot",
+        version: 1,
+        task: "bench:from-snapshot",
+        title: "Create from snapshot",
+        clock: &[
+            ("create_ms", "POST /v2/sandboxes with the snapshot as templateID sent → 201 read"),
+            ("first_read_ms", "create response read → GET /files of a file from the snapshot read"),
+            ("total_ms", "create_ms + first_read_ms"),
+        ],
+    },
+    RigDef {
+        name: "rollback",
+        version: 1,
+        task: "bench:rollback",
+        title: "Rollback in place",
+        clock: &[(
+            "rollback_ms",
+            "POST /copse/sandboxes/{id}/rollback sent → 200 read (files replaced, processes restarted)",
+        )],
+    },
+    RigDef {
+        name: "clone",
+        version: 1,
+        task: "bench:clone",
+        title: "Clone a running sandbox",
+        clock: &[
+            (
+                "wall_ms",
+                "first POST /copse/sandboxes/{id}/clone of a round sent → last response read (all clones of the round)",
+            ),
+            ("per_sandbox_ms", "wall_ms ÷ clones per round"),
+        ],
+    },
+];
+
+pub fn find(name: &str) -> Option<&'static RigDef> {
+    RIGS.iter().find(|r| r.name == name)
+}
+
+/// The `clock` object of a result file: only the metrics the run recorded.
+pub fn clock_json<'a>(rig: &RigDef, metrics: impl IntoIterator<Item = &'a str>) -> serde_json::Value {
+    let mut out = serde_json::Map::new();
+    for m in metrics {
+        let def = rig.clock.iter().find(|(k, _)| *k == m).map(|(_, d)| *d).or_else(|| {
+            m.strip_prefix("server_").map(|_| "gateway's own account: a Server-Timing metric of the create response")
+        });
+        out.insert(m.to_string(), def.map_or(serde_json::Value::Null, |d| serde_json::Value::String(d.into())));
+    }
+    serde_json::Value::Object(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_and_tasks_are_unique() {
+        for (i, a) in RIGS.iter().enumerate() {
+            for b in &RIGS[i + 1..] {
+                assert_ne!(a.name, b.name);
+                assert_ne!(a.task, b.task);
+            }
+        }
+    }
+
+    #[test]
+    fn clock_covers_recorded_metrics_only() {
+        let rig = find("create-latency").unwrap();
+        let c = clock_json(rig, ["total_ms", "server_x_ms", "mystery_ms"]);
+        assert!(c["total_ms"].as_str().unwrap().starts_with("client sends"));
+        assert!(c["server_x_ms"].is_string());
+        assert!(c["mystery_ms"].is_null());
+        assert_eq!(c.as_object().unwrap().len(), 3);
+    }
+}

@@ -1,0 +1,2 @@
+pub mod charts;
+pub mod model;

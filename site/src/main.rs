@@ -1,0 +1,299 @@
+//! `copse-site`: renders the committed benchmark results, the published
+//! figures of other projects and the docs into a static site that works
+//! from `file://` (no scripts, no requests: charts are inline SVG, styles
+//! inline, raw JSON copied beside the pages).
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::Parser;
+use copse_rig_common::catalogue::RIGS;
+use copse_site::charts::{self, Bar};
+use copse_site::model::{self, ResultFile, fmt, fmt_value};
+use minijinja::{Environment, context};
+use serde_json::{Value, json};
+
+#[derive(Parser, Debug)]
+#[command(version, about = "Build the static site from benchmarks/results and docs/")]
+struct Args {
+    #[arg(long, default_value = "benchmarks/results")]
+    results: PathBuf,
+    #[arg(long, default_value = "benchmarks/published.json")]
+    published: PathBuf,
+    #[arg(long, default_value = "docs")]
+    docs: PathBuf,
+    #[arg(long, default_value = "benchmarks/schema.md")]
+    schema_doc: PathBuf,
+    #[arg(long, default_value = "site/dist")]
+    out: PathBuf,
+}
+
+/// Home-page figures: label, rig, scenario, metric, stat, unit.
+const HEADLINES: &[(&str, &str, &str, &str, &str, &str)] = &[
+    ("Create → first command, warm pool, p50", "create-latency", "lean-warm-cc1", "total_ms", "p50", "ms"),
+    ("Create → first command, cold, p50", "create-latency", "lean-cold-cc1", "total_ms", "p50", "ms"),
+    ("Cold creates per second at concurrency 50", "create-latency", "lean-cold-cc50", "", "throughput_per_s", "/s"),
+    ("Create → first run_code result, pooled, p50", "run-code", "lean-pooled", "first_result_ms", "p50", "ms"),
+    ("Warm run_code round trip, p50", "run-code", "lean-warm-roundtrip", "roundtrip_ms", "p50", "ms"),
+    ("Idle base sandboxes held", "density", "base-memory", "sandboxes", "last", "sandboxes"),
+    ("Host memory per idle base sandbox", "density", "base-memory", "avail_per_sandbox_mib", "last", "MiB"),
+    (
+        "Host memory per code-interpreter sandbox, kernel running",
+        "density",
+        "code-interpreter-v1-memory",
+        "avail_per_sandbox_mib",
+        "last",
+        "MiB",
+    ),
+    ("Snippet requests per second, sandbox reused", "load", "reused", "", "throughput_per_s", "/s"),
+    ("Snippet requests per second, fresh sandbox per request", "load", "fresh-pooled", "", "throughput_per_s", "/s"),
+    ("Pause + resume, p50", "pause-resume", "", "", "", "ms"),
+    ("Create from snapshot, p50", "from-snapshot", "", "", "", "ms"),
+    ("Clone of a running sandbox", "clone", "", "", "", "ms"),
+    ("Sandbox ↔ host round trip", "net", "", "", "", "µs"),
+];
+
+/// The metric a scenario's bar shows: the first of these it recorded.
+const PRIMARY: &[&str] = &[
+    "total_ms",
+    "first_result_ms",
+    "roundtrip_ms",
+    "latency_ms",
+    "create_ms",
+    "fork_exec_ms",
+    "unshare_ms",
+    "runc_ms",
+    "podman_ms",
+    "spawn_true_ms",
+];
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let results = model::load(&args.results)?;
+    let mut env = Environment::new();
+    env.add_template("layout.html", include_str!("../templates/layout.html"))?;
+    env.add_template("index.html", include_str!("../templates/index.html"))?;
+    env.add_template("rig.html", include_str!("../templates/rig.html"))?;
+    env.add_template("compare.html", include_str!("../templates/compare.html"))?;
+    env.add_template("prose.html", include_str!("../templates/prose.html"))?;
+    std::fs::create_dir_all(args.out.join("results"))?;
+    let write = |name: &str, html: String| std::fs::write(args.out.join(name), html);
+
+    // Every catalogued rig, then any rig that only a result file names.
+    let mut rigs: Vec<(String, String, String)> =
+        RIGS.iter().map(|r| (r.name.to_string(), r.title.to_string(), r.task.to_string())).collect();
+    for name in results.keys() {
+        if !rigs.iter().any(|r| &r.0 == name) {
+            rigs.push((name.clone(), name.clone(), format!("bench:{name}")));
+        }
+    }
+    let mut rig_rows = Vec::new();
+    for (name, title, task) in &rigs {
+        let files = results.get(name).map(Vec::as_slice).unwrap_or_default();
+        for f in files {
+            std::fs::copy(args.results.join(&f.file), args.out.join("results").join(&f.file))?;
+        }
+        let page = format!("rig-{name}.html");
+        let ctx = rig_context(name, title, task, files)?;
+        write(&page, env.get_template("rig.html")?.render(ctx)?)?;
+        rig_rows.push(json!({"title": title, "task": task, "href": page, "file": files.first().map(|f| &f.file)}));
+    }
+
+    let headlines: Vec<Value> = HEADLINES
+        .iter()
+        .map(|(label, rig, sc, metric, stat, unit)| {
+            let task = RIGS.iter().find(|r| r.name == *rig).map_or(String::new(), |r| r.task.to_string());
+            let latest = results.get(*rig).and_then(|f| f.first());
+            let value = latest.and_then(|f| f.figure(sc, metric, stat));
+            json!({
+                "label": label, "unit": unit, "task": task,
+                "value": value.map(fmt),
+                "href": format!("rig-{rig}.html#{sc}"),
+                "detail": latest.map(|f| format!("{sc} · {} · {}", if metric.is_empty() { stat } else { metric }, f.file)),
+            })
+        })
+        .collect();
+    write(
+        "index.html",
+        env.get_template("index.html")?.render(context! {
+            title => "measured numbers", headlines, rigs => rig_rows,
+        })?,
+    )?;
+
+    let published: Value = serde_json::from_slice(&std::fs::read(&args.published)?).context("published.json")?;
+    write("compare.html", env.get_template("compare.html")?.render(compare_context(&published, &results))?)?;
+
+    let prose = |md: &str| {
+        let mut html = String::new();
+        pulldown_cmark::html::push_html(
+            &mut html,
+            pulldown_cmark::Parser::new_ext(md, pulldown_cmark::Options::ENABLE_TABLES),
+        );
+        html
+    };
+    let read = |p: PathBuf| std::fs::read_to_string(&p).with_context(|| p.display().to_string());
+    let methodology = prose(&read(args.schema_doc.clone())?);
+    write("methodology.html", env.get_template("prose.html")?.render(context! {
+        title => "Methodology",
+        lead => "How every number is measured and recorded: the result schema every rig writes (benchmarks/schema.md). Percentiles interpolate linearly between closest ranks; summaries are computed by one library (copse-rig-common) from the raw samples stored in each file.",
+        html => methodology,
+    })?)?;
+    write(
+        "architecture.html",
+        env.get_template("prose.html")?.render(context! {
+            title => "Architecture", lead => "", html => prose(&read(args.docs.join("ARCHITECTURE.md"))?),
+        })?,
+    )?;
+    let substrates: std::collections::BTreeSet<String> =
+        results.values().flatten().filter_map(|f| f.json["host"]["substrate"].as_str().map(String::from)).collect();
+    let lead = format!(
+        "What exists for FreeBSD and what has not been run. Substrates with committed results on this site: {}. \
+         Nothing on this site was measured on FreeBSD; the FreeBSD code is compiled and linted for \
+         x86_64-unknown-freebsd and its pure logic golden-tested on Linux — not run on FreeBSD.",
+        substrates.into_iter().collect::<Vec<_>>().join(", ")
+    );
+    write(
+        "freebsd.html",
+        env.get_template("prose.html")?.render(context! {
+            title => "FreeBSD", lead, html => prose(&read(args.docs.join("freebsd.md"))?),
+        })?,
+    )?;
+    println!("site written to {}", args.out.display());
+    Ok(())
+}
+
+fn rig_context(name: &str, title: &str, task: &str, files: &[ResultFile]) -> anyhow::Result<minijinja::Value> {
+    let rig = json!({"name": name, "title": title, "task": task});
+    let Some(latest) = files.first() else {
+        return Ok(context! { title, rig });
+    };
+    let j = &latest.json;
+    let scenarios_json = j["scenarios"].as_array().cloned().unwrap_or_default();
+    let mut scenarios = Vec::new();
+    let mut bars = Vec::new();
+    for s in &scenarios_json {
+        let metrics: Vec<Value> = s["summary"]
+            .as_object()
+            .into_iter()
+            .flatten()
+            .map(|(m, st)| {
+                let g = |k: &str| fmt_value(&st[k]);
+                json!({"metric": m, "n": g("n"), "mean": g("mean"), "min": g("min"), "p50": g("p50"),
+                       "p95": g("p95"), "p99": g("p99"), "max": g("max")})
+            })
+            .collect();
+        if let Some(m) = PRIMARY.iter().find(|m| s["summary"][**m].is_object()) {
+            let st = &s["summary"][*m];
+            if let (Some(p50), Some(p95)) = (st["p50"].as_f64(), st["p95"].as_f64()) {
+                bars.push(Bar { label: format!("{} · {m}", s["name"].as_str().unwrap_or("?")), p50, p95 });
+            }
+        }
+        let counters = s["counters"]
+            .as_object()
+            .into_iter()
+            .flatten()
+            .map(|(k, v)| format!("{k} {}", fmt_value(v)))
+            .collect::<Vec<_>>()
+            .join(", ");
+        scenarios.push(json!({
+            "name": s["name"], "client": s["client"], "concurrency": s["concurrency"], "pool": fmt_value(&s["pool"]),
+            "wall": fmt_value(&s["wall_ms"]), "throughput": fmt_value(&s["throughput_per_s"]),
+            "amortized": fmt_value(&s["amortized_ms"]), "counters": counters, "metrics": metrics,
+        }));
+    }
+    let mut chart_svgs = Vec::new();
+    if !bars.is_empty() {
+        chart_svgs.push(charts::bars(&format!("{title}: p50 (bar) and p95 (line) per scenario"), "ms", &bars)?);
+    }
+    // One chart per template: their scales differ by two orders of magnitude.
+    for sc in scenarios_json.iter().filter(|s| s["samples"]["sandboxes"].is_array()) {
+        let name = sc["name"].as_str().unwrap_or("?").trim_end_matches("-memory");
+        let x: Vec<Option<f64>> =
+            sc["samples"]["sandboxes"].as_array().into_iter().flatten().map(Value::as_f64).collect();
+        let series: Vec<(String, Vec<(f64, f64)>)> = ["avail_per_sandbox_mib", "cgroup_per_sandbox_mib"]
+            .iter()
+            .map(|m| {
+                let y = sc["samples"][*m].as_array().cloned().unwrap_or_default();
+                let pts = x.iter().zip(y.iter()).filter_map(|(x, y)| Some(((*x)?, y.as_f64()?))).collect();
+                (m.to_string(), pts)
+            })
+            .collect();
+        let caption = format!("{name}: host memory per sandbox by sandboxes alive");
+        chart_svgs.push(charts::lines(&caption, "sandboxes alive", "MiB per sandbox", &series)?);
+    }
+    let clock: Vec<Value> = j["clock"]
+        .as_object()
+        .into_iter()
+        .flatten()
+        .map(|(m, d)| json!({"metric": m, "def": d.as_str().unwrap_or("not defined by this rig version")}))
+        .collect();
+    let host: Vec<Value> =
+        j["host"].as_object().into_iter().flatten().map(|(k, v)| json!({"key": k, "value": fmt_value(v)})).collect();
+    let targets: Vec<Value> = j["targets"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|t| json!({"claim": t["claim"], "value": fmt_value(&t["value_ms"]), "met": fmt_value(&t["met"])}))
+        .collect();
+    // Ratios to the anchors, one row per tier (create-latency's derived.ratio_p50).
+    let ratio_rows: Vec<Value> = j["derived"]["ratio_p50"]
+        .as_object()
+        .into_iter()
+        .flatten()
+        .map(|(tier, r)| {
+            let cells: Vec<Value> =
+                r.as_object().into_iter().flatten().map(|(k, v)| json!({"key": k, "value": fmt_value(v)})).collect();
+            json!({"tier": tier, "cells": cells})
+        })
+        .collect();
+    let others: Vec<Value> =
+        files[1..].iter().map(|f| json!({"file": f.file, "started_at": f.json["started_at"]})).collect();
+    Ok(context! {
+        title, rig,
+        file => latest.file,
+        started_at => j["started_at"],
+        commit => j["git"]["commit"],
+        dirty => j["git"]["dirty"],
+        charts => chart_svgs,
+        scenarios, clock, host, targets, others, ratio_rows,
+        notes => j["notes"],
+        derived => serde_json::to_string_pretty(&j["derived"])?,
+        params => serde_json::to_string_pretty(&j["params"])?,
+    })
+}
+
+fn compare_context(
+    published: &Value,
+    results: &std::collections::BTreeMap<String, Vec<ResultFile>>,
+) -> minijinja::Value {
+    let figures: Vec<Value> = published["figures"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|f| {
+            let c = &f["compare_to"];
+            let rig = c["rig"].as_str().unwrap_or("");
+            let latest = results.get(rig).and_then(|v| v.first());
+            let (sc, metric, stat) = (
+                c["scenario"].as_str().unwrap_or(""),
+                c["metric"].as_str().unwrap_or(""),
+                c["stat"].as_str().unwrap_or(""),
+            );
+            let value = latest.and_then(|r| r.figure(sc, metric, stat));
+            let missing = if latest.is_none() {
+                format!("not yet measured ({rig})")
+            } else {
+                format!("no like-for-like figure in the {rig} result yet")
+            };
+            json!({
+                "project": f["project"], "what": f["what"], "value": fmt_value(&f["value"]), "unit": f["unit"],
+                "source": f["source"], "url": f["url"],
+                "copse": value.map(fmt),
+                "copse_href": format!("rig-{rig}.html#{sc}"),
+                "copse_label": format!("{} {stat} of {sc}", metric),
+                "copse_missing": missing,
+            })
+        })
+        .collect();
+    context! { title => "Comparison", about => published["about"], figures }
+}
