@@ -56,9 +56,11 @@ pub struct Policy {
 }
 
 impl Policy {
-    /// What a sandbox gets when nobody asked for anything: open egress.
+    /// What a sandbox gets when nobody asked for anything: open egress, and
+    /// E2B's default resolver. Equal to what an empty create body asks for,
+    /// so handing out a pre-booted sandbox needs no policy change.
     pub fn open() -> Self {
-        Self::default()
+        Self { dns_servers: vec![DEFAULT_DNS], ..Self::default() }
     }
 
     /// The policy E2B's create and `update_network` bodies describe. Absent
@@ -289,9 +291,17 @@ mod tests {
     }
 
     #[test]
+    fn an_empty_create_body_asks_for_the_open_policy() {
+        // Pooled sandboxes boot open; anything else costs a ruleset change
+        // at hand-out.
+        assert_eq!(Policy::from_e2b(None, &[], &[], None).unwrap(), Policy::open());
+        assert_eq!(Policy::from_e2b(Some(true), &[], &[], None).unwrap(), Policy::open());
+    }
+
+    #[test]
     fn ipv6_entries_are_accepted_and_inert() {
         let policy = Policy::from_e2b(None, &strings(&["2001:db8::/32"]), &strings(&["::1"]), None).unwrap();
-        assert_eq!(policy, Policy { dns_servers: vec![DEFAULT_DNS], ..Policy::default() });
+        assert_eq!(policy, Policy::open());
     }
 
     #[test]
