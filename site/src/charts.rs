@@ -21,7 +21,9 @@ pub fn bars(caption: &str, unit: &str, rows: &[Bar]) -> anyhow::Result<String> {
     let rows: Vec<&Bar> = rows.iter().rev().collect();
     let rows = rows.as_slice();
     let n = rows.len().max(1);
-    let height = 60 + 26 * n as u32;
+    // Room for the caption and axis whatever the row count; one row alone
+    // would otherwise get less height than its bar margins.
+    let height = 90 + 26 * n as u32;
     let mut svg = String::new();
     {
         let root = SVGBackend::with_string(&mut svg, (760, height)).into_drawing_area();

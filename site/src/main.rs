@@ -47,10 +47,12 @@ const HEADLINES: &[(&str, &str, &str, &str, &str, &str)] = &[
     ),
     ("Snippet requests per second, sandbox reused", "load", "reused", "", "throughput_per_s", "/s"),
     ("Snippet requests per second, fresh sandbox per request", "load", "fresh-pooled", "", "throughput_per_s", "/s"),
-    ("Pause + resume, p50", "pause-resume", "", "", "", "ms"),
-    ("Create from snapshot, p50", "from-snapshot", "", "", "", "ms"),
-    ("Clone of a running sandbox", "clone", "", "", "", "ms"),
-    ("Sandbox ↔ host round trip", "net", "", "", "", "µs"),
+    ("Pause, memory kept, p50", "pause-resume", "pause-resume-memory-c1", "pause_ms", "p50", "ms"),
+    ("Resume through connect, p50", "pause-resume", "pause-resume-memory-c1", "resume_ms", "p50", "ms"),
+    ("Snapshot with 100 MB written, p50", "snapshot-dirty", "dirty-100mb", "snapshot_ms", "p50", "ms"),
+    ("Create from a 1 GiB snapshot, p50", "from-snapshot", "from-1024mb", "create_ms", "p50", "ms"),
+    ("Clone 100 sandboxes (10 requests), wall, p50", "clone", "clone-100-c10", "wall_ms", "p50", "ms"),
+    ("Sandbox → peer TCP round trip, p50", "net", "rtt-sandbox-peer", "rtt_ms", "p50", "ms"),
 ];
 
 /// The metric a scenario's bar shows: the first of these it recorded.
@@ -65,6 +67,14 @@ const PRIMARY: &[&str] = &[
     "runc_ms",
     "podman_ms",
     "spawn_true_ms",
+    // Lifecycle and network rigs: the operation each scenario times.
+    "pause_ms",
+    "snapshot_ms",
+    "rollback_ms",
+    "wall_ms",
+    "rtt_ms",
+    "update_ms",
+    "attach_ms",
 ];
 
 fn main() -> anyhow::Result<()> {

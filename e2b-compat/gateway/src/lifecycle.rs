@@ -64,16 +64,7 @@ impl Sandboxes {
             .await?;
             None
         } else {
-            let key = snapshot_key();
-            self.blocking({
-                let (id, key) = (id.to_string(), key.clone());
-                move |s| {
-                    s.snapshot(&id, &key)?;
-                    s.destroy(&id)
-                }
-            })
-            .await?;
-            Some(key)
+            Some(self.stash_files(id).await?)
         };
         record.paused = Some(Paused { remaining_ms: (record.end_at_ms - now_ms()).max(0), files_only });
         record.state = State::Paused;
@@ -153,17 +144,30 @@ impl Sandboxes {
         Ok(record)
     }
 
-    async fn restart_from_own_files(&self, record: SandboxRecord) -> Result<SandboxRecord> {
+    async fn restart_from_own_files(&self, mut record: SandboxRecord) -> Result<SandboxRecord> {
+        let key = self.stash_files(&record.id).await?;
+        // Recorded before the reboot: if that fails, the sandbox stays
+        // paused on its files instead of pointing at processes now gone.
+        if let Some(paused) = record.paused.as_mut() {
+            paused.files_only = Some(key.clone());
+        }
+        self.store.put(&record)?;
+        self.reboot_from(record, &key).await
+    }
+
+    /// Keeps the sandbox's files in a new substrate snapshot and ends its
+    /// processes; returns the snapshot's key.
+    async fn stash_files(&self, id: &str) -> Result<String> {
         let key = snapshot_key();
         self.blocking({
-            let (id, key) = (record.id.clone(), key.clone());
+            let (id, key) = (id.to_string(), key.clone());
             move |s| {
                 s.snapshot(&id, &key)?;
                 s.destroy(&id)
             }
         })
         .await?;
-        self.reboot_from(record, &key).await
+        Ok(key)
     }
 
     /// A filesystem snapshot of a running (or frozen) sandbox, kept under
