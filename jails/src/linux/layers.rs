@@ -122,16 +122,21 @@ impl LayerStore {
     }
 
     pub fn list(&self) -> anyhow::Result<Vec<SnapshotInfo>> {
+        Ok(self.files()?.iter().map(|(id, file)| info(id, file)).collect())
+    }
+
+    /// Every snapshot's id and record, by id.
+    fn files(&self) -> anyhow::Result<Vec<(String, SnapshotFile)>> {
         let mut out = Vec::new();
         for entry in fs::read_dir(&self.snapshots)?.filter_map(Result::ok) {
             let name = entry.file_name().to_string_lossy().into_owned();
             if let Some(id) = name.strip_suffix(".json")
                 && let Some(file) = self.read(id)?
             {
-                out.push(info(id, &file));
+                out.push((id.to_string(), file));
             }
         }
-        out.sort_by(|a, b| a.id.cmp(&b.id));
+        out.sort_by(|a, b| a.0.cmp(&b.0));
         Ok(out)
     }
 
@@ -153,12 +158,7 @@ impl LayerStore {
     }
 
     fn collect(&self, sandboxes: &Path) -> anyhow::Result<()> {
-        let mut named = HashSet::new();
-        for snapshot in self.list()? {
-            if let Some(file) = self.read(&snapshot.id)? {
-                named.extend(file.base.layers);
-            }
-        }
+        let mut named: HashSet<String> = self.files()?.into_iter().flat_map(|(_, f)| f.base.layers).collect();
         if let Ok(entries) = fs::read_dir(sandboxes) {
             for entry in entries.filter_map(Result::ok) {
                 if let Ok(bytes) = fs::read(entry.path().join("base.json"))

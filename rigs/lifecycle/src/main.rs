@@ -249,17 +249,8 @@ async fn snapshots(api: &Api, name: &str, cc: usize, n: usize, mb: usize) -> any
         let mut rows = Vec::new();
         for _ in 0..per_worker {
             let t0 = Instant::now();
-            let snap = api
-                .expect(
-                    &mut conn,
-                    Method::POST,
-                    &format!("/sandboxes/{}/snapshots", sbx.id),
-                    Some(json!({})),
-                    StatusCode::CREATED,
-                )
-                .await?;
+            let id = api.snapshot(&mut conn, &sbx.id).await?;
             let snapshot = ms(t0.elapsed());
-            let id = snap["snapshotID"].as_str().context("no snapshotID")?.to_string();
             let t1 = Instant::now();
             api.expect(&mut conn, Method::DELETE, &format!("/templates/{id}"), None, StatusCode::NO_CONTENT).await?;
             rows.push([snapshot, ms(t1.elapsed())]);
@@ -280,16 +271,7 @@ async fn from_snapshot(api: &Api, mb: usize, n: usize) -> anyhow::Result<Scenari
         api.upload(&mut conn, &source, "/home/user/dirty.bin", filler(mb)).await?;
     }
     api.upload(&mut conn, &source, "/home/user/marker", Bytes::from_static(b"from the snapshot")).await?;
-    let snap = api
-        .expect(
-            &mut conn,
-            Method::POST,
-            &format!("/sandboxes/{}/snapshots", source.id),
-            Some(json!({})),
-            StatusCode::CREATED,
-        )
-        .await?;
-    let snap = snap["snapshotID"].as_str().context("no snapshotID")?.to_string();
+    let snap = api.snapshot(&mut conn, &source.id).await?;
     api.delete(&mut conn, &source.id).await?;
     let mut rows = Vec::new();
     for _ in 0..n {
@@ -315,16 +297,7 @@ async fn rollback(api: &Api, n: usize) -> anyhow::Result<Scenario> {
     let mut conn = Conn::open(api.addr).await?;
     let sbx = api.create(&mut conn, "base").await?;
     api.upload(&mut conn, &sbx, "/home/user/dirty.bin", filler(16)).await?;
-    let snap = api
-        .expect(
-            &mut conn,
-            Method::POST,
-            &format!("/sandboxes/{}/snapshots", sbx.id),
-            Some(json!({})),
-            StatusCode::CREATED,
-        )
-        .await?;
-    let snap = snap["snapshotID"].as_str().context("no snapshotID")?.to_string();
+    let snap = api.snapshot(&mut conn, &sbx.id).await?;
     let mut rows = Vec::new();
     for _ in 0..n {
         api.upload(&mut conn, &sbx, "/home/user/after", Bytes::from_static(b"written after the snapshot")).await?;
@@ -481,6 +454,13 @@ impl Api {
             id: created["sandboxID"].as_str().context("no sandboxID")?.to_string(),
             token: created["envdAccessToken"].as_str().unwrap_or("").to_string(),
         })
+    }
+
+    /// `POST /sandboxes/{id}/snapshots`; returns the snapshot's id.
+    async fn snapshot(&self, conn: &mut Conn, id: &str) -> anyhow::Result<String> {
+        let path = format!("/sandboxes/{id}/snapshots");
+        let snap = self.expect(conn, Method::POST, &path, Some(json!({})), StatusCode::CREATED).await?;
+        Ok(snap["snapshotID"].as_str().context("no snapshotID")?.to_string())
     }
 
     async fn delete(&self, conn: &mut Conn, id: &str) -> anyhow::Result<()> {
