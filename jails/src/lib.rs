@@ -231,15 +231,33 @@ pub fn host_substrate(
 
 /// Entry point of `copse-agent boot`, run by the substrate as the first
 /// process of a new sandbox: finishes the sandbox's set-up from inside, then
-/// calls `serve` with the listening socket the gateway will connect to.
+/// (on FreeBSD here, on Linux through [`init_agent`]) calls `serve` with the
+/// listening socket the gateway will connect to.
 /// Exits the process; never returns.
 pub fn boot_agent(serve: impl FnOnce(std::os::unix::net::UnixListener) -> anyhow::Result<()>) -> ! {
     #[cfg(target_os = "linux")]
     {
-        linux::boot::run_from_stdin(serve)
+        drop(serve);
+        linux::boot::run_from_stdin()
     }
     #[cfg(target_os = "freebsd")]
     {
         freebsd::boot_agent(serve)
+    }
+}
+
+/// Entry point of `copse-agent boot --init`: the sandbox's init once it runs
+/// from the agent binary inside the sandbox (Linux only; see
+/// `linux::boot`). Never returns.
+pub fn init_agent(serve: impl FnOnce(std::os::unix::net::UnixListener) -> anyhow::Result<()>) -> ! {
+    #[cfg(target_os = "linux")]
+    {
+        linux::boot::run_init(serve)
+    }
+    #[cfg(target_os = "freebsd")]
+    {
+        drop(serve);
+        eprintln!("copse boot: --init is the second stage of a Linux sandbox's init");
+        std::process::exit(2)
     }
 }

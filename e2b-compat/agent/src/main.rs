@@ -34,7 +34,11 @@ enum Command {
     },
     /// Inside a new sandbox: set it up and serve on the socket handed over
     /// by the substrate.
-    Boot,
+    Boot {
+        /// The sandbox's init, re-executed from inside the sandbox.
+        #[arg(long, hide = true)]
+        init: bool,
+    },
 }
 
 fn main() -> anyhow::Result<()> {
@@ -50,12 +54,13 @@ fn main() -> anyhow::Result<()> {
                 AgentConfig { access_token, default_user, etc_dir, confine: !no_confine, ..AgentConfig::default() };
             copse_agent::serve_blocking(listener, config)
         }
-        Command::Boot => boot(),
+        Command::Boot { init } => boot(init),
     }
 }
 
 /// The substrate sets the sandbox up and hands over the agent's socket.
-fn boot() -> anyhow::Result<()> {
+fn boot(init: bool) -> anyhow::Result<()> {
     let config = AgentConfig { loopback_port: Some(copse_agent::ports::AGENT_PORT), ..AgentConfig::default() };
-    copse_jails::boot_agent(|listener| copse_agent::serve_blocking(listener, config))
+    let serve = |listener| copse_agent::serve_blocking(listener, config);
+    if init { copse_jails::init_agent(serve) } else { copse_jails::boot_agent(serve) }
 }

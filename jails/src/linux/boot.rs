@@ -2,13 +2,20 @@
 //! running, isolated init with the agent beside it.
 //!
 //! The gateway computes a [`BootPlan`] and starts `copse-agent boot` with it
-//! on standard input and the agent's listening socket as fd 3. That process
-//! (fresh, single-threaded) joins the sandbox's cgroup, unshares every
-//! namespace, and forks the sandbox's init. Init builds the root filesystem
-//! inside its private mount namespace (so no mount is ever visible on the
-//! host, and all of them vanish with the namespace), pivots into it and forks
-//! the agent, then reaps orphans until the agent exits. The boot process
-//! reports init's host pid on standard output and exits.
+//! on standard input. That process (fresh, single-threaded) joins the
+//! sandbox's cgroup, unshares every namespace, and forks the sandbox's init.
+//! Init makes itself a session leader, builds the root filesystem inside its
+//! private mount namespace (so no mount is ever visible on the host, and all
+//! of them vanish with the namespace), pivots into it, and re-executes the
+//! agent binary from inside the sandbox (`copse-agent boot --init`, see
+//! [`run_init`]). That second stage binds the agent's socket on the
+//! sandbox's socket directory, forks the agent, and reaps orphans until the
+//! agent exits. The boot process reports init's host pid on standard output
+//! and exits.
+//!
+//! Everything a sandbox's processes hold therefore lives inside the sandbox:
+//! their executable, their socket, their session. That is what lets CRIU
+//! checkpoint the whole tree (see [`super::checkpoint`]).
 
 use std::fs;
 use std::io::{Read, Write};
@@ -24,8 +31,16 @@ use nix::sys::wait::{WaitStatus, waitpid};
 use nix::unistd::{ForkResult, Pid, chdir, fork, pivot_root, sethostname};
 use serde::{Deserialize, Serialize};
 
-/// The fd on which the boot process receives the agent's listening socket.
-pub const LISTEN_FD: i32 = 3;
+/// Where the host's agent directory is mounted (read-only) in a sandbox.
+pub const AGENT_MOUNT: &str = ".copse/bin";
+/// Where the sandbox's own socket directory is mounted in a sandbox.
+pub const SOCKET_MOUNT: &str = ".copse/run";
+/// The agent binary's and socket's names inside those directories.
+pub const AGENT_NAME: &str = "copse-agent";
+pub const SOCKET_NAME: &str = "agent.sock";
+
+/// The fd on which the second stage of init finds the readiness pipe.
+const REPORT_FD: i32 = 3;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BootPlan {
@@ -40,6 +55,10 @@ pub struct BootPlan {
     pub root: PathBuf,
     /// `cgroup.procs` files to join before unsharing.
     pub cgroup_procs: Vec<PathBuf>,
+    /// Host directory holding the agent binary, shared by every sandbox.
+    pub agent_dir: PathBuf,
+    /// Host directory for this sandbox's agent socket.
+    pub socket_dir: PathBuf,
 }
 
 impl BootPlan {
@@ -65,12 +84,12 @@ pub const PROC_MASKED: &[&str] = &["kcore", "keys", "timer_list", "sched_debug"]
 
 /// Entry point of `copse-agent boot`. Never returns: the process exits with
 /// 0 once init reported a ready sandbox, 1 otherwise.
-pub fn run_from_stdin(serve: impl FnOnce(UnixListener) -> anyhow::Result<()>) -> ! {
+pub fn run_from_stdin() -> ! {
     let result = (|| -> anyhow::Result<()> {
         let mut input = String::new();
         std::io::stdin().read_to_string(&mut input).context("reading the boot plan")?;
         let plan: BootPlan = serde_json::from_str(&input).context("parsing the boot plan")?;
-        boot(&plan, serve)
+        boot(&plan)
     })();
     match result {
         Ok(()) => std::process::exit(0),
@@ -81,7 +100,7 @@ pub fn run_from_stdin(serve: impl FnOnce(UnixListener) -> anyhow::Result<()>) ->
     }
 }
 
-fn boot(plan: &BootPlan, serve: impl FnOnce(UnixListener) -> anyhow::Result<()>) -> anyhow::Result<()> {
+fn boot(plan: &BootPlan) -> anyhow::Result<()> {
     let pid = std::process::id().to_string();
     for procs in &plan.cgroup_procs {
         fs::write(procs, &pid).with_context(|| format!("joining {}", procs.display()))?;
@@ -95,12 +114,18 @@ fn boot(plan: &BootPlan, serve: impl FnOnce(UnixListener) -> anyhow::Result<()>)
             | CloneFlags::CLONE_NEWPID,
     )
     .context("unsharing namespaces")?;
-    let (ready_rx, ready_tx) = nix::unistd::pipe().context("creating the readiness pipe")?;
+    // Close-on-exec: only the copy init places on fd 3 may outlive its exec,
+    // or the end-of-file this process waits for would never come.
+    let (ready_rx, ready_tx) =
+        nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).context("creating the readiness pipe")?;
     // SAFETY: this process is single-threaded (a fresh exec of the agent).
     match unsafe { fork() }.context("forking the sandbox init")? {
         ForkResult::Child => {
             drop(ready_rx);
-            std::process::exit(init(plan, serve, fs::File::from(ready_tx)))
+            let mut report = fs::File::from(ready_tx);
+            let e = enter(plan, &report);
+            let _ = write!(report, "{e:#}");
+            std::process::exit(1)
         }
         ForkResult::Parent { child } => {
             drop(ready_tx);
@@ -121,19 +146,53 @@ fn boot(plan: &BootPlan, serve: impl FnOnce(UnixListener) -> anyhow::Result<()>)
 /// else is an error message.
 const READY: &str = "ready";
 
-/// Runs as pid 1 of the new pid namespace; returns its exit code. Reports
-/// readiness or the set-up error on `report`, then closes it so the boot
-/// process sees end-of-file.
-fn init(plan: &BootPlan, serve: impl FnOnce(UnixListener) -> anyhow::Result<()>, mut report: fs::File) -> i32 {
-    let listener = match prepare(plan) {
+/// First stage of init, pid 1 of the new pid namespace: sets the sandbox up
+/// and executes the agent binary from inside it, handing over `report` as
+/// fd 3. Returns only on failure.
+fn enter(plan: &BootPlan, report: &fs::File) -> anyhow::Error {
+    let result = (|| -> anyhow::Result<std::convert::Infallible> {
+        // A checkpoint of the sandbox must not refer to a session outside it.
+        nix::unistd::setsid().context("becoming a session leader")?;
+        build_root(plan)?;
+        sethostname(&plan.hostname).context("setting the hostname")?;
+        loopback_up().context("bringing up lo")?;
+        detach_stdio().context("detaching from the boot process's output")?;
+        // SAFETY: dup2 onto a descriptor number this process does not use;
+        // the copy is not close-on-exec, so it survives into the second stage.
+        crate::confine::check(unsafe { libc::dup2(report.as_raw_fd(), REPORT_FD) })
+            .context("passing on the readiness pipe")?;
+        let agent = format!("/{AGENT_MOUNT}/{AGENT_NAME}");
+        let args = [c"copse-agent", c"boot", c"--init"];
+        let path = std::ffi::CString::new(agent.clone())?;
+        nix::unistd::execve(&path, &args, &[] as &[&std::ffi::CStr]).with_context(|| format!("executing {agent}"))
+    })();
+    match result {
+        Ok(never) => match never {},
+        Err(e) => e,
+    }
+}
+
+/// Entry point of `copse-agent boot --init`: the second stage of init,
+/// running from the sandbox's own agent binary. Binds the agent's socket,
+/// forks the agent, reports readiness on fd 3 and reaps until the agent
+/// exits. Never returns.
+pub fn run_init(serve: impl FnOnce(UnixListener) -> anyhow::Result<()>) -> ! {
+    // SAFETY: fd 3 was placed by the first stage and nothing else owns it.
+    let mut report = fs::File::from(unsafe { OwnedFd::from_raw_fd(REPORT_FD) });
+    // No process the agent starts may hold the readiness pipe.
+    // SAFETY: fcntl on an fd this process owns.
+    let _ = unsafe { libc::fcntl(REPORT_FD, libc::F_SETFD, libc::FD_CLOEXEC) };
+    let socket = Path::new("/").join(SOCKET_MOUNT).join(SOCKET_NAME);
+    let _ = fs::remove_file(&socket);
+    let listener = match UnixListener::bind(&socket) {
         Ok(listener) => listener,
         Err(e) => {
-            let _ = write!(report, "{e:#}");
-            return 1;
+            let _ = write!(report, "binding {}: {e}", socket.display());
+            std::process::exit(1)
         }
     };
-    // SAFETY: still single-threaded.
-    match unsafe { fork() } {
+    // SAFETY: single-threaded: nothing else ran since exec.
+    let code = match unsafe { fork() } {
         Err(e) => {
             let _ = write!(report, "forking the agent: {e}");
             1
@@ -154,22 +213,8 @@ fn init(plan: &BootPlan, serve: impl FnOnce(UnixListener) -> anyhow::Result<()>,
             drop(report);
             reap_until(child)
         }
-    }
-}
-
-/// Everything init does before the agent starts.
-fn prepare(plan: &BootPlan) -> anyhow::Result<UnixListener> {
-    build_root(plan)?;
-    sethostname(&plan.hostname).context("setting the hostname")?;
-    loopback_up().context("bringing up lo")?;
-    detach_stdio().context("detaching from the boot process's output")?;
-    // The gateway left fd 3 inheritable for us; no process the agent
-    // starts may inherit it, or it could answer in the agent's place.
-    // SAFETY: fcntl on an fd this process owns.
-    crate::confine::check(unsafe { libc::fcntl(LISTEN_FD, libc::F_SETFD, libc::FD_CLOEXEC) })
-        .context("marking the agent socket close-on-exec")?;
-    // SAFETY: fd 3 was placed by the gateway and nothing else owns it.
-    Ok(UnixListener::from(unsafe { OwnedFd::from_raw_fd(LISTEN_FD) }))
+    };
+    std::process::exit(code)
 }
 
 /// Init's job once the agent runs: collect every orphan, and end the
@@ -247,6 +292,13 @@ fn build_root(plan: &BootPlan) -> anyhow::Result<()> {
     mount(Some("shm"), &shm, Some("tmpfs"), nosuid_nodev_noexec, Some("mode=1777,size=64m"))
         .context("mounting /dev/shm")?;
 
+    let agent = ensure_dir(root, AGENT_MOUNT)?;
+    mount(Some(&plan.agent_dir), &agent, none, MsFlags::MS_BIND, none).context("mounting the agent directory")?;
+    mount(none, &agent, none, MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY | MsFlags::MS_NOSUID, none)
+        .context("making the agent directory read-only")?;
+    let sockets = ensure_dir(root, SOCKET_MOUNT)?;
+    mount(Some(&plan.socket_dir), &sockets, none, MsFlags::MS_BIND, none).context("mounting the socket directory")?;
+
     // pivot_root(".", ".") stacks the old root under the new one; detaching
     // it leaves the sandbox with no path back to the host's tree.
     chdir(root).context("entering the new root")?;
@@ -323,6 +375,8 @@ mod tests {
             work: "/s/work".into(),
             root: "/s/root".into(),
             cgroup_procs: vec![],
+            agent_dir: "/a".into(),
+            socket_dir: "/s/run".into(),
         };
         assert_eq!(plan.overlay_options(), "lowerdir=/l/snap1:/t/rootfs,upperdir=/s/upper,workdir=/s/work,volatile");
     }
@@ -336,6 +390,8 @@ mod tests {
             work: "/c".into(),
             root: "/d".into(),
             cgroup_procs: vec!["/sys/fs/cgroup/pids/copse/x/cgroup.procs".into()],
+            agent_dir: "/state/agent".into(),
+            socket_dir: "/state/sandboxes/x/run".into(),
         };
         let text = serde_json::to_string(&plan).unwrap();
         assert_eq!(serde_json::from_str::<BootPlan>(&text).unwrap(), plan);

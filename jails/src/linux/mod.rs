@@ -3,8 +3,11 @@
 //! Host layout under the state directory:
 //! - `templates/<name>/rootfs`: read-only lower layers (see [`rootfs`]);
 //! - `sandboxes/<id>/{upper,work,root}`: each sandbox's private layer;
-//! - `run/<id>.sock`: the agent's socket, outside the sandbox's root, so
-//!   nothing inside can replace it;
+//! - `sandboxes/<id>/run/agent.sock`: the agent's socket, bound from inside
+//!   the sandbox on this directory (mounted there at `/.copse/run`); the
+//!   gateway's socket path (`run/<id>.sock`) is a symlink to it;
+//! - `agent/copse-agent`: the agent binary every sandbox mounts read-only
+//!   at `/.copse/bin`, so its processes run from a file inside the sandbox;
 //! - cgroup `copse-<hash of the state dir>/<id>` in every hierarchy.
 //!
 //! Mounts exist only inside each sandbox's mount namespace, so the host's
@@ -18,9 +21,6 @@ pub mod rootfs;
 
 use std::fs;
 use std::io::Write;
-use std::os::fd::AsRawFd;
-use std::os::unix::net::UnixListener;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
@@ -29,7 +29,7 @@ use anyhow::{Context, bail};
 use crate::{
     Capabilities, Placement, Progress, Recipe, Recovery, SandboxSpec, SnapshotInfo, Substrate, TemplateInfo, Usage,
 };
-use boot::{BootPlan, LISTEN_FD};
+use boot::BootPlan;
 use cgroup::{Cgroups, Hierarchy};
 use layers::{Base, LayerStore};
 use rootfs::TemplateStore;
@@ -38,6 +38,7 @@ pub struct LinuxSubstrate {
     sandboxes: PathBuf,
     run: PathBuf,
     agent_binary: PathBuf,
+    agent_dir: PathBuf,
     templates: TemplateStore,
     layers: LayerStore,
     cgroups: Cgroups,
@@ -54,6 +55,8 @@ impl LinuxSubstrate {
         if !agent_binary.is_file() {
             bail!("agent binary {} not found (build it with `cargo build --release`)", agent_binary.display());
         }
+        let agent_dir = state_dir.join("agent");
+        install_agent(agent_binary, &agent_dir)?;
         // Sandbox inits are orphaned by their short-lived boot process; as
         // subreaper the gateway inherits them and can reap them on kill.
         // SAFETY: prctl with integer arguments.
@@ -62,6 +65,7 @@ impl LinuxSubstrate {
             sandboxes,
             run,
             agent_binary: agent_binary.to_path_buf(),
+            agent_dir,
             templates: TemplateStore::new(state_dir),
             layers: LayerStore::open(state_dir)?,
             cgroups: Cgroups::new(Hierarchy::detect()?, state_dir),
@@ -90,6 +94,8 @@ impl LinuxSubstrate {
             work: dir.join("work"),
             root: dir.join("root"),
             cgroup_procs: self.cgroups.procs_files(&spec.id),
+            agent_dir: self.agent_dir.clone(),
+            socket_dir: dir.join("run"),
         }
     }
 
@@ -109,34 +115,19 @@ impl LinuxSubstrate {
             bail!("template {} is not built", base.template);
         }
         let plan = self.boot_plan(spec, &base);
-        for dir in [&plan.upper, &plan.work, &plan.root] {
+        for dir in [&plan.upper, &plan.work, &plan.root, &plan.socket_dir] {
             fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         }
         let dirs_done = started.elapsed();
         self.cgroups.create(&spec.id, &spec.limits)?;
         let cgroup_done = started.elapsed();
-        let _ = fs::remove_file(&spec.agent_socket);
-        let listener = UnixListener::bind(&spec.agent_socket)
-            .with_context(|| format!("binding {}", spec.agent_socket.display()))?;
-        let listen_fd = listener.as_raw_fd();
+        link_socket(&plan.socket_dir, &spec.agent_socket)?;
 
         let mut command = Command::new(&self.agent_binary);
         command.arg("boot").env_clear().stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
-        // SAFETY: dup2 and fcntl are async-signal-safe.
-        unsafe {
-            command.pre_exec(move || {
-                if listen_fd == LISTEN_FD {
-                    let flags = libc::fcntl(LISTEN_FD, libc::F_GETFD);
-                    crate::confine::check(libc::fcntl(LISTEN_FD, libc::F_SETFD, flags & !libc::FD_CLOEXEC))
-                } else {
-                    crate::confine::check(libc::dup2(listen_fd, LISTEN_FD))
-                }
-            });
-        }
         let mut child = command.spawn().context("starting the boot process")?;
         child.stdin.take().expect("piped").write_all(&serde_json::to_vec(&plan)?)?;
         let output = child.wait_with_output()?;
-        drop(listener);
         if !output.status.success() {
             bail!("sandbox boot failed ({}): {}", output.status, String::from_utf8_lossy(&output.stderr).trim());
         }
@@ -321,6 +312,28 @@ impl Substrate for LinuxSubstrate {
     fn recover_network(&self, known: &[(String, crate::SandboxNetwork)]) -> anyhow::Result<()> {
         self.network.as_ref().map_or(Ok(()), |network| network.reconcile(known))
     }
+}
+
+/// Copy the agent binary to the directory sandboxes mount, unless the copy
+/// there is already the same file. The copy goes through a rename, so
+/// sandboxes running from an older copy keep their file.
+fn install_agent(binary: &Path, dir: &Path) -> anyhow::Result<()> {
+    fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let target = dir.join(boot::AGENT_NAME);
+    if fs::read(&target).ok() == Some(fs::read(binary).with_context(|| format!("reading {}", binary.display()))?) {
+        return Ok(());
+    }
+    let partial = dir.join(format!(".{}.partial", boot::AGENT_NAME));
+    fs::copy(binary, &partial).with_context(|| format!("copying {} to {}", binary.display(), partial.display()))?;
+    fs::rename(&partial, &target).with_context(|| format!("installing {}", target.display()))
+}
+
+/// The gateway connects to `link`; the agent binds the socket from inside
+/// the sandbox on `socket_dir`.
+fn link_socket(socket_dir: &Path, link: &Path) -> anyhow::Result<()> {
+    let _ = fs::remove_file(link);
+    std::os::unix::fs::symlink(socket_dir.join(boot::SOCKET_NAME), link)
+        .with_context(|| format!("linking {}", link.display()))
 }
 
 /// Start time (clock ticks since boot) of a live, non-zombie process.
