@@ -7,15 +7,15 @@
 //! netns (address, default route), spawned from a thread that entered it.
 
 use std::collections::HashMap;
-use std::io::Write;
-use std::net::ToSocketAddrs;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::Mutex;
 
+use crate::dns::resolve;
 use crate::net::{Attachment, NetConfig, SandboxNetwork};
 use crate::nft;
 use crate::policy::{Policy, ResolvedPolicy};
+use crate::process;
 use anyhow::{Context, bail};
 
 struct Attached {
@@ -194,29 +194,9 @@ impl HostNetwork {
     }
 }
 
-fn resolve(policy: &Policy) -> ResolvedPolicy {
-    let resolved = policy.resolve(|host| {
-        (host, 0)
-            .to_socket_addrs()
-            .map(|addrs| {
-                addrs
-                    .filter_map(|a| match a.ip() {
-                        std::net::IpAddr::V4(v4) => Some(v4),
-                        std::net::IpAddr::V6(_) => None,
-                    })
-                    .collect()
-            })
-            .unwrap_or_default()
-    });
-    if !resolved.unresolved.is_empty() {
-        tracing::warn!(hosts = ?resolved.unresolved, "allowed host names resolved to no IPv4 address");
-    }
-    resolved
-}
-
 /// Applies one nft script as one transaction.
 pub fn nft_apply(script: &str) -> anyhow::Result<()> {
-    run_with_stdin(Command::new("nft").args(["-f", "-"]), script).context("nft")
+    process::run(Command::new("nft").args(["-f", "-"]), Some(script)).map(drop).context("nft")
 }
 
 /// Runs `ip -batch -`, in the network namespace of `netns_pid` if given.
@@ -224,7 +204,7 @@ fn ip_batch(script: &str, netns_pid: Option<i32>) -> anyhow::Result<()> {
     let mut command = Command::new("ip");
     command.args(["-batch", "-"]);
     match netns_pid {
-        None => run_with_stdin(&mut command, script),
+        None => process::run(&mut command, Some(script)).map(drop),
         Some(pid) => {
             let ns = std::fs::File::open(format!("/proc/{pid}/ns/net"))
                 .with_context(|| format!("opening the network namespace of {pid}"))?;
@@ -234,7 +214,7 @@ fn ip_batch(script: &str, netns_pid: Option<i32>) -> anyhow::Result<()> {
                 s.spawn(|| {
                     nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNET)
                         .context("entering the sandbox netns")?;
-                    run_with_stdin(&mut command, script)
+                    process::run(&mut command, Some(script)).map(drop)
                 })
                 .join()
                 .map_err(|_| anyhow::anyhow!("netns thread panicked"))?
@@ -242,15 +222,4 @@ fn ip_batch(script: &str, netns_pid: Option<i32>) -> anyhow::Result<()> {
         }
     }
     .with_context(|| format!("ip -batch: {}", script.lines().next().unwrap_or_default()))
-}
-
-fn run_with_stdin(command: &mut Command, input: &str) -> anyhow::Result<()> {
-    let mut child =
-        command.stdin(Stdio::piped()).stdout(Stdio::null()).stderr(Stdio::piped()).spawn().context("spawning")?;
-    child.stdin.take().expect("piped").write_all(input.as_bytes())?;
-    let output = child.wait_with_output()?;
-    if !output.status.success() {
-        bail!("{}: {}", output.status, String::from_utf8_lossy(&output.stderr).trim());
-    }
-    Ok(())
 }

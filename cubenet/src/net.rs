@@ -69,6 +69,18 @@ impl NetConfig {
             .is_some_and(|hex| !hex.is_empty() && hex.chars().all(|c| c.is_ascii_hexdigit()))
     }
 
+    /// The sandbox address behind a host-side interface of this network
+    /// (the inverse of [`Self::host_if`]), if it names one.
+    pub fn address_of_if(&self, name: &str) -> Option<Ipv4Addr> {
+        if !self.owns_if(name) {
+            return None;
+        }
+        let index = u32::from_str_radix(&name[self.bridge.len() + 1..], 16).ok()?;
+        let address = Ipv4Addr::from(u32::from(self.subnet.network()).checked_add(index)?);
+        let host = address > self.gateway() && address < self.subnet.broadcast();
+        host.then_some(address)
+    }
+
     pub fn attachment(&self, id: &str, address: Ipv4Addr) -> Attachment {
         Attachment { id: id.to_string(), address, host_if: self.host_if(address) }
     }
@@ -147,6 +159,12 @@ mod tests {
         assert!(!cfg.owns_if("copse0"));
         assert!(!cfg.owns_if("copse01-5"));
         assert!(!cfg.owns_if("eth0"));
+        assert_eq!(cfg.address_of_if(&last), Some("10.88.255.254".parse().unwrap()));
+        assert_eq!(cfg.address_of_if("copse0-7"), Some("10.88.0.7".parse().unwrap()));
+        // The network, gateway and broadcast addresses, and past the subnet.
+        for name in ["copse0-0", "copse0-1", "copse0-ffff", "copse0-10000", "copse0-ffffffffff", "eth0"] {
+            assert_eq!(cfg.address_of_if(name), None, "{name}");
+        }
     }
 
     #[test]

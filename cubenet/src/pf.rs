@@ -1,67 +1,40 @@
-//! The FreeBSD backend, as plans (pure; golden-tested on Linux, **not run
-//! on FreeBSD**).
+//! The FreeBSD backend's pf side, as text and command lines (pure;
+//! golden-tested on Linux, **not run on FreeBSD**).
 //!
 //! - The operator adds [`pf_conf_fragment`] to `/etc/pf.conf` once: NAT for
-//!   the subnet and `anchor "copse/*"`, under which each sandbox gets its
-//!   own anchor `copse/<id>`.
+//!   the subnet and `anchor "copse/<bridge>/*"`, under which each sandbox
+//!   gets its own anchor `copse/<bridge>/<id>`. The bridge level keeps two
+//!   gateways with different networks from listing or flushing each
+//!   other's anchors.
 //! - Each anchor ([`anchor`]) holds the sandbox's `<allow>` and `<deny>`
 //!   tables and its rules: anti-spoofing, the always-blocked destinations
 //!   (the host itself, the subnet, loopback, link-local, multicast), then
 //!   the policy, then `block` for anything else. Rules match on the
 //!   sandbox's epair end as it enters the host (`net.link.bridge.pfil_member=1`).
-//! - An anchor is replaced atomically with `pfctl -a copse/<id> -f -`;
-//!   when a policy tightens, the sandbox's states are killed (`pfctl -k`).
-//! - Plumbing: one `if_bridge` per network, one `epair` per sandbox whose
-//!   host end is a *private* bridge member (private members cannot talk to
-//!   each other) and whose other end moves into the VNET jail.
+//! - An anchor and its tables are replaced atomically with
+//!   `pfctl -a <anchor> -f -`; pf keeps states past a rule change, so when
+//!   a policy tightens the sandbox's states are killed (`pfctl -k`).
 
-use std::fmt;
+use std::net::Ipv4Addr;
 
 use ipnet::Ipv4Net;
 
 use crate::net::{Attachment, NetConfig};
 use crate::policy::ResolvedPolicy;
+use crate::vnet::Cmd;
 
 pub const ROOT_ANCHOR: &str = "copse";
+pub const PFCTL: &str = "/sbin/pfctl";
 
 const ALWAYS_BLOCKED: &[&str] = &["0.0.0.0/8", "127.0.0.0/8", "169.254.0.0/16", "224.0.0.0/3"];
 
-/// One step of a plan. `Run` arguments may name `${jail_if}`, the jail-side
-/// interface an earlier `CreateEpair` produced.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Step {
-    Run {
-        argv: Vec<String>,
-        stdin: Option<String>,
-    },
-    /// `ifconfig epair create` prints `epairNa`, whose peer is `epairNb`:
-    /// rename the `a` end to `host_if`; remember the `b` end as `${jail_if}`.
-    CreateEpair {
-        host_if: String,
-    },
-    /// `ifconfig bridge create` prints `bridgeN`: rename it to `name`.
-    CreateBridge {
-        name: String,
-    },
+/// Parent of this network's sandbox anchors.
+pub fn parent_anchor(cfg: &NetConfig) -> String {
+    format!("{ROOT_ANCHOR}/{}", cfg.bridge)
 }
 
-fn run(argv: &[&str]) -> Step {
-    Step::Run { argv: argv.iter().map(|s| s.to_string()).collect(), stdin: None }
-}
-
-impl fmt::Display for Step {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Step::Run { argv, stdin: None } => write!(f, "{}", argv.join(" ")),
-            Step::Run { argv, stdin: Some(input) } => {
-                write!(f, "{} <<EOF\n{input}EOF", argv.join(" "))
-            }
-            Step::CreateEpair { host_if } => {
-                write!(f, "ifconfig epair create  # epairNa -> {host_if}, epairNb -> ${{jail_if}}")
-            }
-            Step::CreateBridge { name } => write!(f, "ifconfig bridge create  # bridgeN -> {name}"),
-        }
-    }
+pub fn anchor_name(cfg: &NetConfig, id: &str) -> String {
+    format!("{}/{id}", parent_anchor(cfg))
 }
 
 /// What the operator adds to `/etc/pf.conf` once (with `ext_if` set to the
@@ -71,72 +44,16 @@ pub fn pf_conf_fragment(cfg: &NetConfig) -> String {
         "# copse sandboxes ({bridge}, {subnet}); add once, then `pfctl -f /etc/pf.conf`\n\
          copse_net = \"{subnet}\"\n\
          nat on $ext_if inet from $copse_net to any -> ($ext_if)\n\
-         anchor \"{ROOT_ANCHOR}/*\"\n",
+         anchor \"{parent}/*\"\n",
         bridge = cfg.bridge,
-        subnet = cfg.subnet
+        subnet = cfg.subnet,
+        parent = parent_anchor(cfg),
     )
 }
 
-/// Creates the bridge and lets it route (once per host boot).
-pub fn network_setup(cfg: &NetConfig) -> Vec<Step> {
-    let gateway = format!("{}/{}", cfg.gateway(), cfg.subnet.prefix_len());
-    vec![
-        run(&["sysctl", "net.inet.ip.forwarding=1", "net.link.bridge.pfil_member=1", "net.link.bridge.pfil_bridge=0"]),
-        Step::CreateBridge { name: cfg.bridge.clone() },
-        run(&["ifconfig", &cfg.bridge, "inet", &gateway, "up"]),
-    ]
-}
-
-/// Connects jail `jail` (a VNET jail) and loads its anchor.
-pub fn attach(cfg: &NetConfig, a: &Attachment, policy: &ResolvedPolicy, jail: &str) -> Vec<Step> {
-    let addr = format!("{}/{}", a.address, cfg.subnet.prefix_len());
-    let gateway = cfg.gateway().to_string();
-    vec![
-        Step::CreateEpair { host_if: a.host_if.clone() },
-        run(&["ifconfig", &cfg.bridge, "addm", &a.host_if, "private", &a.host_if]),
-        run(&["ifconfig", &a.host_if, "up"]),
-        run(&["ifconfig", "${jail_if}", "vnet", jail]),
-        run(&["jexec", jail, "ifconfig", "${jail_if}", "name", "eth0"]),
-        run(&["jexec", jail, "ifconfig", "eth0", "inet", &addr, "up"]),
-        run(&["jexec", jail, "ifconfig", "lo0", "up"]),
-        run(&["jexec", jail, "route", "add", "default", &gateway]),
-        load_anchor(cfg, a, policy),
-    ]
-}
-
-/// Replaces the sandbox's anchor; kills its states when the new policy
-/// refuses something the previous one admitted.
-pub fn update(cfg: &NetConfig, a: &Attachment, policy: &ResolvedPolicy, previous: &ResolvedPolicy) -> Vec<Step> {
-    let mut steps = vec![load_anchor(cfg, a, policy)];
-    if policy.tightens(previous) {
-        steps.push(run(&["pfctl", "-k", &a.address.to_string()]));
-    }
-    steps
-}
-
-/// Removes the anchor, the sandbox's states and its epair (destroying one
-/// end destroys both). Safe to run when any of them is gone.
-pub fn detach(a: &Attachment) -> Vec<Step> {
-    let anchor = anchor_name(a);
-    vec![
-        run(&["pfctl", "-a", &anchor, "-F", "all"]),
-        run(&["pfctl", "-k", &a.address.to_string()]),
-        run(&["ifconfig", &a.host_if, "destroy"]),
-    ]
-}
-
-pub fn anchor_name(a: &Attachment) -> String {
-    format!("{ROOT_ANCHOR}/{}", a.id)
-}
-
-fn load_anchor(cfg: &NetConfig, a: &Attachment, policy: &ResolvedPolicy) -> Step {
-    Step::Run {
-        argv: ["pfctl", "-a", &anchor_name(a), "-f", "-"].iter().map(|s| s.to_string()).collect(),
-        stdin: Some(anchor(cfg, a, policy)),
-    }
-}
-
-/// The rules of one sandbox's anchor. pf evaluates `quick` rules in order.
+/// The rules of one sandbox's anchor. pf evaluates `quick` rules in order;
+/// every rule is `quick`, so nothing after the anchor in the operator's
+/// ruleset can widen what it decided.
 pub fn anchor(cfg: &NetConfig, a: &Attachment, policy: &ResolvedPolicy) -> String {
     let mut blocked: Vec<Ipv4Net> = ALWAYS_BLOCKED.iter().map(|s| s.parse().expect("valid constant")).collect();
     blocked.push(cfg.subnet);
@@ -154,7 +71,7 @@ pub fn anchor(cfg: &NetConfig, a: &Attachment, policy: &ResolvedPolicy) -> Strin
     if !policy.deny_all {
         out.push_str(&format!("pass in quick {on} inet from {me} to any keep state\n"));
     }
-    out.push_str(&format!("block in {on} all\n"));
+    out.push_str(&format!("block drop in quick {on} all\n"));
     out
 }
 
@@ -170,8 +87,66 @@ fn join(nets: &[Ipv4Net]) -> String {
     nets.iter().map(Ipv4Net::to_string).collect::<Vec<_>>().join(", ")
 }
 
-pub fn render(steps: &[Step]) -> String {
-    steps.iter().map(|s| format!("{s}\n")).collect()
+/// Replaces the sandbox's anchor, rules and tables in one transaction.
+pub fn load(cfg: &NetConfig, a: &Attachment, policy: &ResolvedPolicy) -> Cmd {
+    Cmd::new(&[PFCTL, "-a", &anchor_name(cfg, &a.id), "-f", "-"]).stdin(anchor(cfg, a, policy))
+}
+
+/// Empties the anchor of sandbox `id`: its rules, then its tables (`-F all`
+/// is not used: whether it stays inside the anchor is not documented). An
+/// anchor left without rules and tables is removed by pf.
+pub fn flush(cfg: &NetConfig, id: &str) -> [Cmd; 2] {
+    let anchor = anchor_name(cfg, id);
+    [Cmd::new(&[PFCTL, "-a", &anchor, "-F", "rules"]), Cmd::new(&[PFCTL, "-a", &anchor, "-F", "Tables"])]
+}
+
+/// Kills every state whose source is `address` (all of a sandbox's flows:
+/// nothing reaches a sandbox that it did not open).
+pub fn kill_states(address: Ipv4Addr) -> Cmd {
+    Cmd::new(&[PFCTL, "-k", &address.to_string()])
+}
+
+/// `pfctl -s info`, for [`is_enabled`].
+pub fn status() -> Cmd {
+    Cmd::new(&[PFCTL, "-s", "info"])
+}
+
+/// `pfctl -s rules` (the main ruleset), for [`references_anchor`].
+pub fn main_rules() -> Cmd {
+    Cmd::new(&[PFCTL, "-s", "rules"])
+}
+
+/// `pfctl -a copse/<bridge> -s Anchors`: the sandbox anchors that exist.
+pub fn list_anchors(cfg: &NetConfig) -> Cmd {
+    Cmd::new(&[PFCTL, "-a", &parent_anchor(cfg), "-s", "Anchors"])
+}
+
+/// Whether `pfctl -s info` says pf is filtering. Its first line reads
+/// `Status: Enabled for 0 days 01:02:03   Debug: Urgent`.
+pub fn is_enabled(info: &str) -> bool {
+    info.lines().any(|l| l.trim_start().starts_with("Status: Enabled"))
+}
+
+/// Whether the main ruleset (`pfctl -s rules`) evaluates this network's
+/// anchors; without it a loaded anchor would enforce nothing.
+pub fn references_anchor(cfg: &NetConfig, rules: &str) -> bool {
+    let wanted = format!("anchor \"{}/*\"", parent_anchor(cfg));
+    rules.lines().any(|l| l.trim_start().starts_with(&wanted))
+}
+
+/// Sandbox ids from `pfctl -a copse/<bridge> -s Anchors`, which prints one
+/// child per line as `  copse/<bridge>/<id>` (a bare `<id>` is accepted
+/// too). Names pf reserves (leading `_`) and anything nested are skipped.
+pub fn parse_anchors(cfg: &NetConfig, listing: &str) -> Vec<String> {
+    let prefix = format!("{}/", parent_anchor(cfg));
+    listing
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .map(|l| l.strip_prefix(&prefix).unwrap_or(l))
+        .filter(|id| !id.contains('/') && !id.starts_with('_'))
+        .map(str::to_string)
+        .collect()
 }
 
 #[cfg(test)]
@@ -187,32 +162,35 @@ mod tests {
         v.iter().map(|s| s.to_string()).collect()
     }
 
-    fn golden(name: &str, actual: &str) {
-        crate::nft::tests::golden(name, actual)
-    }
-
     #[test]
-    fn operator_fragment_and_setup() {
-        golden("pf.conf.fragment", &pf_conf_fragment(&cfg()));
-        golden("pf-setup.plan", &render(&network_setup(&cfg())));
-    }
-
-    #[test]
-    fn attach_update_detach_plans() {
-        let a = cfg().attachment("i3k2m9x", "10.88.0.7".parse().unwrap());
-        let only = Policy::from_e2b(Some(false), &strings(&["198.51.100.10", "example.com"]), &[], None).unwrap();
-        let only = only.resolve(|_| vec!["93.184.216.34".parse().unwrap()]);
-        golden("pf-attach.plan", &render(&attach(&cfg(), &a, &ResolvedPolicy::open(), "copse-i3k2m9x")));
-        golden("pf-update-tighten.plan", &render(&update(&cfg(), &a, &only, &ResolvedPolicy::open())));
-        // Widening keeps the states it already has.
-        assert_eq!(update(&cfg(), &a, &ResolvedPolicy::open(), &only).len(), 1);
-        golden("pf-detach.plan", &render(&detach(&a)));
+    fn operator_fragment() {
+        crate::nft::tests::golden("pf.conf.fragment", &pf_conf_fragment(&cfg()));
     }
 
     #[test]
     fn deny_list_anchor() {
         let a = cfg().attachment("i3k2m9x", "10.88.0.7".parse().unwrap());
         let deny = Policy::from_e2b(None, &strings(&["203.0.113.9"]), &strings(&["203.0.113.0/24"]), None).unwrap();
-        golden("pf-anchor-deny.conf", &anchor(&cfg(), &a, &deny.resolve(|_| vec![])));
+        crate::nft::tests::golden("pf-anchor-deny.conf", &anchor(&cfg(), &a, &deny.resolve(|_| vec![])));
+    }
+
+    #[test]
+    fn status_and_main_ruleset_checks() {
+        assert!(is_enabled("Status: Enabled for 0 days 00:12:01           Debug: Urgent\n\nState Table\n"));
+        assert!(!is_enabled("Status: Disabled for 0 days 00:00:09          Debug: Urgent\n"));
+        assert!(!is_enabled(""));
+        let rules =
+            "scrub in all fragment reassemble\nanchor \"copse/copse0/*\" all\npass out all flags S/SA keep state\n";
+        assert!(references_anchor(&cfg(), rules));
+        assert!(!references_anchor(&NetConfig::new("other", "10.9.0.0/16").unwrap(), rules));
+        assert!(!references_anchor(&cfg(), "anchor \"copse/*\" all\n"));
+    }
+
+    #[test]
+    fn anchors_are_parsed_to_sandbox_ids() {
+        let listing = "  copse/copse0/i3k2m9x\n  copse/copse0/zz9\n  copse/copse0/_reserved\n  copse/copse0/a/b\n\n";
+        assert_eq!(parse_anchors(&cfg(), listing), ["i3k2m9x", "zz9"]);
+        assert_eq!(parse_anchors(&cfg(), "bare\n"), ["bare"]);
+        assert!(parse_anchors(&cfg(), "").is_empty());
     }
 }

@@ -190,7 +190,9 @@ pub trait Substrate: Send + Sync + 'static {
     fn recover(&self, known: &[(String, Placement)]) -> anyhow::Result<Recovery>;
 
     /// Replace a running sandbox's egress policy; takes effect on its next
-    /// packet, and flows the new policy refuses are cut.
+    /// packet, and flows the new policy refuses are cut (on FreeBSD, where
+    /// pf passes established flows without the rules, a tightened policy
+    /// cuts all of the sandbox's flows).
     fn update_network(&self, id: &str, _policy: &Policy) -> anyhow::Result<()> {
         anyhow::bail!("sandbox {id}: this substrate has no sandbox network")
     }
@@ -218,15 +220,21 @@ pub fn host_substrate(
 }
 
 /// The substrate of the host this binary was built for.
-/// The pf backend in `copse_cubenet::pf` is not wired in yet: FreeBSD
-/// sandboxes keep loopback only.
+/// `network`: the sandbox network to create or re-use (none: loopback only);
+/// on FreeBSD, epairs on an `if_bridge` with one pf anchor per sandbox
+/// (`copse_cubenet::freebsd`), which needs pf enabled and the operator's
+/// `pf.conf` fragment (docs/freebsd.md).
 #[cfg(target_os = "freebsd")]
 pub fn host_substrate(
     state_dir: &std::path::Path,
     agent_binary: &std::path::Path,
-    _network: Option<&NetConfig>,
+    network: Option<&NetConfig>,
 ) -> anyhow::Result<Box<dyn Substrate>> {
-    Ok(Box::new(freebsd::JailSubstrate::open(state_dir, agent_binary)?))
+    let mut substrate = freebsd::JailSubstrate::open(state_dir, agent_binary)?;
+    if let Some(config) = network {
+        substrate = substrate.with_network(config.clone())?;
+    }
+    Ok(Box::new(substrate))
 }
 
 /// Entry point of `copse-agent boot`, run by the substrate as the first

@@ -38,6 +38,9 @@ pub fn boot_agent(serve: impl FnOnce(std::os::unix::net::UnixListener) -> anyhow
 
 pub struct JailSubstrate {
     layout: Layout,
+    /// The sandbox network (epairs on a bridge, pf anchors); `None`: jails
+    /// keep loopback only.
+    network: Option<copse_cubenet::freebsd::HostNetwork>,
     /// One template build at a time: builds are long, share the dist
     /// cache, and two builds of one name must not interleave.
     building: Mutex<()>,
@@ -58,7 +61,15 @@ impl JailSubstrate {
             ruleset_loaded: run_cmd(&devfs::show(layout.devfs_ruleset), None).is_ok_and(|out| devfs::is_loaded(&out)),
         };
         Executor::new(None).run_all(&host::prepare(&layout, agent_binary, &found)).context("preparing the host")?;
-        Ok(Self { layout, building: Mutex::new(()) })
+        Ok(Self { layout, network: None, building: Mutex::new(()) })
+    }
+
+    /// Puts every sandbox created from now on on the sandbox network
+    /// `config` (bridge created unless it exists; pf must evaluate its
+    /// anchors, see docs/freebsd.md).
+    pub fn with_network(mut self, config: copse_cubenet::NetConfig) -> anyhow::Result<Self> {
+        self.network = Some(copse_cubenet::freebsd::open(config)?);
+        Ok(self)
     }
 
     fn template_snapshots(&self) -> anyhow::Result<Vec<zfs::TemplateSnapshot>> {
@@ -149,6 +160,28 @@ impl JailSubstrate {
         created.with_context(|| format!("creating sandbox {}", spec.id))
     }
 
+    /// [`Self::boot`], then the sandbox's network (its jail exists and the
+    /// agent is up, but nothing has been asked of it yet). On failure
+    /// removes everything of the sandbox, network included.
+    fn boot_attached(&self, spec: &SandboxSpec, steps: &[plan::Step]) -> anyhow::Result<Placement> {
+        let placement = self.boot(spec, steps)?;
+        if let (Some(network), Some(wanted)) = (&self.network, &spec.network)
+            && let Err(e) = network.attach(&spec.id, placement.init_pid, wanted)
+        {
+            if let Err(cleanup) = self.destroy(&spec.id) {
+                tracing::error!(sandbox = %spec.id, "cleanup after failed network attach: {cleanup:#}");
+            }
+            return Err(e.context(format!("creating sandbox {}", spec.id)));
+        }
+        Ok(placement)
+    }
+
+    /// The sandbox's epair and anchor go first: with the epair destroyed
+    /// while its jail still holds one end, no end returns to the host.
+    fn detach(&self, id: &str) -> anyhow::Result<()> {
+        self.network.as_ref().map_or(Ok(()), |network| network.detach(id))
+    }
+
     /// Destroys deleted snapshots no sandbox is cloned from any more.
     fn collect_snapshots(&self) -> anyhow::Result<()> {
         let steps = lifecycle::collect(&self.stored_snapshots()?, &self.cloned_snapshots()?);
@@ -212,7 +245,7 @@ impl Substrate for JailSubstrate {
         validate_id(&spec.id).map_err(|e| anyhow!(e))?;
         validate_name(&spec.template).map_err(|e| anyhow!(e))?;
         let origin = self.origin(spec)?;
-        self.boot(spec, &sandbox::create(&self.layout, spec, &origin))
+        self.boot_attached(spec, &sandbox::create(&self.layout, spec, &origin))
     }
 
     fn destroy(&self, id: &str) -> anyhow::Result<()> {
@@ -220,7 +253,11 @@ impl Substrate for JailSubstrate {
             // No sandbox can have such an id, so there is nothing to remove.
             return Ok(());
         }
+        // A network step that failed must not keep the jail alive: its
+        // leftovers are found again by `recover_network`.
+        let detached = self.detach(id);
         self.destroy_with(id, &self.observe()?)?;
+        detached?;
         // A deleted snapshot this sandbox was the last clone of can go now.
         if let Err(e) = self.collect_snapshots() {
             tracing::warn!("collecting deleted snapshots: {e:#}");
@@ -315,9 +352,10 @@ impl Substrate for JailSubstrate {
         // Looked up before anything is torn down: a rollback to a snapshot
         // that does not exist leaves the sandbox as it was.
         let origin = self.origin(&spec)?;
+        self.detach(&spec.id)?;
         let host = self.observe()?;
         let steps = lifecycle::rollback(&self.layout, &spec, &host.of(&self.layout, &spec.id), &origin);
-        self.boot(&spec, &steps).with_context(|| format!("rolling sandbox {} back to {snapshot_id}", spec.id))
+        self.boot_attached(&spec, &steps).with_context(|| format!("rolling sandbox {} back to {snapshot_id}", spec.id))
     }
 
     fn export_snapshot(&self, snapshot_id: &str, out: &mut dyn std::io::Write) -> anyhow::Result<()> {
@@ -363,6 +401,19 @@ impl Substrate for JailSubstrate {
             tracing::warn!("collecting deleted snapshots: {e:#}");
         }
         Ok(Recovery { adopted: decision.adopt, removed: decision.destroy })
+    }
+
+    fn update_network(&self, id: &str, policy: &crate::Policy) -> anyhow::Result<()> {
+        match &self.network {
+            Some(network) => network.update(id, policy),
+            None => bail!("sandbox {id}: no sandbox network configured"),
+        }
+    }
+
+    /// Stray epairs (of sandboxes [`Substrate::recover`] removed, whose
+    /// jail ends came back to the host with their jails) and anchors go here.
+    fn recover_network(&self, known: &[(String, crate::SandboxNetwork)]) -> anyhow::Result<()> {
+        self.network.as_ref().map_or(Ok(()), |network| network.reconcile(known))
     }
 }
 

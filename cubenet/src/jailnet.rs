@@ -1,0 +1,304 @@
+//! The FreeBSD backend's executor logic: which plan of [`crate::vnet`] and
+//! [`crate::pf`] to run when, what to read back, and what to undo. It runs
+//! every command through a [`Runner`], so it compiles and is tested on any
+//! OS with a scripted one; the runner that spawns the real tools is in
+//! `crate::freebsd` (**not run on FreeBSD**).
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use anyhow::{anyhow, bail};
+
+use crate::dns::resolve;
+use crate::net::{Attachment, NetConfig, SandboxNetwork};
+use crate::pf;
+use crate::policy::{Policy, ResolvedPolicy};
+use crate::vnet::{self, Cmd};
+
+pub trait Runner: Send + Sync {
+    /// Runs one command; its stdout, or an error naming it.
+    fn run(&self, cmd: &Cmd) -> anyhow::Result<String>;
+}
+
+/// One gateway's sandbox network on a FreeBSD host: what is attached, with
+/// which policy.
+pub struct JailNetwork<R> {
+    cfg: NetConfig,
+    runner: R,
+    attached: Mutex<HashMap<String, (Attachment, ResolvedPolicy)>>,
+}
+
+impl<R: Runner> JailNetwork<R> {
+    /// Checks pf enforces this network's anchors, then creates the bridge
+    /// unless it exists and (re)applies the host settings. Leaves existing
+    /// anchors and epairs alone until [`Self::reconcile`].
+    pub fn open(cfg: NetConfig, runner: R) -> anyhow::Result<Self> {
+        if !pf::is_enabled(&runner.run(&pf::status())?) {
+            bail!("pf is not enabled (pf_enable=\"YES\" in rc.conf, `service pf start`); see docs/freebsd.md");
+        }
+        if !pf::references_anchor(&cfg, &runner.run(&pf::main_rules())?) {
+            bail!(
+                "the pf ruleset does not evaluate copse's anchors, so no sandbox policy would apply; \
+                 add this to /etc/pf.conf and run `pfctl -f /etc/pf.conf`:\n{}",
+                pf::pf_conf_fragment(&cfg)
+            );
+        }
+        let interfaces = vnet::parse_interfaces(&runner.run(&vnet::list_interfaces())?);
+        let created = match interfaces.contains(&cfg.bridge) {
+            true => None,
+            false => Some(vnet::parse_created(&runner.run(&vnet::create_bridge())?).map_err(|e| anyhow!(e))?),
+        };
+        let network = Self { cfg, runner, attached: Mutex::new(HashMap::new()) };
+        network.run_all(&vnet::bridge_setup(&network.cfg, created.as_deref()))?;
+        Ok(network)
+    }
+
+    pub fn config(&self) -> &NetConfig {
+        &self.cfg
+    }
+
+    /// Puts the VNET jail `jid` of sandbox `id` on the bridge with
+    /// `network.policy`. On error, whatever was made is removed.
+    pub fn attach(&self, id: &str, jid: i32, network: &SandboxNetwork) -> anyhow::Result<()> {
+        let attachment = self.cfg.attachment(id, network.address);
+        let policy = resolve(&network.policy);
+        let epair = vnet::parse_epair(&self.runner.run(&vnet::create_epair())?).map_err(|e| anyhow!(e))?;
+        if let Err(e) = self.run_all(&vnet::attach(&self.cfg, &attachment, &epair, jid, &policy)) {
+            let interfaces = self.interfaces().unwrap_or_default();
+            if let Err(undo) = self.run_each(&vnet::attach_undo(&self.cfg, &attachment, &epair, &interfaces)) {
+                tracing::error!(sandbox = %id, "after a failed network attach: {undo:#}");
+            }
+            return Err(e.context(format!("attaching sandbox {id} to {}", self.cfg.bridge)));
+        }
+        self.lock().insert(id.to_string(), (attachment, policy));
+        Ok(())
+    }
+
+    /// Replaces a sandbox's policy in one transaction. Host names are
+    /// resolved now.
+    pub fn update(&self, id: &str, policy: &Policy) -> anyhow::Result<()> {
+        let mut attached = self.lock();
+        let Some((attachment, current)) = attached.get_mut(id) else { bail!("sandbox {id} has no network attachment") };
+        let resolved = resolve(policy);
+        self.run_all(&vnet::update(&self.cfg, attachment, &resolved, current))?;
+        *current = resolved;
+        Ok(())
+    }
+
+    /// Removes the sandbox's anchor, states and epair. Unknown ids are a
+    /// no-op; every step is tried even if one fails.
+    pub fn detach(&self, id: &str) -> anyhow::Result<()> {
+        let Some((attachment, _)) = self.lock().remove(id) else { return Ok(()) };
+        let present = self.interfaces()?.contains(&attachment.host_if);
+        self.run_each(&vnet::detach(&self.cfg, &attachment, present))
+    }
+
+    /// After a restart: the `known` sandboxes (whose epairs survived with
+    /// their jails) get their anchors reloaded; every other anchor of this
+    /// network is flushed and every other epair of it destroyed.
+    pub fn reconcile(&self, known: &[(String, SandboxNetwork)]) -> anyhow::Result<()> {
+        let known: Vec<(Attachment, ResolvedPolicy)> =
+            known.iter().map(|(id, n)| (self.cfg.attachment(id, n.address), resolve(&n.policy))).collect();
+        *self.lock() = known.iter().map(|(a, p)| (a.id.clone(), (a.clone(), p.clone()))).collect();
+        // No parent anchor yet just means no sandbox was ever attached.
+        let anchors = match self.runner.run(&pf::list_anchors(&self.cfg)) {
+            Ok(listing) => pf::parse_anchors(&self.cfg, &listing),
+            Err(e) => {
+                tracing::warn!("listing pf anchors: {e:#}");
+                Vec::new()
+            }
+        };
+        let members = vnet::parse_group(&self.runner.run(&vnet::list_group())?);
+        self.run_each(&vnet::reconcile(&self.cfg, &known, &anchors, &members))
+    }
+
+    fn interfaces(&self) -> anyhow::Result<Vec<String>> {
+        Ok(vnet::parse_interfaces(&self.runner.run(&vnet::list_interfaces())?))
+    }
+
+    /// Stops at the first failure.
+    fn run_all(&self, steps: &[Cmd]) -> anyhow::Result<()> {
+        for step in steps {
+            self.runner.run(step)?;
+        }
+        Ok(())
+    }
+
+    /// Runs every step; fails afterwards if any did (clean-ups, where one
+    /// thing already gone must not keep the rest in place).
+    fn run_each(&self, steps: &[Cmd]) -> anyhow::Result<()> {
+        let failed: Vec<String> =
+            steps.iter().filter_map(|step| self.runner.run(step).err()).map(|e| format!("{e:#}")).collect();
+        match failed.is_empty() {
+            true => Ok(()),
+            false => bail!("{}", failed.join("; ")),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, (Attachment, ResolvedPolicy)>> {
+        self.attached.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Records every command and answers from a script: `(argv prefix,
+    /// reply)` pairs, first match wins; unmatched commands print nothing.
+    struct Scripted {
+        replies: Vec<(&'static str, Result<&'static str, &'static str>)>,
+        log: Mutex<Vec<String>>,
+    }
+
+    impl Scripted {
+        fn new(replies: Vec<(&'static str, Result<&'static str, &'static str>)>) -> Self {
+            Self { replies, log: Mutex::new(Vec::new()) }
+        }
+
+        /// Everything run since the last call, one command per line.
+        fn take(&self) -> String {
+            std::mem::take(&mut *self.log.lock().unwrap()).iter().map(|c| format!("{c}\n")).collect()
+        }
+    }
+
+    impl Runner for Scripted {
+        fn run(&self, cmd: &Cmd) -> anyhow::Result<String> {
+            self.log.lock().unwrap().push(cmd.to_string());
+            let line = cmd.argv.join(" ");
+            match self.replies.iter().find(|(prefix, _)| line.starts_with(prefix)) {
+                Some((_, Ok(out))) => Ok(out.to_string()),
+                Some((_, Err(e))) => bail!("`{line}`: {e}"),
+                None => Ok(String::new()),
+            }
+        }
+    }
+
+    const ENABLED: &str = "Status: Enabled for 0 days 00:01:02           Debug: Urgent\n";
+    const MAIN_RULES: &str = "anchor \"copse/copse0/*\" all\n";
+
+    fn host(extra: Vec<(&'static str, Result<&'static str, &'static str>)>) -> Scripted {
+        let mut replies = extra;
+        replies.extend([
+            ("/sbin/pfctl -s info", Ok(ENABLED)),
+            ("/sbin/pfctl -s rules", Ok(MAIN_RULES)),
+            ("/sbin/ifconfig -l", Ok("em0 lo0 copse0 copse0-7\n")),
+            ("/sbin/ifconfig epair create", Ok("epair4a\n")),
+        ]);
+        Scripted::new(replies)
+    }
+
+    fn cfg() -> NetConfig {
+        NetConfig::new("copse0", "10.88.0.0/16").unwrap()
+    }
+
+    fn golden(name: &str, actual: &str) {
+        crate::nft::tests::golden(name, actual)
+    }
+
+    fn sandbox(address: &str, policy: Policy) -> SandboxNetwork {
+        SandboxNetwork { address: address.parse().unwrap(), policy }
+    }
+
+    fn only_example() -> Policy {
+        let allow = ["198.51.100.10".to_string()];
+        Policy::from_e2b(Some(false), &allow, &[], None).unwrap()
+    }
+
+    #[test]
+    fn open_creates_a_missing_bridge() {
+        let runner = Scripted::new(vec![
+            ("/sbin/pfctl -s info", Ok(ENABLED)),
+            ("/sbin/pfctl -s rules", Ok(MAIN_RULES)),
+            ("/sbin/ifconfig -l", Ok("em0 lo0\n")),
+            ("/sbin/ifconfig bridge create", Ok("bridge0\n")),
+        ]);
+        let network = JailNetwork::open(cfg(), runner).unwrap();
+        golden("pf-open.plan", &network.runner.take());
+    }
+
+    #[test]
+    fn open_reuses_the_bridge() {
+        let network = JailNetwork::open(cfg(), host(vec![])).unwrap();
+        golden("pf-open-existing.plan", &network.runner.take());
+    }
+
+    #[test]
+    fn open_refuses_a_host_where_pf_would_not_enforce() {
+        let disabled = host(vec![("/sbin/pfctl -s info", Ok("Status: Disabled for 0 days\n"))]);
+        assert!(JailNetwork::open(cfg(), disabled).err().unwrap().to_string().contains("pf is not enabled"));
+        let no_anchor = host(vec![("/sbin/pfctl -s rules", Ok("pass all\n"))]);
+        let err = JailNetwork::open(cfg(), no_anchor).err().unwrap().to_string();
+        assert!(err.contains("anchor \"copse/copse0/*\""), "{err}");
+    }
+
+    #[test]
+    fn attach_update_detach() {
+        let network = JailNetwork::open(cfg(), host(vec![])).unwrap();
+        network.runner.take();
+        network.attach("i3k2m9x", 12, &sandbox("10.88.0.7", Policy::open())).unwrap();
+        golden("pf-attach.plan", &network.runner.take());
+
+        network.update("i3k2m9x", &only_example()).unwrap();
+        golden("pf-update-tighten.plan", &network.runner.take());
+        // Widening keeps the states the sandbox has.
+        network.update("i3k2m9x", &Policy::open()).unwrap();
+        assert!(!network.runner.take().contains("-k"));
+        assert!(network.update("other", &Policy::open()).is_err());
+
+        network.detach("i3k2m9x").unwrap();
+        golden("pf-detach.plan", &network.runner.take());
+        network.detach("i3k2m9x").unwrap();
+        assert_eq!(network.runner.take(), "", "a second detach does nothing");
+    }
+
+    #[test]
+    fn a_failed_attach_removes_what_it_made() {
+        let network = JailNetwork::open(
+            cfg(),
+            host(vec![
+                ("/sbin/route -j 12 add default", Err("route: writing to routing socket: File exists")),
+                ("/sbin/ifconfig -l", Ok("em0 lo0 copse0 copse0-7\n")),
+            ]),
+        )
+        .unwrap();
+        network.runner.take();
+        let err = network.attach("i3k2m9x", 12, &sandbox("10.88.0.7", Policy::open())).unwrap_err();
+        assert!(format!("{err:#}").contains("File exists"));
+        golden("pf-attach-undo.plan", &network.runner.take());
+        assert!(network.update("i3k2m9x", &Policy::open()).is_err(), "nothing is left attached");
+    }
+
+    #[test]
+    fn reconcile_keeps_the_known_and_removes_the_rest() {
+        let network = JailNetwork::open(
+            cfg(),
+            host(vec![
+                ("/sbin/pfctl -a copse/copse0 -s Anchors", Ok("  copse/copse0/keep\n  copse/copse0/gone\n")),
+                // copse1-3 belongs to another gateway's network.
+                ("/sbin/ifconfig -g copse", Ok("copse0-7\ncopse0-a\ncopse1-3\n")),
+            ]),
+        )
+        .unwrap();
+        network.runner.take();
+        network.reconcile(&[("keep".to_string(), sandbox("10.88.0.7", only_example()))]).unwrap();
+        golden("pf-reconcile.plan", &network.runner.take());
+        // The re-adopted sandbox is attached again.
+        network.update("keep", &Policy::open()).unwrap();
+    }
+
+    #[test]
+    fn reconcile_without_a_parent_anchor_still_removes_stray_epairs() {
+        let network = JailNetwork::open(
+            cfg(),
+            host(vec![
+                ("/sbin/pfctl -a copse/copse0 -s Anchors", Err("pfctl: DIOCGETRULESETS: Invalid argument")),
+                ("/sbin/ifconfig -g copse", Ok("copse0-a\n")),
+            ]),
+        )
+        .unwrap();
+        network.runner.take();
+        network.reconcile(&[]).unwrap();
+        assert!(network.runner.take().ends_with("/sbin/pfctl -k 10.88.0.10\n/sbin/ifconfig copse0-a destroy\n"));
+    }
+}
