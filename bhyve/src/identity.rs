@@ -61,6 +61,24 @@ impl Identity {
         Self { hostname: hostname_for(sandbox_id), net, machine_id: hex(&id), rng_seed, agent_token: hex(&token) }
     }
 
+    /// The identity as the one JSON line the guest's control helper reads
+    /// on its serial console (see [`crate::substrate`]): the console is the
+    /// only channel that reaches exactly one guest while every clone still
+    /// answers at the template's address.
+    pub fn control_line(&self) -> String {
+        let line = serde_json::json!({
+            "hostname": self.hostname,
+            "mac": self.net.mac,
+            "address": self.net.address,
+            "gateway": self.net.gateway,
+            "machine_id": self.machine_id,
+            "hostid": uuid_form(&self.machine_id),
+            "rng_seed": hex(&self.rng_seed),
+            "agent_token": self.agent_token,
+        });
+        format!("{line}\n")
+    }
+
     pub fn guest_steps(&self) -> Vec<GuestStep> {
         vec![
             GuestStep::ReseedRng(self.rng_seed.to_vec()),
@@ -131,6 +149,20 @@ mod tests {
         assert_eq!(hostname_for("---"), "sandbox");
         assert_eq!(hostname_for(&"x".repeat(80)).len(), 63);
         assert_eq!(uuid_form("0123456789abcdef0123456789abcdef"), "01234567-89ab-cdef-0123-456789abcdef");
+    }
+
+    #[test]
+    fn control_line_is_one_json_line() {
+        let mut rng = StdRng::seed_from_u64(4);
+        let id = Identity::generate("sb-1", net(6), &mut rng);
+        let line = id.control_line();
+        assert!(line.ends_with('\n') && line.matches('\n').count() == 1);
+        let v: serde_json::Value = serde_json::from_str(&line).unwrap();
+        assert_eq!(v["hostname"], "sb-1");
+        assert_eq!(v["address"], "10.77.0.6/16");
+        assert_eq!(v["mac"], "02:c0:00:00:00:06");
+        assert_eq!(v["rng_seed"].as_str().unwrap().len(), 128);
+        assert_eq!(v["agent_token"], id.agent_token.as_str());
     }
 
     #[test]

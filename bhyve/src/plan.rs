@@ -122,6 +122,115 @@ impl PoolLayout {
     }
 }
 
+/// Where a sandbox snapshot lives: its checkpoint triple in a directory of
+/// its own, its disk as a received volume with a snapshot of fixed name (so
+/// an imported copy works under any id).
+impl PoolLayout {
+    fn snapshot_volume(&self, snapshot: &str) -> String {
+        format!("{}/snapshots/{snapshot}", self.zfs_root)
+    }
+
+    fn snapshot_disk(&self, snapshot: &str) -> String {
+        format!("{}@{SNAPSHOT_NAME}", self.snapshot_volume(snapshot))
+    }
+
+    /// Write the operator's guest image onto a fresh template zvol; runs
+    /// between [`TemplateBuild::prepare`] and [`TemplateBuild::boot`].
+    pub fn import_image(&self, image: &Path, size_bytes: u64) -> Vec<Cmd> {
+        let zvol = self.template_zvol();
+        vec![
+            Cmd::new(
+                "zfs",
+                [
+                    "create".to_string(),
+                    "-V".into(),
+                    size_bytes.to_string(),
+                    "-o".into(),
+                    "volmode=dev".into(),
+                    zvol.clone(),
+                ],
+            ),
+            Cmd::new(
+                "dd",
+                [
+                    format!("if={}", image.display()),
+                    format!("of=/dev/zvol/{zvol}"),
+                    "bs=1m".into(),
+                    "conv=sparse".into(),
+                ],
+            ),
+        ]
+    }
+
+    /// Keep a running slot as `snapshot`: checkpoint (bhyve saves and
+    /// exits, so memory and disk are of one instant), copy the disk out,
+    /// then [`SnapshotPlan::restart`] puts the same guest back from the new
+    /// checkpoint.
+    pub fn snapshot_slot(&self, slot: SlotId, snapshot: &str, checkpoint: &Path) -> SnapshotPlan {
+        let guest = self.slot_guest(slot);
+        let transient = format!("{}@copse-{snapshot}", self.slot_zvol(slot));
+        SnapshotPlan {
+            suspend: command::suspend(&guest.name, checkpoint),
+            disk: vec![Cmd::new("zfs", ["snapshot".to_string(), transient.clone()])],
+            send: Cmd::new("zfs", ["send".to_string(), transient.clone()]),
+            recv: Cmd::new("zfs", ["recv".to_string(), "-u".into(), self.snapshot_disk(snapshot)]),
+            cleanup: vec![
+                Cmd::new("zfs", ["destroy".to_string(), transient]).allow_failure(),
+                command::destroy_vm(&guest.name).allow_failure(),
+            ],
+            restart: command::restore(&guest, checkpoint, MemoryRestore::Vnode),
+        }
+    }
+
+    /// A slot whose disk is a copy of a snapshot's rather than a clone of
+    /// the template's: `send | recv`, then the NIC. A copy, so deleting the
+    /// snapshot never has to wait for sandboxes made from it.
+    pub fn prepare_slot_from(&self, slot: SlotId, snapshot: &str) -> (Cmd, Cmd, Vec<Cmd>) {
+        let guest = self.slot_guest(slot);
+        (
+            Cmd::new("zfs", ["send".to_string(), self.snapshot_disk(snapshot)]),
+            Cmd::new("zfs", ["recv".to_string(), "-u".into(), "-o".into(), "volmode=dev".into(), self.slot_zvol(slot)]),
+            command::create_tap(&guest.tap, &self.bridge),
+        )
+    }
+
+    /// The disk half of an export, and of an import under `snapshot`.
+    pub fn snapshot_stream(&self, snapshot: &str) -> (Cmd, Cmd) {
+        (
+            Cmd::new("zfs", ["send".to_string(), self.snapshot_disk(snapshot)]),
+            Cmd::new("zfs", ["recv".to_string(), "-u".into(), self.snapshot_disk(snapshot)]),
+        )
+    }
+
+    pub fn delete_snapshot(&self, snapshot: &str) -> Cmd {
+        Cmd::new("zfs", ["destroy".to_string(), "-r".into(), self.snapshot_volume(snapshot)]).allow_failure()
+    }
+}
+
+/// Fixed name of the ZFS snapshot inside every snapshot volume.
+const SNAPSHOT_NAME: &str = "snapshot";
+
+/// The steps of [`PoolLayout::snapshot_slot`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SnapshotPlan {
+    pub suspend: Cmd,
+    pub disk: Vec<Cmd>,
+    /// `send | recv` of the disk into the snapshot volume.
+    pub send: Cmd,
+    pub recv: Cmd,
+    pub cleanup: Vec<Cmd>,
+    pub restart: Cmd,
+}
+
+/// The host end of a guest console: nmdm(4) pairs are `A` (bhyve's) and
+/// `B` (ours).
+pub fn console_peer(console: &str) -> String {
+    match console.strip_suffix('A') {
+        Some(stem) => format!("{stem}B"),
+        None => console.to_string(),
+    }
+}
+
 /// The steps of building a template checkpoint.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TemplateBuild {
@@ -233,6 +342,50 @@ mod tests {
                 .collect::<Vec<_>>()
         };
         assert_eq!(slots(&l.template_guest()), slots(&l.slot_guest(3)));
+    }
+
+    #[test]
+    fn snapshot_plans() {
+        let l = layout();
+        let plan = l.snapshot_slot(17, "s1", Path::new("/var/db/copse/bhyve/snapshots/s1/vm.ckp"));
+        assert_eq!(
+            plan.suspend.to_string(),
+            "bhyvectl --vm=copse-python-17 --suspend=/var/db/copse/bhyve/snapshots/s1/vm.ckp"
+        );
+        assert_eq!(lines(&plan.disk), ["zfs snapshot zroot/copse/vm/python-17@copse-s1"]);
+        assert_eq!(plan.send.to_string(), "zfs send zroot/copse/vm/python-17@copse-s1");
+        assert_eq!(plan.recv.to_string(), "zfs recv -u zroot/copse/vm/snapshots/s1@snapshot");
+        assert_eq!(
+            lines(&plan.cleanup),
+            ["zfs destroy zroot/copse/vm/python-17@copse-s1", "bhyvectl --vm=copse-python-17 --destroy"]
+        );
+        assert!(plan.cleanup.iter().all(|c| c.may_fail));
+        assert!(
+            plan.restart
+                .to_string()
+                .ends_with("-r /var/db/copse/bhyve/snapshots/s1/vm.ckp -o snapshot.vnode_restore=true copse-python-17")
+        );
+
+        let (send, recv, tap) = l.prepare_slot_from(18, "s1");
+        assert_eq!(send.to_string(), "zfs send zroot/copse/vm/snapshots/s1@snapshot");
+        assert_eq!(recv.to_string(), "zfs recv -u -o volmode=dev zroot/copse/vm/python-18");
+        assert_eq!(tap[0].to_string(), "ifconfig tap1018 create");
+        let (send, recv) = l.snapshot_stream("s2");
+        assert_eq!(send.to_string(), "zfs send zroot/copse/vm/snapshots/s2@snapshot");
+        assert_eq!(recv.to_string(), "zfs recv -u zroot/copse/vm/snapshots/s2@snapshot");
+        assert_eq!(l.delete_snapshot("s2").to_string(), "zfs destroy -r zroot/copse/vm/snapshots/s2");
+    }
+
+    #[test]
+    fn image_import_and_console_peer() {
+        assert_eq!(
+            lines(&layout().import_image(Path::new("/img/python.img"), 8 << 30)),
+            [
+                "zfs create -V 8589934592 -o volmode=dev zroot/copse/vm/python",
+                "dd if=/img/python.img of=/dev/zvol/zroot/copse/vm/python bs=1m conv=sparse",
+            ]
+        );
+        assert_eq!(console_peer("/dev/nmdm1017A"), "/dev/nmdm1017B");
     }
 
     #[test]

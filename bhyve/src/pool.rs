@@ -200,6 +200,10 @@ impl Pool {
         pool
     }
 
+    pub fn slot_states(&self) -> impl Iterator<Item = (SlotId, SlotState)> + '_ {
+        self.slots.iter().map(|(id, s)| (*id, *s))
+    }
+
     pub fn state(&self, slot: SlotId) -> Option<SlotState> {
         self.slots.get(&slot).copied()
     }

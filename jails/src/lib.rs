@@ -5,6 +5,7 @@
 //! privileged step of a sandbox's life (filesystem clone, isolation, limits,
 //! teardown) and nothing about the E2B wire protocol.
 
+pub mod router;
 pub mod template;
 
 #[cfg(target_os = "linux")]
@@ -35,7 +36,8 @@ use serde::{Deserialize, Serialize};
 
 pub use copse_cubenet::{NetConfig, Policy, SandboxNetwork};
 
-pub use template::{Recipe, TemplateInfo};
+pub use router::Router;
+pub use template::{Backend, Recipe, TemplateInfo};
 
 /// Resource limits applied to a whole sandbox.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -149,7 +151,15 @@ pub trait Substrate: Send + Sync + 'static {
 
     fn usage(&self, id: &str) -> anyhow::Result<Usage>;
 
+    /// What every template of this substrate offers.
     fn capabilities(&self) -> Capabilities;
+
+    /// What sandboxes of `template` offer; differs from
+    /// [`Substrate::capabilities`] only where templates have different
+    /// backends (see [`Router`]).
+    fn capabilities_for(&self, _template: &str) -> Capabilities {
+        self.capabilities()
+    }
 
     /// Stop every process of the sandbox where it stands (memory and state
     /// kept, no CPU used) until [`Substrate::resume`]. Idempotent.

@@ -19,6 +19,10 @@ pub struct Recipe {
     pub packages: Vec<String>,
     /// Shell commands run inside the new root after the packages are in.
     pub post_install: Vec<String>,
+    /// Which substrate builds and boots it; recipes saved before backends
+    /// existed were all for the host's own.
+    #[serde(default)]
+    pub backend: Backend,
 }
 
 /// Built and ready to boot.
@@ -28,6 +32,71 @@ pub struct TemplateInfo {
     /// Unix seconds when the build finished.
     pub built_at: u64,
     pub size_bytes: u64,
+    #[serde(default)]
+    pub backend: Backend,
+}
+
+/// The kind of sandbox a template boots into. A host may offer several
+/// (see [`crate::router::Router`]); each template belongs to exactly one.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Backend {
+    /// The host's own isolation: Linux namespaces, or FreeBSD jails.
+    #[default]
+    Jail,
+    /// bhyve microVMs restored from checkpoints (FreeBSD only).
+    Bhyve,
+}
+
+impl Backend {
+    pub const ALL: [Backend; 2] = [Backend::Jail, Backend::Bhyve];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Backend::Jail => "jail",
+            Backend::Bhyve => "bhyve",
+        }
+    }
+
+    fn needs(self) -> &'static str {
+        match self {
+            Backend::Jail => "Linux namespaces or FreeBSD jails",
+            Backend::Bhyve => "a FreeBSD host with vmm(4) and bhyve",
+        }
+    }
+}
+
+impl std::fmt::Display for Backend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for Backend {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Self::ALL
+            .into_iter()
+            .find(|b| b.as_str() == s)
+            .ok_or_else(|| format!("unknown backend {s:?}: use jail or bhyve"))
+    }
+}
+
+/// Refuses a recipe for a backend this substrate does not serve, before
+/// anything is built: a template must never silently become another kind.
+pub fn check_backend(recipe: &Recipe, served: &[Backend]) -> anyhow::Result<()> {
+    if served.contains(&recipe.backend) {
+        return Ok(());
+    }
+    let offered: Vec<&str> = served.iter().map(|b| b.as_str()).collect();
+    anyhow::bail!(
+        "template {}: the {} backend needs {}; this host ({}) offers only: {}",
+        recipe.name,
+        recipe.backend,
+        recipe.backend.needs(),
+        std::env::consts::OS,
+        offered.join(", ")
+    )
 }
 
 /// Debian packages every Linux template gets: what users of E2B's `base`
@@ -47,7 +116,7 @@ pub fn builtin(os: PackageSystem) -> Vec<Recipe> {
     .iter()
     .map(|p| p.to_string())
     .collect();
-    vec![Recipe { name: "base".into(), packages: base, post_install: Vec::new() }]
+    vec![Recipe { name: "base".into(), packages: base, post_install: Vec::new(), backend: Backend::Jail }]
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -102,6 +171,26 @@ mod tests {
             script,
             "mkdir -p '/opt/x' && cat > '/opt/x/run.py' <<'COPSE_END_OF_FILE'\nprint('$HOME')\nCOPSE_END_OF_FILE\nchmod 0644 '/opt/x/run.py'"
         );
+    }
+
+    #[test]
+    fn a_recipe_for_another_backend_is_refused_by_name() {
+        let mut recipe = builtin(PackageSystem::Debian).remove(0);
+        assert!(check_backend(&recipe, &[Backend::Jail]).is_ok());
+        recipe.backend = Backend::Bhyve;
+        let err = check_backend(&recipe, &[Backend::Jail]).unwrap_err().to_string();
+        assert!(err.contains("bhyve") && err.contains("FreeBSD") && err.contains("offers only: jail"), "{err}");
+        assert_eq!("bhyve".parse::<Backend>(), Ok(Backend::Bhyve));
+        assert!("kvm".parse::<Backend>().is_err());
+    }
+
+    #[test]
+    fn old_records_load_as_the_host_backend() {
+        let info: TemplateInfo = serde_json::from_str(r#"{"name":"base","built_at":1,"size_bytes":2}"#).unwrap();
+        assert_eq!(info.backend, Backend::Jail);
+        let recipe: Recipe = serde_json::from_str(r#"{"name":"b","packages":[],"post_install":[]}"#).unwrap();
+        assert_eq!(recipe.backend, Backend::Jail);
+        assert_eq!(serde_json::to_string(&Backend::Bhyve).unwrap(), r#""bhyve""#);
     }
 
     #[test]

@@ -179,7 +179,7 @@ impl Sandboxes {
         memory: Option<bool>,
     ) -> Result<SnapshotRecord> {
         let record = self.get(id)?;
-        if memory == Some(true) && !self.substrate.capabilities().memory_snapshots {
+        if memory == Some(true) && !self.substrate.capabilities_for(&record.template).memory_snapshots {
             return Err(SandboxError::Invalid(format!(
                 "snapshots with memory (mode 'full') are not supported by the {} substrate; use mode 'filesystem'",
                 self.substrate.name()

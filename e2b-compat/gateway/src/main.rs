@@ -121,6 +121,10 @@ enum TemplateCommand {
     /// Build templates (default: every built-in one); skips complete builds.
     Build {
         names: Vec<String>,
+        /// Which kind of sandbox the templates boot: `jail` (the host's own
+        /// isolation) or `bhyve` (microVMs; FreeBSD only).
+        #[arg(long, default_value = "jail")]
+        backend: copse_jails::Backend,
         #[command(flatten)]
         paths: Paths,
     },
@@ -180,10 +184,13 @@ fn main() -> anyhow::Result<()> {
             print!("{}", copse_gateway::tls::mint::instructions(&domain, &minted));
             Ok(())
         }
-        Command::Template { command: TemplateCommand::Build { names, paths } } => {
+        Command::Template { command: TemplateCommand::Build { names, backend, paths } } => {
             let substrate = server::open_substrate(&local_config(paths)?)?;
-            let recipes: Vec<_> =
-                server::default_recipes().into_iter().filter(|r| names.is_empty() || names.contains(&r.name)).collect();
+            let recipes: Vec<_> = server::default_recipes()
+                .into_iter()
+                .filter(|r| names.is_empty() || names.contains(&r.name))
+                .map(|r| copse_jails::Recipe { backend, ..r })
+                .collect();
             if let Some(unknown) = names.iter().find(|n| !recipes.iter().any(|r| &&r.name == n)) {
                 anyhow::bail!("no recipe named {unknown:?}; built-in templates: {}", recipe_names());
             }
@@ -192,7 +199,7 @@ fn main() -> anyhow::Result<()> {
         Command::Template { command: TemplateCommand::List { paths } } => {
             let substrate = server::open_substrate(&local_config(paths)?)?;
             for t in substrate.templates()? {
-                println!("{:<24} {:>8} MiB  built {}", t.name, t.size_bytes >> 20, t.built_at);
+                println!("{:<24} {:<6} {:>8} MiB  built {}", t.name, t.backend, t.size_bytes >> 20, t.built_at);
             }
             Ok(())
         }

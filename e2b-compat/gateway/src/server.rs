@@ -18,7 +18,7 @@ use crate::tls;
 
 pub fn open_substrate(config: &Config) -> anyhow::Result<Arc<dyn Substrate>> {
     std::fs::create_dir_all(&config.data_dir).with_context(|| format!("creating {}", config.data_dir.display()))?;
-    Ok(Arc::from(copse_jails::host_substrate(&config.data_dir, &config.agent_binary, config.network.as_ref())?))
+    Ok(Arc::from(copse_host::host_substrate(&config.data_dir, &config.agent_binary, config.network.as_ref())?))
 }
 
 pub fn open_store(config: &Config) -> anyhow::Result<Store> {
@@ -33,7 +33,15 @@ pub fn default_recipes() -> Vec<Recipe> {
 /// Builds each recipe that is missing, showing progress.
 pub fn ensure_templates(substrate: &dyn Substrate, recipes: &[Recipe]) -> anyhow::Result<()> {
     for recipe in recipes {
-        if substrate.templates()?.iter().any(|t| t.name == recipe.name) {
+        if let Some(built) = substrate.templates()?.into_iter().find(|t| t.name == recipe.name) {
+            // Names are unique across backends: the gateway routes by name.
+            anyhow::ensure!(
+                built.backend == recipe.backend,
+                "template {} is already built for the {} backend, not {}",
+                recipe.name,
+                built.backend,
+                recipe.backend
+            );
             continue;
         }
         let reporter = Reporter::new(&format!("building template {}", recipe.name));

@@ -43,6 +43,7 @@ pub fn recipes() -> Vec<Recipe> {
         name: CODE_INTERPRETER.into(),
         packages,
         post_install: vec![write_file_script(INTERPRETER_PATH, INTERPRETER_SOURCE.trim_end(), "0644")],
+        backend: base.backend,
     });
     recipes
 }

@@ -12,7 +12,8 @@ mod boot;
 pub mod confine;
 mod exec;
 pub mod plan;
-mod streams;
+/// Public so the bhyve backend pipes `zfs send`/`recv` the same way.
+pub mod streams;
 mod sys;
 
 use std::path::Path;
@@ -26,7 +27,7 @@ use self::plan::lifecycle::{self, SnapshotSource, StoredSnapshot};
 use self::plan::recover::{self as reconcile, HostTraces};
 use self::plan::template::{self as tpl, BuildInputs};
 use self::plan::{Layout, devfs, host, jail_name, mounts, rctl, sandbox, validate_id, zfs};
-use crate::template::validate_name;
+use crate::template::{Backend, check_backend, validate_name};
 use crate::{
     Capabilities, Placement, Progress, Recipe, Recovery, SandboxSpec, SnapshotInfo, Substrate, TemplateInfo, Usage,
 };
@@ -228,6 +229,7 @@ impl Substrate for JailSubstrate {
 
     fn ensure_template(&self, recipe: &Recipe, progress: Progress<'_>) -> anyhow::Result<TemplateInfo> {
         validate_name(&recipe.name).map_err(|e| anyhow!(e))?;
+        check_backend(recipe, &[Backend::Jail])?;
         let _guard = self.building.lock().unwrap_or_else(|e| e.into_inner());
         let find = || -> anyhow::Result<Option<zfs::TemplateSnapshot>> {
             Ok(self.template_snapshots()?.into_iter().find(|t| t.template == recipe.name))
@@ -418,7 +420,7 @@ impl Substrate for JailSubstrate {
 }
 
 fn info(t: zfs::TemplateSnapshot) -> TemplateInfo {
-    TemplateInfo { name: t.template, built_at: t.built_at, size_bytes: t.referenced }
+    TemplateInfo { name: t.template, built_at: t.built_at, size_bytes: t.referenced, backend: Backend::Jail }
 }
 
 /// `kern.racct.enable` is a boot-time tunable; without it rctl refuses

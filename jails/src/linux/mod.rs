@@ -165,6 +165,7 @@ impl Substrate for LinuxSubstrate {
     }
 
     fn ensure_template(&self, recipe: &Recipe, progress: Progress<'_>) -> anyhow::Result<TemplateInfo> {
+        crate::template::check_backend(recipe, &[crate::template::Backend::Jail])?;
         self.templates.ensure(recipe, progress)
     }
 

@@ -71,6 +71,7 @@ impl TemplateStore {
             name: recipe.name.clone(),
             built_at: SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
             size_bytes: tree_size(&rootfs),
+            backend: recipe.backend,
         };
         fs::write(staging.join(INFO_FILE), serde_json::to_vec_pretty(&info)?)?;
         fs::rename(&staging, &final_dir).context("publishing the template")?;
@@ -213,6 +214,7 @@ mod tests {
             name: "base".into(),
             packages: vec!["python3".into(), "curl".into()],
             post_install: vec!["echo hi".into()],
+            backend: Default::default(),
         };
         let plan = build_plan(&recipe, Path::new("/t/rootfs"), Path::new("/c"), "http://m/debian", "bookworm");
         assert_eq!(plan[0].program, "debootstrap");

@@ -267,6 +267,7 @@ mod tests {
             name: "base".into(),
             packages: vec!["python311".into(), "py311-pip".into()],
             post_install: post.iter().map(|s| s.to_string()).collect(),
+            backend: Default::default(),
         }
     }
 
@@ -350,7 +351,12 @@ run /sbin/zfs snapshot -o copse:built_at=1763769600 -o copse:recipe={hash} -o co
 
     #[test]
     fn build_from_a_local_dist_after_an_unfinished_one_with_post_install() {
-        let r = Recipe { name: "ci".into(), packages: vec![], post_install: vec!["pip install numpy".into()] };
+        let r = Recipe {
+            name: "ci".into(),
+            packages: vec![],
+            post_install: vec!["pip install numpy".into()],
+            backend: Default::default(),
+        };
         let input = BuildInputs {
             recipe: &r,
             release: "15.0-RELEASE".into(),
