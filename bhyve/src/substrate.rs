@@ -409,7 +409,7 @@ impl<H: Host> BhyveSubstrate<H> {
             archive::FILES.iter().filter_map(|f| std::fs::metadata(dir.join(f)).ok()).map(|m| m.len()).sum();
         let record = SnapshotRecord { template: template.to_string(), size_bytes };
         std::fs::write(dir.join("snapshot.json"), serde_json::to_vec(&record)?)?;
-        Ok(SnapshotInfo { id: snapshot.to_string(), template: template.to_string(), size_bytes })
+        Ok(SnapshotInfo { id: snapshot.to_string(), template: template.to_string(), size_bytes, memory: true })
     }
 
     fn build(&self, recipe: &Recipe, progress: Progress<'_>) -> anyhow::Result<()> {
@@ -538,7 +538,9 @@ impl<H: Host> Substrate for BhyveSubstrate<H> {
         self.set_paused(id, false)
     }
 
-    fn snapshot(&self, id: &str, snapshot_id: &str) -> anyhow::Result<SnapshotInfo> {
+    /// A bhyve checkpoint always holds memory: a files-only request gets
+    /// more than it asked for, never less.
+    fn snapshot(&self, id: &str, snapshot_id: &str, _memory: bool) -> anyhow::Result<SnapshotInfo> {
         validate_name(snapshot_id).map_err(|e| anyhow!(e))?;
         let mut state = self.lock();
         let sandbox = Self::sandbox(&state, id)?;
@@ -584,7 +586,7 @@ impl<H: Host> Substrate for BhyveSubstrate<H> {
         for entry in std::fs::read_dir(self.config.state_dir.join("snapshots"))? {
             let id = entry?.file_name().to_string_lossy().into_owned();
             if let Ok(record) = self.snapshot_record(&id) {
-                all.push(SnapshotInfo { id, template: record.template, size_bytes: record.size_bytes });
+                all.push(SnapshotInfo { id, template: record.template, size_bytes: record.size_bytes, memory: true });
             }
         }
         Ok(all)

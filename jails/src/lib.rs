@@ -113,6 +113,10 @@ pub struct SnapshotInfo {
     pub template: String,
     /// Bytes of files the snapshot holds on top of its template.
     pub size_bytes: u64,
+    /// Whether it also holds memory and processes: sandboxes created from
+    /// it (or rolled back to it) carry on running where it was taken.
+    #[serde(default)]
+    pub memory: bool,
 }
 
 /// Which lifecycle operations a substrate offers beyond create/destroy.
@@ -169,9 +173,11 @@ pub trait Substrate: Send + Sync + 'static {
     fn resume(&self, id: &str) -> anyhow::Result<()>;
 
     /// Take a consistent copy of the sandbox's files (its processes are held
-    /// still while it is taken) and keep it as `snapshot_id`. The sandbox
-    /// keeps running as it was, paused or not.
-    fn snapshot(&self, id: &str, snapshot_id: &str) -> anyhow::Result<SnapshotInfo>;
+    /// still while it is taken) and, with `memory`, of its memory and
+    /// processes too, and keep it as `snapshot_id`. The sandbox keeps
+    /// running as it was, paused or not. `memory` is only asked of a
+    /// substrate whose [`Capabilities::memory_snapshots`] says so.
+    fn snapshot(&self, id: &str, snapshot_id: &str, memory: bool) -> anyhow::Result<SnapshotInfo>;
 
     /// Snapshots this substrate holds.
     fn snapshots(&self) -> anyhow::Result<Vec<SnapshotInfo>>;

@@ -214,9 +214,9 @@ impl Substrate for Router {
         self.for_sandbox(id)?.resume(id)
     }
 
-    fn snapshot(&self, id: &str, snapshot_id: &str) -> anyhow::Result<SnapshotInfo> {
+    fn snapshot(&self, id: &str, snapshot_id: &str, memory: bool) -> anyhow::Result<SnapshotInfo> {
         let backend = self.sandbox_backend(id).unwrap_or_else(|| self.default_backend());
-        let info = self.substrate(backend)?.snapshot(id, snapshot_id)?;
+        let info = self.substrate(backend)?.snapshot(id, snapshot_id, memory)?;
         self.update(|r| {
             r.snapshots.insert(snapshot_id.to_string(), backend);
         })?;

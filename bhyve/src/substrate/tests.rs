@@ -187,7 +187,7 @@ fn lifecycle_over_the_pool() {
     // once restored from the new checkpoint.
     s.pause("sb1").unwrap();
     take(&s);
-    let info = s.snapshot("sb1", "s1").unwrap();
+    let info = s.snapshot("sb1", "s1", false).unwrap();
     assert_eq!(info.template, "vm");
     let log = take(&s);
     let ckp = dir.path().join("bhyve/snapshots/s1/vm.ckp");

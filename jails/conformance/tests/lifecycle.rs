@@ -46,7 +46,7 @@ fn a_snapshot_keeps_files_for_new_sandboxes_and_outlives_deletion_of_its_users()
     let origin = Sandbox::create("snap-origin", SMALL).unwrap();
     origin.agent().write_file("/home/user/kept.txt", b"before\n").unwrap();
     let snapshot = Snapshot(fresh_id("snap"));
-    let info = substrate().snapshot(origin.id(), &snapshot.0).unwrap();
+    let info = substrate().snapshot(origin.id(), &snapshot.0, false).unwrap();
     assert_eq!((info.id.as_str(), info.template.as_str()), (snapshot.0.as_str(), "base"));
     assert!(substrate().snapshots().unwrap().contains(&info));
 
@@ -74,7 +74,7 @@ fn a_snapshot_of_a_paused_sandbox_leaves_it_paused() {
     let sandbox = Sandbox::create("snap-paused", SMALL).unwrap();
     substrate().pause(sandbox.id()).unwrap();
     let snapshot = Snapshot(fresh_id("snap-paused"));
-    substrate().snapshot(sandbox.id(), &snapshot.0).unwrap();
+    substrate().snapshot(sandbox.id(), &snapshot.0, false).unwrap();
     assert!(sandbox.agent().sh_within("true", Duration::from_millis(500)).unwrap().is_none());
     substrate().resume(sandbox.id()).unwrap();
     assert_eq!(sandbox.agent().sh("echo back").unwrap().stdout, "back\n");
@@ -87,7 +87,7 @@ fn rollback_brings_back_the_files_and_restarts_the_sandbox() {
     let mut sandbox = Sandbox::create("rollback", SMALL).unwrap();
     sandbox.agent().write_file("/home/user/a.txt", b"original\n").unwrap();
     let snapshot = Snapshot(fresh_id("rollback"));
-    substrate().snapshot(sandbox.id(), &snapshot.0).unwrap();
+    substrate().snapshot(sandbox.id(), &snapshot.0, false).unwrap();
     sandbox.agent().sh("echo changed > /home/user/a.txt; echo new > /home/user/b.txt; sleep 600 &").unwrap();
 
     let placement = substrate().rollback(&sandbox.spec, &snapshot.0).unwrap();
@@ -110,7 +110,7 @@ fn an_exported_snapshot_imports_as_a_working_one() {
     let origin = Sandbox::create("export", SMALL).unwrap();
     origin.agent().write_file("/home/user/moved.txt", b"travelled\n").unwrap();
     let snapshot = Snapshot(fresh_id("export"));
-    substrate().snapshot(origin.id(), &snapshot.0).unwrap();
+    substrate().snapshot(origin.id(), &snapshot.0, false).unwrap();
     drop(origin);
 
     let mut stream = Vec::new();
@@ -123,4 +123,51 @@ fn an_exported_snapshot_imports_as_a_working_one() {
     let copy = Sandbox::from_snapshot("imported", SMALL, &imported.0).unwrap();
     assert_eq!(copy.agent().read_file("/home/user/moved.txt").unwrap(), b"travelled\n");
     assert!(substrate().import_snapshot(&fresh_id("garbage"), &mut &b"not a snapshot"[..]).is_err());
+}
+
+const COUNTER: &str =
+    "nohup sh -c 'i=0; while :; do i=$((i+1)); echo $i > /home/user/count; sleep 0.05; done' >/dev/null 2>&1 &";
+
+fn count(sandbox: &Sandbox) -> u64 {
+    sandbox.agent().sh("cat /home/user/count").unwrap().stdout.trim().parse().unwrap()
+}
+
+#[test]
+#[ignore = "needs root, COPSE_AGENT and a template: run `mise run conformance`"]
+fn a_memory_snapshot_carries_running_processes_into_new_sandboxes() {
+    let _serial = serial();
+    if !substrate().capabilities().memory_snapshots {
+        // A host that should have them (the Linux CI installs CRIU) says so.
+        assert!(std::env::var_os("COPSE_EXPECT_MEMORY_SNAPSHOTS").is_none(), "memory snapshots are unavailable");
+        eprintln!("skipped: {} keeps no memory snapshots", substrate().name());
+        return;
+    }
+    let mut origin = Sandbox::create("mem-origin", SMALL).unwrap();
+    origin.agent().sh(COUNTER).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let snapshot = Snapshot(fresh_id("mem"));
+    let info = substrate().snapshot(origin.id(), &snapshot.0, true).unwrap();
+    assert!(info.memory);
+    assert!(substrate().snapshots().unwrap().contains(&info));
+    let at_snapshot = count(&origin);
+
+    // The origin runs on.
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(count(&origin) > at_snapshot, "the origin stopped counting after the snapshot");
+
+    let copy = Sandbox::from_snapshot("mem-copy", SMALL, &snapshot.0).unwrap();
+    let first = count(&copy);
+    assert!(first + 3 >= at_snapshot, "the copy counts from {first}, the origin was at {at_snapshot}");
+    std::thread::sleep(Duration::from_millis(400));
+    let later = count(&copy);
+    assert!(later > first, "the copy's counter is not running: {first} then {later}");
+    let hostname = copy.agent().sh("hostname").unwrap().stdout;
+    assert_eq!(hostname.trim(), copy.id(), "the copy kept the origin's host name");
+
+    // Rolling the origin back to it brings its counter back too.
+    origin.placement = substrate().rollback(&origin.spec, &snapshot.0).unwrap();
+    assert!(substrate().is_alive(origin.id(), &origin.placement));
+    let rolled = count(&origin);
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(count(&origin) > rolled, "the rolled-back origin's counter is not running");
 }

@@ -295,7 +295,10 @@ impl Substrate for JailSubstrate {
         Executor::new(None).run_all(&lifecycle::resume(id, jid)).with_context(|| format!("resuming sandbox {id}"))
     }
 
-    fn snapshot(&self, id: &str, snapshot_id: &str) -> anyhow::Result<SnapshotInfo> {
+    fn snapshot(&self, id: &str, snapshot_id: &str, memory: bool) -> anyhow::Result<SnapshotInfo> {
+        if memory {
+            bail!("jails keep no memory snapshots; bhyve templates do");
+        }
         validate_id(snapshot_id).map_err(|e| anyhow!(e))?;
         let jid = self.jid(id)?;
         // Any dataset of that name, tagged or not: the undo below destroys

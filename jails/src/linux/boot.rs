@@ -21,6 +21,7 @@ use std::fs;
 use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::net::UnixListener;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};
@@ -61,15 +62,41 @@ pub struct BootPlan {
     pub socket_dir: PathBuf,
 }
 
+/// What `copse-agent boot` is asked to do, read from its standard input.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "launch", rename_all = "snake_case")]
+pub enum Launch {
+    Boot(BootPlan),
+    Restore(RestorePlan),
+}
+
+/// A sandbox restored from a memory checkpoint: the restore helper joins the
+/// sandbox's cgroups, takes a private mount namespace holding the overlay
+/// root and a fresh network namespace, and runs CRIU there.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RestorePlan {
+    pub lowers: Vec<PathBuf>,
+    pub upper: PathBuf,
+    pub work: PathBuf,
+    pub root: PathBuf,
+    pub cgroup_procs: Vec<PathBuf>,
+    pub criu: PathBuf,
+    pub args: Vec<String>,
+}
+
 impl BootPlan {
     pub fn overlay_options(&self) -> String {
-        format!(
-            "lowerdir={},upperdir={},workdir={},volatile",
-            self.lowers.iter().map(|l| l.display().to_string()).collect::<Vec<_>>().join(":"),
-            self.upper.display(),
-            self.work.display()
-        )
+        overlay_options(&self.lowers, &self.upper, &self.work)
     }
+}
+
+fn overlay_options(lowers: &[PathBuf], upper: &Path, work: &Path) -> String {
+    format!(
+        "lowerdir={},upperdir={},workdir={},volatile",
+        lowers.iter().map(|l| l.display().to_string()).collect::<Vec<_>>().join(":"),
+        upper.display(),
+        work.display()
+    )
 }
 
 /// Character devices a sandbox gets in its private /dev: (name, major, minor).
@@ -88,8 +115,10 @@ pub fn run_from_stdin() -> ! {
     let result = (|| -> anyhow::Result<()> {
         let mut input = String::new();
         std::io::stdin().read_to_string(&mut input).context("reading the boot plan")?;
-        let plan: BootPlan = serde_json::from_str(&input).context("parsing the boot plan")?;
-        boot(&plan)
+        match serde_json::from_str(&input).context("parsing the boot plan")? {
+            Launch::Boot(plan) => boot(&plan),
+            Launch::Restore(plan) => restore(&plan),
+        }
     })();
     match result {
         Ok(()) => std::process::exit(0),
@@ -100,11 +129,39 @@ pub fn run_from_stdin() -> ! {
     }
 }
 
-fn boot(plan: &BootPlan) -> anyhow::Result<()> {
+fn join_cgroups(procs_files: &[PathBuf]) -> anyhow::Result<()> {
     let pid = std::process::id().to_string();
-    for procs in &plan.cgroup_procs {
+    for procs in procs_files {
         fs::write(procs, &pid).with_context(|| format!("joining {}", procs.display()))?;
     }
+    Ok(())
+}
+
+/// Sets the stage for CRIU and becomes it: see [`RestorePlan`]. Returns
+/// only on failure.
+fn restore(plan: &RestorePlan) -> anyhow::Result<()> {
+    join_cgroups(&plan.cgroup_procs)?;
+    unshare(CloneFlags::CLONE_NEWNS | CloneFlags::CLONE_NEWNET).context("unsharing namespaces")?;
+    let none: Option<&str> = None;
+    mount(none, "/", none, MsFlags::MS_REC | MsFlags::MS_PRIVATE, none).context("making / private")?;
+    let options = overlay_options(&plan.lowers, &plan.upper, &plan.work);
+    mount(Some("overlay"), &plan.root, Some("overlay"), MsFlags::empty(), Some(options.as_str()))
+        .context("mounting the overlay root")?;
+    loopback_up().context("bringing up lo")?;
+    // Sockets the checkpoint holds may be bound to the source sandbox's
+    // address, which this namespace only gets after the restore.
+    fs::write("/proc/sys/net/ipv4/ip_nonlocal_bind", "1").context("allowing non-local binds")?;
+    let netns = fs::File::open("/proc/self/ns/net").context("opening the new network namespace")?;
+    // SAFETY: dup2 onto a descriptor number this process does not use; the
+    // copy is not close-on-exec, so CRIU inherits it.
+    crate::confine::check(unsafe { libc::dup2(netns.as_raw_fd(), super::checkpoint::NETNS_FD) })
+        .context("passing on the network namespace")?;
+    let error = std::process::Command::new(&plan.criu).args(&plan.args).exec();
+    Err(error).with_context(|| format!("executing {}", plan.criu.display()))
+}
+
+fn boot(plan: &BootPlan) -> anyhow::Result<()> {
+    join_cgroups(&plan.cgroup_procs)?;
     unshare(
         CloneFlags::CLONE_NEWNS
             | CloneFlags::CLONE_NEWUTS
@@ -161,6 +218,14 @@ fn enter(plan: &BootPlan, report: &fs::File) -> anyhow::Error {
         // the copy is not close-on-exec, so it survives into the second stage.
         crate::confine::check(unsafe { libc::dup2(report.as_raw_fd(), REPORT_FD) })
             .context("passing on the readiness pipe")?;
+        // Whatever else the gateway's own parent left open (not
+        // close-on-exec) would end up in the sandbox: close it.
+        // SAFETY: closes descriptors above the readiness pipe; nothing in
+        // this process uses them any more.
+        // (musl's libc has no close_range wrapper.)
+        if unsafe { libc::syscall(libc::SYS_close_range, REPORT_FD + 1, u32::MAX, 0) } != 0 {
+            return Err(std::io::Error::last_os_error()).context("closing inherited descriptors");
+        }
         let agent = format!("/{AGENT_MOUNT}/{AGENT_NAME}");
         let args = [c"copse-agent", c"boot", c"--init"];
         let path = std::ffi::CString::new(agent.clone())?;

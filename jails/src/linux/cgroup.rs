@@ -150,6 +150,14 @@ impl Cgroups {
         }
     }
 
+    /// The directory CRIU's `--freeze-cgroup` takes.
+    pub fn freezer_dir(&self, id: &str) -> PathBuf {
+        match self.hierarchy {
+            Hierarchy::V2(_) => self.dir("", id),
+            Hierarchy::V1 => self.dir("freezer", id),
+        }
+    }
+
     pub fn is_frozen(&self, id: &str) -> bool {
         let (file, frozen, _) = self.freezer(id);
         fs::read_to_string(file).is_ok_and(|s| s.trim() == frozen)

@@ -245,7 +245,12 @@ impl LayerStore {
 const TAR_FLAGS: &[&str] = &["--xattrs", "--xattrs-include=*", "--numeric-owner", "--acls"];
 
 fn info(id: &str, file: &SnapshotFile) -> SnapshotInfo {
-    SnapshotInfo { id: id.to_string(), template: file.base.template.clone(), size_bytes: file.size_bytes }
+    SnapshotInfo {
+        id: id.to_string(),
+        template: file.base.template.clone(),
+        size_bytes: file.size_bytes,
+        memory: false,
+    }
 }
 
 fn new_layer_name(snapshot: &str) -> String {

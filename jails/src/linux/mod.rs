@@ -6,6 +6,8 @@
 //! - `sandboxes/<id>/run/agent.sock`: the agent's socket, bound from inside
 //!   the sandbox on this directory (mounted there at `/.copse/run`); the
 //!   gateway's socket path (`run/<id>.sock`) is a symlink to it;
+//! - `checkpoints/<snapshot>`: CRIU images of a memory snapshot, beside
+//!   its file layers (see [`checkpoint`]);
 //! - `agent/copse-agent`: the agent binary every sandbox mounts read-only
 //!   at `/.copse/bin`, so its processes run from a file inside the sandbox;
 //! - cgroup `copse-<hash of the state dir>/<id>` in every hierarchy.
@@ -15,6 +17,7 @@
 
 pub mod boot;
 pub mod cgroup;
+pub mod checkpoint;
 pub mod confine;
 pub mod layers;
 pub mod rootfs;
@@ -29,8 +32,9 @@ use anyhow::{Context, bail};
 use crate::{
     Capabilities, Placement, Progress, Recipe, Recovery, SandboxSpec, SnapshotInfo, Substrate, TemplateInfo, Usage,
 };
-use boot::BootPlan;
+use boot::{BootPlan, Launch, RestorePlan};
 use cgroup::{Cgroups, Hierarchy};
+use checkpoint::Criu;
 use layers::{Base, LayerStore};
 use rootfs::TemplateStore;
 
@@ -39,6 +43,9 @@ pub struct LinuxSubstrate {
     run: PathBuf,
     agent_binary: PathBuf,
     agent_dir: PathBuf,
+    checkpoints: PathBuf,
+    /// Found on first use: probing runs `criu check`.
+    criu: std::sync::OnceLock<Result<Criu, String>>,
     templates: TemplateStore,
     layers: LayerStore,
     cgroups: Cgroups,
@@ -66,6 +73,8 @@ impl LinuxSubstrate {
             run,
             agent_binary: agent_binary.to_path_buf(),
             agent_dir,
+            checkpoints: state_dir.join("checkpoints"),
+            criu: std::sync::OnceLock::new(),
             templates: TemplateStore::new(state_dir),
             layers: LayerStore::open(state_dir)?,
             cgroups: Cgroups::new(Hierarchy::detect()?, state_dir),
@@ -126,7 +135,7 @@ impl LinuxSubstrate {
         let mut command = Command::new(&self.agent_binary);
         command.arg("boot").env_clear().stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
         let mut child = command.spawn().context("starting the boot process")?;
-        child.stdin.take().expect("piped").write_all(&serde_json::to_vec(&plan)?)?;
+        child.stdin.take().expect("piped").write_all(&serde_json::to_vec(&Launch::Boot(plan))?)?;
         let output = child.wait_with_output()?;
         if !output.status.success() {
             bail!("sandbox boot failed ({}): {}", output.status, String::from_utf8_lossy(&output.stderr).trim());
@@ -134,6 +143,100 @@ impl LinuxSubstrate {
         let pid: i32 = String::from_utf8_lossy(&output.stdout).trim().parse().context("boot printed no init pid")?;
         let init_start = process_start_time(pid).context("init vanished right after boot")?;
         tracing::debug!(id = %spec.id, ?dirs_done, ?cgroup_done, total = ?started.elapsed(), "booted");
+        Ok(Placement { init_pid: pid, init_start })
+    }
+
+    fn criu(&self) -> anyhow::Result<&Criu> {
+        match self.criu.get_or_init(|| Criu::find().map_err(|e| format!("{e:#}"))) {
+            Ok(criu) => Ok(criu),
+            Err(reason) => Err(anyhow::anyhow!("{reason}")),
+        }
+    }
+
+    fn checkpoint_dir(&self, snapshot_id: &str) -> PathBuf {
+        self.checkpoints.join(snapshot_id)
+    }
+
+    /// The sandbox's init: the process of its cgroup that is pid 1 in its
+    /// own pid namespace.
+    fn init_pid(&self, id: &str) -> anyhow::Result<i32> {
+        self.cgroups
+            .pids(id)
+            .into_iter()
+            .find(|pid| {
+                fs::read_to_string(format!("/proc/{pid}/status")).is_ok_and(|s| {
+                    s.lines().any(|l| l.starts_with("NSpid:") && l.split_whitespace().last() == Some("1"))
+                })
+            })
+            .with_context(|| format!("sandbox {id} has no running init"))
+    }
+
+    /// Checkpoints a frozen sandbox's processes as `snapshot_id`.
+    fn dump(&self, id: &str, snapshot_id: &str) -> anyhow::Result<()> {
+        use std::os::unix::fs::MetadataExt;
+        let criu = self.criu()?;
+        let init = self.init_pid(id)?;
+        let netns = fs::metadata(format!("/proc/{init}/ns/net")).context("reading init's network namespace")?.ino();
+        let images = self.checkpoint_dir(snapshot_id);
+        let dumped = criu.dump(init, &images, &self.cgroups.freezer_dir(id), netns);
+        if dumped.is_err() {
+            let _ = fs::remove_dir_all(&images);
+        }
+        dumped
+    }
+
+    /// Like [`Self::boot`], for a sandbox whose snapshot holds memory: its
+    /// processes are restored from the checkpoint instead of started.
+    fn restore(&self, spec: &SandboxSpec, snapshot_id: &str) -> anyhow::Result<Placement> {
+        let criu = self.criu()?.clone();
+        let dir = self.sandbox_dir(&spec.id);
+        fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        let base = self.layers.pin(&dir, Some(snapshot_id), &spec.template)?;
+        let boot = self.boot_plan(spec, &base);
+        let work_dir = dir.join("restore");
+        for dir in [&boot.upper, &boot.work, &boot.root, &boot.socket_dir, &work_dir] {
+            fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        }
+        self.cgroups.create(&spec.id, &spec.limits)?;
+        link_socket(&boot.socket_dir, &spec.agent_socket)?;
+        let pidfile = work_dir.join("init.pid");
+        let images = self.checkpoint_dir(snapshot_id);
+        let plan = RestorePlan {
+            args: checkpoint::restore_args(&images, &boot.root, &self.agent_dir, &boot.socket_dir, &pidfile),
+            lowers: boot.lowers,
+            upper: boot.upper,
+            work: boot.work,
+            root: boot.root,
+            cgroup_procs: boot.cgroup_procs,
+            criu: criu.binary,
+        };
+        let mut child = Command::new(&self.agent_binary)
+            .arg("boot")
+            .env_clear()
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .context("starting the restore helper")?;
+        child.stdin.take().expect("piped").write_all(&serde_json::to_vec(&Launch::Restore(plan))?)?;
+        let output = child.wait_with_output()?;
+        if !output.status.success() {
+            bail!(
+                "restoring sandbox {} from {snapshot_id} failed ({}): {} {}",
+                spec.id,
+                output.status,
+                String::from_utf8_lossy(&output.stderr).trim(),
+                checkpoint::log_tail(&work_dir.join("restore.log"))
+            );
+        }
+        let pid: i32 = fs::read_to_string(&pidfile)
+            .context("CRIU wrote no pid file")?
+            .trim()
+            .parse()
+            .context("CRIU's pid file holds no pid")?;
+        // The checkpoint carries the source's host name; this is a new sandbox.
+        set_hostname(pid, &spec.id.chars().take(63).collect::<String>())?;
+        let init_start = process_start_time(pid).context("init vanished right after restore")?;
         Ok(Placement { init_pid: pid, init_start })
     }
 
@@ -171,8 +274,12 @@ impl Substrate for LinuxSubstrate {
 
     fn create(&self, spec: &SandboxSpec) -> anyhow::Result<Placement> {
         crate::template::validate_name(&spec.id).map_err(anyhow::Error::msg)?;
+        let memory = spec.snapshot.as_deref().filter(|s| self.checkpoint_dir(s).is_dir());
         let boot_and_attach = || {
-            let placement = self.boot(spec)?;
+            let placement = match memory {
+                Some(snapshot) => self.restore(spec, snapshot)?,
+                None => self.boot(spec)?,
+            };
             if let (Some(network), Some(wanted)) = (&self.network, &spec.network) {
                 network.attach(&spec.id, placement.init_pid, wanted)?;
             }
@@ -221,8 +328,11 @@ impl Substrate for LinuxSubstrate {
     }
 
     fn capabilities(&self) -> Capabilities {
-        // Memory snapshots need a checkpointing runtime; see docs/lifecycle.md.
-        Capabilities { memory_snapshots: false }
+        let criu = self.criu();
+        if let Err(e) = &criu {
+            tracing::info!("memory snapshots are off: {e:#}");
+        }
+        Capabilities { memory_snapshots: criu.is_ok() }
     }
 
     fn pause(&self, id: &str) -> anyhow::Result<()> {
@@ -235,7 +345,7 @@ impl Substrate for LinuxSubstrate {
         self.cgroups.set_frozen(id, false)
     }
 
-    fn snapshot(&self, id: &str, snapshot_id: &str) -> anyhow::Result<SnapshotInfo> {
+    fn snapshot(&self, id: &str, snapshot_id: &str, memory: bool) -> anyhow::Result<SnapshotInfo> {
         for name in [id, snapshot_id] {
             crate::template::validate_name(name).map_err(anyhow::Error::msg)?;
         }
@@ -246,19 +356,36 @@ impl Substrate for LinuxSubstrate {
         if !was_frozen {
             self.cgroups.set_frozen(id, true)?;
         }
-        let taken = self.layers.capture(snapshot_id, &self.sandbox_dir(id).join("upper"), &below);
-        if !was_frozen {
-            self.cgroups.set_frozen(id, false)?;
+        let mut taken = self.layers.capture(snapshot_id, &self.sandbox_dir(id).join("upper"), &below);
+        if memory && let Ok(info) = &mut taken {
+            // Still frozen: memory is of the same instant as the files.
+            match self.dump(id, snapshot_id) {
+                Ok(()) => info.memory = true,
+                Err(e) => {
+                    let _ = self.layers.delete(snapshot_id, &self.sandboxes);
+                    taken = Err(e);
+                }
+            }
         }
+        // CRIU thaws what it froze; put the freezer back as it was.
+        self.cgroups.set_frozen(id, was_frozen)?;
         taken
     }
 
     fn snapshots(&self) -> anyhow::Result<Vec<SnapshotInfo>> {
-        self.layers.list()
+        let mut all = self.layers.list()?;
+        for info in &mut all {
+            info.memory = self.checkpoint_dir(&info.id).is_dir();
+        }
+        Ok(all)
     }
 
     fn delete_snapshot(&self, snapshot_id: &str) -> anyhow::Result<()> {
         crate::template::validate_name(snapshot_id).map_err(anyhow::Error::msg)?;
+        match fs::remove_dir_all(self.checkpoint_dir(snapshot_id)) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e).context("removing the checkpoint"),
+            _ => {}
+        }
         self.layers.delete(snapshot_id, &self.sandboxes)
     }
 
@@ -273,6 +400,9 @@ impl Substrate for LinuxSubstrate {
     }
 
     fn export_snapshot(&self, snapshot_id: &str, out: &mut dyn std::io::Write) -> anyhow::Result<()> {
+        if self.checkpoint_dir(snapshot_id).is_dir() {
+            bail!("snapshot {snapshot_id} holds memory; only filesystem snapshots can be exported");
+        }
         self.layers.export(snapshot_id, out)
     }
 
@@ -335,6 +465,21 @@ fn link_socket(socket_dir: &Path, link: &Path) -> anyhow::Result<()> {
     let _ = fs::remove_file(link);
     std::os::unix::fs::symlink(socket_dir.join(boot::SOCKET_NAME), link)
         .with_context(|| format!("linking {}", link.display()))
+}
+
+/// Sets the host name in the UTS namespace of `pid`, from a thread of its
+/// own: a thread may switch UTS namespaces, and the switch ends with it.
+fn set_hostname(pid: i32, name: &str) -> anyhow::Result<()> {
+    let uts = fs::File::open(format!("/proc/{pid}/ns/uts")).context("opening the sandbox's UTS namespace")?;
+    std::thread::scope(|scope| {
+        scope
+            .spawn(|| -> anyhow::Result<()> {
+                nix::sched::setns(&uts, nix::sched::CloneFlags::CLONE_NEWUTS).context("entering the UTS namespace")?;
+                nix::unistd::sethostname(name).context("setting the host name")
+            })
+            .join()
+            .map_err(|_| anyhow::anyhow!("the host name thread panicked"))?
+    })
 }
 
 /// Start time (clock ticks since boot) of a live, non-zombie process.

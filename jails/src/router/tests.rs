@@ -24,7 +24,7 @@ fn placement() -> Placement {
 }
 
 fn snapshot_info(id: &str) -> SnapshotInfo {
-    SnapshotInfo { id: id.into(), template: "t".into(), size_bytes: 0 }
+    SnapshotInfo { id: id.into(), template: "t".into(), size_bytes: 0, memory: false }
 }
 
 impl Substrate for Double {
@@ -71,7 +71,7 @@ impl Substrate for Double {
         self.note(&format!("resume {id}"));
         Ok(())
     }
-    fn snapshot(&self, id: &str, snapshot_id: &str) -> anyhow::Result<SnapshotInfo> {
+    fn snapshot(&self, id: &str, snapshot_id: &str, _memory: bool) -> anyhow::Result<SnapshotInfo> {
         self.note(&format!("snapshot {id} {snapshot_id}"));
         Ok(snapshot_info(snapshot_id))
     }
@@ -139,7 +139,7 @@ fn sandboxes_go_to_their_templates_backend_and_stay_there_after_a_restart() {
     r.create(&spec("a", "base", None)).unwrap();
     r.create(&spec("b", "vm", None)).unwrap();
     r.pause("b").unwrap();
-    r.snapshot("b", "s1").unwrap();
+    r.snapshot("b", "s1", false).unwrap();
     assert_eq!(take(&log), ["jail:create a", "bhyve:create b", "bhyve:pause b", "bhyve:snapshot b s1"]);
 
     // A new router on the same state directory: routes come from disk.
@@ -183,7 +183,7 @@ fn rollback_across_backends_is_refused() {
     let r = router(dir.path(), &log);
     r.create(&spec("a", "base", None)).unwrap();
     r.create(&spec("b", "vm", None)).unwrap();
-    r.snapshot("b", "s1").unwrap();
+    r.snapshot("b", "s1", false).unwrap();
     let err = r.rollback(&spec("a", "base", None), "s1").unwrap_err().to_string();
     assert!(err.contains("bhyve snapshot") && err.contains("runs on jail"), "{err}");
 }
@@ -230,7 +230,7 @@ fn exports_name_their_backend_and_bare_streams_are_the_defaults() {
     let log = Log::default();
     let r = router(dir.path(), &log);
     r.create(&spec("b", "vm", None)).unwrap();
-    r.snapshot("b", "s1").unwrap();
+    r.snapshot("b", "s1", false).unwrap();
     let mut stream = Vec::new();
     r.export_snapshot("s1", &mut stream).unwrap();
     assert_eq!(stream, b"copse-backend bhyve\nbhyve stream");

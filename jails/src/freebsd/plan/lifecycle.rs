@@ -169,7 +169,12 @@ impl StoredSnapshot {
         if self.deleted {
             return None;
         }
-        Some(crate::SnapshotInfo { id: self.id.clone()?, template: self.template.clone()?, size_bytes: self.used })
+        Some(crate::SnapshotInfo {
+            id: self.id.clone()?,
+            template: self.template.clone()?,
+            size_bytes: self.used,
+            memory: false,
+        })
     }
 }
 
@@ -413,7 +418,10 @@ run /sbin/zfs destroy -r -f zroot/copse/snapshots/snap1
             }
         );
         let infos: Vec<_> = stored.iter().filter_map(StoredSnapshot::info).collect();
-        assert_eq!(infos, [crate::SnapshotInfo { id: "snap1".into(), template: "base".into(), size_bytes: 1048576 }]);
+        assert_eq!(
+            infos,
+            [crate::SnapshotInfo { id: "snap1".into(), template: "base".into(), size_bytes: 1048576, memory: false }]
+        );
         assert!(find(&stored, "old").is_none());
         assert!(find(&stored, "snap1").is_some());
         assert!(parse_snapshots(&l, "zroot/copse/snapshots/x\tx\n").is_err());

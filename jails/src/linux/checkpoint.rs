@@ -1,0 +1,225 @@
+//! Memory snapshots of a whole sandbox with CRIU.
+//!
+//! A sandbox's process tree (init, the agent, everything users started) is
+//! checkpointed into an image directory next to the snapshot's file layers,
+//! and restored into a new sandbox (or the same one, for rollback) on those
+//! layers. What makes a copse sandbox dumpable is set up at boot (see
+//! [`super::boot`]): init leads its own session and every process runs from
+//! files inside the sandbox. Three things stay outside the image on purpose:
+//! - the agent binary's and socket's directories, declared external mounts
+//!   and mapped to the new sandbox's own on restore;
+//! - the network namespace: the restored tree joins a fresh one, which the
+//!   substrate then plugs into the sandbox network under the new address;
+//! - cgroups: the restored tree inherits the new sandbox's, which the restore
+//!   helper joins before starting CRIU.
+//!
+//! CRIU 4 or later is required; bookworm's 3.17 cannot read this kernel's
+//! vDSO. `scripts/criu` builds a suitable one.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{Context, bail};
+
+use super::boot::{AGENT_MOUNT, SOCKET_MOUNT};
+
+/// Keys naming the external mounts in an image.
+const AGENT_KEY: &str = "copse-agent";
+const SOCKET_KEY: &str = "copse-run";
+/// Key naming the external network namespace in an image.
+const NET_KEY: &str = "copse-net";
+/// Descriptor number on which the restore helper passes the fresh network
+/// namespace to CRIU.
+pub const NETNS_FD: i32 = 4;
+/// Oldest CRIU major version that works on current kernels.
+const MIN_MAJOR: u32 = 4;
+
+/// A CRIU binary that passed `criu check` on this host.
+#[derive(Debug, Clone)]
+pub struct Criu {
+    pub binary: PathBuf,
+}
+
+impl Criu {
+    /// The first usable CRIU: `$COPSE_CRIU`, then `/usr/local/sbin/criu`,
+    /// then `criu` on the path. `Err` says why none is usable.
+    pub fn find() -> anyhow::Result<Self> {
+        let mut candidates: Vec<PathBuf> = std::env::var_os("COPSE_CRIU").map(PathBuf::from).into_iter().collect();
+        candidates.extend(["/usr/local/sbin/criu", "/usr/sbin/criu", "/sbin/criu"].map(PathBuf::from));
+        let mut reasons = Vec::new();
+        for binary in candidates.iter().filter(|b| b.is_file()) {
+            match Self::probe(binary) {
+                Ok(()) => return Ok(Self { binary: binary.clone() }),
+                Err(e) => reasons.push(format!("{}: {e:#}", binary.display())),
+            }
+        }
+        if reasons.is_empty() {
+            bail!("no CRIU found (scripts/criu installs one at /usr/local/sbin/criu)");
+        }
+        bail!("no usable CRIU: {}", reasons.join("; "))
+    }
+
+    fn probe(binary: &Path) -> anyhow::Result<()> {
+        let version = Command::new(binary).arg("--version").output().context("running --version")?;
+        let text = String::from_utf8_lossy(&version.stdout);
+        let major = parse_major(&text).with_context(|| format!("unexpected --version output {text:?}"))?;
+        if major < MIN_MAJOR {
+            bail!("version {major}.x is too old (need {MIN_MAJOR} or later)");
+        }
+        let check = Command::new(binary).arg("check").output().context("running check")?;
+        if !check.status.success() {
+            bail!("`criu check` failed: {}", String::from_utf8_lossy(&check.stderr).trim());
+        }
+        Ok(())
+    }
+
+    /// Checkpoints the tree under `init` into `images`, leaving it running
+    /// (or frozen, if its cgroup was frozen). `freezer` is the sandbox's
+    /// freezer cgroup directory, `netns_inode` its network namespace's.
+    pub fn dump(&self, init: i32, images: &Path, freezer: &Path, netns_inode: u64) -> anyhow::Result<()> {
+        std::fs::create_dir_all(images).with_context(|| format!("creating {}", images.display()))?;
+        let output = Command::new(&self.binary)
+            .args(dump_args(init, images, freezer, netns_inode))
+            .output()
+            .context("running criu dump")?;
+        if !output.status.success() {
+            bail!("criu dump failed: {}", log_tail(&images.join("dump.log")));
+        }
+        Ok(())
+    }
+}
+
+/// `criu dump` arguments. `--leave-running` keeps the source going;
+/// `--freeze-cgroup` lets CRIU stop a tree the freezer may already hold
+/// (ptrace alone would wait forever on frozen tasks); established TCP
+/// connections (a code interpreter's kernel talks to its broker over
+/// loopback) are kept with the kernel's repair mode.
+pub fn dump_args(init: i32, images: &Path, freezer: &Path, netns_inode: u64) -> Vec<String> {
+    let mut args: Vec<String> = vec![
+        "dump".into(),
+        "--tree".into(),
+        init.to_string(),
+        "--images-dir".into(),
+        images.display().to_string(),
+        "--log-file".into(),
+        "dump.log".into(),
+        "--leave-running".into(),
+        "--freeze-cgroup".into(),
+        freezer.display().to_string(),
+        "--manage-cgroups=ignore".into(),
+        "--tcp-established".into(),
+        "--file-locks".into(),
+        "--link-remap".into(),
+        "--skip-in-flight".into(),
+    ];
+    for external in [
+        format!("mnt[/{AGENT_MOUNT}]:{AGENT_KEY}"),
+        format!("mnt[/{SOCKET_MOUNT}]:{SOCKET_KEY}"),
+        format!("net[{netns_inode}]:{NET_KEY}"),
+    ] {
+        args.push("--external".into());
+        args.push(external);
+    }
+    args
+}
+
+/// `criu restore` arguments for a tree restored under `root` (the new
+/// sandbox's merged overlay, mounted by the restore helper), with the
+/// external mounts mapped to `agent_dir` and `socket_dir` and the network
+/// namespace taken from [`NETNS_FD`]. The restored init's host pid is
+/// written to `pidfile`; CRIU detaches once the tree runs.
+pub fn restore_args(images: &Path, root: &Path, agent_dir: &Path, socket_dir: &Path, pidfile: &Path) -> Vec<String> {
+    let mut args: Vec<String> = vec![
+        "restore".into(),
+        "--images-dir".into(),
+        images.display().to_string(),
+        "--work-dir".into(),
+        pidfile.parent().unwrap_or(Path::new("/")).display().to_string(),
+        "--log-file".into(),
+        "restore.log".into(),
+        "--root".into(),
+        root.display().to_string(),
+        "--restore-detached".into(),
+        "--pidfile".into(),
+        pidfile.display().to_string(),
+        "--manage-cgroups=ignore".into(),
+        "--tcp-established".into(),
+        "--file-locks".into(),
+        "--link-remap".into(),
+        "--inherit-fd".into(),
+        format!("fd[{NETNS_FD}]:{NET_KEY}"),
+    ];
+    for external in
+        [format!("mnt[{AGENT_KEY}]:{}", agent_dir.display()), format!("mnt[{SOCKET_KEY}]:{}", socket_dir.display())]
+    {
+        args.push("--external".into());
+        args.push(external);
+    }
+    args
+}
+
+/// The last lines of a CRIU log, for an error message.
+pub fn log_tail(log: &Path) -> String {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let errors: Vec<&str> = text.lines().filter(|l| l.contains("Error") || l.contains("rror (")).collect();
+    let lines = if errors.is_empty() { text.lines().rev().take(5).collect::<Vec<_>>() } else { errors };
+    let joined = lines.iter().rev().take(6).rev().copied().collect::<Vec<_>>().join(" | ");
+    if joined.is_empty() { format!("no log at {}", log.display()) } else { joined }
+}
+
+fn parse_major(version_output: &str) -> Option<u32> {
+    let line = version_output.lines().find_map(|l| l.trim().strip_prefix("Version:"))?;
+    line.trim().split('.').next()?.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_major_version_comes_from_the_version_line() {
+        assert_eq!(parse_major("Version: 4.1.1\n"), Some(4));
+        assert_eq!(parse_major("Version: 3.17.1\nGitID: v3.17\n"), Some(3));
+        assert_eq!(parse_major("criu"), None);
+    }
+
+    #[test]
+    fn dump_keeps_the_source_running_and_names_every_external() {
+        let args = dump_args(42, Path::new("/s/ckpt/x"), Path::new("/sys/fs/cgroup/freezer/copse-1/a"), 4026532000);
+        let text = args.join(" ");
+        assert!(text.starts_with("dump --tree 42 --images-dir /s/ckpt/x "), "{text}");
+        for part in [
+            "--leave-running",
+            "--freeze-cgroup /sys/fs/cgroup/freezer/copse-1/a",
+            "--tcp-established",
+            "--external mnt[/.copse/bin]:copse-agent",
+            "--external mnt[/.copse/run]:copse-run",
+            "--external net[4026532000]:copse-net",
+        ] {
+            assert!(text.contains(part), "{part} missing from {text}");
+        }
+    }
+
+    #[test]
+    fn restore_maps_every_external_to_the_new_sandbox() {
+        let args = restore_args(
+            Path::new("/s/ckpt/x"),
+            Path::new("/s/sandboxes/b/root"),
+            Path::new("/s/agent"),
+            Path::new("/s/sandboxes/b/run"),
+            Path::new("/s/sandboxes/b/restore/init.pid"),
+        );
+        let text = args.join(" ");
+        for part in [
+            "--root /s/sandboxes/b/root",
+            "--restore-detached",
+            "--pidfile /s/sandboxes/b/restore/init.pid",
+            "--work-dir /s/sandboxes/b/restore",
+            "--inherit-fd fd[4]:copse-net",
+            "--external mnt[copse-agent]:/s/agent",
+            "--external mnt[copse-run]:/s/sandboxes/b/run",
+        ] {
+            assert!(text.contains(part), "{part} missing from {text}");
+        }
+    }
+}
