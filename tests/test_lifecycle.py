@@ -1,7 +1,8 @@
 """Lifecycle through the official SDK: pause and resume (memory kept, or
 files only), auto-pause on timeout with auto-resume, filesystem snapshots and
-sandboxes created from them, fork, rollback (copse's own endpoint), deleting
-snapshots, and the errors for unknown ids and unsupported modes."""
+sandboxes created from them, full (memory) snapshots restored into new
+sandboxes, fork, rollback (copse's own endpoint), deleting snapshots, and the
+errors for unknown ids and unsupported modes."""
 
 import json
 import os
@@ -17,7 +18,8 @@ import leakcheck
 from conftest import COPSE
 from test_leaks import live_ids, stop_gateway
 
-COUNTER = "i=0; while true; do i=$((i+1)); echo $i > /tmp/count; sleep 0.05; done"
+# Renamed into place, so a reader never sees a half-written count.
+COUNTER = "i=0; while true; do i=$((i+1)); echo $i > /tmp/count.new; mv /tmp/count.new /tmp/count; sleep 0.05; done"
 
 
 def api(gateway, method: str, path: str, body=None) -> tuple[int, dict | list | None]:
@@ -169,6 +171,79 @@ def test_filesystem_snapshot_boots_new_sandboxes_and_survives_a_restart(gateway)
 
 
 @pytest.mark.timeout(240, func_only=True)
+def test_full_snapshot_carries_running_processes_into_new_sandboxes(gateway):
+    sbx = Sandbox.create(timeout=240)
+    children = []
+    try:
+        sbx.files.write("/home/user/data.txt", "with memory")
+        counter = sbx.commands.run(COUNTER, background=True, timeout=0)
+        counter.disconnect()
+        time.sleep(0.5)
+        snap = sbx.create_snapshot()  # E2B's default mode: full
+        # The source runs on, untouched.
+        assert counter.pid in {p.pid for p in sbx.commands.list()}
+        at_snapshot = int(sbx.commands.run("cat /tmp/count").stdout)
+        time.sleep(0.2)
+        assert int(sbx.commands.run("cat /tmp/count").stdout) > at_snapshot
+
+        stop_gateway(gateway)  # the snapshot is durable; the source stops here
+        gateway.start()
+
+        child = Sandbox.create(template=snap.snapshot_id, timeout=120)
+        children.append(child)
+        # The counter runs on in the child: the same process, carried over.
+        assert counter.pid in {p.pid for p in child.commands.list()}
+        first = int(child.commands.run("cat /tmp/count").stdout)
+        time.sleep(0.3)
+        assert int(child.commands.run("cat /tmp/count").stdout) > first
+        assert child.files.read("/home/user/data.txt") == "with memory"
+        # Its identity is its own.
+        assert child.commands.run("hostname").stdout.strip() == child.sandbox_id
+        child.files.write("/home/user/data.txt", "child's")
+        second = Sandbox.create(template=snap.snapshot_id, timeout=60)
+        children.append(second)
+        assert second.files.read("/home/user/data.txt") == "with memory"
+    finally:
+        for child in children:
+            child.kill()
+        sbx.kill()
+        for s in Sandbox.list_snapshots(sandbox_id=sbx.sandbox_id).next_items():
+            Sandbox.delete_snapshot(s.snapshot_id)
+
+
+@pytest.mark.timeout(300, func_only=True)
+def test_code_interpreter_state_carries_into_forks_full_snapshots_and_rollback(gateway):
+    from e2b_code_interpreter import Sandbox as CodeSandbox
+
+    sbx = CodeSandbox.create(timeout=300)
+    forks = []
+    try:
+        assert sbx.run_code("x = 41 + 1").error is None
+        forks = [f for f in sbx.fork(count=2, timeout=120) if isinstance(f, CodeSandbox)]
+        assert len(forks) == 2
+        for fork in forks:
+            assert fork.run_code("x").text == "42"
+        forks[0].run_code("x = 0")
+        assert forks[1].run_code("x").text == "42"
+
+        snap = sbx.create_snapshot(mode="full")
+        assert sbx.run_code("x = 7").error is None
+        child = CodeSandbox.create(template=snap.snapshot_id, timeout=120)
+        forks.append(child)
+        assert child.run_code("x").text == "42"
+
+        status, body = api(gateway, "POST", f"/copse/sandboxes/{sbx.sandbox_id}/rollback", {"snapshotID": snap.snapshot_id})
+        assert status == 200, body
+        assert sbx.run_code("x").text == "42"
+    finally:
+        for fork in forks:
+            fork.kill()
+        sbx.kill()
+        for s in Sandbox.list_snapshots(sandbox_id=sbx.sandbox_id).next_items():
+            Sandbox.delete_snapshot(s.snapshot_id)
+
+
+@pytest.mark.timeout(240, func_only=True)
 def test_fork_gives_independent_children_and_leaves_the_source_running(gateway):
     source = Sandbox.create(timeout=240, metadata={"role": "source"})
     children = []
@@ -232,10 +307,12 @@ def test_deleted_snapshots_are_gone_and_unknown_ids_get_clear_errors(gateway):
         with pytest.raises(Exception, match="to-delete"):
             Sandbox.create(template="to-delete")
 
-        # Memory snapshots need a checkpointing runtime this substrate lacks:
-        # refused, never downgraded.
-        status, body = api(gateway, "POST", f"/sandboxes/{sbx.sandbox_id}/snapshots", {"memory": True})
-        assert status == 400 and "filesystem" in body["message"]
+        # A sandbox paused without memory has no processes to keep.
+        paused = Sandbox.create(timeout=60)
+        paused.pause(mode="filesystem")
+        status, body = api(gateway, "POST", f"/sandboxes/{paused.sandbox_id}/snapshots", {"memory": True})
+        assert status == 409 and "resume" in body["message"]
+        paused.kill()
 
         with pytest.raises(SandboxNotFoundException):
             Sandbox.pause("no-such-sandbox")

@@ -4,15 +4,17 @@
 //! snapshot, boot from a snapshot).
 //!
 //! What a fork or clone child shares with its source: files (as of the
-//! fork), template, metadata and environment variables. What is new: id,
-//! hostname (the id), access token, processes (fresh, nothing of the
-//! source's memory), cgroup, and lifetime (the fork request's timeout).
+//! fork), template, metadata and environment variables, and, for a fork
+//! with memory (E2B's fork where the substrate can), the memory and running
+//! processes. What is new: id, hostname (the id), access token, address,
+//! cgroup, and lifetime (the fork request's timeout). See docs/lifecycle.md.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use futures::future::join_all;
 
+use crate::agent_link;
 use crate::sandboxes::{
     Paused, Result, SandboxError, SandboxRecord, Sandboxes, SnapshotRecord, State, new_id, new_token, now_ms,
     validate_timeout,
@@ -40,6 +42,13 @@ impl Transitions {
     async fn lock(&self, id: &str) -> tokio::sync::OwnedMutexGuard<()> {
         let lock = self.0.lock().unwrap_or_else(|p| p.into_inner()).entry(id.to_string()).or_default().clone();
         lock.lock_owned().await
+    }
+
+    /// The lock of `id` if no state change holds it (one under way may
+    /// have the sandbox between two placements).
+    pub fn try_lock(&self, id: &str) -> Option<tokio::sync::OwnedMutexGuard<()>> {
+        let lock = self.0.lock().unwrap_or_else(|p| p.into_inner()).entry(id.to_string()).or_default().clone();
+        lock.try_lock_owned().ok()
     }
 
     pub fn forget(&self, id: &str) {
@@ -129,10 +138,11 @@ impl Sandboxes {
     /// Boots the sandbox again, under its id, from the files in substrate
     /// snapshot `key` (then dropped), and hands it back to its owner.
     async fn reboot_from(&self, mut record: SandboxRecord, key: &str) -> Result<SandboxRecord> {
-        let booted =
-            self.boot_from(record.id.clone(), &record.template, Some(key.to_string()), record.network.clone()).await?;
+        let booted = self
+            .boot_from(record.id.clone(), &record.template, Some(key.to_string()), record.network.clone(), false)
+            .await?;
         record.placement = booted.placement;
-        if let Err(e) = self.hand_over(&record).await {
+        if let Err(e) = self.hand_over(&record, None).await {
             self.destroy_quietly(&record.id).await;
             return Err(e.into());
         }
@@ -162,7 +172,7 @@ impl Sandboxes {
         self.blocking({
             let (id, key) = (id.to_string(), key.clone());
             move |s| {
-                s.snapshot(&id, &key)?;
+                s.snapshot(&id, &key, false)?;
                 s.destroy(&id)
             }
         })
@@ -170,8 +180,9 @@ impl Sandboxes {
         Ok(key)
     }
 
-    /// A filesystem snapshot of a running (or frozen) sandbox, kept under
-    /// `name` if given (replacing an older snapshot of that name).
+    /// A snapshot of a running (or frozen) sandbox, with its memory if
+    /// `memory` asks for it, kept under `name` if given (replacing an older
+    /// snapshot of that name).
     pub async fn create_snapshot(
         &self,
         id: &str,
@@ -179,7 +190,8 @@ impl Sandboxes {
         memory: Option<bool>,
     ) -> Result<SnapshotRecord> {
         let record = self.get(id)?;
-        if memory == Some(true) && !self.substrate.capabilities_for(&record.template).memory_snapshots {
+        let capable = self.substrate.capabilities_for(&record.template).memory_snapshots;
+        if memory == Some(true) && !capable {
             return Err(SandboxError::Invalid(format!(
                 "snapshots with memory (mode 'full') are not supported by the {} substrate; use mode 'filesystem'",
                 self.substrate.name()
@@ -194,12 +206,9 @@ impl Sandboxes {
             validate_snapshot_name(name)?;
         }
         let key = snapshot_key();
-        let info = self
-            .blocking({
-                let (id, key) = (id.to_string(), key.clone());
-                move |s| s.snapshot(&id, &key)
-            })
-            .await?;
+        // E2B's default is "full"; where memory cannot be kept, an
+        // unspecified mode gets the filesystem (docs/lifecycle.md).
+        let info = self.take_snapshot(&record, &key, memory.unwrap_or(capable)).await?;
         let public = name.clone().unwrap_or_else(|| key.clone());
         let replaced = self.store.snapshot(&public)?;
         let snapshot = SnapshotRecord {
@@ -210,12 +219,59 @@ impl Sandboxes {
             source_sandbox: id.to_string(),
             created_at_ms: now_ms(),
             size_bytes: info.size_bytes,
+            memory: info.memory,
+            agent_token: info.memory.then(|| record.access_token.clone()),
         };
         self.store.put_snapshot(&snapshot)?;
         if let Some(old) = replaced {
             self.blocking(move |s| s.delete_snapshot(&old.key)).await?;
         }
         Ok(snapshot)
+    }
+
+    /// Whether a fork of `id` carries memory. An explicit `requested` the
+    /// substrate cannot honour is an error, never a silent downgrade; with
+    /// none, `default` applies where the substrate can (a substrate without
+    /// memory snapshots forks files only, as docs/lifecycle.md says).
+    pub fn fork_memory(&self, id: &str, requested: Option<bool>, default: bool) -> Result<bool> {
+        let record = self.get(id)?;
+        let capable = self.substrate.capabilities_for(&record.template).memory_snapshots;
+        match requested {
+            Some(true) if !capable => Err(SandboxError::Invalid(format!(
+                "forks with memory are not supported by the {} substrate",
+                self.substrate.name()
+            ))),
+            Some(wanted) => Ok(wanted),
+            None => Ok(default && capable),
+        }
+    }
+
+    /// The substrate's snapshot of a sandbox as `key`. With memory, the
+    /// gateway's connections to the sandbox are closed and held back while
+    /// it is taken (a checkpoint cannot hold them); a connection that was
+    /// just closing can still be in the way, so one failure is retried.
+    async fn take_snapshot(
+        &self,
+        record: &SandboxRecord,
+        key: &str,
+        memory: bool,
+    ) -> Result<copse_jails::SnapshotInfo> {
+        let take = || {
+            let (id, key) = (record.id.clone(), key.to_string());
+            self.blocking(move |s| s.snapshot(&id, &key, memory))
+        };
+        if !memory {
+            return take().await;
+        }
+        let _quiet = agent_link::quiesce(&record.agent_socket).await;
+        match take().await {
+            Ok(info) => Ok(info),
+            Err(e) => {
+                tracing::info!(sandbox = %record.id, "memory snapshot retried after: {e}");
+                tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+                take().await
+            }
+        }
     }
 
     /// Snapshots, optionally only those taken of one sandbox, oldest first.
@@ -267,8 +323,8 @@ impl Sandboxes {
             record.end_at_ms = now_ms() + paused.remaining_ms.max(1000);
         }
         record.state = State::Running;
-        let ready = match self.start_service(&record.template, &record.agent_socket).await {
-            Ok(()) => self.hand_over(&record).await,
+        let ready = match self.start_service(&record.template, &record.agent_socket, snapshot.memory).await {
+            Ok(()) => self.hand_over(&record, snapshot.agent_token.as_deref()).await,
             Err(e) => Err(e),
         };
         drop(transition);
@@ -279,10 +335,18 @@ impl Sandboxes {
         Ok(record)
     }
 
-    /// `count` new sandboxes with the source's files as of now; the source
-    /// keeps running untouched (frozen only while its files are copied).
-    /// One result per child, in order.
-    pub async fn fork(&self, id: &str, count: u32, max: u32, timeout_s: i64) -> Result<Vec<Result<SandboxRecord>>> {
+    /// `count` new sandboxes with the source's files (and, with `memory`,
+    /// its memory and processes) as of now; the source keeps running
+    /// untouched (frozen only while the snapshot is taken). One result per
+    /// child, in order.
+    pub async fn fork(
+        &self,
+        id: &str,
+        count: u32,
+        max: u32,
+        timeout_s: i64,
+        memory: bool,
+    ) -> Result<Vec<Result<SandboxRecord>>> {
         if !(1..=max).contains(&count) {
             return Err(SandboxError::Invalid(format!("count must be between 1 and {max}, got {count}")));
         }
@@ -292,20 +356,16 @@ impl Sandboxes {
             return Err(SandboxError::Conflict(format!("sandbox {id} is paused without memory; resume it first")));
         }
         let key = snapshot_key();
-        self.blocking({
-            let (id, key) = (id.to_string(), key.clone());
-            move |s| s.snapshot(&id, &key).map(drop)
-        })
-        .await?;
-        let children = join_all((0..count).map(|_| self.child_of(&source, &key, timeout))).await;
+        let memory = self.take_snapshot(&source, &key, memory).await?.memory;
+        let children = join_all((0..count).map(|_| self.child_of(&source, &key, timeout, memory))).await;
         // Each child pinned the snapshot's layers at boot; the snapshot
         // itself was only the way to get there.
         self.blocking(move |s| s.delete_snapshot(&key)).await?;
         Ok(children)
     }
 
-    async fn child_of(&self, source: &SandboxRecord, key: &str, timeout_s: i64) -> Result<SandboxRecord> {
-        let booted = self.boot_from(new_id(), &source.template, Some(key.to_string()), None).await?;
+    async fn child_of(&self, source: &SandboxRecord, key: &str, timeout_s: i64, memory: bool) -> Result<SandboxRecord> {
+        let booted = self.boot_from(new_id(), &source.template, Some(key.to_string()), None, memory).await?;
         // A child gets its own address, under its source's policy.
         let policy = source.network.as_ref().map(|n| n.policy.clone()).unwrap_or_else(copse_jails::Policy::open);
         let network = match self.with_policy(&booted.id, booted.network.clone(), &policy).await {
@@ -328,7 +388,8 @@ impl Sandboxes {
             network,
             ..source.clone()
         };
-        if let Err(e) = self.hand_over(&record).await {
+        let agent_token = memory.then_some(source.access_token.as_str());
+        if let Err(e) = self.hand_over(&record, agent_token).await {
             self.discard(&record.id).await;
             return Err(e.into());
         }

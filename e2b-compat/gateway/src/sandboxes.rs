@@ -106,6 +106,13 @@ pub struct SnapshotRecord {
     pub source_sandbox: String,
     pub created_at_ms: i64,
     pub size_bytes: u64,
+    /// It holds memory and processes ("full" in E2B's terms).
+    #[serde(default)]
+    pub memory: bool,
+    /// The access token the checkpointed agent demands, so a sandbox
+    /// restored from it can be handed its own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_token: Option<String>,
 }
 
 #[derive(Debug, Default)]
@@ -250,9 +257,11 @@ impl Sandboxes {
         let policy = request.network.policy()?;
         let started = Instant::now();
         let mut template = request.template.clone();
+        let mut agent_token = None;
         let booted = if let Some(snapshot) = self.store.snapshot(&request.template)? {
             template = snapshot.template.clone();
-            self.boot_from(new_id(), &snapshot.template, Some(snapshot.key), None).await?
+            agent_token = snapshot.agent_token.clone();
+            self.boot_from(new_id(), &snapshot.template, Some(snapshot.key), None, snapshot.memory).await?
         } else {
             match self.take_pooled(&request.template).await {
                 Some(booted) => booted,
@@ -288,7 +297,7 @@ impl Sandboxes {
             agent_socket,
             network,
         };
-        if let Err(e) = self.hand_over(&record).await {
+        if let Err(e) = self.hand_over(&record, agent_token.as_deref()).await {
             self.discard(&record.id).await;
             return Err(e.into());
         }
@@ -316,7 +325,7 @@ impl Sandboxes {
 
     async fn boot(&self, template: &str) -> Result<Booted> {
         self.check_template(template).await?;
-        self.boot_from(new_id(), template, None, None).await
+        self.boot_from(new_id(), template, None, None, false).await
     }
 
     /// Booted sandboxes (pooled ones included) start with an open policy;
@@ -357,13 +366,15 @@ impl Sandboxes {
     /// Boots sandbox `id` (from a snapshot's files if given) and starts its
     /// template's service; on failure nothing of it is left. `network`: the
     /// address (and policy) it keeps; without one it gets a new address and
-    /// an open policy.
+    /// an open policy. `restored`: the snapshot holds memory, so its
+    /// processes (the service among them) are restored, not started.
     pub(crate) async fn boot_from(
         &self,
         id: String,
         template: &str,
         snapshot: Option<String>,
         network: Option<SandboxNetwork>,
+        restored: bool,
     ) -> Result<Booted> {
         let allocated = network.is_none();
         let network = match network {
@@ -383,7 +394,7 @@ impl Sandboxes {
             .and_then(|r| r);
         let (placement, spec) = created.inspect_err(|_| release(&id))?;
         let booted = Booted { id, placement, agent_socket: spec.agent_socket, network: spec.network };
-        if let Err(e) = self.start_service(template, &booted.agent_socket).await {
+        if let Err(e) = self.start_service(template, &booted.agent_socket, restored).await {
             self.destroy_quietly(&booted.id).await;
             release(&booted.id);
             return Err(e.into());
@@ -392,21 +403,30 @@ impl Sandboxes {
     }
 
     /// Starts the template's long-running service (the code interpreter),
-    /// if it has one, and waits until it answers.
-    pub(crate) async fn start_service(&self, template: &str, agent_socket: &std::path::Path) -> anyhow::Result<()> {
-        match templates::service(template) {
-            Some(service) => services::start(agent_socket, &service)
-                .await
-                .map_err(|e| e.context(format!("starting the {template} service"))),
-            None => Ok(()),
-        }
+    /// if it has one, and waits until it answers; `restored`: it already
+    /// runs (restored from memory), only wait.
+    pub(crate) async fn start_service(
+        &self,
+        template: &str,
+        agent_socket: &std::path::Path,
+        restored: bool,
+    ) -> anyhow::Result<()> {
+        let Some(service) = templates::service(template) else { return Ok(()) };
+        let started = if restored {
+            services::wait_ready(agent_socket, &service).await
+        } else {
+            services::start(agent_socket, &service).await
+        };
+        started.map_err(|e| e.context(format!("starting the {template} service")))
     }
 
     /// Tells the agent who its user is: the token it must demand and the
     /// environment every process gets; then makes the sandbox durable.
-    pub(crate) async fn hand_over(&self, record: &SandboxRecord) -> anyhow::Result<()> {
+    /// `agent_token`: the token the agent demands now (one restored from a
+    /// memory snapshot still has its source's).
+    pub(crate) async fn hand_over(&self, record: &SandboxRecord, agent_token: Option<&str>) -> anyhow::Result<()> {
         let init = serde_json::json!({ "accessToken": record.access_token, "envVars": record.env_vars });
-        agent_link::post_json(&record.agent_socket, "/init", &init).await?;
+        agent_link::post_json(&record.agent_socket, "/init", &init, agent_token).await?;
         self.store.put(record)
     }
 
@@ -604,6 +624,9 @@ impl Sandboxes {
     /// Forgets sandboxes whose init died on its own.
     pub async fn reap_dead(&self) -> anyhow::Result<()> {
         for record in self.store.all()? {
+            // A rollback or restart in progress has no live placement yet.
+            let Some(_quiet) = self.transitions.try_lock(&record.id) else { continue };
+            let Some(record) = self.store.get(&record.id)? else { continue };
             if !record.has_no_processes() && !self.substrate.is_alive(&record.id, &record.placement) {
                 tracing::warn!("sandbox {} died on its own; cleaning up", record.id);
                 self.kill(&record.id).await.ok();

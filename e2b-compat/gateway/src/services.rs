@@ -57,7 +57,7 @@ async fn launch(agent_socket: &Path, service: &Service) -> anyhow::Result<()> {
     bail!("agent closed the stream before the service started")
 }
 
-async fn wait_ready(agent_socket: &Path, service: &Service) -> anyhow::Result<()> {
+pub async fn wait_ready(agent_socket: &Path, service: &Service) -> anyhow::Result<()> {
     let deadline = Instant::now() + READY_TIMEOUT;
     loop {
         let status = probe(agent_socket, service).await?;

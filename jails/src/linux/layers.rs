@@ -177,15 +177,23 @@ impl LayerStore {
         Ok(())
     }
 
-    /// One tar stream: `snapshot.json` (template, layers) then each layer
-    /// under `layers/`, with the xattrs and device nodes overlay relies on.
-    pub fn export(&self, id: &str, out: &mut dyn Write) -> anyhow::Result<()> {
+    /// One tar stream: `snapshot.json` (template, layers), the memory
+    /// `checkpoint` directory if there is one, then each layer, with the
+    /// xattrs and device nodes overlay relies on.
+    pub fn export(&self, id: &str, checkpoint: Option<&Path>, out: &mut dyn Write) -> anyhow::Result<()> {
         let file = self.read(id)?.with_context(|| format!("snapshot {id} not found"))?;
         let staging = tempdir_in(&self.state_dir, "export")?;
         let result = (|| {
             write_json(&staging.join("snapshot.json"), &file)?;
             let mut tar = Command::new("tar");
             tar.args(TAR_FLAGS).arg("-cf").arg("-").arg("-C").arg(&staging).arg("snapshot.json");
+            if let Some(checkpoint) = checkpoint {
+                tar.arg("-C").arg(checkpoint.parent().unwrap_or(Path::new("/")));
+                let name = checkpoint_name(checkpoint)?;
+                // Exact matches only: a layer's name may start with it.
+                tar.arg(format!("--transform=s,^{name}$,{CHECKPOINT},;s,^{name}/,{CHECKPOINT}/,"));
+                tar.arg(name);
+            }
             tar.arg("-C").arg(&self.layers).args(&file.base.layers).stdout(Stdio::piped());
             let mut child = tar.spawn().context("running tar")?;
             std::io::copy(child.stdout.as_mut().expect("piped"), out).context("writing the export")?;
@@ -199,9 +207,10 @@ impl LayerStore {
         result
     }
 
-    /// Reads an [`Self::export`] stream into snapshot `id`. Layers get new
-    /// names here, so imports never collide with layers already present.
-    pub fn import(&self, id: &str, input: &mut dyn Read) -> anyhow::Result<SnapshotInfo> {
+    /// Reads an [`Self::export`] stream into snapshot `id`, and its memory
+    /// checkpoint (if any) into `checkpoint`. Layers get new names here, so
+    /// imports never collide with layers already present.
+    pub fn import(&self, id: &str, checkpoint: &Path, input: &mut dyn Read) -> anyhow::Result<SnapshotInfo> {
         let staging = tempdir_in(&self.state_dir, "import")?;
         let result = (|| {
             let mut child = Command::new("tar")
@@ -231,12 +240,28 @@ impl LayerStore {
                 renamed.push(name);
             }
             file.base.layers = renamed;
+            let memory = staging.join(CHECKPOINT).is_dir();
+            if memory {
+                fs::create_dir_all(checkpoint.parent().unwrap_or(Path::new("/")))?;
+                fs::rename(staging.join(CHECKPOINT), checkpoint).context("keeping the memory checkpoint")?;
+            }
             write_json(&self.snapshot_file(id), &file)?;
-            Ok(info(id, &file))
+            Ok(SnapshotInfo { memory, ..info(id, &file) })
         })();
         let _ = fs::remove_dir_all(&staging);
         result
     }
+}
+
+/// Where an export holds a memory checkpoint's images.
+const CHECKPOINT: &str = "checkpoint";
+
+/// A checkpoint directory's own name, safe inside a tar `--transform`.
+fn checkpoint_name(dir: &Path) -> anyhow::Result<&str> {
+    dir.file_name()
+        .and_then(|n| n.to_str())
+        .filter(|n| crate::template::validate_name(n).is_ok())
+        .with_context(|| format!("checkpoint directory {} has no plain name", dir.display()))
 }
 
 /// Overlay marks whiteouts with device nodes and opaque directories with
@@ -363,13 +388,13 @@ mod tests {
         let u = upper(dir.path(), "u", &[("d/f.txt", "payload")]);
         store.capture("s1", &u, &Base { template: "base".into(), layers: vec![] }).unwrap();
         let mut stream = Vec::new();
-        store.export("s1", &mut stream).unwrap();
+        store.export("s1", None, &mut stream).unwrap();
 
         let (_other_dir, other) = self::store();
-        let imported = other.import("moved", &mut stream.as_slice()).unwrap();
+        let imported = other.import("moved", Path::new("/nonexistent/ckpt"), &mut stream.as_slice()).unwrap();
         assert_eq!(imported.template, "base");
         let base = other.get("moved").unwrap().unwrap();
         assert_eq!(fs::read_to_string(other.layer_dir(&base.layers[0]).join("d/f.txt")).unwrap(), "payload");
-        assert!(other.import("bad", &mut &b"not a tar"[..]).is_err());
+        assert!(other.import("bad", Path::new("/nonexistent/ckpt"), &mut &b"not a tar"[..]).is_err());
     }
 }

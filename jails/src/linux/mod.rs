@@ -400,15 +400,13 @@ impl Substrate for LinuxSubstrate {
     }
 
     fn export_snapshot(&self, snapshot_id: &str, out: &mut dyn std::io::Write) -> anyhow::Result<()> {
-        if self.checkpoint_dir(snapshot_id).is_dir() {
-            bail!("snapshot {snapshot_id} holds memory; only filesystem snapshots can be exported");
-        }
-        self.layers.export(snapshot_id, out)
+        let checkpoint = self.checkpoint_dir(snapshot_id);
+        self.layers.export(snapshot_id, checkpoint.is_dir().then_some(checkpoint.as_path()), out)
     }
 
     fn import_snapshot(&self, snapshot_id: &str, input: &mut dyn std::io::Read) -> anyhow::Result<SnapshotInfo> {
         crate::template::validate_name(snapshot_id).map_err(anyhow::Error::msg)?;
-        self.layers.import(snapshot_id, input)
+        self.layers.import(snapshot_id, &self.checkpoint_dir(snapshot_id), input)
     }
 
     fn recover(&self, known: &[(String, Placement)]) -> anyhow::Result<Recovery> {

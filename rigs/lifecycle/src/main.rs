@@ -456,10 +456,12 @@ impl Api {
         })
     }
 
-    /// `POST /sandboxes/{id}/snapshots`; returns the snapshot's id.
+    /// `POST /sandboxes/{id}/snapshots` of the files only (E2B's default
+    /// is memory too); returns the snapshot's id.
     async fn snapshot(&self, conn: &mut Conn, id: &str) -> anyhow::Result<String> {
         let path = format!("/sandboxes/{id}/snapshots");
-        let snap = self.expect(conn, Method::POST, &path, Some(json!({})), StatusCode::CREATED).await?;
+        let body = json!({ "memory": false });
+        let snap = self.expect(conn, Method::POST, &path, Some(body), StatusCode::CREATED).await?;
         Ok(snap["snapshotID"].as_str().context("no snapshotID")?.to_string())
     }
 

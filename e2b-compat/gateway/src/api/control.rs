@@ -128,7 +128,7 @@ pub async fn fork(
     body: Option<Json<wire::ForkRequest>>,
 ) -> ApiResult<Response> {
     // E2B's API gives forks 15 s unless the request says otherwise.
-    children(svc, &exposure, id, body, lifecycle::MAX_FORKS, 15).await
+    children(svc, &exposure, id, body, lifecycle::MAX_FORKS, 15, true).await
 }
 
 /// copse's clone (CubeSandbox's name for it): a fork with a larger count.
@@ -138,7 +138,7 @@ pub async fn clone(
     Path(id): Path<String>,
     body: Option<Json<wire::ForkRequest>>,
 ) -> ApiResult<Response> {
-    children(svc, &exposure, id, body, lifecycle::MAX_CLONES, sandboxes::DEFAULT_TIMEOUT_S).await
+    children(svc, &exposure, id, body, lifecycle::MAX_CLONES, sandboxes::DEFAULT_TIMEOUT_S, false).await
 }
 
 async fn children(
@@ -148,10 +148,12 @@ async fn children(
     body: Option<Json<wire::ForkRequest>>,
     max: u32,
     default_timeout_s: i64,
+    memory_by_default: bool,
 ) -> ApiResult<Response> {
     let body = body.map(|Json(b)| b).unwrap_or_default();
     let timeout = body.timeout.unwrap_or(default_timeout_s);
-    let results = svc.fork(&id, body.count.unwrap_or(1), max, timeout).await?;
+    let memory = svc.fork_memory(&id, body.memory, memory_by_default)?;
+    let results = svc.fork(&id, body.count.unwrap_or(1), max, timeout, memory).await?;
     let body: Vec<wire::ForkResult> = results
         .into_iter()
         .map(|r| match r {

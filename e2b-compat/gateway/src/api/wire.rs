@@ -87,6 +87,9 @@ pub struct SnapshotsQuery {
 pub struct ForkRequest {
     pub timeout: Option<i64>,
     pub count: Option<u32>,
+    /// Carry the source's memory and processes into the children. E2B's
+    /// fork does where the substrate can; copse's clone only when asked.
+    pub memory: Option<bool>,
 }
 
 /// One child of a fork: the sandbox or why it failed.
