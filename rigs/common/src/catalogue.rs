@@ -230,6 +230,23 @@ pub const RIGS: &[RigDef] = &[
             ("per_sandbox_ms", "wall_ms ÷ clones per round"),
         ],
     },
+    RigDef {
+        name: "memory-snapshot",
+        version: 1,
+        task: "bench:memory-snapshot",
+        title: "Memory snapshot and restore",
+        clock: &[
+            (
+                "snapshot_ms",
+                "POST /sandboxes/{id}/snapshots {memory: true} sent → 201 read (sandbox frozen, files copied, every process checkpointed by CRIU), with N MB held in the sandbox's /dev/shm",
+            ),
+            (
+                "restore_ms",
+                "POST /v2/sandboxes with that snapshot as templateID sent → 201 read (processes restored by CRIU into a new sandbox, host name set, network attached, agent handed its token)",
+            ),
+            ("first_read_ms", "create response read → GET /files of a file from the snapshot read (the restored agent answers)"),
+        ],
+    },
 ];
 
 pub fn find(name: &str) -> Option<&'static RigDef> {

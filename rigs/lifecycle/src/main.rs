@@ -36,6 +36,9 @@ enum Op {
     Rollback,
     /// §4.6: clone N sandboxes from a running one.
     Clone,
+    /// Memory ("full") snapshot of a running sandbox, and a new sandbox
+    /// restored from it, with N MB held in the sandbox's memory (tmpfs).
+    MemorySnapshot,
 }
 
 impl Op {
@@ -47,6 +50,7 @@ impl Op {
             Op::FromSnapshot => "from-snapshot",
             Op::Rollback => "rollback",
             Op::Clone => "clone",
+            Op::MemorySnapshot => "memory-snapshot",
         }
     }
 
@@ -67,6 +71,9 @@ impl Op {
             Op::Clone => {
                 "wall_ms: first POST /copse/sandboxes/{id}/clone sent -> last response read, for all clones of one round; per_sandbox_ms: wall_ms / clones"
             }
+            Op::MemorySnapshot => {
+                "snapshot_ms: POST /sandboxes/{id}/snapshots {memory: true} sent -> 201 read (sandbox frozen, files copied, processes checkpointed); restore_ms: POST /v2/sandboxes with the snapshot as templateID sent -> 201 read (processes restored into a new sandbox); first_read_ms: then GET /files of a file from the snapshot -> bytes read"
+            }
         }
     }
 }
@@ -74,7 +81,7 @@ impl Op {
 #[derive(Parser, Debug)]
 #[command(
     version,
-    about = "Lifecycle operations (pause/resume, snapshots, from-snapshot, rollback, clone) against a fresh gateway"
+    about = "Lifecycle operations (pause/resume, snapshots, from-snapshot, rollback, clone, memory snapshots) against a fresh gateway"
 )]
 struct Args {
     #[arg(value_enum)]
@@ -156,7 +163,7 @@ fn targets(op: Op, scenarios: &[Scenario]) -> Value {
             .filter(|s| s.concurrency == 10)
             .map(|s| p50_target(scenarios, "clone of 100 <= 500 ms wall", &s.name, "wall_ms", 500.0))
             .collect(),
-        Op::Snapshot | Op::Rollback => Vec::new(),
+        Op::Snapshot | Op::Rollback | Op::MemorySnapshot => Vec::new(),
     };
     Value::Array(list)
 }
@@ -190,6 +197,11 @@ async fn measure(args: &Args, api: &Api) -> anyhow::Result<Vec<Scenario>> {
         Op::Clone => {
             for &cc in &args.clone_concurrency {
                 out.push(clone(api, args.clones, cc, 3).await?);
+            }
+        }
+        Op::MemorySnapshot => {
+            for &mb in &args.dirty_mb {
+                out.push(memory_snapshot(api, mb, args.samples.min(20)).await?);
             }
         }
     }
@@ -290,6 +302,42 @@ async fn from_snapshot(api: &Api, mb: usize, n: usize) -> anyhow::Result<Scenari
     api.expect(&mut conn, Method::DELETE, &format!("/templates/{snap}"), None, StatusCode::NO_CONTENT).await?;
     let mut s = scenario(&format!("from-{mb}mb"), 1, &["create_ms", "first_read_ms", "total_ms"], &rows);
     s.counters.insert("snapshot_dirty_mb".into(), json!(mb));
+    Ok(s)
+}
+
+/// Memory snapshots of a sandbox holding `mb` MB in its `/dev/shm` (tmpfs:
+/// memory the checkpoint must carry), each restored into a new sandbox
+/// that then serves a file; snapshot and child are deleted (untimed).
+async fn memory_snapshot(api: &Api, mb: usize, n: usize) -> anyhow::Result<Scenario> {
+    let mut conn = Conn::open(api.addr).await?;
+    let source = api.create(&mut conn, "base").await?;
+    if mb > 0 {
+        api.upload(&mut conn, &source, "/dev/shm/held.bin", filler(mb)).await?;
+    }
+    api.upload(&mut conn, &source, "/home/user/marker", Bytes::from_static(b"from the snapshot")).await?;
+    let path = format!("/sandboxes/{}/snapshots", source.id);
+    let mut rows = Vec::new();
+    for _ in 0..n {
+        let t0 = Instant::now();
+        let snap = api.expect(&mut conn, Method::POST, &path, Some(json!({ "memory": true })), StatusCode::CREATED).await?;
+        let snapshot = ms(t0.elapsed());
+        let snap = snap["snapshotID"].as_str().context("no snapshotID")?.to_string();
+        let t1 = Instant::now();
+        let child = api.create(&mut conn, &snap).await?;
+        let restore = ms(t1.elapsed());
+        let t2 = Instant::now();
+        let body = api.read(&mut conn, &child, "/home/user/marker").await?;
+        let read = ms(t2.elapsed());
+        if body.as_ref() != b"from the snapshot" {
+            bail!("sandbox restored from a memory snapshot read {:?}", String::from_utf8_lossy(&body));
+        }
+        rows.push([snapshot, restore, read]);
+        api.delete(&mut conn, &child.id).await?;
+        api.expect(&mut conn, Method::DELETE, &format!("/templates/{snap}"), None, StatusCode::NO_CONTENT).await?;
+    }
+    api.delete(&mut conn, &source.id).await?;
+    let mut s = scenario(&format!("memory-{mb}mb"), 1, &["snapshot_ms", "restore_ms", "first_read_ms"], &rows);
+    s.counters.insert("shm_mb".into(), json!(mb));
     Ok(s)
 }
 
