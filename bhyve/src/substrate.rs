@@ -12,10 +12,10 @@
 //! JSON line on its serial console, the only channel unique to one guest
 //! while all clones still share the template's address; then the agent
 //! answers on `<guest address>:49983` on the pool's private bridge, and a
-//! [`Relay`] connects `SandboxSpec::agent_socket` to it. The guest image
-//! must therefore run the copse agent on TCP 49983 and a console helper
-//! that applies the identity line (neither is part of this repository yet;
-//! see bhyve/README.md).
+//! [`Relay`] connects `SandboxSpec::agent_socket` to it. The guest writes
+//! no reply: moving to its new address is its last step, so `/health`
+//! answering there is the acknowledgement. The guest image must run
+//! `copse-agent guest`, which does both (see bhyve/README.md).
 //!
 //! Every command comes from [`crate::plan`]/[`crate::command`] and every
 //! slot transition from [`crate::pool`]; this module sequences them over a
@@ -38,7 +38,7 @@ use crate::archive;
 use crate::checkpoint::{CheckpointFiles, CheckpointMeta, memory_file_bytes};
 use crate::command::{self, Cmd, MemoryRestore};
 use crate::host::{Host, Signal};
-use crate::identity::{GuestNet, Identity};
+use crate::identity::{self, GuestNet};
 use crate::plan::{PoolLayout, console_peer};
 use crate::pool::{Action, Input, Pool, PoolError, PoolKind, SlotId, SlotState};
 use crate::relay::{AGENT_PORT, Relay};
@@ -228,7 +228,7 @@ impl<H: Host> BhyveSubstrate<H> {
             address: format!("{}/16", self.config.address(address)),
             gateway: self.config.address(HOST_ADDRESS).to_string(),
         };
-        let identity = Identity::generate(hostname, net, &mut rand::rng());
+        let identity = identity::generate(hostname, net, &mut rand::rng());
         let ready = self
             .host
             .send_console(&console_peer(&guest.console), &identity.control_line())
@@ -416,8 +416,8 @@ impl<H: Host> BhyveSubstrate<H> {
         let image = self.config.state_dir.join("images").join(format!("{}.img", recipe.name));
         if !image.is_file() {
             bail!(
-                "bhyve template {}: no guest image at {} (a disk image whose system starts the copse agent on \
-                 TCP {AGENT_PORT} at {} and the console identity helper)",
+                "bhyve template {}: no guest image at {} (a disk image whose system comes up at {} and starts \
+                 `copse-agent guest`, which serves TCP {AGENT_PORT} and applies the console identity line)",
                 recipe.name,
                 image.display(),
                 self.config.address(TEMPLATE_ADDRESS)

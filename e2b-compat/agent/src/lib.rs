@@ -11,6 +11,7 @@ pub mod auth;
 pub mod connect;
 pub mod files;
 pub mod filesystem;
+pub mod guest;
 pub mod paths;
 pub mod ports;
 pub mod process;
@@ -61,28 +62,72 @@ impl Default for AgentConfig {
     }
 }
 
-/// Serves the agent on an already-bound unix socket until the process dies.
+/// Where the agent is reached: a unix socket the gateway forwards to (jails,
+/// tests) or a TCP port (a bhyve guest, behind the host's relay).
+pub enum Listener {
+    Unix(std::os::unix::net::UnixListener),
+    Tcp(std::net::TcpListener),
+}
+
+impl From<std::os::unix::net::UnixListener> for Listener {
+    fn from(l: std::os::unix::net::UnixListener) -> Self {
+        Self::Unix(l)
+    }
+}
+
+impl From<std::net::TcpListener> for Listener {
+    fn from(l: std::net::TcpListener) -> Self {
+        Self::Tcp(l)
+    }
+}
+
+/// Serves the agent on an already-bound listener until the process dies.
 /// Runs in a freshly forked, single-threaded process (PID 2 of the sandbox),
 /// so it builds its own small runtime and assumes nothing about the host.
-pub fn serve_blocking(listener: std::os::unix::net::UnixListener, config: AgentConfig) -> anyhow::Result<()> {
+pub fn serve_blocking(listener: impl Into<Listener>, config: AgentConfig) -> anyhow::Result<()> {
+    serve_blocking_with(listener, config, |_| ())
+}
+
+/// [`serve_blocking`], handing `started` the agent's state before the first
+/// request: for helpers that change its settings from outside HTTP (the
+/// console identity of a bhyve guest).
+pub fn serve_blocking_with(
+    listener: impl Into<Listener>,
+    config: AgentConfig,
+    started: impl FnOnce(state::SharedState),
+) -> anyhow::Result<()> {
+    let listener = listener.into();
     let runtime =
         tokio::runtime::Builder::new_multi_thread().worker_threads(2).max_blocking_threads(16).enable_all().build()?;
     runtime.block_on(async move {
-        listener.set_nonblocking(true)?;
-        let listener = tokio::net::UnixListener::from_std(listener)?;
-        serve(listener, config).await
+        let loopback_port = config.loopback_port;
+        let state = AgentState::new(config)?;
+        started(state.clone());
+        serve_state(listener, state, loopback_port).await
     })
 }
 
-/// Serves on a tokio unix listener; the async core of [`serve_blocking`].
+/// Serves on a tokio unix listener; the async form of [`serve_blocking`].
 pub async fn serve(listener: tokio::net::UnixListener, config: AgentConfig) -> anyhow::Result<()> {
     let loopback_port = config.loopback_port;
-    let state = AgentState::new(config)?;
+    serve_state(Listener::Unix(listener.into_std()?), AgentState::new(config)?, loopback_port).await
+}
+
+async fn serve_state(listener: Listener, state: state::SharedState, loopback_port: Option<u16>) -> anyhow::Result<()> {
     let app = routes::router(state);
     if let Some(port) = loopback_port {
         let tcp = tokio::net::TcpListener::bind(("127.0.0.1", port)).await?;
         tokio::spawn(axum::serve(tcp, app.clone()).into_future());
     }
-    axum::serve(listener, app).await?;
+    match listener {
+        Listener::Unix(l) => {
+            l.set_nonblocking(true)?;
+            axum::serve(tokio::net::UnixListener::from_std(l)?, app).await?;
+        }
+        Listener::Tcp(l) => {
+            l.set_nonblocking(true)?;
+            axum::serve(tokio::net::TcpListener::from_std(l)?, app).await?;
+        }
+    }
     Ok(())
 }
