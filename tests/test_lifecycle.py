@@ -48,6 +48,15 @@ def cpu_ns(gateway, sandbox_id: str) -> int:
     return int(dict(line.split() for line in stat.splitlines())["usage_usec"]) * 1000
 
 
+def discard(source, children) -> None:
+    """Kills a test's sandboxes and deletes the snapshots taken of the source."""
+    for child in children:
+        child.kill()
+    source.kill()
+    for s in Sandbox.list_snapshots(sandbox_id=source.sandbox_id).next_items():
+        Sandbox.delete_snapshot(s.snapshot_id)
+
+
 def state(sandbox_id: str) -> str:
     return Sandbox.get_info(sandbox_id).state
 
@@ -163,11 +172,7 @@ def test_filesystem_snapshot_boots_new_sandboxes_and_survives_a_restart(gateway)
             "from the snapshot"
         )
     finally:
-        for child in children:
-            child.kill()
-        sbx.kill()
-        for s in Sandbox.list_snapshots(sandbox_id=sbx.sandbox_id).next_items():
-            Sandbox.delete_snapshot(s.snapshot_id)
+        discard(sbx, children)
 
 
 @pytest.mark.timeout(240, func_only=True)
@@ -204,11 +209,7 @@ def test_full_snapshot_carries_running_processes_into_new_sandboxes(gateway):
         children.append(second)
         assert second.files.read("/home/user/data.txt") == "with memory"
     finally:
-        for child in children:
-            child.kill()
-        sbx.kill()
-        for s in Sandbox.list_snapshots(sandbox_id=sbx.sandbox_id).next_items():
-            Sandbox.delete_snapshot(s.snapshot_id)
+        discard(sbx, children)
 
 
 @pytest.mark.timeout(300, func_only=True)
@@ -236,11 +237,7 @@ def test_code_interpreter_state_carries_into_forks_full_snapshots_and_rollback(g
         assert status == 200, body
         assert sbx.run_code("x").text == "42"
     finally:
-        for fork in forks:
-            fork.kill()
-        sbx.kill()
-        for s in Sandbox.list_snapshots(sandbox_id=sbx.sandbox_id).next_items():
-            Sandbox.delete_snapshot(s.snapshot_id)
+        discard(sbx, forks)
 
 
 @pytest.mark.timeout(240, func_only=True)
