@@ -66,9 +66,18 @@ impl HostNetwork {
         let policy = resolve(&network.policy);
         self.janitor.wait_for(&attachment);
         let started = std::time::Instant::now();
-        let result = self.plumb(&attachment, init_pid).and_then(|()| {
+        let result = self.plumb_host(&attachment, init_pid).and_then(|()| {
             let plumbed = started.elapsed();
-            nft_apply(&nft::attach(&self.cfg, &attachment, &policy))?;
+            let ns = std::fs::File::open(format!("/proc/{init_pid}/ns/net"))
+                .with_context(|| format!("opening the network namespace of {init_pid}"))?;
+            // The inside needs no rule and the rules need only the host
+            // end: both at once, since `nft` is most of an attach.
+            std::thread::scope(|s| {
+                let inside = s.spawn(|| self.configure_inside(&attachment, &ns));
+                let rules = nft_apply(&nft::attach(&self.cfg, &attachment, &policy));
+                let inside = inside.join().map_err(|_| anyhow::anyhow!("netns thread panicked"))?;
+                rules.and(inside)
+            })?;
             tracing::debug!(id, ?plumbed, total = ?started.elapsed(), "attached");
             self.lock().insert(id.to_string(), Attached { attachment: attachment.clone(), policy });
             Ok(())
@@ -79,25 +88,29 @@ impl HostNetwork {
         result
     }
 
-    fn plumb(&self, a: &Attachment, init_pid: i32) -> anyhow::Result<()> {
+    /// The veth, its host end an isolated bridge port.
+    fn plumb_host(&self, a: &Attachment, init_pid: i32) -> anyhow::Result<()> {
         let mut rtnl = Rtnl::open()?;
-        if Path::new("/sys/class/net").join(&a.host_if).exists() {
+        if let Ok(index) = netlink::index_of(&a.host_if) {
             // Left by a sandbox whose namespace the kernel has not finished
             // tearing down (detach leaves the veth to it).
-            if let Ok(index) = netlink::index_of(&a.host_if) {
-                let _ = rtnl.delete_link(index);
-            }
+            let _ = rtnl.delete_link(index);
         }
         rtnl.add_veth(&a.host_if, init_pid, netlink::index_of(&self.cfg.bridge)?)?;
-        rtnl.isolate_port_and_up(netlink::index_of(&a.host_if)?)?;
-        let (address, prefix_len, gateway) = (a.address, self.cfg.subnet.prefix_len(), self.cfg.gateway());
-        in_netns(init_pid, move || {
-            let mut rtnl = Rtnl::open()?;
-            rtnl.add_address(netlink::index_of("eth0")?, address, prefix_len)?;
-            rtnl.set_up(netlink::index_of("eth0")?)?;
-            rtnl.set_up(netlink::index_of("lo")?)?;
-            rtnl.add_default_route(gateway)
-        })
+        rtnl.isolate_port_and_up(netlink::index_of(&a.host_if)?)
+    }
+
+    /// Address and default route inside the sandbox, from the calling
+    /// thread, which is left in the sandbox's namespace `ns`: namespaces
+    /// are per thread, and a netlink socket stays in the one it was opened
+    /// in, so this runs on a throwaway thread.
+    fn configure_inside(&self, a: &Attachment, ns: &std::fs::File) -> anyhow::Result<()> {
+        nix::sched::setns(ns, nix::sched::CloneFlags::CLONE_NEWNET).context("entering the sandbox netns")?;
+        let mut rtnl = Rtnl::open()?;
+        rtnl.add_address(netlink::index_of("eth0")?, a.address, self.cfg.subnet.prefix_len())?;
+        rtnl.set_up(netlink::index_of("eth0")?)?;
+        rtnl.set_up(netlink::index_of("lo")?)?;
+        rtnl.add_default_route(self.cfg.gateway())
     }
 
     /// Replaces a sandbox's policy in one transaction. Host names are
@@ -223,20 +236,4 @@ fn delete_link(name: &str) -> anyhow::Result<()> {
         Ok(index) => Rtnl::open()?.delete_link(index),
         Err(_) => Ok(()),
     }
-}
-
-/// Runs `f` in the network namespace of `pid`. Namespaces are per thread
-/// (and a netlink socket stays in the one it was opened in): enter in a
-/// throwaway thread, work, leave.
-fn in_netns(pid: i32, f: impl FnOnce() -> anyhow::Result<()> + Send) -> anyhow::Result<()> {
-    let ns = std::fs::File::open(format!("/proc/{pid}/ns/net"))
-        .with_context(|| format!("opening the network namespace of {pid}"))?;
-    std::thread::scope(|s| {
-        s.spawn(|| {
-            nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNET).context("entering the sandbox netns")?;
-            f()
-        })
-        .join()
-        .map_err(|_| anyhow::anyhow!("netns thread panicked"))?
-    })
 }
