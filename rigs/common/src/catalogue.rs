@@ -244,7 +244,10 @@ pub const RIGS: &[RigDef] = &[
                 "restore_ms",
                 "POST /v2/sandboxes with that snapshot as templateID sent → 201 read (processes restored by CRIU into a new sandbox, host name set, network attached, agent handed its token)",
             ),
-            ("first_read_ms", "create response read → GET /files of a file from the snapshot read (the restored agent answers)"),
+            (
+                "first_read_ms",
+                "create response read → GET /files of a file from the snapshot read (the restored agent answers)",
+            ),
         ],
     },
 ];

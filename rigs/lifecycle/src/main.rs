@@ -319,7 +319,8 @@ async fn memory_snapshot(api: &Api, mb: usize, n: usize) -> anyhow::Result<Scena
     let mut rows = Vec::new();
     for _ in 0..n {
         let t0 = Instant::now();
-        let snap = api.expect(&mut conn, Method::POST, &path, Some(json!({ "memory": true })), StatusCode::CREATED).await?;
+        let snap =
+            api.expect(&mut conn, Method::POST, &path, Some(json!({ "memory": true })), StatusCode::CREATED).await?;
         let snapshot = ms(t0.elapsed());
         let snap = snap["snapshotID"].as_str().context("no snapshotID")?.to_string();
         let t1 = Instant::now();
