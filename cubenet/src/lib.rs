@@ -20,7 +20,11 @@ pub mod vnet;
 mod process;
 
 #[cfg(target_os = "linux")]
+mod janitor;
+#[cfg(target_os = "linux")]
 pub mod linux;
+#[cfg(target_os = "linux")]
+mod netlink;
 
 #[cfg(target_os = "freebsd")]
 pub mod freebsd;

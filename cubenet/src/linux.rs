@@ -1,18 +1,22 @@
 //! The Linux backend's effects: the bridge, one veth per sandbox, and the
 //! nftables table rendered by [`crate::nft`].
 //!
-//! Per change: one `nft -f` transaction. Per attach: one `ip -batch` in the
-//! host namespace (veth with its peer created straight in the sandbox's
-//! netns, enslaved as an isolated bridge port) and one in the sandbox's
-//! netns (address, default route), spawned from a thread that entered it.
+//! Per change: one `nft -f` transaction. Per attach: rtnetlink requests
+//! (see [`crate::netlink`]) in the host namespace (veth with its peer
+//! created straight in the sandbox's netns, enslaved as an isolated bridge
+//! port) and from a thread that entered the sandbox's netns (address,
+//! default route). Detaches are batched in the background
+//! ([`crate::janitor`]).
 
 use std::collections::HashMap;
 use std::path::Path;
 use std::process::{Command, Stdio};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use crate::dns::resolve;
+use crate::janitor::Janitor;
 use crate::net::{Attachment, NetConfig, SandboxNetwork};
+use crate::netlink::{self, Rtnl};
 use crate::nft;
 use crate::policy::{Policy, ResolvedPolicy};
 use crate::process;
@@ -26,6 +30,7 @@ struct Attached {
 pub struct HostNetwork {
     cfg: NetConfig,
     attached: Mutex<HashMap<String, Attached>>,
+    janitor: Arc<Janitor>,
 }
 
 impl HostNetwork {
@@ -34,15 +39,16 @@ impl HostNetwork {
     pub fn open(cfg: NetConfig) -> anyhow::Result<Self> {
         let bridge = &cfg.bridge;
         if !Path::new("/sys/class/net").join(bridge).exists() {
-            ip_batch(&format!("link add {bridge} type bridge\n"), None)?;
+            ip_batch(&format!("link add {bridge} type bridge\n"))?;
         }
         let gateway = format!("{}/{}", cfg.gateway(), cfg.subnet.prefix_len());
-        ip_batch(&format!("addr replace {gateway} dev {bridge}\nlink set {bridge} up\n"), None)?;
+        ip_batch(&format!("addr replace {gateway} dev {bridge}\nlink set {bridge} up\n"))?;
         // Sandboxes are IPv4 only; the bridge must not offer link-local v6.
         let _ = std::fs::write(format!("/proc/sys/net/ipv6/conf/{bridge}/disable_ipv6"), "1");
         // NAT needs forwarding; this is host-wide (documented in cubenet/README.md).
         std::fs::write("/proc/sys/net/ipv4/ip_forward", "1").context("enabling IPv4 forwarding")?;
-        let network = Self { cfg, attached: Mutex::new(HashMap::new()) };
+        let janitor = Janitor::start(cfg.clone())?;
+        let network = Self { cfg, attached: Mutex::new(HashMap::new()), janitor };
         if !network.table_exists() {
             nft_apply(&nft::table(&network.cfg, &[]))?;
         }
@@ -58,33 +64,53 @@ impl HostNetwork {
     pub fn attach(&self, id: &str, init_pid: i32, network: &SandboxNetwork) -> anyhow::Result<()> {
         let attachment = self.cfg.attachment(id, network.address);
         let policy = resolve(&network.policy);
-        let result = self.plumb(&attachment, init_pid).and_then(|()| {
-            nft_apply(&nft::attach(&self.cfg, &attachment, &policy))?;
+        self.janitor.wait_for(&attachment);
+        let started = std::time::Instant::now();
+        let result = self.plumb_host(&attachment, init_pid).and_then(|()| {
+            let plumbed = started.elapsed();
+            let ns = std::fs::File::open(format!("/proc/{init_pid}/ns/net"))
+                .with_context(|| format!("opening the network namespace of {init_pid}"))?;
+            // The inside needs no rule and the rules need only the host
+            // end: both at once, since `nft` is most of an attach.
+            std::thread::scope(|s| {
+                let inside = s.spawn(|| self.configure_inside(&attachment, &ns));
+                let rules = nft_apply(&nft::attach(&self.cfg, &attachment, &policy));
+                let inside = inside.join().map_err(|_| anyhow::anyhow!("netns thread panicked"))?;
+                rules.and(inside)
+            })?;
+            tracing::debug!(id, ?plumbed, total = ?started.elapsed(), "attached");
             self.lock().insert(id.to_string(), Attached { attachment: attachment.clone(), policy });
             Ok(())
         });
         if result.is_err() {
-            let _ = ip_batch(&format!("link del {}\n", attachment.host_if), None);
+            let _ = delete_link(&attachment.host_if);
         }
         result
     }
 
-    fn plumb(&self, a: &Attachment, init_pid: i32) -> anyhow::Result<()> {
-        let (dev, bridge) = (&a.host_if, &self.cfg.bridge);
-        ip_batch(
-            &format!(
-                "link add {dev} type veth peer name eth0 netns {init_pid}\nlink set {dev} master {bridge}\n\
-                 link set dev {dev} type bridge_slave isolated on learning off\nlink set {dev} up\n"
-            ),
-            None,
-        )?;
-        let inside = format!(
-            "addr add {}/{} dev eth0\nlink set eth0 up\nlink set lo up\nroute add default via {}\n",
-            a.address,
-            self.cfg.subnet.prefix_len(),
-            self.cfg.gateway()
-        );
-        ip_batch(&inside, Some(init_pid))
+    /// The veth, its host end an isolated bridge port.
+    fn plumb_host(&self, a: &Attachment, init_pid: i32) -> anyhow::Result<()> {
+        let mut rtnl = Rtnl::open()?;
+        if let Ok(index) = netlink::index_of(&a.host_if) {
+            // Left by a sandbox whose namespace the kernel has not finished
+            // tearing down (detach leaves the veth to it).
+            let _ = rtnl.delete_link(index);
+        }
+        rtnl.add_veth(&a.host_if, init_pid, netlink::index_of(&self.cfg.bridge)?)?;
+        rtnl.isolate_port_and_up(netlink::index_of(&a.host_if)?)
+    }
+
+    /// Address and default route inside the sandbox, from the calling
+    /// thread, which is left in the sandbox's namespace `ns`: namespaces
+    /// are per thread, and a netlink socket stays in the one it was opened
+    /// in, so this runs on a throwaway thread.
+    fn configure_inside(&self, a: &Attachment, ns: &std::fs::File) -> anyhow::Result<()> {
+        nix::sched::setns(ns, nix::sched::CloneFlags::CLONE_NEWNET).context("entering the sandbox netns")?;
+        let mut rtnl = Rtnl::open()?;
+        rtnl.add_address(netlink::index_of("eth0")?, a.address, self.cfg.subnet.prefix_len())?;
+        rtnl.set_up(netlink::index_of("eth0")?)?;
+        rtnl.set_up(netlink::index_of("lo")?)?;
+        rtnl.add_default_route(self.cfg.gateway())
     }
 
     /// Replaces a sandbox's policy in one transaction. Host names are
@@ -98,16 +124,14 @@ impl HostNetwork {
         Ok(())
     }
 
-    /// Removes the sandbox's rules and veth. Unknown ids are a no-op.
+    /// Removes the sandbox's rules, in the background (see [`Janitor`]);
+    /// the veth is left to the kernel, which deletes it with the sandbox's
+    /// namespace once its processes are gone (deleting it here waited for
+    /// RCU grace periods, tens of ms, on every kill). Unknown ids are a
+    /// no-op.
     pub fn detach(&self, id: &str) -> anyhow::Result<()> {
-        let Some(entry) = self.lock().remove(id) else { return Ok(()) };
-        if let Err(e) = nft_apply(&nft::detach(&self.cfg, &entry.attachment)) {
-            // Something of it was already gone: rebuild from what is known.
-            tracing::warn!("detaching {id} incrementally failed ({e:#}); rewriting the table");
-            self.rewrite()?;
-        }
-        if Path::new("/sys/class/net").join(&entry.attachment.host_if).exists() {
-            ip_batch(&format!("link del {}\n", entry.attachment.host_if), None)?;
+        if let Some(entry) = self.lock().remove(id) {
+            self.janitor.push(entry.attachment);
         }
         Ok(())
     }
@@ -134,7 +158,7 @@ impl HostNetwork {
             .collect();
         // A veth whose namespace is dying may vanish while this runs.
         if !stray.is_empty()
-            && let Err(e) = ip_batch(&stray, None)
+            && let Err(e) = ip_batch(&stray)
         {
             tracing::warn!("removing stray veths: {e:#}");
         }
@@ -157,14 +181,14 @@ impl HostNetwork {
     /// Removes the bridge and the table (tests and rigs with their own
     /// network; the gateway keeps them across restarts).
     pub fn remove(&self) -> anyhow::Result<()> {
+        self.janitor.wait_all();
         nft_apply(&nft::delete_table(&self.cfg))?;
-        if Path::new("/sys/class/net").join(&self.cfg.bridge).exists() {
-            ip_batch(&format!("link del {}\n", self.cfg.bridge), None)?;
-        }
+        delete_link(&self.cfg.bridge)?;
         Ok(())
     }
 
     fn rewrite(&self) -> anyhow::Result<()> {
+        self.janitor.wait_all();
         let sandboxes: Vec<(Attachment, ResolvedPolicy)> =
             self.lock().values().map(|a| (a.attachment.clone(), a.policy.clone())).collect();
         // An ingress hook needs its device: leave out sandboxes whose veth
@@ -199,27 +223,17 @@ pub fn nft_apply(script: &str) -> anyhow::Result<()> {
     process::run(Command::new("nft").args(["-f", "-"]), Some(script)).map(drop).context("nft")
 }
 
-/// Runs `ip -batch -`, in the network namespace of `netns_pid` if given.
-fn ip_batch(script: &str, netns_pid: Option<i32>) -> anyhow::Result<()> {
-    let mut command = Command::new("ip");
-    command.args(["-batch", "-"]);
-    match netns_pid {
-        None => process::run(&mut command, Some(script)).map(drop),
-        Some(pid) => {
-            let ns = std::fs::File::open(format!("/proc/{pid}/ns/net"))
-                .with_context(|| format!("opening the network namespace of {pid}"))?;
-            // Namespaces are per thread, and a child inherits its spawning
-            // thread's: enter in a throwaway thread, spawn, leave.
-            std::thread::scope(|s| {
-                s.spawn(|| {
-                    nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNET)
-                        .context("entering the sandbox netns")?;
-                    process::run(&mut command, Some(script)).map(drop)
-                })
-                .join()
-                .map_err(|_| anyhow::anyhow!("netns thread panicked"))?
-            })
-        }
+/// Runs `ip -batch -` in the host's network namespace.
+fn ip_batch(script: &str) -> anyhow::Result<()> {
+    process::run(Command::new("ip").args(["-batch", "-"]), Some(script))
+        .map(drop)
+        .with_context(|| format!("ip -batch: {}", script.lines().next().unwrap_or_default()))
+}
+
+/// Deletes interface `name` of the host's namespace, if it exists.
+fn delete_link(name: &str) -> anyhow::Result<()> {
+    match netlink::index_of(name) {
+        Ok(index) => Rtnl::open()?.delete_link(index),
+        Err(_) => Ok(()),
     }
-    .with_context(|| format!("ip -batch: {}", script.lines().next().unwrap_or_default()))
 }

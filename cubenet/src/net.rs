@@ -112,16 +112,20 @@ pub struct Attachment {
 }
 
 /// Addresses handed to sandboxes: every host address of the subnet but the
-/// gateway's, lowest free first.
+/// gateway's, the first free one after the last handed out (wrapping), so
+/// an address comes back only after the rest of the subnet: the veth of a
+/// killed sandbox, named after its address, is deleted by the kernel some
+/// time after the kill, and its successor would otherwise wait for it.
 #[derive(Debug)]
 pub struct AddressPool {
     config: NetConfig,
     used: BTreeSet<Ipv4Addr>,
+    last: Option<Ipv4Addr>,
 }
 
 impl AddressPool {
     pub fn new(config: NetConfig) -> Self {
-        Self { config, used: BTreeSet::new() }
+        Self { config, used: BTreeSet::new(), last: None }
     }
 
     /// Records an address already in use (a sandbox re-adopted after a
@@ -135,8 +139,10 @@ impl AddressPool {
     pub fn take(&mut self) -> Option<Ipv4Addr> {
         let first = u32::from(self.config.gateway()) + 1;
         let last = u32::from(self.config.subnet.broadcast());
-        let free = (first..last).map(Ipv4Addr::from).find(|a| !self.used.contains(a))?;
+        let start = self.last.map_or(first, |a| u32::from(a) + 1).clamp(first, last);
+        let free = (start..last).chain(first..start).map(Ipv4Addr::from).find(|a| !self.used.contains(a))?;
         self.used.insert(free);
+        self.last = Some(free);
         Some(free)
     }
 
@@ -176,7 +182,7 @@ mod tests {
     }
 
     #[test]
-    fn pool_skips_network_gateway_and_broadcast_and_reuses_released() {
+    fn pool_skips_network_gateway_and_broadcast_and_reuses_released_when_full() {
         let mut pool = AddressPool::new(NetConfig::new("t", "10.9.0.0/29").unwrap());
         pool.mark_used("10.9.0.3".parse().unwrap());
         let got: Vec<Ipv4Addr> = std::iter::from_fn(|| pool.take()).collect();
@@ -185,5 +191,16 @@ mod tests {
         assert_eq!(got, want);
         pool.release("10.9.0.4".parse().unwrap());
         assert_eq!(pool.take(), Some("10.9.0.4".parse().unwrap()));
+    }
+
+    #[test]
+    fn pool_hands_out_released_addresses_last() {
+        let mut pool = AddressPool::new(NetConfig::new("t", "10.9.0.0/29").unwrap());
+        let a = pool.take().unwrap();
+        pool.release(a);
+        assert_eq!(pool.take(), Some("10.9.0.3".parse().unwrap()));
+        let _ = std::iter::from_fn(|| pool.take()).count();
+        pool.release(a);
+        assert_eq!(pool.take(), Some(a));
     }
 }
