@@ -125,8 +125,7 @@ fn an_exported_snapshot_imports_as_a_working_one() {
     assert!(substrate().import_snapshot(&fresh_id("garbage"), &mut &b"not a snapshot"[..]).is_err());
 }
 
-const COUNTER: &str =
-    "nohup sh -c 'i=0; while :; do i=$((i+1)); echo $i > /home/user/count.new; mv /home/user/count.new /home/user/count; sleep 0.05; done' >/dev/null 2>&1 &";
+const COUNTER: &str = "nohup sh -c 'i=0; while :; do i=$((i+1)); echo $i > /home/user/count.new; mv /home/user/count.new /home/user/count; sleep 0.05; done' >/dev/null 2>&1 &";
 
 fn count(sandbox: &Sandbox) -> u64 {
     sandbox.agent().sh("cat /home/user/count").unwrap().stdout.trim().parse().unwrap()

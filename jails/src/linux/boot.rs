@@ -72,31 +72,24 @@ pub enum Launch {
 
 /// A sandbox restored from a memory checkpoint: the restore helper joins the
 /// sandbox's cgroups, takes a private mount namespace holding the overlay
-/// root and a fresh network namespace, and runs CRIU there.
+/// root and a fresh network namespace, and runs CRIU there. `sandbox` is
+/// the plan the sandbox would boot with; its root, layers and cgroups apply.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RestorePlan {
-    pub lowers: Vec<PathBuf>,
-    pub upper: PathBuf,
-    pub work: PathBuf,
-    pub root: PathBuf,
-    pub cgroup_procs: Vec<PathBuf>,
+    pub sandbox: BootPlan,
     pub criu: PathBuf,
     pub args: Vec<String>,
 }
 
 impl BootPlan {
     pub fn overlay_options(&self) -> String {
-        overlay_options(&self.lowers, &self.upper, &self.work)
+        format!(
+            "lowerdir={},upperdir={},workdir={},volatile",
+            self.lowers.iter().map(|l| l.display().to_string()).collect::<Vec<_>>().join(":"),
+            self.upper.display(),
+            self.work.display()
+        )
     }
-}
-
-fn overlay_options(lowers: &[PathBuf], upper: &Path, work: &Path) -> String {
-    format!(
-        "lowerdir={},upperdir={},workdir={},volatile",
-        lowers.iter().map(|l| l.display().to_string()).collect::<Vec<_>>().join(":"),
-        upper.display(),
-        work.display()
-    )
 }
 
 /// Character devices a sandbox gets in its private /dev: (name, major, minor).
@@ -140,12 +133,13 @@ fn join_cgroups(procs_files: &[PathBuf]) -> anyhow::Result<()> {
 /// Sets the stage for CRIU and becomes it: see [`RestorePlan`]. Returns
 /// only on failure.
 fn restore(plan: &RestorePlan) -> anyhow::Result<()> {
-    join_cgroups(&plan.cgroup_procs)?;
+    let sandbox = &plan.sandbox;
+    join_cgroups(&sandbox.cgroup_procs)?;
     unshare(CloneFlags::CLONE_NEWNS | CloneFlags::CLONE_NEWNET).context("unsharing namespaces")?;
     let none: Option<&str> = None;
     mount(none, "/", none, MsFlags::MS_REC | MsFlags::MS_PRIVATE, none).context("making / private")?;
-    let options = overlay_options(&plan.lowers, &plan.upper, &plan.work);
-    mount(Some("overlay"), &plan.root, Some("overlay"), MsFlags::empty(), Some(options.as_str()))
+    let options = sandbox.overlay_options();
+    mount(Some("overlay"), &sandbox.root, Some("overlay"), MsFlags::empty(), Some(options.as_str()))
         .context("mounting the overlay root")?;
     loopback_up().context("bringing up lo")?;
     // Sockets the checkpoint holds may be bound to the source sandbox's

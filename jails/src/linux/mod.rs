@@ -115,11 +115,13 @@ impl LinuxSubstrate {
         Ok(serde_json::from_slice(&bytes)?)
     }
 
-    fn boot(&self, spec: &SandboxSpec) -> anyhow::Result<Placement> {
-        let started = std::time::Instant::now();
+    /// Everything a sandbox needs on the host before its processes start:
+    /// directories, the pinned layers (of `snapshot`, if any), cgroups and
+    /// the gateway's socket link. Returns its boot plan.
+    fn prepare(&self, spec: &SandboxSpec, snapshot: Option<&str>) -> anyhow::Result<BootPlan> {
         let dir = self.sandbox_dir(&spec.id);
         fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-        let base = self.layers.pin(&dir, spec.snapshot.as_deref(), &spec.template)?;
+        let base = self.layers.pin(&dir, snapshot, &spec.template)?;
         if self.templates.get(&base.template).is_none() {
             bail!("template {} is not built", base.template);
         }
@@ -127,22 +129,37 @@ impl LinuxSubstrate {
         for dir in [&plan.upper, &plan.work, &plan.root, &plan.socket_dir] {
             fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         }
-        let dirs_done = started.elapsed();
         self.cgroups.create(&spec.id, &spec.limits)?;
-        let cgroup_done = started.elapsed();
         link_socket(&plan.socket_dir, &spec.agent_socket)?;
+        Ok(plan)
+    }
 
-        let mut command = Command::new(&self.agent_binary);
-        command.arg("boot").env_clear().stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
-        let mut child = command.spawn().context("starting the boot process")?;
-        child.stdin.take().expect("piped").write_all(&serde_json::to_vec(&Launch::Boot(plan))?)?;
+    /// Runs `copse-agent boot` with `launch` on its standard input; returns
+    /// what it printed, or its error output.
+    fn launch(&self, launch: &Launch) -> anyhow::Result<String> {
+        let mut child = Command::new(&self.agent_binary)
+            .arg("boot")
+            .env_clear()
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .context("starting the boot process")?;
+        child.stdin.take().expect("piped").write_all(&serde_json::to_vec(launch)?)?;
         let output = child.wait_with_output()?;
         if !output.status.success() {
-            bail!("sandbox boot failed ({}): {}", output.status, String::from_utf8_lossy(&output.stderr).trim());
+            bail!("{}: {}", output.status, String::from_utf8_lossy(&output.stderr).trim());
         }
-        let pid: i32 = String::from_utf8_lossy(&output.stdout).trim().parse().context("boot printed no init pid")?;
+        Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+    }
+
+    fn boot(&self, spec: &SandboxSpec) -> anyhow::Result<Placement> {
+        let started = std::time::Instant::now();
+        let plan = self.prepare(spec, spec.snapshot.as_deref())?;
+        let printed = self.launch(&Launch::Boot(plan)).context("sandbox boot failed")?;
+        let pid: i32 = printed.trim().parse().context("boot printed no init pid")?;
         let init_start = process_start_time(pid).context("init vanished right after boot")?;
-        tracing::debug!(id = %spec.id, ?dirs_done, ?cgroup_done, total = ?started.elapsed(), "booted");
+        tracing::debug!(id = %spec.id, total = ?started.elapsed(), "booted");
         Ok(Placement { init_pid: pid, init_start })
     }
 
@@ -188,54 +205,25 @@ impl LinuxSubstrate {
     /// Like [`Self::boot`], for a sandbox whose snapshot holds memory: its
     /// processes are restored from the checkpoint instead of started.
     fn restore(&self, spec: &SandboxSpec, snapshot_id: &str) -> anyhow::Result<Placement> {
-        let criu = self.criu()?.clone();
-        let dir = self.sandbox_dir(&spec.id);
-        fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-        let base = self.layers.pin(&dir, Some(snapshot_id), &spec.template)?;
-        let boot = self.boot_plan(spec, &base);
-        let work_dir = dir.join("restore");
-        for dir in [&boot.upper, &boot.work, &boot.root, &boot.socket_dir, &work_dir] {
-            fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-        }
-        self.cgroups.create(&spec.id, &spec.limits)?;
-        link_socket(&boot.socket_dir, &spec.agent_socket)?;
+        let criu = self.criu()?.binary.clone();
+        let sandbox = self.prepare(spec, Some(snapshot_id))?;
+        let work_dir = self.sandbox_dir(&spec.id).join("restore");
+        fs::create_dir_all(&work_dir).with_context(|| format!("creating {}", work_dir.display()))?;
         let pidfile = work_dir.join("init.pid");
         let images = self.checkpoint_dir(snapshot_id);
-        let plan = RestorePlan {
-            args: checkpoint::restore_args(&images, &boot.root, &self.agent_dir, &boot.socket_dir, &pidfile),
-            lowers: boot.lowers,
-            upper: boot.upper,
-            work: boot.work,
-            root: boot.root,
-            cgroup_procs: boot.cgroup_procs,
-            criu: criu.binary,
-        };
-        let mut child = Command::new(&self.agent_binary)
-            .arg("boot")
-            .env_clear()
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .context("starting the restore helper")?;
-        child.stdin.take().expect("piped").write_all(&serde_json::to_vec(&Launch::Restore(plan))?)?;
-        let output = child.wait_with_output()?;
-        if !output.status.success() {
-            bail!(
-                "restoring sandbox {} from {snapshot_id} failed ({}): {} {}",
-                spec.id,
-                output.status,
-                String::from_utf8_lossy(&output.stderr).trim(),
-                checkpoint::log_tail(&work_dir.join("restore.log"))
-            );
-        }
+        let args = checkpoint::restore_args(&images, &sandbox.root, &self.agent_dir, &sandbox.socket_dir, &pidfile);
+        let hostname = sandbox.hostname.clone();
+        self.launch(&Launch::Restore(RestorePlan { sandbox, criu, args })).map_err(|e| {
+            let log = checkpoint::log_tail(&work_dir.join("restore.log"));
+            anyhow::anyhow!("restoring sandbox {} from {snapshot_id} failed ({e:#}) {log}", spec.id)
+        })?;
         let pid: i32 = fs::read_to_string(&pidfile)
             .context("CRIU wrote no pid file")?
             .trim()
             .parse()
             .context("CRIU's pid file holds no pid")?;
         // The checkpoint carries the source's host name; this is a new sandbox.
-        set_hostname(pid, &spec.id.chars().take(63).collect::<String>())?;
+        set_hostname(pid, &hostname)?;
         let init_start = process_start_time(pid).context("init vanished right after restore")?;
         Ok(Placement { init_pid: pid, init_start })
     }
@@ -449,7 +437,10 @@ impl Substrate for LinuxSubstrate {
 fn install_agent(binary: &Path, dir: &Path) -> anyhow::Result<()> {
     fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let target = dir.join(boot::AGENT_NAME);
-    if fs::read(&target).ok() == Some(fs::read(binary).with_context(|| format!("reading {}", binary.display()))?) {
+    let same_size = fs::metadata(&target).ok().map(|m| m.len())
+        == Some(fs::metadata(binary).with_context(|| format!("reading {}", binary.display()))?.len());
+    // Contents are compared only when the sizes leave it open.
+    if same_size && fs::read(&target).ok() == Some(fs::read(binary)?) {
         return Ok(());
     }
     let partial = dir.join(format!(".{}.partial", boot::AGENT_NAME));
