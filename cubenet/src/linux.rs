@@ -136,6 +136,11 @@ impl HostNetwork {
         Ok(())
     }
 
+    /// Returns once every queued detach is done.
+    pub fn settle(&self) {
+        self.janitor.wait_all();
+    }
+
     /// After a restart: the table is rewritten for `known` sandboxes (whose
     /// veths survived with them) and every veth of this network that belongs
     /// to none of them is deleted.

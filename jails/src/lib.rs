@@ -218,6 +218,11 @@ pub trait Substrate: Send + Sync + 'static {
     fn recover_network(&self, _known: &[(String, SandboxNetwork)]) -> anyhow::Result<()> {
         Ok(())
     }
+
+    /// Returns once teardown that [`Substrate::destroy`] left to run in the
+    /// background is done; called before the gateway exits, so nothing of
+    /// a destroyed sandbox outlives it.
+    fn settle(&self) {}
 }
 
 /// The substrate of the host this binary was built for.

@@ -299,6 +299,12 @@ impl Substrate for Router {
         }
         Ok(())
     }
+
+    fn settle(&self) {
+        for (_, substrate) in &self.backends {
+            substrate.settle();
+        }
+    }
 }
 
 /// The backend named by an export header, and the bytes read to find out

@@ -93,6 +93,8 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             if !keep_sandboxes {
                 kill_all(&svc).await;
             }
+            let substrate = svc.substrate().clone();
+            let _ = tokio::task::spawn_blocking(move || substrate.settle()).await;
         }
     };
     let server = async move {

@@ -429,6 +429,12 @@ impl Substrate for LinuxSubstrate {
     fn recover_network(&self, known: &[(String, crate::SandboxNetwork)]) -> anyhow::Result<()> {
         self.network.as_ref().map_or(Ok(()), |network| network.reconcile(known))
     }
+
+    fn settle(&self) {
+        if let Some(network) = &self.network {
+            network.settle();
+        }
+    }
 }
 
 /// Copy the agent binary to the directory sandboxes mount, unless the copy
