@@ -382,3 +382,71 @@ def test_lifecycle_leaves_nothing_behind(gateway):
     Sandbox.delete_snapshot(snap.snapshot_id)
     leakcheck.assert_no_leaks(gateway.data_dir, live_ids(), before, gateway.proc.pid)
     assert leakcheck.unnamed_layers(gateway.data_dir) == []
+
+
+@pytest.mark.timeout(240, func_only=True)
+def test_a_host_without_criu_says_so_and_refuses_only_what_needs_memory(gateway, tmp_path):
+    """A gateway whose CRIU is missing logs one line naming it and how to
+    install it, answers requests that need memory with E2B's 503 naming the
+    cause (never a CRIU log), and serves everything else."""
+    from conftest import DATA_DIR, Gateway
+
+    # A memory snapshot taken where CRIU works, carried to the CRIU-less host.
+    sbx = Sandbox.create(timeout=120)
+    try:
+        sbx.files.write("/home/user/note", "from a host with CRIU")
+        sbx.create_snapshot(name="needs-criu", mode="full")
+    finally:
+        sbx.kill()
+    export = tmp_path / "needs-criu.copse"
+    subprocess.run([str(COPSE), "snapshot", "export", "needs-criu", str(export), "--data-dir", str(gateway.data_dir)],
+                   check=True)
+    Sandbox.delete_snapshot("needs-criu")
+
+    data_dir = DATA_DIR / "no-criu"
+    data_dir.mkdir(exist_ok=True)
+    if not (data_dir / "templates").exists():
+        subprocess.run(["cp", "-al", str(DATA_DIR / "templates"), str(data_dir / "templates")], check=True)
+    subprocess.run([str(COPSE), "snapshot", "import", str(export), "--name", "needs-criu", "--data-dir", str(data_dir)],
+                   check=True)
+    missing = "/nonexistent/criu"
+    os.environ["COPSE_CRIU"] = missing
+    bridge = "copsenc"
+    other = Gateway(data_dir)
+    try:
+        other.start(extra_args=["--bridge", bridge, "--subnet", "10.91.0.0/16"])
+    finally:
+        del os.environ["COPSE_CRIU"]
+    api_key = os.environ["E2B_API_KEY"]
+    env = dict(api_key=api_key, api_url=other.url, sandbox_url=other.url)
+    try:
+        log = (data_dir / "gateway.log").read_text()
+        lines = [line for line in log.splitlines() if "memory snapshots are unavailable" in line]
+        assert lines and missing in lines[-1] and "scripts/criu" in lines[-1], log[-2000:]
+
+        local = Sandbox.create(timeout=60, **env)
+        try:
+            local.files.write("/home/user/note", "files only")
+            for path, body in ((f"/sandboxes/{local.sandbox_id}/snapshots", {"memory": True}),
+                               (f"/sandboxes/{local.sandbox_id}/fork", {"count": 1, "memory": True})):
+                status, error = api(other, "POST", path, body)
+                assert status == 503, (path, status, error)
+                assert error["code"] == 503 and missing in error["message"] and "scripts/criu" in error["message"]
+                assert "Error (criu" not in error["message"]
+            # Without a mode, E2B's default falls back to the files.
+            snap = local.create_snapshot()
+            child = Sandbox.create(template=snap.snapshot_id, timeout=60, **env)
+            assert child.files.read("/home/user/note") == "files only"
+            child.kill()
+            Sandbox.delete_snapshot(snap.snapshot_id, **env)
+        finally:
+            local.kill()
+
+        status, error = api(other, "POST", "/v2/sandboxes", {"templateID": "needs-criu", "timeout": 60})
+        assert status == 503, (status, error)
+        assert missing in error["message"] and "Error (criu" not in error["message"]
+        assert Sandbox.list(**env).next_items() == [], "a refused create leaves no sandbox"
+    finally:
+        other.stop()
+        subprocess.run(["nft", "delete", "table", "inet", f"copse_{bridge}"], capture_output=True)
+        subprocess.run(["ip", "link", "del", bridge], capture_output=True)

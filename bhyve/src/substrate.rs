@@ -30,7 +30,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use anyhow::{Context, anyhow, bail};
 use copse_jails::template::{Backend, check_backend, validate_name};
 use copse_jails::{
-    Capabilities, Placement, Progress, Recipe, Recovery, SandboxSpec, SnapshotInfo, Substrate, TemplateInfo, Usage,
+    Capabilities, Placement, Progress, Recipe, Recovery, SandboxSpec, SnapshotInfo, Substrate, Support, TemplateInfo,
+    Usage,
 };
 use serde::{Deserialize, Serialize};
 
@@ -527,7 +528,7 @@ impl<H: Host> Substrate for BhyveSubstrate<H> {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities { memory_snapshots: true }
+        Capabilities { memory_snapshots: Support::Yes }
     }
 
     fn pause(&self, id: &str) -> anyhow::Result<()> {

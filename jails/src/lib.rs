@@ -5,6 +5,7 @@
 //! privileged step of a sandbox's life (filesystem clone, isolation, limits,
 //! teardown) and nothing about the E2B wire protocol.
 
+pub mod error;
 pub mod router;
 pub mod template;
 
@@ -36,6 +37,7 @@ use serde::{Deserialize, Serialize};
 
 pub use copse_cubenet::{NetConfig, Policy, SandboxNetwork};
 
+pub use error::SubstrateError;
 pub use router::Router;
 pub use template::{Backend, Recipe, TemplateInfo};
 
@@ -120,12 +122,29 @@ pub struct SnapshotInfo {
 }
 
 /// Which lifecycle operations a substrate offers beyond create/destroy.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Capabilities {
     /// Snapshots that also keep memory and processes ("full" in E2B's
     /// terms). Without it only filesystem snapshots exist, and a request for
     /// a full one must be refused, never silently downgraded.
-    pub memory_snapshots: bool,
+    pub memory_snapshots: Support,
+}
+
+/// Whether a substrate offers a feature on this host.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Support {
+    Yes,
+    /// Not offered by this kind of sandbox (a jail cannot save memory).
+    No,
+    /// Offered, but this host lacks what it needs: the text says what is
+    /// missing and how to install it.
+    Missing(String),
+}
+
+impl Support {
+    pub fn is_yes(&self) -> bool {
+        matches!(self, Support::Yes)
+    }
 }
 
 /// One line of progress from a long operation such as a template build.

@@ -22,7 +22,7 @@ use serde::{Deserialize, Serialize};
 use crate::template::{Backend, check_backend};
 use crate::{
     Capabilities, Placement, Policy, Progress, Recipe, Recovery, SandboxNetwork, SandboxSpec, SnapshotInfo, Substrate,
-    TemplateInfo, Usage,
+    Support, TemplateInfo, Usage,
 };
 
 /// First line of a snapshot exported through a router: which backend's
@@ -196,7 +196,16 @@ impl Substrate for Router {
 
     /// What every template on this host offers, whatever its backend.
     fn capabilities(&self) -> Capabilities {
-        Capabilities { memory_snapshots: self.backends.iter().all(|(_, s)| s.capabilities().memory_snapshots) }
+        // Missing on one backend is worth telling the operator over "no"
+        // on another, whose sandboxes could never have it.
+        let answers: Vec<Support> = self.backends.iter().map(|(_, s)| s.capabilities().memory_snapshots).collect();
+        let memory_snapshots = answers
+            .iter()
+            .find(|a| matches!(a, Support::Missing(_)))
+            .or_else(|| answers.iter().find(|a| !a.is_yes()))
+            .cloned()
+            .unwrap_or(Support::Yes);
+        Capabilities { memory_snapshots }
     }
 
     fn capabilities_for(&self, template: &str) -> Capabilities {

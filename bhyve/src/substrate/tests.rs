@@ -177,7 +177,7 @@ fn lifecycle_over_the_pool() {
     assert_eq!(log[7], "zfs clone -o volmode=dev zroot/vm/vm@checkpointed zroot/vm/vm-2");
     assert!(dir.path().join("sb1.sock").exists(), "the relay listens on the agent socket");
     assert!(s.is_alive("sb1", &placement));
-    assert!(s.capabilities_for("vm").memory_snapshots);
+    assert!(s.capabilities_for("vm").memory_snapshots.is_yes());
 
     s.pause("sb1").unwrap();
     s.resume("sb1").unwrap();

@@ -14,6 +14,8 @@ use std::sync::{Arc, Mutex};
 
 use futures::future::join_all;
 
+use copse_jails::Support;
+
 use crate::agent_link;
 use crate::sandboxes::{
     Paused, Result, SandboxError, SandboxRecord, Sandboxes, SnapshotRecord, State, new_id, new_token, now_ms,
@@ -190,13 +192,9 @@ impl Sandboxes {
         memory: Option<bool>,
     ) -> Result<SnapshotRecord> {
         let record = self.get(id)?;
-        let capable = self.substrate.capabilities_for(&record.template).memory_snapshots;
-        if memory == Some(true) && !capable {
-            return Err(SandboxError::Invalid(format!(
-                "snapshots with memory (mode 'full') are not supported by the {} substrate; use mode 'filesystem'",
-                self.substrate.name()
-            )));
-        }
+        // E2B's default is "full"; where memory cannot be kept, an
+        // unspecified mode gets the filesystem (docs/lifecycle.md).
+        let memory = self.memory_wanted(&record.template, memory, true, "snapshots with memory (mode 'full')")?;
         if record.has_no_processes() {
             return Err(SandboxError::Conflict(format!(
                 "sandbox {id} is paused without memory; resume it before taking a snapshot"
@@ -206,9 +204,7 @@ impl Sandboxes {
             validate_snapshot_name(name)?;
         }
         let key = snapshot_key();
-        // E2B's default is "full"; where memory cannot be kept, an
-        // unspecified mode gets the filesystem (docs/lifecycle.md).
-        let info = self.take_snapshot(&record, &key, memory.unwrap_or(capable)).await?;
+        let info = self.take_snapshot(&record, &key, memory).await?;
         let public = name.clone().unwrap_or_else(|| key.clone());
         let replaced = self.store.snapshot(&public)?;
         let snapshot = SnapshotRecord {
@@ -235,14 +231,23 @@ impl Sandboxes {
     /// memory snapshots forks files only, as docs/lifecycle.md says).
     pub fn fork_memory(&self, id: &str, requested: Option<bool>, default: bool) -> Result<bool> {
         let record = self.get(id)?;
-        let capable = self.substrate.capabilities_for(&record.template).memory_snapshots;
-        match requested {
-            Some(true) if !capable => Err(SandboxError::Invalid(format!(
-                "forks with memory are not supported by the {} substrate",
+        self.memory_wanted(&record.template, requested, default, "forks with memory")
+    }
+
+    /// Whether an operation on a sandbox of `template` keeps memory: what
+    /// was `requested`, or `default` where the substrate can. A request the
+    /// substrate cannot honour is refused by name — 400 where this kind of
+    /// sandbox never can, 503 with what to install where this host lacks it.
+    fn memory_wanted(&self, template: &str, requested: Option<bool>, default: bool, what: &str) -> Result<bool> {
+        let support = self.substrate.capabilities_for(template).memory_snapshots;
+        match (requested, support) {
+            (Some(true), Support::No) => Err(SandboxError::Invalid(format!(
+                "{what} are not supported by the {} substrate; use mode 'filesystem'",
                 self.substrate.name()
             ))),
-            Some(wanted) => Ok(wanted),
-            None => Ok(default && capable),
+            (Some(true), Support::Missing(why)) => Err(SandboxError::Unavailable(why)),
+            (Some(wanted), _) => Ok(wanted),
+            (None, support) => Ok(default && support.is_yes()),
         }
     }
 

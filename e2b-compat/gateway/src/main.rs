@@ -261,7 +261,9 @@ fn local_config(paths: Paths) -> anyhow::Result<Config> {
     Ok(Config {
         listen: config::DEFAULT_LISTEN.parse()?,
         data_dir: paths.data_dir,
-        agent_binary: config::find_agent(paths.agent)?,
+        // Template and snapshot commands boot no sandbox: without an agent
+        // they still work (a template can build while the agent compiles).
+        agent_binary: config::find_agent(paths.agent).unwrap_or_else(|_| "copse-agent".into()),
         keep_sandboxes: true,
         pools: Vec::new(),
         network: None,

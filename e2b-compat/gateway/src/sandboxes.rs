@@ -38,8 +38,23 @@ pub enum SandboxError {
     Conflict(String),
     #[error("snapshot {0} not found")]
     SnapshotNotFound(String),
+    /// This host lacks something the operation needs (E2B's 503); the
+    /// message says what and how to install it.
+    #[error("{0}")]
+    Unavailable(String),
     #[error(transparent)]
-    Internal(#[from] anyhow::Error),
+    Internal(anyhow::Error),
+}
+
+impl From<anyhow::Error> for SandboxError {
+    /// A substrate's "this host lacks X" keeps its kind; anything else is a
+    /// fault.
+    fn from(err: anyhow::Error) -> Self {
+        match copse_jails::SubstrateError::find(&err) {
+            Some(copse_jails::SubstrateError::Unavailable(what)) => SandboxError::Unavailable(what.clone()),
+            None => SandboxError::Internal(err),
+        }
+    }
 }
 
 pub type Result<T> = std::result::Result<T, SandboxError>;

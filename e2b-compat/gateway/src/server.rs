@@ -4,8 +4,8 @@
 use std::sync::Arc;
 
 use anyhow::Context;
-use copse_jails::Substrate;
 use copse_jails::template::Recipe;
+use copse_jails::{Substrate, Support};
 
 use axum::serve::ListenerExt;
 
@@ -52,14 +52,32 @@ pub fn ensure_templates(substrate: &dyn Substrate, recipes: &[Recipe]) -> anyhow
     Ok(())
 }
 
+/// One log line per feature this host could offer but lacks what it needs
+/// for, saying what is missing and how to install it; requests that need
+/// the feature are then answered 503 with the same words.
+fn report_missing_features(substrate: &dyn Substrate) {
+    if let Support::Missing(why) = substrate.capabilities().memory_snapshots {
+        tracing::warn!("{why}");
+    }
+}
+
 pub async fn run(config: Config) -> anyhow::Result<()> {
     // A bad certificate fails before templates are built or sandboxes touched.
     let tls = config.tls.as_ref().map(|files| tls::acceptor(&files.cert, &files.key)).transpose()?;
+    anyhow::ensure!(
+        config.agent_binary.is_file(),
+        "agent binary {} not found (build it with `mise run build`)",
+        config.agent_binary.display()
+    );
     let substrate = open_substrate(&config)?;
     let keys = config::api_keys(&config.data_dir, &config.listen)?;
     {
         let substrate = substrate.clone();
-        tokio::task::spawn_blocking(move || ensure_templates(substrate.as_ref(), &default_recipes())).await??;
+        tokio::task::spawn_blocking(move || {
+            report_missing_features(substrate.as_ref());
+            ensure_templates(substrate.as_ref(), &default_recipes())
+        })
+        .await??;
     }
     let store = open_store(&config)?;
     let svc = Arc::new(

@@ -135,7 +135,7 @@ fn count(sandbox: &Sandbox) -> u64 {
 #[ignore = "needs root, COPSE_AGENT and a template: run `mise run conformance`"]
 fn a_memory_snapshot_carries_running_processes_into_new_sandboxes() {
     let _serial = serial();
-    if !substrate().capabilities().memory_snapshots {
+    if !substrate().capabilities().memory_snapshots.is_yes() {
         // A host that should have them (the Linux CI installs CRIU) says so.
         assert!(std::env::var_os("COPSE_EXPECT_MEMORY_SNAPSHOTS").is_none(), "memory snapshots are unavailable");
         eprintln!("skipped: {} keeps no memory snapshots", substrate().name());

@@ -282,7 +282,7 @@ impl Substrate for JailSubstrate {
     fn capabilities(&self) -> Capabilities {
         // Jails have no way to save a process's memory; snapshots are of
         // files only.
-        Capabilities { memory_snapshots: false }
+        Capabilities { memory_snapshots: crate::Support::No }
     }
 
     fn pause(&self, id: &str) -> anyhow::Result<()> {

@@ -14,7 +14,10 @@
 //!   helper joins before starting CRIU.
 //!
 //! CRIU 4 or later is required; bookworm's 3.17 cannot read this kernel's
-//! vDSO. `scripts/criu` builds a suitable one.
+//! vDSO. `scripts/criu` builds a suitable one, with libnftables: CRIU locks
+//! the sandbox's network while it dumps with an nftables table inside the
+//! sandbox's own network namespace (`--network-lock nftables`), never with
+//! the host's iptables (docs/lifecycle.md, "Network lock").
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -41,11 +44,14 @@ pub struct Criu {
 }
 
 impl Criu {
-    /// The first usable CRIU: `$COPSE_CRIU`, then `/usr/local/sbin/criu`,
-    /// then `criu` on the path. `Err` says why none is usable.
+    /// The first usable CRIU: `$COPSE_CRIU` alone if it is set, else
+    /// `/usr/local/sbin/criu`, `/usr/sbin/criu`, `/sbin/criu`. `Err` says,
+    /// in one line, what is missing and how to install it.
     pub fn find() -> anyhow::Result<Self> {
-        let mut candidates: Vec<PathBuf> = std::env::var_os("COPSE_CRIU").map(PathBuf::from).into_iter().collect();
-        candidates.extend(["/usr/local/sbin/criu", "/usr/sbin/criu", "/sbin/criu"].map(PathBuf::from));
+        let candidates: Vec<PathBuf> = match std::env::var_os("COPSE_CRIU") {
+            Some(chosen) => vec![PathBuf::from(chosen)],
+            None => ["/usr/local/sbin/criu", "/usr/sbin/criu", "/sbin/criu"].map(PathBuf::from).to_vec(),
+        };
         let mut reasons = Vec::new();
         for binary in candidates.iter().filter(|b| b.is_file()) {
             match Self::probe(binary) {
@@ -54,11 +60,15 @@ impl Criu {
             }
         }
         if reasons.is_empty() {
-            bail!("no CRIU found (scripts/criu installs one at /usr/local/sbin/criu)");
+            let looked = candidates.iter().map(|c| c.display().to_string()).collect::<Vec<_>>().join(", ");
+            bail!("no CRIU found (looked for {looked}); {INSTALL_HINT}");
         }
-        bail!("no usable CRIU: {}", reasons.join("; "))
+        bail!("no usable CRIU ({}); {INSTALL_HINT}", reasons.join("; "))
     }
 
+    /// Checks that `binary` is recent enough, that `criu check` passes on
+    /// this kernel, and that it can lock a network with nftables, the one
+    /// option copse needs beyond the basics.
     fn probe(binary: &Path) -> anyhow::Result<()> {
         let version = Command::new(binary).arg("--version").output().context("running --version")?;
         let text = String::from_utf8_lossy(&version.stdout);
@@ -66,9 +76,11 @@ impl Criu {
         if major < MIN_MAJOR {
             bail!("version {major}.x is too old (need {MIN_MAJOR} or later)");
         }
-        let check = Command::new(binary).arg("check").output().context("running check")?;
-        if !check.status.success() {
-            bail!("`criu check` failed: {}", String::from_utf8_lossy(&check.stderr).trim());
+        for check in [&["check"][..], &["check", "--feature", "network_lock_nftables"]] {
+            let output = Command::new(binary).args(check).output().with_context(|| format!("running {check:?}"))?;
+            if !output.status.success() {
+                bail!("`criu {}` failed: {}", check.join(" "), first_line(&output));
+            }
         }
         Ok(())
     }
@@ -76,6 +88,7 @@ impl Criu {
     /// Checkpoints the tree under `init` into `images`, leaving it running
     /// (or frozen, if its cgroup was frozen). `freezer` is the sandbox's
     /// freezer cgroup directory, `netns_inode` its network namespace's.
+    /// CRIU's own log goes to the gateway's log, not into the error.
     pub fn dump(&self, init: i32, images: &Path, freezer: &Path, netns_inode: u64) -> anyhow::Result<()> {
         std::fs::create_dir_all(images).with_context(|| format!("creating {}", images.display()))?;
         let output = Command::new(&self.binary)
@@ -83,10 +96,20 @@ impl Criu {
             .output()
             .context("running criu dump")?;
         if !output.status.success() {
-            bail!("criu dump failed: {}", log_tail(&images.join("dump.log")));
+            tracing::error!(log = %log_tail(&images.join("dump.log")), "criu dump failed");
+            bail!("CRIU could not checkpoint the sandbox's processes (its log is in the gateway's log)");
         }
         Ok(())
     }
+}
+
+/// How to get a CRIU copse can use, for messages to the operator.
+pub const INSTALL_HINT: &str = "install it with scripts/criu (./dev up runs it)";
+
+/// The first line a failed command printed, for a one-line reason.
+fn first_line(output: &std::process::Output) -> String {
+    let text = String::from_utf8_lossy(if output.stderr.is_empty() { &output.stdout } else { &output.stderr });
+    text.lines().map(str::trim).find(|l| !l.is_empty()).unwrap_or("no output").to_string()
 }
 
 /// `criu dump` arguments. `--leave-running` keeps the source going;
@@ -111,6 +134,10 @@ pub fn dump_args(init: i32, images: &Path, freezer: &Path, netns_inode: u64) -> 
         "--file-locks".into(),
         "--link-remap".into(),
         "--skip-in-flight".into(),
+        // The lock is a table in the sandbox's own network namespace, made
+        // through libnftables: no iptables on the host, no host rule touched.
+        "--network-lock".into(),
+        "nftables".into(),
     ];
     for external in [
         format!("mnt[/{AGENT_MOUNT}]:{AGENT_KEY}"),
@@ -192,6 +219,7 @@ mod tests {
             "--leave-running",
             "--freeze-cgroup /sys/fs/cgroup/freezer/copse-1/a",
             "--tcp-established",
+            "--network-lock nftables",
             "--external mnt[/.copse/bin]:copse-agent",
             "--external mnt[/.copse/run]:copse-run",
             "--external net[4026532000]:copse-net",

@@ -30,7 +30,8 @@ use std::process::{Command, Stdio};
 use anyhow::{Context, bail};
 
 use crate::{
-    Capabilities, Placement, Progress, Recipe, Recovery, SandboxSpec, SnapshotInfo, Substrate, TemplateInfo, Usage,
+    Capabilities, Placement, Progress, Recipe, Recovery, SandboxSpec, SnapshotInfo, Substrate, SubstrateError, Support,
+    TemplateInfo, Usage,
 };
 use boot::{BootPlan, Launch, RestorePlan};
 use cgroup::{Cgroups, Hierarchy};
@@ -59,11 +60,12 @@ impl LinuxSubstrate {
         for dir in [&sandboxes, &run] {
             fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         }
-        if !agent_binary.is_file() {
-            bail!("agent binary {} not found (build it with `cargo build --release`)", agent_binary.display());
-        }
         let agent_dir = state_dir.join("agent");
-        install_agent(agent_binary, &agent_dir)?;
+        // Template builds need no agent, so they can run while it compiles;
+        // booting a sandbox without one fails in `launch`.
+        if agent_binary.is_file() {
+            install_agent(agent_binary, &agent_dir)?;
+        }
         // Sandbox inits are orphaned by their short-lived boot process; as
         // subreaper the gateway inherits them and can reap them on kill.
         // SAFETY: prctl with integer arguments.
@@ -137,6 +139,9 @@ impl LinuxSubstrate {
     /// Runs `copse-agent boot` with `launch` on its standard input; returns
     /// what it printed, or its error output.
     fn launch(&self, launch: &Launch) -> anyhow::Result<String> {
+        if !self.agent_binary.is_file() {
+            bail!("agent binary {} not found (build it with `mise run build`)", self.agent_binary.display());
+        }
         let mut child = Command::new(&self.agent_binary)
             .arg("boot")
             .env_clear()
@@ -166,7 +171,10 @@ impl LinuxSubstrate {
     fn criu(&self) -> anyhow::Result<&Criu> {
         match self.criu.get_or_init(|| Criu::find().map_err(|e| format!("{e:#}"))) {
             Ok(criu) => Ok(criu),
-            Err(reason) => Err(anyhow::anyhow!("{reason}")),
+            Err(reason) => {
+                Err(SubstrateError::Unavailable(format!("memory snapshots are unavailable on this host: {reason}"))
+                    .into())
+            }
         }
     }
 
@@ -215,7 +223,11 @@ impl LinuxSubstrate {
         let hostname = sandbox.hostname.clone();
         self.launch(&Launch::Restore(RestorePlan { sandbox, criu, args })).map_err(|e| {
             let log = checkpoint::log_tail(&work_dir.join("restore.log"));
-            anyhow::anyhow!("restoring sandbox {} from {snapshot_id} failed ({e:#}) {log}", spec.id)
+            tracing::error!(id = %spec.id, snapshot = snapshot_id, log = %log, "criu restore failed: {e:#}");
+            anyhow::anyhow!(
+                "CRIU could not restore sandbox {} from {snapshot_id} (its log is in the gateway's log)",
+                spec.id
+            )
         })?;
         let pid: i32 = fs::read_to_string(&pidfile)
             .context("CRIU wrote no pid file")?
@@ -316,11 +328,11 @@ impl Substrate for LinuxSubstrate {
     }
 
     fn capabilities(&self) -> Capabilities {
-        let criu = self.criu();
-        if let Err(e) = &criu {
-            tracing::info!("memory snapshots are off: {e:#}");
-        }
-        Capabilities { memory_snapshots: criu.is_ok() }
+        let memory_snapshots = match self.criu() {
+            Ok(_) => Support::Yes,
+            Err(e) => Support::Missing(format!("{e:#}")),
+        };
+        Capabilities { memory_snapshots }
     }
 
     fn pause(&self, id: &str) -> anyhow::Result<()> {

@@ -61,7 +61,7 @@ impl Substrate for Double {
         Ok(Usage::default())
     }
     fn capabilities(&self) -> Capabilities {
-        Capabilities { memory_snapshots: self.memory_snapshots }
+        Capabilities { memory_snapshots: if self.memory_snapshots { Support::Yes } else { Support::No } }
     }
     fn pause(&self, id: &str) -> anyhow::Result<()> {
         self.note(&format!("pause {id}"));
@@ -195,14 +195,14 @@ fn templates_and_capabilities_per_backend() {
     let r = router(dir.path(), &log);
     let listed: Vec<(String, Backend)> = r.templates().unwrap().into_iter().map(|t| (t.name, t.backend)).collect();
     assert_eq!(listed, [("base".into(), Backend::Jail), ("vm".into(), Backend::Bhyve)]);
-    assert!(!r.capabilities_for("base").memory_snapshots);
-    assert!(r.capabilities_for("vm").memory_snapshots);
-    assert!(!r.capabilities().memory_snapshots, "the host-wide answer holds for every template");
+    assert_eq!(r.capabilities_for("base").memory_snapshots, Support::No);
+    assert!(r.capabilities_for("vm").memory_snapshots.is_yes());
+    assert_eq!(r.capabilities().memory_snapshots, Support::No, "the host-wide answer holds for every template");
 
     let recipe = Recipe { name: "vm2".into(), packages: vec![], post_install: vec![], backend: Backend::Bhyve };
     assert_eq!(r.ensure_template(&recipe, &|_| {}).unwrap().backend, Backend::Bhyve);
     assert_eq!(take(&log), ["bhyve:ensure vm2"]);
-    assert!(r.capabilities_for("vm2").memory_snapshots);
+    assert!(r.capabilities_for("vm2").memory_snapshots.is_yes());
 }
 
 #[test]

@@ -2,7 +2,7 @@
 //! parses error bodies and crashes on anything else.
 
 use axum::Json;
-use axum::http::StatusCode;
+use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
@@ -27,7 +27,13 @@ impl ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let body = Json(json!({ "code": self.status.as_u16(), "message": self.message }));
-        (self.status, body).into_response()
+        let mut response = (self.status, body).into_response();
+        if self.status == StatusCode::SERVICE_UNAVAILABLE {
+            // The SDK retries 503s unless told otherwise; what this host
+            // lacks does not come back between retries.
+            response.headers_mut().insert("should-retry", HeaderValue::from_static("false"));
+        }
+        response
     }
 }
 
@@ -37,6 +43,7 @@ impl From<SandboxError> for ApiError {
             SandboxError::NotFound(_) | SandboxError::SnapshotNotFound(_) => StatusCode::NOT_FOUND,
             SandboxError::Conflict(_) => StatusCode::CONFLICT,
             SandboxError::UnknownTemplate { .. } | SandboxError::Invalid(_) => StatusCode::BAD_REQUEST,
+            SandboxError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             SandboxError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         };
         if status == StatusCode::INTERNAL_SERVER_ERROR {
