@@ -34,7 +34,7 @@ COMPUTED_SITES = {
     ("e2b-compat/agent/src/guest/apply.rs", "&cmd.argv[0]"): set(),
     ("jails/src/freebsd/exec.rs", "&cmd.program"): {"jexec", "zfs", "devfs", "mount", "umount", "rctl", "pw"},
     ("jails/src/freebsd/exec.rs", "&launch.program"): {"jexec"},
-    ("cubenet/src/freebsd.rs", "program"): {"ifconfig", "route", "pfctl", "sysctl"},
+    ("cubenet/src/freebsd/system.rs", "program"): {"ifconfig", "route", "pfctl", "sysctl"},
     ("bhyve/src/exec.rs", "cmd.program"): {"bhyve", "bhyvectl", "zfs", "ifconfig", "sysctl", "dd"},
     ("bhyve/tests/rig_refuses.rs", 'env!("CARGO_BIN_EXE_copse-rig-bhyve"'): set(),
     ("e2b-compat/gateway/tests/template_backend.rs", 'env!("CARGO_BIN_EXE_copse"'): {"copse"},

@@ -1,33 +1,33 @@
 //! cubenet: the network side of a sandbox.
 //!
-//! One egress [`Policy`] model, built from E2B's inputs, and two pure
-//! renderers of it: [`nft`] (Linux, one nftables table owned by copse) and
-//! [`pf`] + [`vnet`] (FreeBSD, one anchor per sandbox under a copse parent
-//! anchor, and the epair/if_bridge plumbing). Renderers return text and
-//! command lines only. The Linux executor in `linux` applies `nft`; on
-//! FreeBSD, [`jailnet`] decides what to run and `freebsd` runs it. Nothing
-//! here knows the E2B wire format or the gateway.
+//! Platform-neutral, at the top: the egress [`Policy`] model, built from
+//! E2B's inputs ([`policy`], its host names resolved by [`dns`]); the
+//! and the network of one gateway ([`net`]: bridge, subnet, host interface
+//! names, the address pool).
+//!
+//! One folder per backend, each a pure renderer of the policy (text and
+//! command lines only, golden-tested on Linux) and an executor that
+//! applies it on its own OS:
+//! - [`linux`]: [`linux::nft`] renders one nftables table owned by copse;
+//!   `linux::HostNetwork` applies it and plumbs the bridge and veths.
+//! - [`freebsd`]: [`freebsd::pf`] renders one anchor per sandbox under a
+//!   copse parent anchor and [`freebsd::vnet`] the epair/if_bridge
+//!   plumbing; [`freebsd::jailnet`] decides what to run (tested here with a
+//!   scripted runner) and, on FreeBSD, `freebsd::System` runs it.
+//!
+//! Nothing here knows the E2B wire format or the gateway.
 
 pub mod dns;
-pub mod jailnet;
+pub mod freebsd;
+pub mod linux;
 pub mod net;
-pub mod nft;
-pub mod pf;
 pub mod policy;
-pub mod vnet;
 
 #[cfg(any(target_os = "linux", target_os = "freebsd"))]
 mod process;
 
-#[cfg(target_os = "linux")]
-mod janitor;
-#[cfg(target_os = "linux")]
-pub mod linux;
-#[cfg(target_os = "linux")]
-mod netlink;
-
-#[cfg(target_os = "freebsd")]
-pub mod freebsd;
+#[cfg(test)]
+mod golden;
 
 pub use net::{AddressPool, Attachment, NetConfig, SandboxNetwork};
 pub use policy::{Policy, PolicyError, ResolvedPolicy, Target};

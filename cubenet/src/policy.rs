@@ -1,8 +1,9 @@
 //! The egress policy of one sandbox, in E2B's terms.
 //!
 //! E2B's semantics, which both backends implement:
-//! - with no rules, all egress is allowed (besides what [`crate::nft`] and
-//!   [`crate::pf`] always block: other sandboxes, the host, link-local);
+//! - with no rules, all egress is allowed (besides what
+//!   [`crate::linux::nft`] and [`crate::freebsd::pf`] always block: other
+//!   sandboxes, the host, link-local);
 //! - `deny_out` blocks the listed networks; `0.0.0.0/0` blocks everything,
 //!   and `allow_internet_access: false` means exactly that;
 //! - `allow_out` entries win over `deny_out` ones, so "deny 0.0.0.0/0 plus an

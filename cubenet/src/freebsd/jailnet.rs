@@ -1,8 +1,8 @@
-//! The FreeBSD backend's executor logic: which plan of [`crate::vnet`] and
-//! [`crate::pf`] to run when, what to read back, and what to undo. It runs
+//! The FreeBSD backend's executor logic: which plan of [`super::vnet`] and
+//! [`super::pf`] to run when, what to read back, and what to undo. It runs
 //! every command through a [`Runner`], so it compiles and is tested on any
 //! OS with a scripted one; the runner that spawns the real tools is in
-//! `crate::freebsd` (**not run on FreeBSD**).
+//! `super::system` (**not run on FreeBSD**).
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -10,10 +10,10 @@ use std::sync::Mutex;
 use anyhow::{anyhow, bail};
 
 use crate::dns::resolve;
+use crate::freebsd::cmd::Cmd;
+use crate::freebsd::{pf, vnet};
 use crate::net::{Attachment, NetConfig, SandboxNetwork};
-use crate::pf;
 use crate::policy::{Policy, ResolvedPolicy};
-use crate::vnet::{self, Cmd};
 
 pub trait Runner: Send + Sync {
     /// Runs one command; its stdout, or an error naming it.
@@ -143,6 +143,7 @@ impl<R: Runner> JailNetwork<R> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::golden::check as golden;
 
     /// Records every command and answers from a script: `(argv prefix,
     /// reply)` pairs, first match wins; unmatched commands print nothing.
@@ -190,10 +191,6 @@ mod tests {
 
     fn cfg() -> NetConfig {
         NetConfig::new("copse0", "10.88.0.0/16").unwrap()
-    }
-
-    fn golden(name: &str, actual: &str) {
-        crate::nft::tests::golden(name, actual)
     }
 
     fn sandbox(address: &str, policy: Policy) -> SandboxNetwork {

@@ -19,9 +19,9 @@ use std::net::Ipv4Addr;
 
 use ipnet::Ipv4Net;
 
+use crate::freebsd::cmd::Cmd;
 use crate::net::{Attachment, NetConfig};
 use crate::policy::ResolvedPolicy;
-use crate::vnet::Cmd;
 
 pub const ROOT_ANCHOR: &str = "copse";
 pub const PFCTL: &str = "/sbin/pfctl";
@@ -164,14 +164,14 @@ mod tests {
 
     #[test]
     fn operator_fragment() {
-        crate::nft::tests::golden("pf.conf.fragment", &pf_conf_fragment(&cfg()));
+        crate::golden::check("pf.conf.fragment", &pf_conf_fragment(&cfg()));
     }
 
     #[test]
     fn deny_list_anchor() {
         let a = cfg().attachment("i3k2m9x", "10.88.0.7".parse().unwrap());
         let deny = Policy::from_e2b(None, &strings(&["203.0.113.9"]), &strings(&["203.0.113.0/24"]), None).unwrap();
-        crate::nft::tests::golden("pf-anchor-deny.conf", &anchor(&cfg(), &a, &deny.resolve(|_| vec![])));
+        crate::golden::check("pf-anchor-deny.conf", &anchor(&cfg(), &a, &deny.resolve(|_| vec![])));
     }
 
     #[test]

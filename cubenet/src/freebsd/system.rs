@@ -1,15 +1,15 @@
 //! The FreeBSD backend's effects: [`System`] runs the command lines of
-//! [`crate::vnet`] and [`crate::pf`] for [`crate::jailnet::JailNetwork`].
+//! [`super::vnet`] and [`super::pf`] for [`super::jailnet::JailNetwork`].
 //! Compiled for FreeBSD only; **never run on a FreeBSD host yet**.
 
 use std::process::Command;
 
 use anyhow::{Context, anyhow};
 
-use crate::jailnet::{JailNetwork, Runner};
+use crate::freebsd::cmd::Cmd;
+use crate::freebsd::jailnet::{JailNetwork, Runner};
 use crate::net::NetConfig;
 use crate::process;
-use crate::vnet::Cmd;
 
 /// The only `PATH` the tools see; plans name them by absolute path anyway.
 const HOST_PATH: &str = "/sbin:/bin:/usr/sbin:/usr/bin";

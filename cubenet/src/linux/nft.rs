@@ -177,8 +177,9 @@ fn join(nets: &[Ipv4Net]) -> String {
 }
 
 #[cfg(test)]
-pub(crate) mod tests {
+mod tests {
     use super::*;
+    use crate::golden::check as golden;
     use crate::policy::Policy;
 
     fn cfg() -> NetConfig {
@@ -203,17 +204,6 @@ pub(crate) mod tests {
             ),
             sandbox(4, Policy::from_e2b(None, &[], &strings(&["203.0.113.0/24", "192.0.2.7"]), None).unwrap()),
         ]
-    }
-
-    /// Compares with the file under `tests/golden/`; `COPSE_BLESS=1`
-    /// rewrites it (review the diff before committing).
-    pub fn golden(name: &str, actual: &str) {
-        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden").join(name);
-        if std::env::var_os("COPSE_BLESS").is_some() {
-            std::fs::write(&path, actual).unwrap();
-        }
-        let expected = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-        assert_eq!(actual, expected, "{name} differs from its golden file");
     }
 
     #[test]

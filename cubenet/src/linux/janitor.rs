@@ -10,8 +10,9 @@
 
 use std::sync::{Arc, Condvar, Mutex};
 
+use crate::linux::nft;
+use crate::linux::tools::nft_apply;
 use crate::net::{Attachment, NetConfig};
-use crate::nft;
 
 #[derive(Default)]
 struct Queue {
@@ -69,7 +70,7 @@ impl Janitor {
                 batch
             };
             let script: String = batch.iter().map(|a| nft::detach(cfg, a)).collect();
-            if let Err(e) = crate::linux::nft_apply(&script) {
+            if let Err(e) = nft_apply(&script) {
                 // Something of it was already gone, which fails the whole
                 // transaction: remove what is left, object by object.
                 tracing::warn!(
@@ -77,7 +78,7 @@ impl Janitor {
                     batch.len()
                 );
                 for line in script.lines() {
-                    let _ = crate::linux::nft_apply(line);
+                    let _ = nft_apply(line);
                 }
             }
             self.lock().removing.clear();

@@ -1,25 +1,24 @@
 //! The Linux backend's effects: the bridge, one veth per sandbox, and the
-//! nftables table rendered by [`crate::nft`].
+//! nftables table rendered by [`super::nft`].
 //!
 //! Per change: one `nft -f` transaction. Per attach: rtnetlink requests
-//! (see [`crate::netlink`]) in the host namespace (veth with its peer
+//! (see [`super::netlink`]) in the host namespace (veth with its peer
 //! created straight in the sandbox's netns, enslaved as an isolated bridge
 //! port) and from a thread that entered the sandbox's netns (address,
 //! default route). Detaches are batched in the background
-//! ([`crate::janitor`]).
+//! ([`super::janitor`]).
 
 use std::collections::HashMap;
 use std::path::Path;
-use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 
 use crate::dns::resolve;
-use crate::janitor::Janitor;
+use crate::linux::janitor::Janitor;
+use crate::linux::netlink::{self, Rtnl};
+use crate::linux::nft;
+use crate::linux::tools::{ip_batch, nft_apply, nft_table_exists};
 use crate::net::{Attachment, NetConfig, SandboxNetwork};
-use crate::netlink::{self, Rtnl};
-use crate::nft;
 use crate::policy::{Policy, ResolvedPolicy};
-use crate::process;
 use anyhow::{Context, bail};
 
 struct Attached {
@@ -124,7 +123,7 @@ impl HostNetwork {
         Ok(())
     }
 
-    /// Removes the sandbox's rules, in the background (see [`Janitor`]);
+    /// Removes the sandbox's rules, in the background (see `Janitor`);
     /// the veth is left to the kernel, which deletes it with the sandbox's
     /// namespace once its processes are gone (deleting it here waited for
     /// RCU grace periods, tens of ms, on every kill). Unknown ids are a
@@ -204,12 +203,7 @@ impl HostNetwork {
     }
 
     fn table_exists(&self) -> bool {
-        Command::new("nft")
-            .args(["list", "table", "inet", &self.cfg.table()])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success())
+        nft_table_exists(&self.cfg.table())
     }
 
     fn interfaces(&self) -> Vec<String> {
@@ -221,18 +215,6 @@ impl HostNetwork {
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Attached>> {
         self.attached.lock().unwrap_or_else(|p| p.into_inner())
     }
-}
-
-/// Applies one nft script as one transaction.
-pub fn nft_apply(script: &str) -> anyhow::Result<()> {
-    process::run(Command::new("nft").args(["-f", "-"]), Some(script)).map(drop).context("nft")
-}
-
-/// Runs `ip -batch -` in the host's network namespace.
-fn ip_batch(script: &str) -> anyhow::Result<()> {
-    process::run(Command::new("ip").args(["-batch", "-"]), Some(script))
-        .map(drop)
-        .with_context(|| format!("ip -batch: {}", script.lines().next().unwrap_or_default()))
 }
 
 /// Deletes interface `name` of the host's namespace, if it exists.

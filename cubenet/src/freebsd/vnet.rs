@@ -1,5 +1,5 @@
 //! The FreeBSD backend's plumbing, as command lines (pure; golden-tested on
-//! Linux through [`crate::jailnet`], **not run on FreeBSD**).
+//! Linux through [`super::jailnet`], **not run on FreeBSD**).
 //!
 //! One `if_bridge` per network holds the gateway address. Each sandbox gets
 //! an `epair`: the `a` end stays on the host, renamed to the attachment's
@@ -11,10 +11,9 @@
 //! Inside the jail, the host's own `ifconfig -j` and `route -j` set the
 //! address and default route: no binary of the sandbox runs for it.
 
-use std::fmt;
-
+use crate::freebsd::cmd::Cmd;
+use crate::freebsd::pf;
 use crate::net::{Attachment, NetConfig};
-use crate::pf;
 use crate::policy::ResolvedPolicy;
 
 pub const IFCONFIG: &str = "/sbin/ifconfig";
@@ -27,33 +26,6 @@ pub const GROUP: &str = "copse";
 
 /// Longest interface name FreeBSD takes (`IFNAMSIZ` less the NUL).
 const MAX_IF_NAME: usize = 15;
-
-/// One command line (absolute program first) and what it reads on stdin.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Cmd {
-    pub argv: Vec<String>,
-    pub stdin: Option<String>,
-}
-
-impl Cmd {
-    pub fn new(argv: &[&str]) -> Self {
-        Self { argv: argv.iter().map(|s| s.to_string()).collect(), stdin: None }
-    }
-
-    pub fn stdin(mut self, input: String) -> Self {
-        self.stdin = Some(input);
-        self
-    }
-}
-
-impl fmt::Display for Cmd {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match &self.stdin {
-            None => write!(f, "{}", self.argv.join(" ")),
-            Some(input) => write!(f, "{} <<EOF\n{input}EOF", self.argv.join(" ")),
-        }
-    }
-}
 
 /// Both ends of an epair as `ifconfig epair create` named them.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -237,13 +209,5 @@ mod tests {
         assert!(parse_epair("epair12b\n").is_err());
         assert!(parse_epair("epaira\n").is_err());
         assert!(parse_epair("bridge0\n").is_err());
-    }
-
-    #[test]
-    fn commands_render_with_their_input() {
-        assert_eq!(
-            Cmd::new(&["/sbin/pfctl", "-a", "x", "-f", "-"]).stdin("pass\n".into()).to_string(),
-            "/sbin/pfctl -a x -f - <<EOF\npass\nEOF"
-        );
     }
 }
