@@ -2,8 +2,8 @@
 //!
 //! Platform-neutral, at the top: the egress [`Policy`] model, built from
 //! E2B's inputs ([`policy`], its host names resolved by [`dns`]); the
-//! and the network of one gateway ([`net`]: bridge, subnet, host interface
-//! names, the address pool).
+//! network of one gateway ([`net`]: bridge, subnet, host interface names);
+//! and which address each sandbox gets ([`addresses`]).
 //!
 //! One folder per backend, each a pure renderer of the policy (text and
 //! command lines only, golden-tested on Linux) and an executor that
@@ -17,6 +17,7 @@
 //!
 //! Nothing here knows the E2B wire format or the gateway.
 
+pub mod addresses;
 pub mod dns;
 pub mod freebsd;
 pub mod linux;
@@ -29,5 +30,6 @@ mod process;
 #[cfg(test)]
 mod golden;
 
-pub use net::{AddressPool, Attachment, NetConfig, SandboxNetwork};
+pub use addresses::{AddressPool, SubnetFull};
+pub use net::{Attachment, NetConfig, SandboxNetwork};
 pub use policy::{Policy, PolicyError, ResolvedPolicy, Target};

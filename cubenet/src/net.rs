@@ -1,11 +1,14 @@
-//! The sandbox network of one gateway: a bridge, a subnet, and the address
-//! and host-side interface each sandbox gets on it.
+//! The sandbox network of one gateway: a bridge, a subnet, and the
+//! host-side interface each sandbox gets on it (which address it gets is
+//! [`crate::addresses`]'s business).
 
-use std::collections::BTreeSet;
 use std::net::Ipv4Addr;
 
 use ipnet::Ipv4Net;
 use serde::{Deserialize, Serialize};
+
+use crate::addresses;
+use crate::policy::Policy;
 
 pub const DEFAULT_BRIDGE: &str = "copse0";
 pub const DEFAULT_SUBNET: &str = "10.88.0.0/16";
@@ -49,7 +52,7 @@ impl NetConfig {
 
     /// The host's address on the bridge: the sandboxes' default route.
     pub fn gateway(&self) -> Ipv4Addr {
-        self.nth(1)
+        addresses::gateway(self.subnet)
     }
 
     /// Name of the nftables table (Linux) holding every rule of this network.
@@ -77,8 +80,7 @@ impl NetConfig {
         }
         let index = u32::from_str_radix(&name[self.bridge.len() + 1..], 16).ok()?;
         let address = Ipv4Addr::from(u32::from(self.subnet.network()).checked_add(index)?);
-        let host = address > self.gateway() && address < self.subnet.broadcast();
-        host.then_some(address)
+        addresses::is_sandbox_address(self.subnet, address).then_some(address)
     }
 
     pub fn attachment(&self, id: &str, address: Ipv4Addr) -> Attachment {
@@ -88,10 +90,6 @@ impl NetConfig {
     fn index(&self, address: Ipv4Addr) -> u32 {
         u32::from(address) - u32::from(self.subnet.network())
     }
-
-    fn nth(&self, index: u32) -> Ipv4Addr {
-        Ipv4Addr::from(u32::from(self.subnet.network()) + index)
-    }
 }
 
 /// What a substrate needs to put a sandbox on the network: the address the
@@ -99,7 +97,7 @@ impl NetConfig {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SandboxNetwork {
     pub address: Ipv4Addr,
-    pub policy: crate::Policy,
+    pub policy: Policy,
 }
 
 /// One sandbox on the network.
@@ -109,46 +107,6 @@ pub struct Attachment {
     pub address: Ipv4Addr,
     /// Host end of the sandbox's veth (Linux) or epair (FreeBSD).
     pub host_if: String,
-}
-
-/// Addresses handed to sandboxes: every host address of the subnet but the
-/// gateway's, the first free one after the last handed out (wrapping), so
-/// an address comes back only after the rest of the subnet: the veth of a
-/// killed sandbox, named after its address, is deleted by the kernel some
-/// time after the kill, and its successor would otherwise wait for it.
-#[derive(Debug)]
-pub struct AddressPool {
-    config: NetConfig,
-    used: BTreeSet<Ipv4Addr>,
-    last: Option<Ipv4Addr>,
-}
-
-impl AddressPool {
-    pub fn new(config: NetConfig) -> Self {
-        Self { config, used: BTreeSet::new(), last: None }
-    }
-
-    /// Records an address already in use (a sandbox re-adopted after a
-    /// restart). Addresses outside the subnet are ignored.
-    pub fn mark_used(&mut self, address: Ipv4Addr) {
-        if self.config.subnet.contains(&address) {
-            self.used.insert(address);
-        }
-    }
-
-    pub fn take(&mut self) -> Option<Ipv4Addr> {
-        let first = u32::from(self.config.gateway()) + 1;
-        let last = u32::from(self.config.subnet.broadcast());
-        let start = self.last.map_or(first, |a| u32::from(a) + 1).clamp(first, last);
-        let free = (start..last).chain(first..start).map(Ipv4Addr::from).find(|a| !self.used.contains(a))?;
-        self.used.insert(free);
-        self.last = Some(free);
-        Some(free)
-    }
-
-    pub fn release(&mut self, address: Ipv4Addr) {
-        self.used.remove(&address);
-    }
 }
 
 #[cfg(test)]
@@ -179,28 +137,5 @@ mod tests {
         assert!(NetConfig::new("copse0", "10.0.0.0/8").is_err());
         assert!(NetConfig::new("copse 0", "10.88.0.0/16").is_err());
         assert_eq!(NetConfig::new("t1", "10.89.3.4/24").unwrap().subnet.to_string(), "10.89.3.0/24");
-    }
-
-    #[test]
-    fn pool_skips_network_gateway_and_broadcast_and_reuses_released_when_full() {
-        let mut pool = AddressPool::new(NetConfig::new("t", "10.9.0.0/29").unwrap());
-        pool.mark_used("10.9.0.3".parse().unwrap());
-        let got: Vec<Ipv4Addr> = std::iter::from_fn(|| pool.take()).collect();
-        let want: Vec<Ipv4Addr> =
-            ["10.9.0.2", "10.9.0.4", "10.9.0.5", "10.9.0.6"].iter().map(|s| s.parse().unwrap()).collect();
-        assert_eq!(got, want);
-        pool.release("10.9.0.4".parse().unwrap());
-        assert_eq!(pool.take(), Some("10.9.0.4".parse().unwrap()));
-    }
-
-    #[test]
-    fn pool_hands_out_released_addresses_last() {
-        let mut pool = AddressPool::new(NetConfig::new("t", "10.9.0.0/29").unwrap());
-        let a = pool.take().unwrap();
-        pool.release(a);
-        assert_eq!(pool.take(), Some("10.9.0.3".parse().unwrap()));
-        let _ = std::iter::from_fn(|| pool.take()).count();
-        pool.release(a);
-        assert_eq!(pool.take(), Some(a));
     }
 }

@@ -1,9 +1,10 @@
-//! Sandbox addresses and egress policies, in the gateway's terms: which
-//! address each sandbox holds (persisted with its record, so a restarted
-//! gateway knows them), and E2B's network inputs turned into a
-//! [`Policy`]. The substrate does the rest.
+//! Sandbox addresses and egress policies, in the gateway's terms: the
+//! address pool of the gateway's network, if it has one (cubenet's
+//! [`AddressPool`] decides which address a sandbox gets; the gateway
+//! persists it with the sandbox's record, so a restarted gateway hands the
+//! pool back what its sandboxes hold), and E2B's network inputs turned
+//! into a [`Policy`]. The substrate does the rest.
 
-use std::collections::HashMap;
 use std::net::Ipv4Addr;
 use std::sync::Mutex;
 
@@ -33,43 +34,39 @@ impl NetworkRequest {
     }
 }
 
-/// Which sandbox holds which address. Without a network, nobody gets one.
+/// The address pool of the gateway's network, shared by its requests.
+/// Without a network, nobody gets an address.
 pub struct Addresses {
-    inner: Mutex<Option<(AddressPool, HashMap<String, Ipv4Addr>)>>,
+    pool: Mutex<Option<AddressPool>>,
 }
 
 impl Addresses {
     pub fn new(config: Option<&NetConfig>) -> Self {
-        Self { inner: Mutex::new(config.map(|c| (AddressPool::new(c.clone()), HashMap::new()))) }
+        Self { pool: Mutex::new(config.map(|c| AddressPool::new(c.subnet))) }
     }
 
     /// A free address for sandbox `id`; `None` when there is no network.
     pub fn take(&self, id: &str) -> Result<Option<Ipv4Addr>, SandboxError> {
-        let mut inner = self.lock();
-        let Some((pool, held)) = inner.as_mut() else { return Ok(None) };
-        let address = pool.take().ok_or_else(|| anyhow::anyhow!("the sandbox subnet has no free address left"))?;
-        held.insert(id.to_string(), address);
-        Ok(Some(address))
+        let mut pool = self.lock();
+        let Some(pool) = pool.as_mut() else { return Ok(None) };
+        Ok(Some(pool.take(id).map_err(anyhow::Error::from)?))
     }
 
     /// Records the address of a sandbox re-adopted after a restart.
     pub fn hold(&self, id: &str, address: Ipv4Addr) {
-        if let Some((pool, held)) = self.lock().as_mut() {
-            pool.mark_used(address);
-            held.insert(id.to_string(), address);
+        if let Some(pool) = self.lock().as_mut() {
+            pool.hold(id, address);
         }
     }
 
     pub fn release(&self, id: &str) {
-        if let Some((pool, held)) = self.lock().as_mut()
-            && let Some(address) = held.remove(id)
-        {
-            pool.release(address);
+        if let Some(pool) = self.lock().as_mut() {
+            pool.release(id);
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Option<(AddressPool, HashMap<String, Ipv4Addr>)>> {
-        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<AddressPool>> {
+        self.pool.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
@@ -77,20 +74,18 @@ impl Addresses {
 mod tests {
     use super::*;
 
+    /// Which address comes next is cubenet's (see its `addresses` tests);
+    /// the gateway adds only "no network, no address" and the error kind.
     #[test]
-    fn addresses_are_unique_and_come_back_on_release() {
-        let addresses = Addresses::new(Some(&NetConfig::new("t", "10.9.0.0/29").unwrap()));
-        let a = addresses.take("a").unwrap().unwrap();
-        addresses.hold("b", "10.9.0.3".parse().unwrap());
-        let c = addresses.take("c").unwrap().unwrap();
-        assert_eq!((a.to_string(), c.to_string()), ("10.9.0.2".into(), "10.9.0.4".into()));
-        addresses.release("a");
-        // Handed out round-robin: a released address comes back only after
-        // the rest of the subnet (so a dying veth is rarely met again).
-        let next: Vec<String> = ["d", "e"].iter().map(|id| addresses.take(id).unwrap().unwrap().to_string()).collect();
-        assert_eq!(next, ["10.9.0.5", "10.9.0.6"]);
-        assert_eq!(addresses.take("f").unwrap(), Some(a));
+    fn addresses_come_from_the_network_if_there_is_one() {
         assert_eq!(Addresses::new(None).take("x").unwrap(), None);
+        let addresses = Addresses::new(Some(&NetConfig::new("t", "10.9.0.0/29").unwrap()));
+        addresses.hold("a", "10.9.0.2".parse().unwrap());
+        let taken: Vec<String> = ["b", "c", "d", "e"].map(|id| addresses.take(id).unwrap().unwrap().to_string()).into();
+        assert_eq!(taken, ["10.9.0.3", "10.9.0.4", "10.9.0.5", "10.9.0.6"]);
+        assert!(matches!(addresses.take("f"), Err(SandboxError::Internal(_))), "the subnet is full");
+        addresses.release("a");
+        assert_eq!(addresses.take("f").unwrap(), Some("10.9.0.2".parse().unwrap()));
     }
 
     #[test]
