@@ -1,6 +1,13 @@
 //! Creating a sandbox: from a snapshot, from a warm pool, or booted for
-//! the caller; then the caller's egress policy, and the hand-over to the
-//! agent (its token and environment) that makes the sandbox theirs.
+//! the caller; then the hand-over to the agent (its token and environment)
+//! that makes the sandbox theirs.
+//!
+//! The caller's egress policy is part of the boot: the substrate attaches
+//! the sandbox's network under it in one step, before any process of the
+//! sandbox (the template's service among them) starts. Only a pooled
+//! sandbox, booted before anyone asked, gets its policy afterwards — and
+//! one whose service already runs goes only to a caller who asked for the
+//! policy it was booted under (see `pools.rs`).
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -37,6 +44,23 @@ pub struct Timings {
     pub handover: Duration,
 }
 
+/// The network a booting sandbox is attached to.
+pub(super) enum Network {
+    /// The address and policy it already holds (a resume from files, a
+    /// rollback).
+    Kept(SandboxNetwork),
+    /// A new address, under this policy from the first packet.
+    New(Policy),
+}
+
+impl Network {
+    /// What a sandbox record holds; a record without a network (none was
+    /// configured when it was made) gets a new address, open as before.
+    pub(super) fn kept(network: Option<SandboxNetwork>) -> Self {
+        network.map_or_else(|| Network::New(Policy::open()), Network::Kept)
+    }
+}
+
 impl Sandboxes {
     pub async fn create(&self, request: CreateRequest) -> Result<(SandboxRecord, Timings)> {
         let timeout = validate_timeout(request.timeout_s.unwrap_or(DEFAULT_TIMEOUT_S))?;
@@ -47,11 +71,12 @@ impl Sandboxes {
         let booted = if let Some(snapshot) = self.store.snapshot(&request.template)? {
             template = snapshot.template.clone();
             agent_token = snapshot.agent_token.clone();
-            self.boot_from(new_id(), &snapshot.template, Some(snapshot.key), None, snapshot.memory).await?
+            let network = Network::New(policy.clone());
+            self.boot_from(new_id(), &snapshot.template, Some(snapshot.key), network, snapshot.memory).await?
         } else {
-            match self.take_pooled(&request.template).await {
+            match self.take_pooled(&request.template, &policy).await {
                 Some(booted) => booted,
-                None => self.boot(&request.template).await?,
+                None => self.boot(&request.template, &policy).await?,
             }
         };
         let boot = started.elapsed();
@@ -90,14 +115,15 @@ impl Sandboxes {
         Ok((record, Timings { boot, handover: started.elapsed() - boot }))
     }
 
-    /// A new sandbox of `template`, booted and its service started.
-    pub(super) async fn boot(&self, template: &str) -> Result<Booted> {
+    /// A new sandbox of `template` under `policy`, booted and its service
+    /// started.
+    pub(super) async fn boot(&self, template: &str, policy: &Policy) -> Result<Booted> {
         self.check_template(template).await?;
-        self.boot_from(new_id(), template, None, None, false).await
+        self.boot_from(new_id(), template, None, Network::New(policy.clone()), false).await
     }
 
-    /// Booted sandboxes (pooled ones included) start with an open policy;
-    /// this applies the caller's before the sandbox is handed out.
+    /// Gives a booted sandbox the caller's policy if it was booted under
+    /// another (a pooled one); otherwise nothing to do.
     pub(super) async fn with_policy(
         &self,
         id: &str,
@@ -113,23 +139,22 @@ impl Sandboxes {
         }
     }
 
-    /// Boots sandbox `id` (from a snapshot's files if given) and starts its
-    /// template's service; on failure nothing of it is left. `network`: the
-    /// address (and policy) it keeps; without one it gets a new address and
-    /// an open policy. `restored`: the snapshot holds memory, so its
-    /// processes (the service among them) are restored, not started.
+    /// Boots sandbox `id` (from a snapshot's files if given) on `network`,
+    /// then starts its template's service; on failure nothing of it is
+    /// left. `restored`: the snapshot holds memory, so its processes (the
+    /// service among them) are restored, not started.
     pub(super) async fn boot_from(
         &self,
         id: String,
         template: &str,
         snapshot: Option<String>,
-        network: Option<SandboxNetwork>,
+        network: Network,
         restored: bool,
     ) -> Result<Booted> {
-        let allocated = network.is_none();
+        let allocated = matches!(network, Network::New(_));
         let network = match network {
-            Some(network) => Some(network),
-            None => self.addresses.take(&id)?.map(|address| SandboxNetwork { address, policy: Policy::open() }),
+            Network::Kept(network) => Some(network),
+            Network::New(policy) => self.addresses.take(&id)?.map(|address| SandboxNetwork { address, policy }),
         };
         let release = |id: &str| {
             if allocated {

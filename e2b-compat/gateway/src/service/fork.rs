@@ -6,9 +6,11 @@
 //! processes. What is new: id, hostname (the id), access token, address,
 //! cgroup, and lifetime (the fork request's timeout). See docs/lifecycle.md.
 
+use copse_jails::Policy;
 use futures::future::join_all;
 
 use super::Sandboxes;
+use super::create::Network;
 use crate::model::{
     Result, SandboxError, SandboxRecord, State, new_id, new_token, now_ms, snapshot_key, validate_timeout,
 };
@@ -59,16 +61,11 @@ impl Sandboxes {
     }
 
     async fn child_of(&self, source: &SandboxRecord, key: &str, timeout_s: i64, memory: bool) -> Result<SandboxRecord> {
-        let booted = self.boot_from(new_id(), &source.template, Some(key.to_string()), None, memory).await?;
-        // A child gets its own address, under its source's policy.
-        let policy = source.network.as_ref().map(|n| n.policy.clone()).unwrap_or_else(copse_jails::Policy::open);
-        let network = match self.with_policy(&booted.id, booted.network.clone(), &policy).await {
-            Ok(network) => network,
-            Err(e) => {
-                self.discard(&booted.id).await;
-                return Err(e);
-            }
-        };
+        // A child gets its own address, under its source's policy from its
+        // first packet.
+        let policy = source.network.as_ref().map(|n| n.policy.clone()).unwrap_or_else(Policy::open);
+        let booted =
+            self.boot_from(new_id(), &source.template, Some(key.to_string()), Network::New(policy), memory).await?;
         let now = now_ms();
         let record = SandboxRecord {
             id: booted.id,
@@ -79,7 +76,7 @@ impl Sandboxes {
             paused: None,
             placement: booted.placement,
             agent_socket: booted.agent_socket,
-            network,
+            network: booted.network,
             ..source.clone()
         };
         let agent_token = memory.then_some(source.access_token.as_str());

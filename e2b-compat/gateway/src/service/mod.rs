@@ -20,6 +20,9 @@ mod rollback;
 mod snapshot;
 mod transitions;
 
+#[cfg(test)]
+mod tests;
+
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

@@ -3,6 +3,7 @@
 //! addressed to it.
 
 use super::Sandboxes;
+use super::create::Network;
 use crate::model::{Paused, Result, SandboxError, SandboxRecord, State, now_ms, snapshot_key, validate_timeout};
 
 /// How `connect` found the sandbox: E2B answers 200 and 201 respectively.
@@ -95,7 +96,13 @@ impl Sandboxes {
     /// snapshot `key` (then dropped), and hands it back to its owner.
     async fn reboot_from(&self, mut record: SandboxRecord, key: &str) -> Result<SandboxRecord> {
         let booted = self
-            .boot_from(record.id.clone(), &record.template, Some(key.to_string()), record.network.clone(), false)
+            .boot_from(
+                record.id.clone(),
+                &record.template,
+                Some(key.to_string()),
+                Network::kept(record.network.clone()),
+                false,
+            )
             .await?;
         record.placement = booted.placement;
         if let Err(e) = self.hand_over(&record, None).await {
