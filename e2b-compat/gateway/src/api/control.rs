@@ -77,10 +77,7 @@ pub async fn resume(
     body: Option<Json<wire::ConnectBody>>,
 ) -> ApiResult<Response> {
     let body = body.map(|Json(b)| b).unwrap_or_default();
-    if svc.get(&id)?.paused.is_none() {
-        return Err(ApiError::new(StatusCode::CONFLICT, format!("sandbox {id} is not paused")));
-    }
-    let (record, _) = svc.connect(&id, body.timeout, body.memory).await?;
+    let record = svc.resume(&id, body.timeout, body.memory).await?;
     Ok((StatusCode::CREATED, Json(sandbox(&record, &exposure))).into_response())
 }
 

@@ -77,6 +77,14 @@ impl Sandboxes {
         Ok((record, Connected::Resumed))
     }
 
+    /// E2B's pre-connect resume: only a paused sandbox may be resumed.
+    pub async fn resume(&self, id: &str, timeout_s: Option<i64>, memory: Option<bool>) -> Result<SandboxRecord> {
+        if self.get(id)?.paused.is_none() {
+            return Err(SandboxError::Conflict(format!("sandbox {id} is not paused")));
+        }
+        Ok(self.connect(id, timeout_s, memory).await?.0)
+    }
+
     /// Resumes a paused sandbox for traffic addressed to it, if it asked for
     /// that at create; otherwise says it is paused.
     pub async fn resume_for_traffic(&self, record: SandboxRecord) -> Result<SandboxRecord> {
