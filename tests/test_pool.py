@@ -80,6 +80,33 @@ def test_code_interpreter_sandboxes_come_from_the_pool_with_a_warm_kernel(gatewa
         assert sbx.sandbox_id not in refilled
 
 
+@pytest.mark.timeout(400, func_only=True)
+def test_an_air_gapped_caller_never_gets_a_kernel_that_started_with_open_egress(gateway):
+    """A pooled code-interpreter sandbox started its kernel under open
+    egress (what an empty create asks for). A caller asking for less gets a
+    sandbox booted under their policy, its kernel started after the policy
+    was in place; the pooled one waits for a caller it suits."""
+    from e2b_code_interpreter import Sandbox as CodeSandbox
+
+    with restarted_with_pools(gateway, "code-interpreter-v1=1"):
+        pooled = wait_for_pool(gateway, 1)
+
+        asked_at = time.time()
+        sbx = CodeSandbox.create(timeout=120, allow_internet_access=False)
+        try:
+            assert sbx.sandbox_id not in pooled
+            assert not sbx.get_info().allow_internet_access
+            # The kernel process started after the caller asked.
+            kernel_age = sbx.run_code("import os, time; time.time() - os.stat(f'/proc/{os.getpid()}').st_ctime")
+            assert kernel_age.error is None
+            assert float(kernel_age.text) < time.time() - asked_at
+            assert sbx.run_code("1+1").text == "2"
+        finally:
+            sbx.kill()
+
+        assert wait_for_pool(gateway, 1) == pooled
+
+
 @pytest.mark.timeout(300, func_only=True)
 def test_stopping_while_the_pool_boots_leaves_nothing_behind(gateway):
     with restarted_with_pools(gateway, "code-interpreter-v1=2"):

@@ -498,6 +498,11 @@ impl<H: Host> Substrate for BhyveSubstrate<H> {
 
     fn create(&self, spec: &SandboxSpec) -> anyhow::Result<Placement> {
         validate_name(&spec.id).map_err(|e| anyhow!(e))?;
+        // The guests sit on the pool's own network, where no egress policy
+        // is enforced: a sandbox asking for one is refused, never left open.
+        if spec.network.as_ref().is_some_and(|n| n.policy != copse_jails::Policy::open()) {
+            bail!("sandbox {}: the bhyve backend cannot restrict egress; create it with open internet access", spec.id);
+        }
         let mut state = self.lock();
         if state.saved.sandboxes.contains_key(&spec.id) {
             bail!("bhyve sandbox {} exists", spec.id);

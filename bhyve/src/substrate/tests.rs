@@ -251,3 +251,17 @@ fn lifecycle_over_the_pool() {
     assert!(!dir.path().join("sb1.sock").exists());
     assert!(!s2.is_alive("sb1", &rolled));
 }
+
+#[test]
+fn a_sandbox_asking_for_an_egress_policy_is_refused_before_anything_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = substrate(dir.path());
+    std::fs::write(dir.path().join("bhyve/images/vm.img"), b"disk").unwrap();
+    s.ensure_template(&recipe(), &|_| {}).unwrap();
+    take(&s);
+    let closed = copse_jails::Policy::from_e2b(Some(false), &[], &[], None).unwrap();
+    let network = copse_jails::SandboxNetwork { address: "10.9.0.2".parse().unwrap(), policy: closed };
+    let err = s.create(&SandboxSpec { network: Some(network), ..spec(dir.path(), "sb1", None) }).unwrap_err();
+    assert!(err.to_string().contains("cannot restrict egress"), "{err:#}");
+    assert!(take(&s).is_empty());
+}

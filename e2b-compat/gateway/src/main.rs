@@ -207,13 +207,14 @@ fn main() -> anyhow::Result<()> {
         Command::Ls { remote } => client::ls(&remote.api_url, &api_key(&remote)?),
         Command::Kill { id, remote } => client::kill(&remote.api_url, &api_key(&remote)?, &id),
         Command::Version => {
-            println!("copse {} (envd {})", env!("CARGO_PKG_VERSION"), copse_gateway::sandboxes::ENVD_VERSION);
+            println!("copse {} (envd {})", env!("CARGO_PKG_VERSION"), copse_gateway::model::ENVD_VERSION);
             Ok(())
         }
     }
 }
 
 fn snapshot(command: SnapshotCommand) -> anyhow::Result<()> {
+    use copse_gateway::model::Store;
     use copse_gateway::snapshot_file;
     use std::io::{BufReader, BufWriter};
     let open = |paths: Paths| -> anyhow::Result<_> {

@@ -11,7 +11,7 @@ use std::sync::Mutex;
 use copse_cubenet::AddressPool;
 use copse_jails::{NetConfig, Policy};
 
-use crate::sandboxes::SandboxError;
+use crate::model::SandboxError;
 
 /// E2B's network inputs, as the create and update bodies carry them.
 #[derive(Debug, Default, Clone)]

@@ -12,18 +12,18 @@ use axum::serve::ListenerExt;
 use crate::api::{self, Exposure, Keys};
 use crate::config::{self, Config};
 use crate::progress::Reporter;
-use crate::sandboxes::Sandboxes;
-use crate::store::Store;
-use crate::tls;
+use crate::service::Sandboxes;
+use crate::store::SqliteStore;
+use crate::{reaper, tls};
 
 pub fn open_substrate(config: &Config) -> anyhow::Result<Arc<dyn Substrate>> {
     std::fs::create_dir_all(&config.data_dir).with_context(|| format!("creating {}", config.data_dir.display()))?;
     Ok(Arc::from(copse_host::host_substrate(&config.data_dir, &config.agent_binary, config.network.as_ref())?))
 }
 
-pub fn open_store(config: &Config) -> anyhow::Result<Store> {
+pub fn open_store(config: &Config) -> anyhow::Result<SqliteStore> {
     std::fs::create_dir_all(&config.data_dir)?;
-    Store::open(&config.database())
+    SqliteStore::open(&config.database())
 }
 
 pub fn default_recipes() -> Vec<Recipe> {
@@ -81,13 +81,14 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     }
     let store = open_store(&config)?;
     let svc = Arc::new(
-        Sandboxes::new(substrate.clone(), store, config.run_dir(), &config.pools).with_network(config.network.as_ref()),
+        Sandboxes::new(substrate.clone(), Box::new(store), config.run_dir(), &config.pools)
+            .with_network(config.network.as_ref()),
     );
     let recovery = svc.recover().await?;
     if !recovery.adopted.is_empty() || !recovery.removed.is_empty() {
         tracing::info!(adopted = ?recovery.adopted, removed = ?recovery.removed, "recovered sandboxes from the previous run");
     }
-    let reaper = svc.spawn_reaper();
+    let reaper = reaper::spawn(&svc);
     let pools = svc.spawn_pools();
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
@@ -111,8 +112,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             if !keep_sandboxes {
                 kill_all(&svc).await;
             }
-            let substrate = svc.substrate().clone();
-            let _ = tokio::task::spawn_blocking(move || substrate.settle()).await;
+            svc.settle().await;
         }
     };
     let server = async move {

@@ -7,12 +7,11 @@ use std::io::{BufRead, Read, Write};
 use anyhow::{Context, bail};
 use copse_jails::Substrate;
 
-use crate::sandboxes::{SnapshotRecord, new_id, now_ms};
-use crate::store::Store;
+use crate::model::{SnapshotRecord, Store, now_ms, snapshot_key};
 
 const MAGIC: &str = "copse-snapshot 1";
 
-pub fn export(store: &Store, substrate: &dyn Substrate, id: &str, out: &mut dyn Write) -> anyhow::Result<()> {
+pub fn export(store: &dyn Store, substrate: &dyn Substrate, id: &str, out: &mut dyn Write) -> anyhow::Result<()> {
     let record = store.snapshot(id)?.with_context(|| format!("snapshot {id} not found"))?;
     writeln!(out, "{MAGIC}")?;
     writeln!(out, "{}", serde_json::to_string(&record)?)?;
@@ -24,7 +23,7 @@ pub fn export(store: &Store, substrate: &dyn Substrate, id: &str, out: &mut dyn 
 /// Reads an export; the snapshot keeps its name unless `name` is given. An
 /// existing snapshot of that name is refused, not overwritten.
 pub fn import(
-    store: &Store,
+    store: &dyn Store,
     substrate: &dyn Substrate,
     input: &mut dyn BufRead,
     name: Option<String>,
@@ -47,7 +46,7 @@ pub fn import(
     if !substrate.templates()?.iter().any(|t| t.name == record.template) {
         bail!("snapshot {} needs template {}, which is not built on this host", record.id, record.template);
     }
-    record.key = format!("snap-{}", new_id());
+    record.key = snapshot_key();
     let mut rest: Box<dyn Read + '_> = Box::new(input);
     let info = substrate.import_snapshot(&record.key, &mut rest)?;
     record.size_bytes = info.size_bytes;

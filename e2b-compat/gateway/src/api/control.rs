@@ -13,9 +13,9 @@ use time::format_description::well_known::Rfc3339;
 use super::error::ApiError;
 use super::host_routing::Exposure;
 use super::wire;
-use crate::lifecycle::{self, Connected};
+use crate::model::{self, SandboxRecord, SnapshotRecord};
 use crate::network::NetworkRequest;
-use crate::sandboxes::{self, CreateRequest, ListFilter, SandboxRecord, Sandboxes, SnapshotRecord};
+use crate::service::{self, Connected, CreateRequest, ListFilter, Sandboxes};
 
 pub type Service = Arc<Sandboxes>;
 type ApiResult<T> = Result<T, ApiError>;
@@ -77,10 +77,7 @@ pub async fn resume(
     body: Option<Json<wire::ConnectBody>>,
 ) -> ApiResult<Response> {
     let body = body.map(|Json(b)| b).unwrap_or_default();
-    if svc.get(&id)?.paused.is_none() {
-        return Err(ApiError::new(StatusCode::CONFLICT, format!("sandbox {id} is not paused")));
-    }
-    let (record, _) = svc.connect(&id, body.timeout, body.memory).await?;
+    let record = svc.resume(&id, body.timeout, body.memory).await?;
     Ok((StatusCode::CREATED, Json(sandbox(&record, &exposure))).into_response())
 }
 
@@ -128,7 +125,7 @@ pub async fn fork(
     body: Option<Json<wire::ForkRequest>>,
 ) -> ApiResult<Response> {
     // E2B's API gives forks 15 s unless the request says otherwise.
-    children(svc, &exposure, id, body, lifecycle::MAX_FORKS, 15, true).await
+    children(svc, &exposure, id, body, service::MAX_FORKS, 15, true).await
 }
 
 /// copse's clone (CubeSandbox's name for it): a fork with a larger count.
@@ -138,7 +135,7 @@ pub async fn clone(
     Path(id): Path<String>,
     body: Option<Json<wire::ForkRequest>>,
 ) -> ApiResult<Response> {
-    children(svc, &exposure, id, body, lifecycle::MAX_CLONES, sandboxes::DEFAULT_TIMEOUT_S, false).await
+    children(svc, &exposure, id, body, service::MAX_CLONES, model::DEFAULT_TIMEOUT_S, false).await
 }
 
 async fn children(
@@ -190,8 +187,8 @@ pub async fn list(State(svc): State<Service>, Query(query): Query<wire::ListQuer
     };
     for state in query.state.as_deref().unwrap_or("").split(',').filter(|s| !s.is_empty()) {
         filter.states.push(match state {
-            "running" => sandboxes::State::Running,
-            "paused" => sandboxes::State::Paused,
+            "running" => model::State::Running,
+            "paused" => model::State::Paused,
             other => return Err(ApiError::bad_request(format!("unknown state filter '{other}'"))),
         });
     }
@@ -288,7 +285,7 @@ pub async fn refresh(
     Path(id): Path<String>,
     body: Option<Json<wire::RefreshBody>>,
 ) -> ApiResult<StatusCode> {
-    let duration = body.and_then(|Json(b)| b.duration).unwrap_or(sandboxes::DEFAULT_TIMEOUT_S);
+    let duration = body.and_then(|Json(b)| b.duration).unwrap_or(model::DEFAULT_TIMEOUT_S);
     svc.extend(&id, Some(duration))?;
     Ok(StatusCode::NO_CONTENT)
 }
@@ -310,11 +307,7 @@ pub async fn metrics(State(svc): State<Service>, Path(id): Path<String>) -> ApiR
 }
 
 pub async fn templates(State(svc): State<Service>) -> ApiResult<Json<Vec<wire::Template>>> {
-    let substrate = svc.substrate().clone();
-    let templates = tokio::task::spawn_blocking(move || substrate.templates())
-        .await
-        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?
-        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, format!("{e:#}")))?;
+    let templates = svc.templates().await?;
     Ok(Json(
         templates
             .into_iter()
@@ -351,7 +344,7 @@ fn sandbox(record: &SandboxRecord, exposure: &Exposure) -> wire::Sandbox {
         template_id: record.template.clone(),
         sandbox_id: record.id.clone(),
         client_id: CLIENT_ID.into(),
-        envd_version: sandboxes::ENVD_VERSION.into(),
+        envd_version: model::ENVD_VERSION.into(),
         envd_access_token: record.access_token.clone(),
         traffic_access_token: None,
         domain: exposure.domain.clone(),
@@ -375,10 +368,10 @@ fn listed(record: &SandboxRecord) -> wire::ListedSandbox {
         memory_mb: record.limits.memory_mb,
         disk_size_mb: record.limits.disk_mb,
         state: match record.state {
-            sandboxes::State::Running => "running",
-            sandboxes::State::Paused => "paused",
+            model::State::Running => "running",
+            model::State::Paused => "paused",
         },
-        envd_version: sandboxes::ENVD_VERSION.into(),
+        envd_version: model::ENVD_VERSION.into(),
         metadata: record.metadata.clone(),
     }
 }

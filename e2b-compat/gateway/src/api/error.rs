@@ -6,7 +6,7 @@ use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
-use crate::sandboxes::SandboxError;
+use crate::model::SandboxError;
 
 #[derive(Debug)]
 pub struct ApiError {

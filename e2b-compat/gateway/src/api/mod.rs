@@ -17,7 +17,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post, put};
 use axum::{Extension, Router};
 
-use crate::sandboxes::Sandboxes;
+use crate::service::Sandboxes;
 use error::ApiError;
 pub use host_routing::Exposure;
 

@@ -16,7 +16,8 @@ use axum::response::{IntoResponse, Response};
 use super::error::ApiError;
 use super::host_routing::Exposure;
 use crate::agent_link;
-use crate::sandboxes::{SandboxRecord, Sandboxes};
+use crate::model::SandboxRecord;
+use crate::service::Sandboxes;
 
 pub const SANDBOX_ID_HEADER: &str = "e2b-sandbox-id";
 const SANDBOX_PORT_HEADER: &str = copse_agent::ports::PORT_HEADER;

@@ -1,5 +1,5 @@
-//! Durable sandbox state in SQLite (WAL), so a restarted gateway knows which
-//! sandboxes to re-adopt and which resources to clean.
+//! The [`Store`] in SQLite (WAL): durable sandbox state, so a restarted
+//! gateway knows which sandboxes to re-adopt and which resources to clean.
 //!
 //! Each sandbox is one row: its id, its expiry (indexed for the reaper) and
 //! the whole record as JSON, so new fields need no migration.
@@ -10,13 +10,13 @@ use std::sync::Mutex;
 use anyhow::Context;
 use rusqlite::{Connection, OptionalExtension, params};
 
-use crate::sandboxes::{SandboxRecord, SnapshotRecord};
+use crate::model::{SandboxRecord, SnapshotRecord, Store};
 
-pub struct Store {
+pub struct SqliteStore {
     conn: Mutex<Connection>,
 }
 
-impl Store {
+impl SqliteStore {
     pub fn open(path: &Path) -> anyhow::Result<Self> {
         let conn = Connection::open(path).with_context(|| format!("opening {}", path.display()))?;
         conn.pragma_update(None, "journal_mode", "WAL")?;
@@ -38,7 +38,14 @@ impl Store {
         Ok(Self { conn: Mutex::new(conn) })
     }
 
-    pub fn put(&self, record: &SandboxRecord) -> anyhow::Result<()> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Connection> {
+        // A panic while holding the lock leaves SQLite itself consistent.
+        self.conn.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+impl Store for SqliteStore {
+    fn put(&self, record: &SandboxRecord) -> anyhow::Result<()> {
         let json = serde_json::to_string(record)?;
         self.lock().execute(
             "INSERT INTO sandboxes (id, end_at_ms, record) VALUES (?1, ?2, ?3)
@@ -48,7 +55,7 @@ impl Store {
         Ok(())
     }
 
-    pub fn get(&self, id: &str) -> anyhow::Result<Option<SandboxRecord>> {
+    fn get(&self, id: &str) -> anyhow::Result<Option<SandboxRecord>> {
         let json: Option<String> = self
             .lock()
             .query_row("SELECT record FROM sandboxes WHERE id = ?1", params![id], |row| row.get(0))
@@ -56,26 +63,25 @@ impl Store {
         json.map(|j| serde_json::from_str(&j).context("corrupt sandbox record")).transpose()
     }
 
-    pub fn all(&self) -> anyhow::Result<Vec<SandboxRecord>> {
+    fn all(&self) -> anyhow::Result<Vec<SandboxRecord>> {
         let conn = self.lock();
         let mut stmt = conn.prepare("SELECT record FROM sandboxes ORDER BY id")?;
         let rows = stmt.query_map([], |row| row.get::<_, String>(0))?;
         rows.map(|r| Ok(serde_json::from_str(&r?)?)).collect()
     }
 
-    /// Ids whose expiry is at or before `now_ms`.
-    pub fn expired(&self, now_ms: i64) -> anyhow::Result<Vec<String>> {
+    fn expired(&self, now_ms: i64) -> anyhow::Result<Vec<String>> {
         let conn = self.lock();
         let mut stmt = conn.prepare("SELECT id FROM sandboxes WHERE end_at_ms <= ?1")?;
         let rows = stmt.query_map(params![now_ms], |row| row.get::<_, String>(0))?;
         Ok(rows.collect::<Result<_, _>>()?)
     }
 
-    pub fn remove(&self, id: &str) -> anyhow::Result<bool> {
+    fn remove(&self, id: &str) -> anyhow::Result<bool> {
         Ok(self.lock().execute("DELETE FROM sandboxes WHERE id = ?1", params![id])? > 0)
     }
 
-    pub fn put_snapshot(&self, record: &SnapshotRecord) -> anyhow::Result<()> {
+    fn put_snapshot(&self, record: &SnapshotRecord) -> anyhow::Result<()> {
         let json = serde_json::to_string(record)?;
         self.lock().execute(
             "INSERT INTO snapshots (id, record) VALUES (?1, ?2)
@@ -85,7 +91,7 @@ impl Store {
         Ok(())
     }
 
-    pub fn snapshot(&self, id: &str) -> anyhow::Result<Option<SnapshotRecord>> {
+    fn snapshot(&self, id: &str) -> anyhow::Result<Option<SnapshotRecord>> {
         let json: Option<String> = self
             .lock()
             .query_row("SELECT record FROM snapshots WHERE id = ?1", params![id], |row| row.get(0))
@@ -93,19 +99,14 @@ impl Store {
         json.map(|j| serde_json::from_str(&j).context("corrupt snapshot record")).transpose()
     }
 
-    pub fn snapshots(&self) -> anyhow::Result<Vec<SnapshotRecord>> {
+    fn snapshots(&self) -> anyhow::Result<Vec<SnapshotRecord>> {
         let conn = self.lock();
         let mut stmt = conn.prepare("SELECT record FROM snapshots ORDER BY id")?;
         let rows = stmt.query_map([], |row| row.get::<_, String>(0))?;
         rows.map(|r| Ok(serde_json::from_str(&r?)?)).collect()
     }
 
-    pub fn remove_snapshot(&self, id: &str) -> anyhow::Result<bool> {
+    fn remove_snapshot(&self, id: &str) -> anyhow::Result<bool> {
         Ok(self.lock().execute("DELETE FROM snapshots WHERE id = ?1", params![id])? > 0)
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, Connection> {
-        // A panic while holding the lock leaves SQLite itself consistent.
-        self.conn.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 }

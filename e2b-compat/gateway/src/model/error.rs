@@ -1,0 +1,36 @@
+//! What can go wrong in a service verb, in terms the API maps to E2B's
+//! status codes (see `api/error.rs`).
+
+#[derive(Debug, thiserror::Error)]
+pub enum SandboxError {
+    #[error("sandbox {0} not found")]
+    NotFound(String),
+    #[error("template '{name}' not found; available templates: {available}")]
+    UnknownTemplate { name: String, available: String },
+    #[error("{0}")]
+    Invalid(String),
+    /// The sandbox is not in a state that allows the operation (E2B's 409).
+    #[error("{0}")]
+    Conflict(String),
+    #[error("snapshot {0} not found")]
+    SnapshotNotFound(String),
+    /// This host lacks something the operation needs (E2B's 503); the
+    /// message says what and how to install it.
+    #[error("{0}")]
+    Unavailable(String),
+    #[error(transparent)]
+    Internal(anyhow::Error),
+}
+
+impl From<anyhow::Error> for SandboxError {
+    /// A substrate's "this host lacks X" keeps its kind; anything else is a
+    /// fault.
+    fn from(err: anyhow::Error) -> Self {
+        match copse_jails::SubstrateError::find(&err) {
+            Some(copse_jails::SubstrateError::Unavailable(what)) => SandboxError::Unavailable(what.clone()),
+            None => SandboxError::Internal(err),
+        }
+    }
+}
+
+pub type Result<T> = std::result::Result<T, SandboxError>;

@@ -1,0 +1,22 @@
+//! The gateway's model: the records it keeps (sandboxes, snapshots), their
+//! states and rules, id and clock helpers, the error every service verb
+//! answers with, and the [`Store`] trait that persists the records.
+//!
+//! It depends on nothing else in this crate (only on the substrate's plain
+//! types such as `Limits` and `SandboxNetwork`), so the service, the API and
+//! every store implementation can use it without a cycle. A new kind of
+//! record is a new file here and a few methods on [`Store`].
+
+mod clock;
+mod error;
+mod ids;
+mod sandbox;
+mod snapshot;
+mod store;
+
+pub use clock::now_ms;
+pub use error::{Result, SandboxError};
+pub use ids::{new_id, new_token, snapshot_key};
+pub use sandbox::{DEFAULT_TIMEOUT_S, ENVD_VERSION, MAX_TIMEOUT_S, Paused, SandboxRecord, State, validate_timeout};
+pub use snapshot::{SnapshotRecord, validate_snapshot_name};
+pub use store::Store;

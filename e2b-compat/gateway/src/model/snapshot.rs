@@ -1,0 +1,54 @@
+//! A snapshot as the API knows it, and the names a caller may give one.
+
+use serde::{Deserialize, Serialize};
+
+use super::error::{Result, SandboxError};
+
+/// The public id and names the SDK sees, and the substrate's own key for
+/// the snapshot's files.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SnapshotRecord {
+    pub id: String,
+    pub names: Vec<String>,
+    pub key: String,
+    pub template: String,
+    pub source_sandbox: String,
+    pub created_at_ms: i64,
+    pub size_bytes: u64,
+    /// It holds memory and processes ("full" in E2B's terms).
+    #[serde(default)]
+    pub memory: bool,
+    /// The access token the checkpointed agent demands, so a sandbox
+    /// restored from it can be handed its own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_token: Option<String>,
+}
+
+/// Public snapshot names may carry E2B's `namespace/alias:tag` shape.
+pub fn validate_snapshot_name(name: &str) -> Result<()> {
+    let ok = !name.is_empty()
+        && name.len() <= 128
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || "-_./:".contains(c))
+        && !name.contains("..");
+    if ok {
+        Ok(())
+    } else {
+        Err(SandboxError::Invalid(format!(
+            "invalid snapshot name {name:?}: use letters, digits and - _ . / : (at most 128)"
+        )))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn snapshot_names_take_e2b_shapes_and_refuse_paths() {
+        assert!(validate_snapshot_name("team/my-snap:default").is_ok());
+        assert!(validate_snapshot_name("plain_name.v2").is_ok());
+        assert!(validate_snapshot_name("../etc").is_err());
+        assert!(validate_snapshot_name("").is_err());
+        assert!(validate_snapshot_name("a b").is_err());
+    }
+}

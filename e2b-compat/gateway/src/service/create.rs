@@ -1,0 +1,212 @@
+//! Creating a sandbox: from a snapshot, from a warm pool, or booted for
+//! the caller; then the hand-over to the agent (its token and environment)
+//! that makes the sandbox theirs.
+//!
+//! The caller's egress policy is part of the boot: the substrate attaches
+//! the sandbox's network under it in one step, before any process of the
+//! sandbox (the template's service among them) starts. Only a pooled
+//! sandbox, booted before anyone asked, gets its policy afterwards — and
+//! one whose service already runs goes only to a caller who asked for the
+//! policy it was booted under (see `pools.rs`).
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use copse_jails::{Policy, SandboxNetwork};
+
+use super::Sandboxes;
+use crate::model::{
+    DEFAULT_TIMEOUT_S, Result, SandboxError, SandboxRecord, State, new_id, new_token, now_ms, validate_timeout,
+};
+use crate::network::NetworkRequest;
+use crate::pool::Booted;
+use crate::{agent_link, services, templates};
+
+#[derive(Debug, Default)]
+pub struct CreateRequest {
+    pub template: String,
+    pub timeout_s: Option<i64>,
+    pub metadata: HashMap<String, String>,
+    pub env_vars: HashMap<String, String>,
+    pub network: NetworkRequest,
+    pub auto_pause: bool,
+    pub auto_pause_memory: bool,
+    pub auto_resume: bool,
+}
+
+/// Where a create spent its time, for the `Server-Timing` header.
+#[derive(Debug, Clone, Copy)]
+pub struct Timings {
+    /// Booting a sandbox (near zero when the warm pool had one).
+    pub boot: Duration,
+    /// Handing it to the caller: the agent's `/init` and the database row.
+    pub handover: Duration,
+}
+
+/// The network a booting sandbox is attached to.
+pub(super) enum Network {
+    /// The address and policy it already holds (a resume from files, a
+    /// rollback).
+    Kept(SandboxNetwork),
+    /// A new address, under this policy from the first packet.
+    New(Policy),
+}
+
+impl Network {
+    /// What a sandbox record holds; a record without a network (none was
+    /// configured when it was made) gets a new address, open as before.
+    pub(super) fn kept(network: Option<SandboxNetwork>) -> Self {
+        network.map_or_else(|| Network::New(Policy::open()), Network::Kept)
+    }
+}
+
+impl Sandboxes {
+    pub async fn create(&self, request: CreateRequest) -> Result<(SandboxRecord, Timings)> {
+        let timeout = validate_timeout(request.timeout_s.unwrap_or(DEFAULT_TIMEOUT_S))?;
+        let policy = request.network.policy()?;
+        let started = Instant::now();
+        let mut template = request.template.clone();
+        let mut agent_token = None;
+        let booted = if let Some(snapshot) = self.store.snapshot(&request.template)? {
+            template = snapshot.template.clone();
+            agent_token = snapshot.agent_token.clone();
+            let network = Network::New(policy.clone());
+            self.boot_from(new_id(), &snapshot.template, Some(snapshot.key), network, snapshot.memory).await?
+        } else {
+            match self.take_pooled(&request.template, &policy).await {
+                Some(booted) => booted,
+                None => self.boot(&request.template, &policy).await?,
+            }
+        };
+        let boot = started.elapsed();
+        let Booted { id, placement, agent_socket, network } = booted;
+        let network = match self.with_policy(&id, network, &policy).await {
+            Ok(network) => network,
+            Err(e) => {
+                self.discard(&id).await;
+                return Err(e);
+            }
+        };
+        let now = now_ms();
+        let record = SandboxRecord {
+            id,
+            template,
+            access_token: new_token(),
+            metadata: request.metadata,
+            env_vars: request.env_vars,
+            limits: self.limits,
+            started_at_ms: now,
+            end_at_ms: now + timeout * 1000,
+            state: State::Running,
+            allow_internet_access: policy.internet_access(),
+            auto_pause: request.auto_pause,
+            auto_pause_memory: request.auto_pause_memory,
+            auto_resume: request.auto_resume,
+            paused: None,
+            placement,
+            agent_socket,
+            network,
+        };
+        if let Err(e) = self.hand_over(&record, agent_token.as_deref()).await {
+            self.discard(&record.id).await;
+            return Err(e.into());
+        }
+        Ok((record, Timings { boot, handover: started.elapsed() - boot }))
+    }
+
+    /// A new sandbox of `template` under `policy`, booted and its service
+    /// started.
+    pub(super) async fn boot(&self, template: &str, policy: &Policy) -> Result<Booted> {
+        self.check_template(template).await?;
+        self.boot_from(new_id(), template, None, Network::New(policy.clone()), false).await
+    }
+
+    /// Gives a booted sandbox the caller's policy if it was booted under
+    /// another (a pooled one); otherwise nothing to do.
+    pub(super) async fn with_policy(
+        &self,
+        id: &str,
+        network: Option<SandboxNetwork>,
+        policy: &Policy,
+    ) -> Result<Option<SandboxNetwork>> {
+        match network {
+            Some(network) if &network.policy != policy => {
+                self.apply_policy(id, policy).await?;
+                Ok(Some(SandboxNetwork { policy: policy.clone(), ..network }))
+            }
+            other => Ok(other),
+        }
+    }
+
+    /// Boots sandbox `id` (from a snapshot's files if given) on `network`,
+    /// then starts its template's service; on failure nothing of it is
+    /// left. `restored`: the snapshot holds memory, so its processes (the
+    /// service among them) are restored, not started.
+    pub(super) async fn boot_from(
+        &self,
+        id: String,
+        template: &str,
+        snapshot: Option<String>,
+        network: Network,
+        restored: bool,
+    ) -> Result<Booted> {
+        let allocated = matches!(network, Network::New(_));
+        let network = match network {
+            Network::Kept(network) => Some(network),
+            Network::New(policy) => self.addresses.take(&id)?.map(|address| SandboxNetwork { address, policy }),
+        };
+        let release = |id: &str| {
+            if allocated {
+                self.addresses.release(id)
+            }
+        };
+        let spec = self.spec(&id, template, snapshot, network);
+        let created = self.blocking(move |s| s.create(&spec).map(|p| (p, spec))).await;
+        let (placement, spec) = created.inspect_err(|_| release(&id))?;
+        let booted = Booted { id, placement, agent_socket: spec.agent_socket, network: spec.network };
+        if let Err(e) = self.start_service(template, &booted.agent_socket, restored).await {
+            self.destroy_quietly(&booted.id).await;
+            release(&booted.id);
+            return Err(e.into());
+        }
+        Ok(booted)
+    }
+
+    /// Starts the template's long-running service (the code interpreter),
+    /// if it has one, and waits until it answers; `restored`: it already
+    /// runs (restored from memory), only wait.
+    pub(super) async fn start_service(
+        &self,
+        template: &str,
+        agent_socket: &Path,
+        restored: bool,
+    ) -> anyhow::Result<()> {
+        let Some(service) = templates::service(template) else { return Ok(()) };
+        let started = if restored {
+            services::wait_ready(agent_socket, &service).await
+        } else {
+            services::start(agent_socket, &service).await
+        };
+        started.map_err(|e| e.context(format!("starting the {template} service")))
+    }
+
+    /// Tells the agent who its user is: the token it must demand and the
+    /// environment every process gets; then makes the sandbox durable.
+    /// `agent_token`: the token the agent demands now (one restored from a
+    /// memory snapshot still has its source's).
+    pub(super) async fn hand_over(&self, record: &SandboxRecord, agent_token: Option<&str>) -> anyhow::Result<()> {
+        let init = serde_json::json!({ "accessToken": record.access_token, "envVars": record.env_vars });
+        agent_link::post_json(&record.agent_socket, "/init", &init, agent_token).await?;
+        self.store.put(record)
+    }
+
+    async fn check_template(&self, name: &str) -> Result<()> {
+        let templates = self.templates().await?;
+        if templates.iter().any(|t| t.name == name) {
+            return Ok(());
+        }
+        let available: Vec<String> = templates.into_iter().map(|t| t.name).collect();
+        Err(SandboxError::UnknownTemplate { name: name.to_string(), available: available.join(", ") })
+    }
+}

@@ -1,0 +1,46 @@
+//! Sandboxes that end without a request: expired ones (killed, or paused
+//! if they asked for that at create) and ones whose init died on its own.
+//! `crate::reaper` calls these on its ticks.
+
+use super::Sandboxes;
+use crate::model::now_ms;
+
+impl Sandboxes {
+    /// Kills (or, if asked at create, pauses) expired sandboxes.
+    pub async fn reap(&self) -> anyhow::Result<()> {
+        for id in self.store.expired(now_ms())? {
+            let auto_pause = self.store.get(&id)?.map(|r| (r.auto_pause, r.auto_pause_memory));
+            let outcome = match auto_pause {
+                Some((true, memory)) => {
+                    tracing::info!("sandbox {id} timed out; pausing it");
+                    self.pause(&id, memory).await
+                }
+                _ => {
+                    tracing::info!("sandbox {id} timed out");
+                    self.kill(&id).await
+                }
+            };
+            if let Err(e) = outcome {
+                tracing::error!("expiring sandbox {id}: {e:#}");
+                if auto_pause.is_some_and(|(pause, _)| pause) {
+                    self.kill(&id).await.ok();
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Forgets sandboxes whose init died on its own.
+    pub async fn reap_dead(&self) -> anyhow::Result<()> {
+        for record in self.store.all()? {
+            // A rollback or restart in progress has no live placement yet.
+            let Some(_quiet) = self.transitions.try_lock(&record.id) else { continue };
+            let Some(record) = self.store.get(&record.id)? else { continue };
+            if !record.has_no_processes() && !self.substrate.is_alive(&record.id, &record.placement) {
+                tracing::warn!("sandbox {} died on its own; cleaning up", record.id);
+                self.kill(&record.id).await.ok();
+            }
+        }
+        Ok(())
+    }
+}

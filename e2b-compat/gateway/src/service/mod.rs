@@ -1,0 +1,177 @@
+//! The sandbox service: every verb the API offers on sandboxes and
+//! snapshots, keeping the store and the substrate in step. Knows nothing of
+//! HTTP shapes; the API calls only its public methods.
+//!
+//! One file per verb (or family of verbs); this file holds the service's
+//! state and the plain reads. Substrate calls that block go through
+//! [`Sandboxes::blocking`] (`blocking.rs`).
+
+mod blocking;
+mod create;
+mod egress;
+mod expiry;
+mod fork;
+mod kill;
+mod metrics;
+mod pause;
+mod pools;
+mod recover;
+mod rollback;
+mod snapshot;
+mod transitions;
+
+#[cfg(test)]
+mod tests;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use copse_jails::{Limits, SandboxNetwork, SandboxSpec, Substrate, TemplateInfo};
+
+use crate::model::{Result, SandboxError, SandboxRecord, State, Store, now_ms, validate_timeout};
+use crate::network::Addresses;
+use crate::pool::WarmPool;
+
+pub use create::{CreateRequest, Timings};
+pub use fork::{MAX_CLONES, MAX_FORKS};
+pub use metrics::Metric;
+pub use pause::Connected;
+
+#[derive(Debug, Default)]
+pub struct ListFilter {
+    pub metadata: HashMap<String, String>,
+    pub states: Vec<State>,
+    pub template: Option<String>,
+}
+
+pub struct Sandboxes {
+    substrate: Arc<dyn Substrate>,
+    store: Box<dyn Store>,
+    run_dir: PathBuf,
+    limits: Limits,
+    pools: Vec<Arc<WarmPool>>,
+    /// The last CPU reading per sandbox, to turn CPU time into a percentage.
+    cpu_samples: metrics::CpuSamples,
+    /// One state change (pause, resume, rollback) at a time per sandbox.
+    transitions: transitions::Transitions,
+    addresses: Addresses,
+}
+
+impl Sandboxes {
+    /// `pools`: (template, size) pairs of sandboxes to keep booted ahead.
+    pub fn new(
+        substrate: Arc<dyn Substrate>,
+        store: Box<dyn Store>,
+        run_dir: PathBuf,
+        pools: &[(String, usize)],
+    ) -> Self {
+        Self {
+            substrate,
+            store,
+            run_dir,
+            limits: Limits::default(),
+            pools: pools
+                .iter()
+                .filter(|(_, size)| *size > 0)
+                .map(|(t, size)| WarmPool::new(t.clone(), *size))
+                .collect(),
+            cpu_samples: Default::default(),
+            transitions: Default::default(),
+            addresses: Addresses::new(None),
+        }
+    }
+
+    /// Sandboxes get an address on `network` (and pooled ones an open policy
+    /// until hand-out).
+    pub fn with_network(mut self, network: Option<&copse_jails::NetConfig>) -> Self {
+        self.addresses = Addresses::new(network);
+        self
+    }
+
+    /// The substrate's name, for logs and the startup banner.
+    pub fn substrate_name(&self) -> &'static str {
+        self.substrate.name()
+    }
+
+    /// The templates built on this host.
+    pub async fn templates(&self) -> Result<Vec<TemplateInfo>> {
+        self.blocking(|s| s.templates()).await
+    }
+
+    /// Lets the substrate finish background work (network teardown) before
+    /// the gateway exits.
+    pub async fn settle(&self) {
+        if let Err(e) = self
+            .blocking(|s| {
+                s.settle();
+                Ok(())
+            })
+            .await
+        {
+            tracing::error!("settling the substrate: {e:#}");
+        }
+    }
+
+    pub fn get(&self, id: &str) -> Result<SandboxRecord> {
+        self.store.get(id)?.ok_or_else(|| SandboxError::NotFound(id.to_string()))
+    }
+
+    pub fn list(&self, filter: &ListFilter) -> Result<Vec<SandboxRecord>> {
+        let mut records: Vec<SandboxRecord> = self
+            .store
+            .all()?
+            .into_iter()
+            .filter(|r| filter.metadata.iter().all(|(k, v)| r.metadata.get(k) == Some(v)))
+            .filter(|r| filter.states.is_empty() || filter.states.contains(&r.state))
+            .filter(|r| filter.template.as_ref().is_none_or(|t| &r.template == t))
+            .collect();
+        records.sort_by(|a, b| (a.started_at_ms, &a.id).cmp(&(b.started_at_ms, &b.id)));
+        Ok(records)
+    }
+
+    /// Sets the sandbox to expire `timeout_s` from now.
+    pub fn set_timeout(&self, id: &str, timeout_s: i64) -> Result<SandboxRecord> {
+        let timeout = validate_timeout(timeout_s)?;
+        let mut record = self.get(id)?;
+        match &mut record.paused {
+            // Paused, the clock is stopped; the new lifetime starts at resume.
+            Some(paused) => paused.remaining_ms = timeout * 1000,
+            None => record.end_at_ms = now_ms() + timeout * 1000,
+        }
+        self.store.put(&record)?;
+        Ok(record)
+    }
+
+    /// Connecting never shortens a running sandbox's life, only extends it.
+    pub fn extend(&self, id: &str, timeout_s: Option<i64>) -> Result<SandboxRecord> {
+        let mut record = self.get(id)?;
+        if record.paused.is_some() {
+            return Ok(record);
+        }
+        if let Some(timeout) = timeout_s {
+            let end = now_ms() + validate_timeout(timeout)? * 1000;
+            if end > record.end_at_ms {
+                record.end_at_ms = end;
+                self.store.put(&record)?;
+            }
+        }
+        Ok(record)
+    }
+
+    /// The spec of sandbox `id`; `snapshot` is a substrate snapshot key.
+    fn spec(&self, id: &str, template: &str, snapshot: Option<String>, network: Option<SandboxNetwork>) -> SandboxSpec {
+        SandboxSpec {
+            id: id.to_string(),
+            template: template.to_string(),
+            limits: self.limits,
+            agent_socket: socket_path(&self.run_dir, id),
+            snapshot,
+            network,
+        }
+    }
+}
+
+fn socket_path(run_dir: &Path, id: &str) -> PathBuf {
+    run_dir.join(format!("{id}.sock"))
+}

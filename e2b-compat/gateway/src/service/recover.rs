@@ -1,0 +1,56 @@
+//! After a gateway restart: re-adopt the sandboxes that survived, destroy
+//! what no record names, and bring snapshot rows and files back in step.
+
+use copse_jails::{Placement, SandboxNetwork};
+
+use super::Sandboxes;
+
+impl Sandboxes {
+    /// Re-adopt what survived a gateway restart; destroy the rest.
+    pub async fn recover(&self) -> anyhow::Result<copse_jails::Recovery> {
+        let records = self.store.all()?;
+        // A sandbox paused without memory has no processes to find; its
+        // files live in a snapshot, reconciled below.
+        let known: Vec<(String, Placement)> =
+            records.iter().filter(|r| !r.has_no_processes()).map(|r| (r.id.clone(), r.placement.clone())).collect();
+        let recovery = self.blocking(move |s| s.recover(&known)).await?;
+        for id in &recovery.removed {
+            self.store.remove(id)?;
+        }
+        // Sandboxes paused without memory have no interface now but keep
+        // their address for when they resume.
+        for record in records.iter().filter(|r| recovery.adopted.contains(&r.id) || r.has_no_processes()) {
+            if let Some(network) = &record.network {
+                self.addresses.hold(&record.id, network.address);
+            }
+        }
+        let attached: Vec<(String, SandboxNetwork)> = records
+            .into_iter()
+            .filter(|r| recovery.adopted.contains(&r.id))
+            .filter_map(|r| Some((r.id, r.network?)))
+            .collect();
+        self.blocking(move |s| s.recover_network(&attached)).await?;
+        self.reconcile_snapshots().await?;
+        Ok(recovery)
+    }
+
+    /// Snapshot rows whose files are gone are dropped, and substrate
+    /// snapshots no row (and no paused sandbox) names are deleted.
+    async fn reconcile_snapshots(&self) -> anyhow::Result<()> {
+        let on_host = self.blocking(|s| s.snapshots()).await?;
+        let rows = self.store.snapshots()?;
+        for row in &rows {
+            if !on_host.iter().any(|s| s.id == row.key) {
+                tracing::warn!("snapshot {} lost its files; forgetting it", row.id);
+                self.store.remove_snapshot(&row.id)?;
+            }
+        }
+        let mut named: Vec<String> = rows.into_iter().map(|r| r.key).collect();
+        named.extend(self.store.all()?.into_iter().filter_map(|r| r.paused.and_then(|p| p.files_only)));
+        for orphan in on_host.into_iter().filter(|s| !named.contains(&s.id)) {
+            tracing::info!("removing snapshot {} that no record names", orphan.id);
+            self.blocking(move |s| s.delete_snapshot(&orphan.id)).await?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,124 @@
+//! Snapshots: taking one (with memory where the substrate can), listing
+//! and deleting them. Creating a sandbox from one is in `create.rs`.
+
+use copse_jails::Support;
+
+use super::Sandboxes;
+use crate::agent_link;
+use crate::model::{Result, SandboxError, SandboxRecord, SnapshotRecord, now_ms, snapshot_key, validate_snapshot_name};
+
+impl Sandboxes {
+    /// A snapshot of a running (or frozen) sandbox, with its memory if
+    /// `memory` asks for it, kept under `name` if given (replacing an older
+    /// snapshot of that name).
+    pub async fn create_snapshot(
+        &self,
+        id: &str,
+        name: Option<String>,
+        memory: Option<bool>,
+    ) -> Result<SnapshotRecord> {
+        let record = self.get(id)?;
+        // E2B's default is "full"; where memory cannot be kept, an
+        // unspecified mode gets the filesystem (docs/lifecycle.md).
+        let memory = self.memory_wanted(&record.template, memory, true, "snapshots with memory (mode 'full')")?;
+        if record.has_no_processes() {
+            return Err(SandboxError::Conflict(format!(
+                "sandbox {id} is paused without memory; resume it before taking a snapshot"
+            )));
+        }
+        if let Some(name) = &name {
+            validate_snapshot_name(name)?;
+        }
+        let key = snapshot_key();
+        let info = self.take_snapshot(&record, &key, memory).await?;
+        let public = name.clone().unwrap_or_else(|| key.clone());
+        let replaced = self.store.snapshot(&public)?;
+        let snapshot = SnapshotRecord {
+            id: public.clone(),
+            names: vec![public],
+            key,
+            template: info.template,
+            source_sandbox: id.to_string(),
+            created_at_ms: now_ms(),
+            size_bytes: info.size_bytes,
+            memory: info.memory,
+            agent_token: info.memory.then(|| record.access_token.clone()),
+        };
+        self.store.put_snapshot(&snapshot)?;
+        if let Some(old) = replaced {
+            self.blocking(move |s| s.delete_snapshot(&old.key)).await?;
+        }
+        Ok(snapshot)
+    }
+
+    /// Whether an operation on a sandbox of `template` keeps memory: what
+    /// was `requested`, or `default` where the substrate can. A request the
+    /// substrate cannot honour is refused by name — 400 where this kind of
+    /// sandbox never can, 503 with what to install where this host lacks it.
+    pub(super) fn memory_wanted(
+        &self,
+        template: &str,
+        requested: Option<bool>,
+        default: bool,
+        what: &str,
+    ) -> Result<bool> {
+        let support = self.substrate.capabilities_for(template).memory_snapshots;
+        match (requested, support) {
+            (Some(true), Support::No) => Err(SandboxError::Invalid(format!(
+                "{what} are not supported by the {} substrate; use mode 'filesystem'",
+                self.substrate.name()
+            ))),
+            (Some(true), Support::Missing(why)) => Err(SandboxError::Unavailable(why)),
+            (Some(wanted), _) => Ok(wanted),
+            (None, support) => Ok(default && support.is_yes()),
+        }
+    }
+
+    /// The substrate's snapshot of a sandbox as `key`. With memory, the
+    /// gateway's connections to the sandbox are closed and held back while
+    /// it is taken (a checkpoint cannot hold them); a connection that was
+    /// just closing can still be in the way, so one failure is retried.
+    pub(super) async fn take_snapshot(
+        &self,
+        record: &SandboxRecord,
+        key: &str,
+        memory: bool,
+    ) -> Result<copse_jails::SnapshotInfo> {
+        let take = || {
+            let (id, key) = (record.id.clone(), key.to_string());
+            self.blocking(move |s| s.snapshot(&id, &key, memory))
+        };
+        if !memory {
+            return take().await;
+        }
+        let _quiet = agent_link::quiesce(&record.agent_socket).await;
+        match take().await {
+            Ok(info) => Ok(info),
+            Err(e) => {
+                tracing::info!(sandbox = %record.id, "memory snapshot retried after: {e}");
+                tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+                take().await
+            }
+        }
+    }
+
+    /// Snapshots, optionally only those taken of one sandbox, oldest first.
+    pub fn snapshots(&self, sandbox: Option<&str>, name: Option<&str>) -> Result<Vec<SnapshotRecord>> {
+        let mut all: Vec<SnapshotRecord> = self
+            .store
+            .snapshots()?
+            .into_iter()
+            .filter(|s| sandbox.is_none_or(|id| s.source_sandbox == id))
+            .filter(|s| name.is_none_or(|n| s.names.iter().any(|x| x == n)))
+            .collect();
+        all.sort_by(|a, b| (a.created_at_ms, &a.id).cmp(&(b.created_at_ms, &b.id)));
+        Ok(all)
+    }
+
+    /// Deletes a snapshot. Sandboxes created from it keep their files.
+    pub async fn delete_snapshot(&self, id: &str) -> Result<()> {
+        let snapshot = self.store.snapshot(id)?.ok_or_else(|| SandboxError::SnapshotNotFound(id.to_string()))?;
+        self.store.remove_snapshot(id)?;
+        self.blocking(move |s| s.delete_snapshot(&snapshot.key)).await
+    }
+}

@@ -1,0 +1,5 @@
+//! Implementations of the model's [`crate::model::Store`].
+
+mod sqlite;
+
+pub use sqlite::SqliteStore;
