@@ -73,7 +73,7 @@ pub async fn quiesce(socket: &Path) -> tokio::sync::OwnedRwLockWriteGuard<()> {
 pub async fn post_json(socket: &Path, path: &str, body: &serde_json::Value, token: Option<&str>) -> anyhow::Result<()> {
     let mut request = Request::post(path).header("host", "agent").header("content-type", "application/json");
     if let Some(token) = token {
-        request = request.header(copse_agent::auth::ACCESS_TOKEN_HEADER, token);
+        request = request.header(copse_protocol::headers::ACCESS_TOKEN, token);
     }
     let request = request.body(Body::from(serde_json::to_vec(body)?))?;
     let response = send(socket, request).await?;

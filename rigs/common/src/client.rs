@@ -43,9 +43,14 @@ impl Conn {
         Ok(self.tx.send_request(req).await?)
     }
 
+    /// The `Host` requests on this connection carry.
+    pub fn host(&self) -> String {
+        self.addr.to_string()
+    }
+
     /// A request builder with the method, path and `Host` filled in.
     pub fn request(&self, method: Method, path: &str) -> hyper::http::request::Builder {
-        Request::builder().method(method).uri(path).header(hyper::header::HOST, self.addr.to_string())
+        Request::builder().method(method).uri(path).header(hyper::header::HOST, self.host())
     }
 
     /// `POST /v2/sandboxes` with `body`, response read; expects 201.

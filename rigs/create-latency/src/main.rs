@@ -12,8 +12,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::bail;
-use bytes::Bytes;
 use clap::Parser;
+use copse_protocol::{ProcessEvent, ProcessStream, StartProcess, headers};
 use copse_rig_common::facts::random_hex;
 use copse_rig_common::gateway::zombie_notes;
 use copse_rig_common::report::{
@@ -21,14 +21,13 @@ use copse_rig_common::report::{
 };
 use copse_rig_common::{Conn, Gateway, LEAN_CLIENT, RigArgs, Run, Scenario, SdkRun, ms, round3};
 use copse_rig_create::anchors;
-use copse_rig_create::{EnvelopeDecoder, StreamItem, classify, encode_envelope};
-use http_body_util::{BodyExt, Full};
-use hyper::{Method, StatusCode};
+use http_body_util::BodyExt;
+use hyper::StatusCode;
+use hyper::header::HeaderValue;
 use serde_json::{Value, json};
 
 const RIG: &str = "create-latency";
 const CREATE_BODY: &str = r#"{"templateID":"base","metadata":{},"envVars":{}}"#;
-const START_BODY: &str = r#"{"process":{"cmd":"/bin/true","args":[]},"stdin":false}"#;
 const ENVD_PORT: &str = "49983";
 
 #[derive(Parser, Debug)]
@@ -203,7 +202,7 @@ fn main() -> anyhow::Result<()> {
         "warmup_per_worker": args.warmup,
         "template": "base",
         "create_body": serde_json::from_str::<Value>(CREATE_BODY)?,
-        "first_exec": serde_json::from_str::<Value>(START_BODY)?,
+        "first_exec": serde_json::to_value(true_command())?,
         "warm_pool": pool_supported.then_some(args.warm_pool),
         "warm_pace_ms": paces,
         "pool_fill_wait_ms": fill_wait.as_millis() as u64,
@@ -245,45 +244,40 @@ async fn one_sample(conn: &mut Conn, key: &str) -> anyhow::Result<Sample> {
     })
 }
 
+/// The command every sample runs: `/bin/true`, no stdin.
+fn true_command() -> StartProcess {
+    StartProcess::new("/bin/true", Vec::<String>::new())
+}
+
 /// `process.Process/Start` of `/bin/true`. Returns the instant its `end`
 /// event arrived; the rest of the stream (the end-of-stream envelope) is read
 /// after that instant so the connection stays reusable.
 async fn first_exec(conn: &mut Conn, id: &str, token: &str) -> anyhow::Result<(Instant, Instant)> {
-    let req = conn
-        .request(Method::POST, "/process.Process/Start")
-        .header("e2b-sandbox-id", id)
-        .header("e2b-sandbox-port", ENVD_PORT)
-        .header("x-access-token", token)
-        .header("content-type", "application/connect+json")
-        .header("connect-protocol-version", "1")
-        .header("connect-content-encoding", "identity")
-        .header("connect-accept-encoding", "identity")
-        .body(Full::new(Bytes::from(encode_envelope(0, START_BODY.as_bytes()))))?;
+    let mut req = true_command().request(&conn.host())?;
+    for (name, value) in [
+        (headers::SANDBOX_ID, id),
+        (headers::SANDBOX_PORT, ENVD_PORT),
+        (headers::ACCESS_TOKEN, token),
+        ("connect-content-encoding", "identity"),
+        ("connect-accept-encoding", "identity"),
+    ] {
+        req.headers_mut().insert(name, HeaderValue::from_str(value)?);
+    }
     let resp = conn.send(req).await?;
     if resp.status() != StatusCode::OK {
         let st = resp.status();
         let body = resp.into_body().collect().await?.to_bytes();
         bail!("Process/Start: HTTP {st}: {}", String::from_utf8_lossy(&body));
     }
-    let mut body = resp.into_body();
-    let mut dec = EnvelopeDecoder::default();
+    let mut stream = ProcessStream::new(resp.into_body());
     let mut started: Option<Instant> = None;
     let mut ended: Option<(i64, Option<String>)> = None;
-    while let Some(frame) = body.frame().await {
-        let frame = frame?;
-        let Some(data) = frame.data_ref() else { continue };
-        dec.push(data);
-        while let Some(env) = dec.next_envelope()? {
-            match classify(&env)? {
-                StreamItem::Start { .. } => started = started.or(Some(Instant::now())),
-                StreamItem::End { exit_code, error } => ended = Some((exit_code, error)),
-                StreamItem::EndOfStream { error: Some(e) } => bail!("Process/Start stream error: {e}"),
-                StreamItem::EndOfStream { error: None } => {}
-                StreamItem::Data | StreamItem::Keepalive | StreamItem::Other => {}
-            }
-        }
-        if ended.is_some() {
-            break;
+    while ended.is_none() {
+        match stream.next().await.map_err(|e| anyhow::anyhow!("Process/Start stream: {e}"))? {
+            Some(ProcessEvent::Start { .. }) => started = started.or(Some(Instant::now())),
+            Some(ProcessEvent::End { exit_code, error }) => ended = Some((exit_code, error)),
+            Some(_) => {}
+            None => break,
         }
     }
     let t_end = Instant::now();
@@ -292,9 +286,7 @@ async fn first_exec(conn: &mut Conn, id: &str, token: &str) -> anyhow::Result<(I
     if code != 0 || error.is_some() {
         bail!("/bin/true exited {code} (error {error:?})");
     }
-    while let Some(frame) = body.frame().await {
-        frame?;
-    }
+    stream.drain().await?;
     Ok((t_start, t_end))
 }
 

@@ -4,8 +4,8 @@
 //! hop copies bytes each way until either end closes. The gateway and the
 //! agent's port relay both use this, so an upgrade crosses both hops.
 
-use axum::http::{Request, Response, StatusCode, header};
 use hyper::upgrade::OnUpgrade;
+use hyper::{Request, Response, StatusCode, header};
 use hyper_util::rt::TokioIo;
 
 /// Takes the client side of a pending upgrade out of the request; call it
