@@ -13,15 +13,15 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use bytes::Bytes;
 use clap::Parser;
-use copse_rig_common::facts::random_hex;
-use copse_rig_common::gateway::zombie_notes;
-use copse_rig_common::report::{
+use copse_rigs::facts::random_hex;
+use copse_rigs::gateway::zombie_notes;
+use copse_rigs::report::{
     find, p50_difference, p50_target, pool_miss_counters, print_footer, server_timing, server_timing_series,
 };
-use copse_rig_common::{Conn, Created, Gateway, LEAN_CLIENT, RigArgs, Run, Scenario, SdkRun, ms, round3};
-use copse_rig_run_code::{
+use copse_rigs::run_code::{
     CREATE_BODY, EXECUTE_BODY, ExecLine, JUPYTER_PORT, LineSplitter, TEMPLATE, check_outcome, classify_line,
 };
+use copse_rigs::{Conn, Created, Gateway, LEAN_CLIENT, RigArgs, Run, Scenario, SdkRun, ms, round3};
 use http_body_util::{BodyExt, Full};
 use hyper::{Method, StatusCode};
 use serde_json::{Value, json};

@@ -1,6 +1,6 @@
 //! Pure pieces of the run-code rig: the requests it sends and the decoding
 //! of the code interpreter's `/execute` NDJSON stream. Everything that
-//! touches the network, processes or the clock lives in `main.rs`.
+//! touches the network, processes or the clock lives in `bin/run-code.rs`.
 
 use anyhow::Context;
 use serde_json::Value;

@@ -6,7 +6,7 @@
 
 use std::process::ExitCode;
 
-use copse_bhyve::rig::{self, Rig};
+use copse_rigs::bhyve::{self as rig, Rig};
 
 fn main() -> ExitCode {
     let Some(rig) = std::env::args().nth(1).as_deref().and_then(Rig::parse) else {

@@ -1,4 +1,4 @@
-//! The Linux rig (see `main.rs`): the sandbox network's cost. Starts its own gateway (own
+//! The net rig (`copse-rig-net`, Linux only; see `bin/net.rs`): the sandbox network's cost. Starts its own gateway (own
 //! bridge and subnet) and a peer host in a network namespace it creates, then
 //! measures, from inside a sandbox's network namespace (so through its veth,
 //! the bridge, the nftables rules and NAT):
@@ -16,14 +16,14 @@ use std::os::fd::AsFd;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::facts::random_hex;
+use crate::report::print_footer;
+use crate::{Conn, Gateway, LEAN_CLIENT, RigArgs, Run, Scenario, ms};
 use anyhow::{Context, bail};
 use bytes::Bytes;
 use clap::Parser;
 use copse_cubenet::linux::HostNetwork;
 use copse_cubenet::{NetConfig, Policy, SandboxNetwork};
-use copse_rig_common::facts::random_hex;
-use copse_rig_common::report::print_footer;
-use copse_rig_common::{Conn, Gateway, LEAN_CLIENT, RigArgs, Run, Scenario, ms};
 use http_body_util::{BodyExt, Full};
 use hyper::{Method, StatusCode};
 use serde_json::{Value, json};
@@ -63,7 +63,7 @@ struct Args {
     common: RigArgs,
 }
 
-pub fn main() -> anyhow::Result<()> {
+pub fn run() -> anyhow::Result<()> {
     let args = Args::parse();
     let run = Run::begin(RIG);
     let bins = &args.common.bins;
@@ -163,7 +163,7 @@ pub fn main() -> anyhow::Result<()> {
         "bridge": args.bridge,
         "subnet": args.subnet,
         "peer": PEER,
-        "iperf3_version": copse_rig_common::facts::command_output(Command::new("iperf3").arg("--version"))
+        "iperf3_version": crate::facts::command_output(Command::new("iperf3").arg("--version"))
             .and_then(|v| v.lines().next().map(str::to_string)),
         "anchor_published_by_coppice_on_pf": {"rtt_p50_us": 7, "throughput_gbit_s": 14.6, "update_1000_ms": 4},
     });
@@ -204,13 +204,13 @@ fn series_scenario(name: &str, client: &str, metric: &str, values: Vec<f64>) -> 
 fn percentile(values: &[f64], pct: f64) -> Option<f64> {
     let mut sorted = values.to_vec();
     sorted.sort_by(f64::total_cmp);
-    (!sorted.is_empty()).then(|| copse_rig_common::stats::percentile_sorted(&sorted, pct))
+    (!sorted.is_empty()).then(|| crate::stats::percentile_sorted(&sorted, pct))
 }
 
 fn p50_minus(scenarios: &[Scenario], a: &str, b: &str, metric: &str) -> Value {
     let p = |n: &str| scenarios.iter().find(|s| s.name == n).and_then(|s| s.p50(metric));
     match (p(a), p(b)) {
-        (Some(x), Some(y)) => json!(copse_rig_common::round3(x - y)),
+        (Some(x), Some(y)) => json!(crate::round3(x - y)),
         _ => Value::Null,
     }
 }
@@ -328,7 +328,7 @@ fn iperf_once(netns: &str, seconds: u32) -> anyhow::Result<f64> {
     let report: Value = serde_json::from_slice(&out.stdout).context("iperf3 -J output")?;
     report["end"]["sum_received"]["bits_per_second"]
         .as_f64()
-        .map(|b| copse_rig_common::round3(b / 1e9))
+        .map(|b| crate::round3(b / 1e9))
         .with_context(|| format!("iperf3 reported no throughput: {}", report["error"]))
 }
 

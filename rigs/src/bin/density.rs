@@ -14,9 +14,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use copse_rig_common::facts::random_hex;
-use copse_rig_common::{Conn, Created, Gateway, LEAN_CLIENT, RigArgs, Run, Scenario, ms, round3};
-use copse_rig_density::{MIB, cgroup_memory, mem_available, next_target, sandbox_cgroup};
+use copse_rigs::density::{MIB, cgroup_memory, mem_available, next_target, sandbox_cgroup};
+use copse_rigs::facts::random_hex;
+use copse_rigs::{Conn, Created, Gateway, LEAN_CLIENT, RigArgs, Run, Scenario, ms, round3};
 use serde_json::json;
 
 const RIG: &str = "density";

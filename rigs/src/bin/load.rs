@@ -19,9 +19,9 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::post;
 use clap::Parser;
-use copse_rig_common::facts::random_hex;
-use copse_rig_common::{Conn, Created, Gateway, LEAN_CLIENT, RigArgs, Run, Scenario, round3};
-use copse_rig_load::{parse_hey_csv, wall_ms};
+use copse_rigs::facts::random_hex;
+use copse_rigs::load::{parse_hey_csv, wall_ms};
+use copse_rigs::{Conn, Created, Gateway, LEAN_CLIENT, RigArgs, Run, Scenario, round3};
 use serde_json::json;
 use tokio::sync::{Mutex, Semaphore};
 

@@ -4,9 +4,9 @@
 //! host facts, and what was never recorded (wall time) becomes null.
 
 use anyhow::Context;
-use copse_rig_common::Summary;
-use copse_rig_common::catalogue;
-use copse_rig_common::report::SCHEMA;
+use copse_rigs::Summary;
+use copse_rigs::catalogue;
+use copse_rigs::report::SCHEMA;
 use serde_json::{Value, json};
 
 fn main() -> anyhow::Result<()> {

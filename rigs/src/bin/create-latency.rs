@@ -14,13 +14,13 @@ use std::time::{Duration, Instant};
 use anyhow::bail;
 use clap::Parser;
 use copse_protocol::{ProcessEvent, ProcessStream, StartProcess, headers};
-use copse_rig_common::facts::random_hex;
-use copse_rig_common::gateway::zombie_notes;
-use copse_rig_common::report::{
+use copse_rigs::anchors;
+use copse_rigs::facts::random_hex;
+use copse_rigs::gateway::zombie_notes;
+use copse_rigs::report::{
     find, p50_difference, p50_target, pool_miss_counters, print_footer, server_timing, server_timing_series,
 };
-use copse_rig_common::{Conn, Gateway, LEAN_CLIENT, RigArgs, Run, Scenario, SdkRun, ms, round3};
-use copse_rig_create::anchors;
+use copse_rigs::{Conn, Gateway, LEAN_CLIENT, RigArgs, Run, Scenario, SdkRun, ms, round3};
 use http_body_util::BodyExt;
 use hyper::StatusCode;
 use hyper::header::HeaderValue;
