@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use bytes::Bytes;
+use copse_protocol::headers;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::client::conn::http1;
@@ -102,9 +103,9 @@ impl Conn {
         let body = serde_json::json!({"code": code, "context_id": null, "language": null, "env_vars": null});
         let req = self
             .request(Method::POST, "/execute")
-            .header("e2b-sandbox-id", id)
-            .header("e2b-sandbox-port", "49999")
-            .header("x-access-token", token)
+            .header(headers::SANDBOX_ID, id)
+            .header(headers::SANDBOX_PORT, "49999")
+            .header(headers::ACCESS_TOKEN, token)
             .header("content-type", "application/json")
             .body(Full::new(Bytes::from(body.to_string())))?;
         let resp = self.send(req).await?;

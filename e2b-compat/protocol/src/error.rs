@@ -1,5 +1,5 @@
-//! What can go wrong talking to an agent, for [`crate::process`] and
-//! [`crate::client`] alike.
+//! What can go wrong talking to an agent: one error type for the event
+//! stream (`process`) and the socket client (`client`) alike.
 
 use std::path::PathBuf;
 

@@ -28,7 +28,6 @@ use serde_json::{Value, json};
 
 const RIG: &str = "create-latency";
 const CREATE_BODY: &str = r#"{"templateID":"base","metadata":{},"envVars":{}}"#;
-const ENVD_PORT: &str = "49983";
 
 #[derive(Parser, Debug)]
 #[command(version, about = "Create-to-first-exec latency: lean client and official SDK against a fresh gateway")]
@@ -256,7 +255,7 @@ async fn first_exec(conn: &mut Conn, id: &str, token: &str) -> anyhow::Result<(I
     let mut req = true_command().request(&conn.host())?;
     for (name, value) in [
         (headers::SANDBOX_ID, id),
-        (headers::SANDBOX_PORT, ENVD_PORT),
+        (headers::SANDBOX_PORT, &headers::AGENT_PORT.to_string()),
         (headers::ACCESS_TOKEN, token),
         ("connect-content-encoding", "identity"),
         ("connect-accept-encoding", "identity"),

@@ -14,6 +14,7 @@ use std::time::Instant;
 use anyhow::{Context, bail};
 use bytes::Bytes;
 use clap::{Parser, ValueEnum};
+use copse_protocol::headers;
 use copse_rigs::facts::random_hex;
 use copse_rigs::report::{p50_target, print_footer};
 use copse_rigs::{Conn, Gateway, LEAN_CLIENT, RigArgs, Run, Scenario, ms};
@@ -520,9 +521,9 @@ impl Api {
 
     fn data_plane(&self, conn: &Conn, sbx: &Sandbox, method: Method, path: &str) -> hyper::http::request::Builder {
         conn.request(method, path)
-            .header("e2b-sandbox-id", &sbx.id)
-            .header("e2b-sandbox-port", "49983")
-            .header("x-access-token", &sbx.token)
+            .header(headers::SANDBOX_ID, &sbx.id)
+            .header(headers::SANDBOX_PORT, headers::AGENT_PORT.to_string())
+            .header(headers::ACCESS_TOKEN, &sbx.token)
     }
 
     async fn health(&self, conn: &mut Conn, sbx: &Sandbox) -> anyhow::Result<()> {

@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use bytes::Bytes;
 use clap::Parser;
+use copse_protocol::headers;
 use copse_rigs::facts::random_hex;
 use copse_rigs::gateway::zombie_notes;
 use copse_rigs::report::{
@@ -231,9 +232,9 @@ struct Execution {
 async fn execute(conn: &mut Conn, id: &str, token: &str) -> anyhow::Result<Execution> {
     let req = conn
         .request(Method::POST, "/execute")
-        .header("e2b-sandbox-id", id)
-        .header("e2b-sandbox-port", JUPYTER_PORT)
-        .header("x-access-token", token)
+        .header(headers::SANDBOX_ID, id)
+        .header(headers::SANDBOX_PORT, JUPYTER_PORT)
+        .header(headers::ACCESS_TOKEN, token)
         .header("content-type", "application/json")
         .body(Full::new(Bytes::from_static(EXECUTE_BODY.as_bytes())))?;
     let resp = conn.send(req).await?;
