@@ -12,6 +12,7 @@ use hyper_util::rt::TokioIo;
 use tokio::net::UnixStream;
 
 use crate::error::Error;
+use crate::headers;
 use crate::process::{Output, ProcessStream, StartProcess};
 
 /// The `Host` the agent is addressed by on its socket (it ignores it).
@@ -72,6 +73,18 @@ impl AgentClient {
         let response = success(self.send(request).await?, "download").await?;
         Ok(response.into_body().collect().await?.to_bytes().to_vec())
     }
+}
+
+/// A `POST` of a JSON body to `path` (`/init`, say), carrying `token` when
+/// the agent demands one.
+pub fn json_request(path: &str, body: &serde_json::Value, token: Option<&str>) -> Result<Request<Full<Bytes>>, Error> {
+    let mut request = Request::post(path)
+        .header(hyper::header::HOST, AGENT_HOST)
+        .header(hyper::header::CONTENT_TYPE, headers::CONTENT_TYPE_UNARY);
+    if let Some(token) = token {
+        request = request.header(headers::ACCESS_TOKEN, token);
+    }
+    Ok(request.body(Full::new(Bytes::from(serde_json::to_vec(body)?)))?)
 }
 
 /// The response if its status is a success, its body in the error if not.
@@ -178,6 +191,16 @@ mod tests {
         assert_eq!(parts.uri, "/files?path=/tmp/a%20b.txt&username=user");
         assert_eq!(&body[..], b"content");
         assert_eq!(client.download("/tmp/a b.txt", "user").await.unwrap(), b"content");
+    }
+
+    #[test]
+    fn json_requests_carry_the_token_only_when_given() {
+        let body = serde_json::json!({"accessToken": "t"});
+        let with = json_request("/init", &body, Some("old")).unwrap();
+        assert_eq!(with.uri().path(), "/init");
+        assert_eq!(with.headers()["x-access-token"], "old");
+        assert_eq!(with.headers()["content-type"], "application/json");
+        assert!(!json_request("/init", &body, None).unwrap().headers().contains_key("x-access-token"));
     }
 
     #[tokio::test]
