@@ -1,6 +1,6 @@
 """Create-to-first-exec latency through the official e2b Python SDK.
 
-Run by `copse-rig-create` (rigs/create-latency), which starts the gateway,
+Run by `copse-rig-create` (rigs/src/bin/create-latency.rs), which starts the gateway,
 sets E2B_API_URL / E2B_SANDBOX_URL / E2B_API_KEY and merges the samples this
 writes into its result file. Sequential: one sample = Sandbox.create() then
 sbx.commands.run("true"); sbx.kill() afterwards is not timed.

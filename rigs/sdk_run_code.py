@@ -1,6 +1,6 @@
 """run_code latency through the official e2b-code-interpreter Python SDK.
 
-Run by `copse-rig-run-code` (rigs/run-code), which starts the gateway, sets
+Run by `copse-rig-run-code` (rigs/src/bin/run-code.rs), which starts the gateway, sets
 E2B_API_URL / E2B_SANDBOX_URL / E2B_API_KEY and merges the samples this
 writes into its result file. Sequential.
 

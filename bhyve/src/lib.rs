@@ -19,7 +19,6 @@ pub mod identity;
 pub mod plan;
 pub mod pool;
 pub mod relay;
-pub mod rig;
 pub mod substrate;
 
 #[cfg(target_os = "freebsd")]

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::Parser;
-use copse_rig_common::catalogue::RIGS;
+use copse_rigs::catalogue::RIGS;
 use copse_site::charts::{self, Bar};
 use copse_site::model::{self, ResultFile, fmt, fmt_value};
 use minijinja::{Environment, context};
@@ -145,7 +145,7 @@ fn main() -> anyhow::Result<()> {
     let methodology = prose(&read(args.schema_doc.clone())?);
     write("methodology.html", env.get_template("prose.html")?.render(context! {
         title => "Methodology",
-        lead => "How every number is measured and recorded: the result schema every rig writes (benchmarks/schema.md). Percentiles interpolate linearly between closest ranks; summaries are computed by one library (copse-rig-common) from the raw samples stored in each file.",
+        lead => "How every number is measured and recorded: the result schema every rig writes (benchmarks/schema.md). Percentiles interpolate linearly between closest ranks; summaries are computed by one library (copse-rigs) from the raw samples stored in each file.",
         html => methodology,
     })?)?;
     write(

@@ -12,12 +12,12 @@ use axum::http::{HeaderMap, Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use base64::Engine;
+use copse_protocol::headers::ACCESS_TOKEN;
+use copse_protocol::signature;
 
 use crate::connect::{Code, RpcError};
 use crate::state::SharedState;
 use crate::users::User;
-
-pub const ACCESS_TOKEN_HEADER: &str = "x-access-token";
 
 /// envd's plain-HTTP error body: `{"code": <status>, "message": "..."}`.
 pub fn json_error(status: StatusCode, message: impl Into<String>) -> Response {
@@ -27,14 +27,14 @@ pub fn json_error(status: StatusCode, message: impl Into<String>) -> Response {
 
 fn header_token(headers: &HeaderMap) -> Option<&str> {
     // An empty header counts as absent, as in envd.
-    headers.get(ACCESS_TOKEN_HEADER).and_then(|v| v.to_str().ok()).filter(|t| !t.is_empty())
+    headers.get(ACCESS_TOKEN).and_then(|v| v.to_str().ok()).filter(|t| !t.is_empty())
 }
 
 /// Whether `headers` carry the current token (always true when none is set).
 pub fn token_ok(state: &SharedState, headers: &HeaderMap) -> bool {
     match state.access_token() {
         None => true,
-        Some(expected) => header_token(headers).is_some_and(|t| crate::signature::equal(t, &expected)),
+        Some(expected) => header_token(headers).is_some_and(|t| signature::equal(t, &expected)),
     }
 }
 
@@ -96,7 +96,7 @@ pub fn check_files_access(
 ) -> Result<(), String> {
     let Some(token) = state.access_token() else { return Ok(()) };
     if let Some(given) = header_token(headers) {
-        return if crate::signature::equal(given, &token) {
+        return if signature::equal(given, &token) {
             Ok(())
         } else {
             Err("access token present in header but does not match".into())
@@ -106,14 +106,14 @@ pub fn check_files_access(
         return Err("missing signature query parameter".into());
     };
     let expiration = q.signature_expiration.map(|e| e.max(0) as u64);
-    let expected = crate::signature::sign(
+    let expected = signature::sign(
         q.path.as_deref().unwrap_or(""),
         operation,
         q.username.as_deref().unwrap_or(""),
         &token,
         expiration,
     );
-    if !crate::signature::equal(&expected, signature) {
+    if !signature::equal(&expected, signature) {
         return Err("invalid signature".into());
     }
     if let Some(exp) = q.signature_expiration {

@@ -1,29 +1,21 @@
-//! The Connect protocol (connectrpc.com) over HTTP/1.1 with the JSON codec:
-//! error codes, the 5-byte envelopes of streaming calls, and the response
-//! shapes of unary and streaming RPCs. Nothing here knows about processes or
-//! files.
+//! The server side of the Connect protocol (connectrpc.com) over HTTP/1.1
+//! with the JSON codec: error codes, request decoding, and the response
+//! shapes of unary and streaming RPCs. The envelope framing itself is
+//! `copse_protocol::envelope`, shared with the agent's clients. Nothing
+//! here knows about processes or files.
 
 use std::time::Duration;
 
 use axum::body::Body;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use bytes::{Buf, BufMut, Bytes, BytesMut};
+use bytes::Bytes;
+use copse_protocol::envelope::{EnvelopeDecoder, EnvelopeError, FLAG_END_STREAM, encode_envelope};
+use copse_protocol::headers::{CONTENT_TYPE_STREAM, CONTENT_TYPE_UNARY};
 use futures::{Stream, StreamExt};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tokio::sync::mpsc;
-
-pub const CONTENT_TYPE_UNARY: &str = "application/json";
-pub const CONTENT_TYPE_STREAM: &str = "application/connect+json";
-
-/// Envelope flag of the last frame of a stream (carries `{}` or an error).
-pub const FLAG_END_STREAM: u8 = 0x02;
-/// Envelope flag of a compressed message; we never negotiate compression.
-const FLAG_COMPRESSED: u8 = 0x01;
-
-/// Largest single message we accept; real requests are tiny JSON objects.
-const MAX_MESSAGE: usize = 16 << 20;
 
 /// Connect error codes, spelled as on the wire.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -128,15 +120,6 @@ impl IntoResponse for RpcError {
     }
 }
 
-/// Frames one message: flag byte, big-endian length, payload.
-pub fn encode_envelope(flags: u8, payload: &[u8]) -> Bytes {
-    let mut buf = BytesMut::with_capacity(5 + payload.len());
-    buf.put_u8(flags);
-    buf.put_u32(payload.len() as u32);
-    buf.put_slice(payload);
-    buf.freeze()
-}
-
 /// The frame that ends every response stream.
 pub fn end_stream_frame(error: Option<&RpcError>) -> Bytes {
     let body = match error {
@@ -146,48 +129,13 @@ pub fn end_stream_frame(error: Option<&RpcError>) -> Bytes {
     encode_envelope(FLAG_END_STREAM, body.to_string().as_bytes())
 }
 
-/// One decoded envelope.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Envelope {
-    pub flags: u8,
-    pub payload: Bytes,
-}
-
-/// Incremental envelope parser for client streams that arrive in arbitrary
-/// chunks.
-#[derive(Default)]
-pub struct EnvelopeDecoder {
-    buf: BytesMut,
-}
-
-impl EnvelopeDecoder {
-    pub fn push(&mut self, chunk: &[u8]) {
-        self.buf.extend_from_slice(chunk);
-    }
-
-    /// The next complete envelope, if one is buffered.
-    pub fn next_envelope(&mut self) -> Result<Option<Envelope>, RpcError> {
-        if self.buf.len() < 5 {
-            return Ok(None);
-        }
-        let flags = self.buf[0];
-        let len = u32::from_be_bytes([self.buf[1], self.buf[2], self.buf[3], self.buf[4]]) as usize;
-        if len > MAX_MESSAGE {
-            return Err(RpcError::new(Code::ResourceExhausted, "message too large"));
-        }
-        if flags & FLAG_COMPRESSED != 0 {
-            return Err(RpcError::new(Code::Unimplemented, "compressed messages are not supported"));
-        }
-        if self.buf.len() < 5 + len {
-            return Ok(None);
-        }
-        self.buf.advance(5);
-        let payload = self.buf.split_to(len).freeze();
-        Ok(Some(Envelope { flags, payload }))
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.buf.is_empty()
+impl From<EnvelopeError> for RpcError {
+    fn from(err: EnvelopeError) -> Self {
+        let code = match err {
+            EnvelopeError::TooLarge => Code::ResourceExhausted,
+            EnvelopeError::Compressed => Code::Unimplemented,
+        };
+        Self::new(code, err.to_string())
     }
 }
 
@@ -329,33 +277,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn envelope_roundtrip_across_chunk_boundaries() {
-        let a = encode_envelope(0, br#"{"a":1}"#);
-        let b = end_stream_frame(None);
-        let mut all = a.to_vec();
-        all.extend_from_slice(&b);
-        let mut dec = EnvelopeDecoder::default();
-        let mut got = Vec::new();
-        for byte in all {
-            dec.push(&[byte]);
-            while let Some(env) = dec.next_envelope().unwrap() {
-                got.push(env);
-            }
-        }
-        assert_eq!(got.len(), 2);
-        assert_eq!(got[0], Envelope { flags: 0, payload: Bytes::from_static(br#"{"a":1}"#) });
-        assert_eq!(got[1].flags, FLAG_END_STREAM);
-        assert_eq!(&got[1].payload[..], b"{}");
-        assert!(dec.is_empty());
-    }
-
-    #[test]
-    fn envelope_header_is_flag_then_big_endian_length() {
-        let f = encode_envelope(2, &[b'x'; 300]);
-        assert_eq!(&f[..5], &[2, 0, 0, 1, 44]);
-    }
-
-    #[test]
     fn end_stream_error_shape() {
         let f = end_stream_frame(Some(&RpcError::not_found("gone")));
         let v: serde_json::Value = serde_json::from_slice(&f[5..]).unwrap();
@@ -363,10 +284,10 @@ mod tests {
     }
 
     #[test]
-    fn compressed_envelopes_are_refused() {
+    fn compressed_envelopes_are_refused_as_unimplemented() {
         let mut dec = EnvelopeDecoder::default();
-        dec.push(&encode_envelope(1, b"{}"));
-        assert_eq!(dec.next_envelope().unwrap_err().code, Code::Unimplemented);
+        dec.push(&encode_envelope(copse_protocol::envelope::FLAG_COMPRESSED, b"{}"));
+        assert_eq!(RpcError::from(dec.next_envelope().unwrap_err()).code, Code::Unimplemented);
     }
 
     #[test]

@@ -6,21 +6,34 @@
 //! The agent keeps its privileges: it switches to the requesting user and
 //! confines (`copse_jails::confine`) every process it starts, and it chowns
 //! what it creates on a user's behalf.
+//!
+//! Code map:
+//! - `routes`: the HTTP surface, which path goes where.
+//! - `auth`: who may call, as which user (token, signatures, Basic user).
+//! - `connect`: the server side of Connect: error codes, request decoding,
+//!   unary and streaming responses. The wire pieces it shares with clients
+//!   (envelopes, the protobuf-JSON codec, signatures, header names) are in
+//!   `copse-protocol`.
+//! - `process/`: `process.Process`: starting, streaming, signalling processes.
+//! - `filesystem/`: `filesystem.Filesystem`: stat, list, move, watch.
+//! - `transfer`: `GET`/`POST /files`, raw file transfer streamed to and
+//!   from disk.
+//! - `ports`: relays traffic for other sandbox ports to its loopback.
+//! - `paths`, `users`: path resolution and sandbox users as envd does them.
+//! - `state`: settings `/init` can change, shared by every handler.
+//! - `guest/`: `copse-agent guest`, the agent inside a bhyve guest.
 
 pub mod auth;
 pub mod connect;
-pub mod files;
 pub mod filesystem;
 pub mod guest;
 pub mod paths;
 pub mod ports;
 pub mod process;
 pub mod routes;
-pub mod signature;
 pub mod state;
-pub mod upgrade;
+pub mod transfer;
 pub mod users;
-pub mod wire;
 
 use std::collections::HashMap;
 use std::path::PathBuf;

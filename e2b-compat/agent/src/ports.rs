@@ -3,24 +3,22 @@
 //! sandbox's network namespace, relays it to `127.0.0.1:<port>` — the code
 //! interpreter on 49999, or any server a user starts. Nothing outside the
 //! sandbox can reach its loopback any other way. Responses stream through
-//! as they are produced, and WebSocket upgrades are spliced (`upgrade.rs`).
+//! as they are produced, and WebSocket upgrades are spliced (`copse_protocol::upgrade`).
 
 use axum::body::Body;
 use axum::extract::Request;
 use axum::http::StatusCode;
 use axum::middleware::Next;
 use axum::response::Response;
+use copse_protocol::headers::{AGENT_PORT, SANDBOX_PORT};
+use copse_protocol::upgrade;
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 
 use crate::auth::json_error;
 
-pub const PORT_HEADER: &str = "e2b-sandbox-port";
-/// The port E2B's SDK uses for envd, i.e. this agent.
-pub const AGENT_PORT: u16 = 49983;
-
 pub async fn relay_other_ports(request: Request, next: Next) -> Response {
-    let port = request.headers().get(PORT_HEADER).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u16>().ok());
+    let port = request.headers().get(SANDBOX_PORT).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u16>().ok());
     match port {
         Some(port) if port != AGENT_PORT => relay(port, request).await,
         _ => next.run(request).await,
@@ -43,10 +41,10 @@ async fn relay(port: u16, mut request: Request) -> Response {
             tracing::debug!("relay to port {port} ended: {e}");
         }
     });
-    let client_upgrade = crate::upgrade::take(&mut request);
+    let client_upgrade = upgrade::take(&mut request);
     match sender.send_request(request).await {
         Ok(mut response) => {
-            crate::upgrade::splice(client_upgrade, &mut response);
+            upgrade::splice(client_upgrade, &mut response);
             response.map(Body::new)
         }
         Err(e) => json_error(StatusCode::BAD_GATEWAY, format!("port {port}: {e}")),

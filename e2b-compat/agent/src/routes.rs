@@ -14,14 +14,14 @@ use serde::Deserialize;
 
 use crate::auth::{self, json_error};
 use crate::state::SharedState;
-use crate::{files, filesystem, process};
+use crate::{filesystem, process, transfer};
 
 pub fn router(state: SharedState) -> Router {
     Router::new()
         .route("/health", get(|| async { StatusCode::NO_CONTENT }))
         .route("/init", post(init))
         .route("/envs", get(envs))
-        .route("/files", get(files::download).post(files::upload))
+        .route("/files", get(transfer::download).post(transfer::upload))
         .route("/process.Process/{method}", post(process_rpc))
         .route("/filesystem.Filesystem/{method}", post(filesystem_rpc))
         .layer(middleware::from_fn_with_state(state.clone(), auth::require_token))

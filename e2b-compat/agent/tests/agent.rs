@@ -8,7 +8,7 @@ use std::time::Duration;
 use base64::Engine;
 use bytes::Bytes;
 use copse_agent::AgentConfig;
-use copse_agent::connect::{EnvelopeDecoder, FLAG_END_STREAM, encode_envelope};
+use copse_protocol::envelope::{EnvelopeDecoder, FLAG_END_STREAM, encode_envelope};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::{Request, Response, StatusCode};
@@ -420,7 +420,7 @@ async fn uploads_and_downloads_stream_files() {
 async fn signed_urls_work_without_the_token_header() {
     let agent = start_agent(Some(TOKEN)).await;
     std::fs::write(agent.home.join("s.txt"), b"signed").unwrap();
-    let sig = copse_agent::signature::sign("s.txt", "read", "", TOKEN, None);
+    let sig = copse_protocol::signature::sign("s.txt", "read", "", TOKEN, None);
     let enc = sig.replace('+', "%2B").replace('/', "%2F");
     let get = |uri: String| Request::get(uri).header("x-access-token", "").body(Full::default()).unwrap();
     let resp = agent.send(get(format!("/files?path=s.txt&signature={enc}"))).await;
@@ -432,7 +432,7 @@ async fn signed_urls_work_without_the_token_header() {
     unsigned.headers_mut().insert("x-access-token", "wrong".parse().unwrap());
     assert_eq!(agent.send(unsigned).await.status(), StatusCode::UNAUTHORIZED);
 
-    let expired = copse_agent::signature::sign("s.txt", "read", "", TOKEN, Some(1));
+    let expired = copse_protocol::signature::sign("s.txt", "read", "", TOKEN, Some(1));
     let enc = expired.replace('+', "%2B").replace('/', "%2F");
     let resp = agent.send(get(format!("/files?path=s.txt&signature={enc}&signature_expiration=1"))).await;
     assert_eq!(resp.status(), StatusCode::UNAUTHORIZED);

@@ -71,11 +71,7 @@ pub async fn quiesce(socket: &Path) -> tokio::sync::OwnedRwLockWriteGuard<()> {
 /// A small JSON call, for the gateway's own requests to the agent.
 /// `token`: the access token the agent demands, if it has one.
 pub async fn post_json(socket: &Path, path: &str, body: &serde_json::Value, token: Option<&str>) -> anyhow::Result<()> {
-    let mut request = Request::post(path).header("host", "agent").header("content-type", "application/json");
-    if let Some(token) = token {
-        request = request.header(copse_agent::auth::ACCESS_TOKEN_HEADER, token);
-    }
-    let request = request.body(Body::from(serde_json::to_vec(body)?))?;
+    let request = copse_protocol::client::json_request(path, body, token)?.map(Body::new);
     let response = send(socket, request).await?;
     let status = response.status();
     if !status.is_success() {

@@ -7,10 +7,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use axum::body::Body;
-use http_body_util::BodyExt;
+use copse_protocol::client::AGENT_HOST;
+use copse_protocol::headers::SANDBOX_PORT;
+use copse_protocol::{ProcessStream, StartProcess};
 use hyper::Request;
-
-use copse_agent::connect::{EnvelopeDecoder, FLAG_END_STREAM, encode_envelope};
 
 use crate::agent_link;
 use crate::templates::Service;
@@ -27,34 +27,17 @@ pub async fn start(agent_socket: &Path, service: &Service) -> anyhow::Result<()>
 /// `Process.Start` as a background command: once the agent reports the
 /// process started, the stream is dropped and the process lives on.
 async fn launch(agent_socket: &Path, service: &Service) -> anyhow::Result<()> {
-    let start = serde_json::json!({
-        "process": { "cmd": "/bin/bash", "args": ["-c", service.command], "cwd": "/home/user" },
-        "tag": SERVICE_TAG,
-        "stdin": false,
-    });
-    let request = Request::post("/process.Process/Start")
-        .header("host", "agent")
-        .header("content-type", "application/connect+json")
-        .header("connect-protocol-version", "1")
-        .body(Body::from(encode_envelope(0, &serde_json::to_vec(&start)?)))?;
+    let start = StartProcess::shell("/bin/bash", &service.command).cwd("/home/user").tag(SERVICE_TAG);
+    let request = start.request(AGENT_HOST)?.map(Body::new);
     let response = agent_link::send(agent_socket, request).await?;
     if !response.status().is_success() {
         bail!("agent answered {} to Process.Start", response.status());
     }
-    let mut body = response.into_body();
-    let mut decoder = EnvelopeDecoder::default();
-    while let Some(frame) = body.frame().await {
-        if let Ok(data) = frame?.into_data() {
-            decoder.push(&data);
-        }
-        if let Some(first) = decoder.next_envelope().map_err(|e| anyhow::anyhow!("{}", e.to_json()))? {
-            if first.flags & FLAG_END_STREAM != 0 {
-                bail!("service did not start: {}", String::from_utf8_lossy(&first.payload));
-            }
-            return Ok(());
-        }
+    match ProcessStream::new(response.into_body()).next().await {
+        Ok(Some(_)) => Ok(()),
+        Ok(None) => bail!("service did not start: the agent ended the stream"),
+        Err(e) => bail!("service did not start: {e}"),
     }
-    bail!("agent closed the stream before the service started")
 }
 
 pub async fn wait_ready(agent_socket: &Path, service: &Service) -> anyhow::Result<()> {
@@ -78,8 +61,8 @@ pub async fn is_ready(agent_socket: &Path, service: &Service) -> bool {
 
 async fn probe(agent_socket: &Path, service: &Service) -> anyhow::Result<hyper::StatusCode> {
     let request = Request::get(service.health_path)
-        .header("host", "agent")
-        .header("e2b-sandbox-port", service.port.to_string())
+        .header("host", AGENT_HOST)
+        .header(SANDBOX_PORT, service.port.to_string())
         .body(Body::empty())?;
     Ok(agent_link::send(agent_socket, request).await.context("asking the agent")?.status())
 }

@@ -1,25 +1,21 @@
 //! Harness of the substrate conformance suite (`tests/substrate.rs`): the
 //! host's substrate opened on a state directory of the suite's own, and a
-//! small client that drives the in-sandbox agent over its unix socket.
+//! blocking wrapper around `copse_protocol::AgentClient` that drives the
+//! in-sandbox agent over its unix socket.
 //!
 //! Nothing here knows which substrate it runs on; the suite passes on a
 //! host exactly when that host's substrate keeps the trait's promises.
 //! Needs root, the agent binary (`COPSE_AGENT`) and a network for the first
 //! template build; see docs/freebsd.md ("Verifying a host").
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
 use anyhow::{Context, bail};
-use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
-use hyper::{Request, StatusCode};
-use hyper_util::rt::TokioIo;
-use tokio::net::UnixStream;
-
-use copse_agent::connect::{EnvelopeDecoder, FLAG_END_STREAM, encode_envelope};
 use copse_jails::template::{PackageSystem, builtin};
 use copse_jails::{Limits, Placement, SandboxSpec, Substrate};
+pub use copse_protocol::Output;
+use copse_protocol::{AgentClient, StartProcess};
 
 /// State directory of the suite, apart from any gateway's: `recover`
 /// destroys every sandbox it does not know.
@@ -157,111 +153,41 @@ impl Drop for Sandbox {
     }
 }
 
-/// What a finished command printed and how it ended.
-#[derive(Debug, Default)]
-pub struct Output {
-    pub stdout: String,
-    pub stderr: String,
-    pub exit_code: i64,
-}
-
 /// Speaks to one sandbox's agent over its socket, as the gateway does.
 pub struct Agent {
     pub socket: PathBuf,
 }
 
 impl Agent {
+    fn client(&self) -> AgentClient {
+        AgentClient::new(&self.socket)
+    }
+
     /// Runs `/bin/sh -c script` as the sandbox user and waits for its end.
     pub fn sh(&self, script: &str) -> anyhow::Result<Output> {
-        block_on(run(&self.socket, script))
+        Ok(block_on(self.client().run(&StartProcess::shell("/bin/sh", script)))?)
     }
 
     /// As [`Agent::sh`], but `None` if no answer came within `limit` (a
     /// paused sandbox's agent is stopped too and answers nothing).
     pub fn sh_within(&self, script: &str, limit: std::time::Duration) -> anyhow::Result<Option<Output>> {
-        block_on(async { tokio::time::timeout(limit, run(&self.socket, script)).await.ok().transpose() })
+        let (client, start) = (self.client(), StartProcess::shell("/bin/sh", script));
+        Ok(block_on(async { tokio::time::timeout(limit, client.run(&start)).await.ok().transpose() })?)
     }
 
     /// Writes a file through the agent's upload endpoint.
     pub fn write_file(&self, path: &str, content: &[u8]) -> anyhow::Result<()> {
-        let request = Request::post(format!("/files?path={path}&username=user"))
-            .header("host", "agent")
-            .header("content-type", "application/octet-stream")
-            .body(Full::new(Bytes::copy_from_slice(content)))?;
-        let (status, body) = block_on(send(&self.socket, request))?;
-        if status != StatusCode::OK {
-            bail!("upload answered {status}: {}", String::from_utf8_lossy(&body));
-        }
-        Ok(())
+        Ok(block_on(self.client().upload(path, USER, content))?)
     }
 
     pub fn read_file(&self, path: &str) -> anyhow::Result<Vec<u8>> {
-        let request = Request::get(format!("/files?path={path}&username=user"))
-            .header("host", "agent")
-            .body(Full::new(Bytes::new()))?;
-        let (status, body) = block_on(send(&self.socket, request))?;
-        if status != StatusCode::OK {
-            bail!("download answered {status}: {}", String::from_utf8_lossy(&body));
-        }
-        Ok(body.to_vec())
+        Ok(block_on(self.client().download(path, USER))?)
     }
 }
+
+/// The user files are written and read as.
+const USER: &str = "user";
 
 fn block_on<F: Future>(future: F) -> F::Output {
     tokio::runtime::Builder::new_current_thread().enable_all().build().expect("tokio runtime").block_on(future)
-}
-
-async fn send(socket: &Path, request: Request<Full<Bytes>>) -> anyhow::Result<(StatusCode, Bytes)> {
-    let stream = UnixStream::connect(socket).await.with_context(|| format!("connecting {}", socket.display()))?;
-    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
-    tokio::spawn(connection);
-    let response = sender.send_request(request).await?;
-    let status = response.status();
-    Ok((status, response.into_body().collect().await?.to_bytes()))
-}
-
-/// `Process.Start`, reading the event stream to the end event.
-async fn run(socket: &Path, script: &str) -> anyhow::Result<Output> {
-    let start = serde_json::json!({
-        "process": { "cmd": "/bin/sh", "args": ["-c", script] },
-        "stdin": false,
-    });
-    let request = Request::post("/process.Process/Start")
-        .header("host", "agent")
-        .header("content-type", "application/connect+json")
-        .header("connect-protocol-version", "1")
-        .body(Full::new(encode_envelope(0, &serde_json::to_vec(&start)?)))?;
-    let (status, body) = send(socket, request).await?;
-    if !status.is_success() {
-        bail!("Process.Start answered {status}: {}", String::from_utf8_lossy(&body));
-    }
-    let mut decoder = EnvelopeDecoder::default();
-    decoder.push(&body);
-    let mut output = Output::default();
-    let mut ended = false;
-    while let Some(envelope) = decoder.next_envelope().map_err(|e| anyhow::anyhow!("{}", e.to_json()))? {
-        let message: serde_json::Value = serde_json::from_slice(&envelope.payload)?;
-        if envelope.flags & FLAG_END_STREAM != 0 {
-            if let Some(error) = message.get("error") {
-                bail!("process stream failed: {error}");
-            }
-            break;
-        }
-        let event = &message["event"];
-        for (key, out) in [("stdout", &mut output.stdout), ("stderr", &mut output.stderr)] {
-            if let Some(data) = event["data"][key].as_str() {
-                out.push_str(&String::from_utf8_lossy(
-                    &copse_agent::wire::decode_base64(data).map_err(|e| anyhow::anyhow!(e))?,
-                ));
-            }
-        }
-        if let Some(end) = event.get("end") {
-            output.exit_code = end["exitCode"].as_i64().unwrap_or(-1);
-            ended = true;
-        }
-    }
-    if !ended {
-        bail!("the process stream ended without an end event");
-    }
-    Ok(output)
 }

@@ -18,48 +18,48 @@ use crate::connect::{self, Code, RpcError, StreamItem, StreamLimits};
 use crate::process::rpc::read_body;
 use crate::state::SharedState;
 use crate::users::User;
-use crate::wire;
+use copse_protocol::json as protojson;
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(default)]
 struct PathRequest {
-    #[serde(deserialize_with = "wire::string_field")]
+    #[serde(deserialize_with = "protojson::string_field")]
     path: String,
 }
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(default)]
 struct ListDirRequest {
-    #[serde(deserialize_with = "wire::string_field")]
+    #[serde(deserialize_with = "protojson::string_field")]
     path: String,
-    #[serde(deserialize_with = "wire::u32_field")]
+    #[serde(deserialize_with = "protojson::u32_field")]
     depth: u32,
 }
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(default)]
 struct MoveRequest {
-    #[serde(deserialize_with = "wire::string_field")]
+    #[serde(deserialize_with = "protojson::string_field")]
     source: String,
-    #[serde(deserialize_with = "wire::string_field")]
+    #[serde(deserialize_with = "protojson::string_field")]
     destination: String,
 }
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(default)]
 struct WatchRequest {
-    #[serde(deserialize_with = "wire::string_field")]
+    #[serde(deserialize_with = "protojson::string_field")]
     path: String,
-    #[serde(deserialize_with = "wire::bool_field")]
+    #[serde(deserialize_with = "protojson::bool_field")]
     recursive: bool,
-    #[serde(alias = "include_entry", rename = "includeEntry", deserialize_with = "wire::bool_field")]
+    #[serde(alias = "include_entry", rename = "includeEntry", deserialize_with = "protojson::bool_field")]
     include_entry: bool,
 }
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(default)]
 struct WatcherIdRequest {
-    #[serde(alias = "watcher_id", rename = "watcherId", deserialize_with = "wire::string_field")]
+    #[serde(alias = "watcher_id", rename = "watcherId", deserialize_with = "protojson::string_field")]
     watcher_id: String,
 }
 

@@ -17,20 +17,23 @@ use super::spawn::{SpawnPlan, environment};
 use super::status::EndInfo;
 use super::{Selector, signal_group};
 use crate::auth::rpc_user;
-use crate::connect::{self, Code, EnvelopeDecoder, RpcError, StreamItem, StreamLimits};
+use copse_protocol::envelope::{EnvelopeDecoder, FLAG_END_STREAM, encode_envelope};
+use copse_protocol::headers::CONTENT_TYPE_STREAM;
+
+use crate::connect::{self, Code, RpcError, StreamItem, StreamLimits};
 use crate::state::SharedState;
-use crate::wire;
+use copse_protocol::json as protojson;
 
 // ---- requests ----
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(default)]
 struct ProcessConfigMsg {
-    #[serde(deserialize_with = "wire::string_field")]
+    #[serde(deserialize_with = "protojson::string_field")]
     cmd: String,
-    #[serde(deserialize_with = "wire::strings_field")]
+    #[serde(deserialize_with = "protojson::strings_field")]
     args: Vec<String>,
-    #[serde(deserialize_with = "wire::string_map_field")]
+    #[serde(deserialize_with = "protojson::string_map_field")]
     envs: HashMap<String, String>,
     cwd: Option<String>,
 }
@@ -38,9 +41,9 @@ struct ProcessConfigMsg {
 #[derive(Debug, Default, Deserialize)]
 #[serde(default)]
 struct PtySize {
-    #[serde(deserialize_with = "wire::u32_field")]
+    #[serde(deserialize_with = "protojson::u32_field")]
     cols: u32,
-    #[serde(deserialize_with = "wire::u32_field")]
+    #[serde(deserialize_with = "protojson::u32_field")]
     rows: u32,
 }
 
@@ -56,14 +59,14 @@ struct StartRequest {
     process: Option<ProcessConfigMsg>,
     pty: Option<PtyMsg>,
     tag: Option<String>,
-    #[serde(deserialize_with = "wire::opt_bool_field")]
+    #[serde(deserialize_with = "protojson::opt_bool_field")]
     stdin: Option<bool>,
 }
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(default)]
 struct SelectorMsg {
-    #[serde(deserialize_with = "wire::opt_u32_field")]
+    #[serde(deserialize_with = "protojson::opt_u32_field")]
     pid: Option<u32>,
     tag: Option<String>,
 }
@@ -87,9 +90,9 @@ struct ProcessOnly {
 #[derive(Debug, Default, Deserialize)]
 #[serde(default)]
 struct InputMsg {
-    #[serde(deserialize_with = "wire::bytes_field")]
+    #[serde(deserialize_with = "protojson::bytes_field")]
     stdin: Option<Vec<u8>>,
-    #[serde(deserialize_with = "wire::bytes_field")]
+    #[serde(deserialize_with = "protojson::bytes_field")]
     pty: Option<Vec<u8>>,
 }
 
@@ -123,7 +126,7 @@ struct SendSignalRequest {
 
 fn signal_field<'de, D: Deserializer<'de>>(d: D) -> Result<i32, D::Error> {
     let v = Value::deserialize(d)?;
-    wire::enum_value(&v, &[("SIGNAL_UNSPECIFIED", 0), ("SIGNAL_SIGTERM", 15), ("SIGNAL_SIGKILL", 9)])
+    protojson::enum_value(&v, &[("SIGNAL_UNSPECIFIED", 0), ("SIGNAL_SIGTERM", 15), ("SIGNAL_SIGKILL", 9)])
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -165,7 +168,7 @@ fn data_event(output: &Output) -> Value {
         Output::Stderr(b) => ("stderr", b),
         Output::Pty(b) => ("pty", b),
     };
-    json!({ "data": { key: wire::encode_base64(bytes) } })
+    json!({ "data": { key: protojson::encode_base64(bytes) } })
 }
 
 fn end_event(end: &EndInfo) -> Value {
@@ -389,7 +392,7 @@ async fn stream_input(state: &SharedState, body: Body) -> Result<(), RpcError> {
     let mut process: Option<Arc<Process>> = None;
     loop {
         while let Some(env) = decoder.next_envelope()? {
-            if env.flags & connect::FLAG_END_STREAM != 0 {
+            if env.flags & FLAG_END_STREAM != 0 {
                 continue;
             }
             let msg: StreamInputRequest = connect::decode_json(&env.payload)?;
@@ -410,7 +413,7 @@ async fn stream_input(state: &SharedState, body: Body) -> Result<(), RpcError> {
 }
 
 fn stream_input_ok() -> Response {
-    let mut body = connect::encode_envelope(0, b"{}").to_vec();
+    let mut body = encode_envelope(0, b"{}").to_vec();
     body.extend_from_slice(&connect::end_stream_frame(None));
-    ([(axum::http::header::CONTENT_TYPE, connect::CONTENT_TYPE_STREAM)], body).into_response()
+    ([(axum::http::header::CONTENT_TYPE, CONTENT_TYPE_STREAM)], body).into_response()
 }

@@ -20,8 +20,8 @@ use crate::model::SandboxRecord;
 use crate::service::Sandboxes;
 
 pub const SANDBOX_ID_HEADER: &str = "e2b-sandbox-id";
-const SANDBOX_PORT_HEADER: &str = copse_agent::ports::PORT_HEADER;
-const ACCESS_TOKEN_HEADER: &str = "x-access-token";
+const SANDBOX_PORT_HEADER: &str = copse_protocol::headers::SANDBOX_PORT;
+const ACCESS_TOKEN_HEADER: &str = copse_protocol::headers::ACCESS_TOKEN;
 
 pub async fn switch(State(svc): State<Arc<Sandboxes>>, request: Request, next: Next) -> Response {
     let (record, port) = match target(&svc, &request) {
@@ -30,7 +30,7 @@ pub async fn switch(State(svc): State<Arc<Sandboxes>>, request: Request, next: N
         Target::ControlPlane => return next.run(request).await,
     };
     if let Some(token) = request.headers().get(ACCESS_TOKEN_HEADER)
-        && !copse_agent::signature::equal(token.to_str().unwrap_or(""), &record.access_token)
+        && !copse_protocol::signature::equal(token.to_str().unwrap_or(""), &record.access_token)
     {
         return ApiError::new(StatusCode::UNAUTHORIZED, "invalid access token for this sandbox").into_response();
     }
@@ -93,7 +93,7 @@ fn signed_link_owner(svc: &Sandboxes, request: &Request) -> Option<SandboxRecord
     let (path, signature) = (path?, signature?);
     let operation = if request.method() == Method::GET { "read" } else { "write" };
     svc.list(&Default::default()).ok()?.into_iter().find(|record| {
-        copse_agent::signature::sign(&path, operation, &username, &record.access_token, expiration) == signature
+        copse_protocol::signature::sign(&path, operation, &username, &record.access_token, expiration) == signature
     })
 }
 
@@ -118,10 +118,10 @@ async fn forward(record: &SandboxRecord, port: Option<u16>, mut request: Request
     if let Some(path) = request.uri().path_and_query().cloned() {
         *request.uri_mut() = Uri::from(path);
     }
-    let client_upgrade = copse_agent::upgrade::take(&mut request);
+    let client_upgrade = copse_protocol::upgrade::take(&mut request);
     match agent_link::send(&record.agent_socket, request).await {
         Ok(mut response) => {
-            copse_agent::upgrade::splice(client_upgrade, &mut response);
+            copse_protocol::upgrade::splice(client_upgrade, &mut response);
             response.map(Body::new)
         }
         Err(e) => {

@@ -1,0 +1,19 @@
+//! Header names and fixed values of the envd API, as the SDK, the gateway
+//! and the agent spell them.
+
+/// The sandbox's envd access token (`envdAccessToken` of a create response).
+pub const ACCESS_TOKEN: &str = "x-access-token";
+/// Which sandbox port a request through the gateway is for.
+pub const SANDBOX_PORT: &str = "e2b-sandbox-port";
+/// Which sandbox a request through the gateway is for.
+pub const SANDBOX_ID: &str = "e2b-sandbox-id";
+/// The port E2B's SDK uses for envd, i.e. the agent.
+pub const AGENT_PORT: u16 = 49983;
+
+/// Content type of unary Connect calls with the JSON codec.
+pub const CONTENT_TYPE_UNARY: &str = "application/json";
+/// Content type of streaming Connect calls with the JSON codec.
+pub const CONTENT_TYPE_STREAM: &str = "application/connect+json";
+/// The Connect protocol version header and the only version there is.
+pub const CONNECT_PROTOCOL_VERSION: &str = "connect-protocol-version";
+pub const CONNECT_PROTOCOL_VERSION_1: &str = "1";

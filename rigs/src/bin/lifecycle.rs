@@ -1,0 +1,566 @@
+//! `copse-rig-lifecycle OP`: lifecycle operations timed through the API a
+//! user calls (E2B's pause/connect/snapshots/fork, copse's clone and
+//! rollback), shaped like CubeSandbox's report §4.1–4.6 so the numbers line
+//! up point by point. Starts its own gateway, writes one JSON result per
+//! operation to `benchmarks/results/` (see `benchmarks/schema.md`).
+//!
+//! Every clock is client-side, from sending the request to having read the
+//! whole response, on one keep-alive connection per worker.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::time::Instant;
+
+use anyhow::{Context, bail};
+use bytes::Bytes;
+use clap::{Parser, ValueEnum};
+use copse_protocol::headers;
+use copse_rigs::facts::random_hex;
+use copse_rigs::report::{p50_target, print_footer};
+use copse_rigs::{Conn, Gateway, LEAN_CLIENT, RigArgs, Run, Scenario, ms};
+use futures::future::join_all;
+use http_body_util::{BodyExt, Full};
+use hyper::{Method, StatusCode};
+use serde_json::{Value, json};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Op {
+    /// §4.1: pause, then resume through connect (memory kept; and files only).
+    PauseResume,
+    /// §4.2: filesystem snapshot of a sandbox with nothing written.
+    Snapshot,
+    /// §4.3: filesystem snapshot with N MB written since boot.
+    SnapshotDirty,
+    /// §4.4: create a sandbox from snapshots of several sizes, then read a file.
+    FromSnapshot,
+    /// §4.5: roll a sandbox back to its snapshot in place.
+    Rollback,
+    /// §4.6: clone N sandboxes from a running one.
+    Clone,
+    /// Memory ("full") snapshot of a running sandbox, and a new sandbox
+    /// restored from it, with N MB held in the sandbox's memory (tmpfs).
+    MemorySnapshot,
+}
+
+impl Op {
+    fn rig(self) -> &'static str {
+        match self {
+            Op::PauseResume => "pause-resume",
+            Op::Snapshot => "snapshot",
+            Op::SnapshotDirty => "snapshot-dirty",
+            Op::FromSnapshot => "from-snapshot",
+            Op::Rollback => "rollback",
+            Op::Clone => "clone",
+            Op::MemorySnapshot => "memory-snapshot",
+        }
+    }
+
+    fn clock(self) -> &'static str {
+        match self {
+            Op::PauseResume => {
+                "pause_ms: POST /sandboxes/{id}/pause sent -> 204 read; resume_ms: POST /v2/sandboxes/{id}/connect sent -> 201 read; resume_to_health_ms: resume request sent -> the sandbox's envd GET /health answered through the gateway"
+            }
+            Op::Snapshot | Op::SnapshotDirty => {
+                "snapshot_ms: POST /sandboxes/{id}/snapshots sent -> 201 read (the sandbox's files are copied, its processes frozen meanwhile); delete_ms: DELETE /templates/{snapshot} sent -> 204 read"
+            }
+            Op::FromSnapshot => {
+                "create_ms: POST /v2/sandboxes with the snapshot as templateID sent -> 201 read; first_read_ms: then GET /files of a file from the snapshot sent -> its bytes read; total_ms: both"
+            }
+            Op::Rollback => {
+                "rollback_ms: POST /copse/sandboxes/{id}/rollback sent -> 200 read (processes restarted on the snapshot's files)"
+            }
+            Op::Clone => {
+                "wall_ms: first POST /copse/sandboxes/{id}/clone sent -> last response read, for all clones of one round; per_sandbox_ms: wall_ms / clones"
+            }
+            Op::MemorySnapshot => {
+                "snapshot_ms: POST /sandboxes/{id}/snapshots {memory: true} sent -> 201 read (sandbox frozen, files copied, processes checkpointed); restore_ms: POST /v2/sandboxes with the snapshot as templateID sent -> 201 read (processes restored into a new sandbox); first_read_ms: then GET /files of a file from the snapshot -> bytes read"
+            }
+        }
+    }
+}
+
+#[derive(Parser, Debug)]
+#[command(
+    version,
+    about = "Lifecycle operations (pause/resume, snapshots, from-snapshot, rollback, clone, memory snapshots) against a fresh gateway"
+)]
+struct Args {
+    #[arg(value_enum)]
+    op: Op,
+    /// Timed samples per scenario.
+    #[arg(long, default_value_t = 50)]
+    samples: usize,
+    /// Concurrency levels (pause-resume, snapshot).
+    #[arg(long, value_delimiter = ',', default_values_t = [1usize, 10])]
+    concurrency: Vec<usize>,
+    /// Megabytes written before a snapshot (snapshot-dirty, from-snapshot).
+    #[arg(long, value_delimiter = ',', default_values_t = [0usize, 16, 100, 256, 1024])]
+    dirty_mb: Vec<usize>,
+    /// Clones per round (clone).
+    #[arg(long, default_value_t = 100)]
+    clones: u32,
+    /// Parallel clone requests the clones are spread over (clone).
+    #[arg(long, value_delimiter = ',', default_values_t = [1usize, 10, 20, 50])]
+    clone_concurrency: Vec<usize>,
+    #[command(flatten)]
+    common: RigArgs,
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let run = Run::begin(args.op.rig());
+    args.common.bins.check()?;
+    args.common.bins.build_template(Some("base"))?;
+    let key = random_hex(16)?;
+    let gateway = Gateway::start(&args.common.bins, &key, &["base=0".to_string()], "copse-rig-lifecycle")?;
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let api = Api { addr: gateway.addr, key };
+    let measured = runtime.block_on(measure(&args, &api));
+    let mut notes = Vec::new();
+    gateway.stop(&mut notes);
+    let scenarios = measured?;
+    let targets = targets(args.op, &scenarios);
+    let params = json!({
+        "op": args.op.rig(),
+        "clock": args.op.clock(),
+        "client": LEAN_CLIENT,
+        "samples": args.samples,
+        "concurrency": args.concurrency,
+        "dirty_mb": args.dirty_mb,
+        "clones": args.clones,
+        "clone_concurrency": args.clone_concurrency,
+        "template": "base",
+    });
+    let (path, result) =
+        run.write(&args.common.out_dir, params, &args.common.bins, &scenarios, json!({}), targets, notes)?;
+    for s in &scenarios {
+        let line: Vec<String> = s
+            .series
+            .keys()
+            .filter_map(|k| s.summary(k).map(|v| format!("{k} p50 {:.2} p95 {:.2}", v.p50, v.p95)))
+            .collect();
+        println!("{:<28} {}", s.name, line.join(" | "));
+    }
+    print_footer(&result, &path);
+    Ok(())
+}
+
+/// The targets issue 5 sets for this 2-core machine.
+fn targets(op: Op, scenarios: &[Scenario]) -> Value {
+    let list: Vec<Value> = match op {
+        Op::PauseResume => vec![
+            p50_target(scenarios, "pause <= 5 ms p50", "pause-resume-memory-c1", "pause_ms", 5.0),
+            p50_target(scenarios, "resume <= 5 ms p50", "pause-resume-memory-c1", "resume_ms", 5.0),
+        ],
+        Op::SnapshotDirty => {
+            vec![p50_target(scenarios, "snapshot with 100 MB dirty <= 100 ms p50", "dirty-100mb", "snapshot_ms", 100.0)]
+        }
+        Op::FromSnapshot => scenarios
+            .iter()
+            .map(|s| p50_target(scenarios, "create from snapshot <= 20 ms p50, any size", &s.name, "create_ms", 20.0))
+            .collect(),
+        Op::Clone => scenarios
+            .iter()
+            .filter(|s| s.concurrency == 10)
+            .map(|s| p50_target(scenarios, "clone of 100 <= 500 ms wall", &s.name, "wall_ms", 500.0))
+            .collect(),
+        Op::Snapshot | Op::Rollback | Op::MemorySnapshot => Vec::new(),
+    };
+    Value::Array(list)
+}
+
+async fn measure(args: &Args, api: &Api) -> anyhow::Result<Vec<Scenario>> {
+    let mut out = Vec::new();
+    match args.op {
+        Op::PauseResume => {
+            for &cc in &args.concurrency {
+                out.push(pause_resume(api, cc, args.samples, true).await?);
+            }
+            out.push(pause_resume(api, 1, args.samples.min(20), false).await?);
+        }
+        Op::Snapshot => {
+            for &cc in &args.concurrency {
+                out.push(snapshots(api, &format!("clean-c{cc}"), cc, args.samples, 0).await?);
+            }
+        }
+        Op::SnapshotDirty => {
+            for &mb in &args.dirty_mb {
+                let n = if mb >= 256 { args.samples.min(5) } else { args.samples.min(20) };
+                out.push(snapshots(api, &format!("dirty-{mb}mb"), 1, n, mb).await?);
+            }
+        }
+        Op::FromSnapshot => {
+            for &mb in &args.dirty_mb {
+                out.push(from_snapshot(api, mb, args.samples.min(30)).await?);
+            }
+        }
+        Op::Rollback => out.push(rollback(api, args.samples.min(30)).await?),
+        Op::Clone => {
+            for &cc in &args.clone_concurrency {
+                out.push(clone(api, args.clones, cc, 3).await?);
+            }
+        }
+        Op::MemorySnapshot => {
+            for &mb in &args.dirty_mb {
+                out.push(memory_snapshot(api, mb, args.samples.min(20)).await?);
+            }
+        }
+    }
+    Ok(out)
+}
+
+// ---------------------------------------------------------------- scenarios
+
+async fn pause_resume(api: &Api, cc: usize, n: usize, memory: bool) -> anyhow::Result<Scenario> {
+    let per_worker = n.div_ceil(cc);
+    let workers = (0..cc).map(|_| async move {
+        let mut conn = Conn::open(api.addr).await?;
+        let sbx = api.create(&mut conn, "base").await?;
+        let mut rows = Vec::new();
+        for _ in 0..per_worker {
+            let t0 = Instant::now();
+            api.expect(
+                &mut conn,
+                Method::POST,
+                &format!("/sandboxes/{}/pause", sbx.id),
+                Some(json!({ "memory": memory })),
+                StatusCode::NO_CONTENT,
+            )
+            .await?;
+            let pause = ms(t0.elapsed());
+            let t1 = Instant::now();
+            api.expect(
+                &mut conn,
+                Method::POST,
+                &format!("/v2/sandboxes/{}/connect", sbx.id),
+                Some(json!({ "timeout": 600 })),
+                StatusCode::CREATED,
+            )
+            .await?;
+            let resume = ms(t1.elapsed());
+            api.health(&mut conn, &sbx).await?;
+            rows.push([pause, resume, ms(t1.elapsed())]);
+        }
+        api.delete(&mut conn, &sbx.id).await?;
+        anyhow::Ok(rows)
+    });
+    let rows = collect(join_all(workers).await)?;
+    let mode = if memory { "memory" } else { "filesystem" };
+    Ok(scenario(&format!("pause-resume-{mode}-c{cc}"), cc, &["pause_ms", "resume_ms", "resume_to_health_ms"], &rows))
+}
+
+/// Snapshots of sandboxes with `mb` megabytes written since boot; each
+/// snapshot is deleted again (timed separately) so disk use stays flat.
+async fn snapshots(api: &Api, name: &str, cc: usize, n: usize, mb: usize) -> anyhow::Result<Scenario> {
+    let per_worker = n.div_ceil(cc);
+    let workers = (0..cc).map(|_| async move {
+        let mut conn = Conn::open(api.addr).await?;
+        let sbx = api.create(&mut conn, "base").await?;
+        if mb > 0 {
+            api.upload(&mut conn, &sbx, "/home/user/dirty.bin", filler(mb)).await?;
+        }
+        let mut rows = Vec::new();
+        for _ in 0..per_worker {
+            let t0 = Instant::now();
+            let id = api.snapshot(&mut conn, &sbx.id).await?;
+            let snapshot = ms(t0.elapsed());
+            let t1 = Instant::now();
+            api.expect(&mut conn, Method::DELETE, &format!("/templates/{id}"), None, StatusCode::NO_CONTENT).await?;
+            rows.push([snapshot, ms(t1.elapsed())]);
+        }
+        api.delete(&mut conn, &sbx.id).await?;
+        anyhow::Ok(rows)
+    });
+    let rows = collect(join_all(workers).await)?;
+    let mut s = scenario(name, cc, &["snapshot_ms", "delete_ms"], &rows);
+    s.counters.insert("dirty_mb".into(), json!(mb));
+    Ok(s)
+}
+
+async fn from_snapshot(api: &Api, mb: usize, n: usize) -> anyhow::Result<Scenario> {
+    let mut conn = Conn::open(api.addr).await?;
+    let source = api.create(&mut conn, "base").await?;
+    if mb > 0 {
+        api.upload(&mut conn, &source, "/home/user/dirty.bin", filler(mb)).await?;
+    }
+    api.upload(&mut conn, &source, "/home/user/marker", Bytes::from_static(b"from the snapshot")).await?;
+    let snap = api.snapshot(&mut conn, &source.id).await?;
+    api.delete(&mut conn, &source.id).await?;
+    let mut rows = Vec::new();
+    for _ in 0..n {
+        let t0 = Instant::now();
+        let child = api.create(&mut conn, &snap).await?;
+        let create = ms(t0.elapsed());
+        let t1 = Instant::now();
+        let body = api.read(&mut conn, &child, "/home/user/marker").await?;
+        let read = ms(t1.elapsed());
+        if body.as_ref() != b"from the snapshot" {
+            bail!("sandbox from snapshot read {:?} from its marker", String::from_utf8_lossy(&body));
+        }
+        rows.push([create, read, create + read]);
+        api.delete(&mut conn, &child.id).await?;
+    }
+    api.expect(&mut conn, Method::DELETE, &format!("/templates/{snap}"), None, StatusCode::NO_CONTENT).await?;
+    let mut s = scenario(&format!("from-{mb}mb"), 1, &["create_ms", "first_read_ms", "total_ms"], &rows);
+    s.counters.insert("snapshot_dirty_mb".into(), json!(mb));
+    Ok(s)
+}
+
+/// Memory snapshots of a sandbox holding `mb` MB in its `/dev/shm` (tmpfs:
+/// memory the checkpoint must carry), each restored into a new sandbox
+/// that then serves a file; snapshot and child are deleted (untimed).
+async fn memory_snapshot(api: &Api, mb: usize, n: usize) -> anyhow::Result<Scenario> {
+    let mut conn = Conn::open(api.addr).await?;
+    let source = api.create(&mut conn, "base").await?;
+    if mb > 0 {
+        api.upload(&mut conn, &source, "/dev/shm/held.bin", filler(mb)).await?;
+    }
+    api.upload(&mut conn, &source, "/home/user/marker", Bytes::from_static(b"from the snapshot")).await?;
+    let path = format!("/sandboxes/{}/snapshots", source.id);
+    let mut rows = Vec::new();
+    for _ in 0..n {
+        let t0 = Instant::now();
+        let snap =
+            api.expect(&mut conn, Method::POST, &path, Some(json!({ "memory": true })), StatusCode::CREATED).await?;
+        let snapshot = ms(t0.elapsed());
+        let snap = snap["snapshotID"].as_str().context("no snapshotID")?.to_string();
+        let t1 = Instant::now();
+        let child = api.create(&mut conn, &snap).await?;
+        let restore = ms(t1.elapsed());
+        let t2 = Instant::now();
+        let body = api.read(&mut conn, &child, "/home/user/marker").await?;
+        let read = ms(t2.elapsed());
+        if body.as_ref() != b"from the snapshot" {
+            bail!("sandbox restored from a memory snapshot read {:?}", String::from_utf8_lossy(&body));
+        }
+        rows.push([snapshot, restore, read]);
+        api.delete(&mut conn, &child.id).await?;
+        api.expect(&mut conn, Method::DELETE, &format!("/templates/{snap}"), None, StatusCode::NO_CONTENT).await?;
+    }
+    api.delete(&mut conn, &source.id).await?;
+    let mut s = scenario(&format!("memory-{mb}mb"), 1, &["snapshot_ms", "restore_ms", "first_read_ms"], &rows);
+    s.counters.insert("shm_mb".into(), json!(mb));
+    Ok(s)
+}
+
+async fn rollback(api: &Api, n: usize) -> anyhow::Result<Scenario> {
+    let mut conn = Conn::open(api.addr).await?;
+    let sbx = api.create(&mut conn, "base").await?;
+    api.upload(&mut conn, &sbx, "/home/user/dirty.bin", filler(16)).await?;
+    let snap = api.snapshot(&mut conn, &sbx.id).await?;
+    let mut rows = Vec::new();
+    for _ in 0..n {
+        api.upload(&mut conn, &sbx, "/home/user/after", Bytes::from_static(b"written after the snapshot")).await?;
+        let t0 = Instant::now();
+        api.expect(
+            &mut conn,
+            Method::POST,
+            &format!("/copse/sandboxes/{}/rollback", sbx.id),
+            Some(json!({ "snapshotID": snap })),
+            StatusCode::OK,
+        )
+        .await?;
+        let rollback = ms(t0.elapsed());
+        if api.read(&mut conn, &sbx, "/home/user/after").await.is_ok() {
+            bail!("a file written after the snapshot survived the rollback");
+        }
+        rows.push([rollback]);
+    }
+    api.delete(&mut conn, &sbx.id).await?;
+    api.expect(&mut conn, Method::DELETE, &format!("/templates/{snap}"), None, StatusCode::NO_CONTENT).await?;
+    let mut s = scenario("rollback-16mb", 1, &["rollback_ms"], &rows);
+    s.counters.insert("snapshot_dirty_mb".into(), json!(16));
+    Ok(s)
+}
+
+/// `rounds` rounds of `total` clones spread over `cc` parallel requests;
+/// the clones of a round are deleted (untimed) before the next.
+async fn clone(api: &Api, total: u32, cc: usize, rounds: usize) -> anyhow::Result<Scenario> {
+    let mut conn = Conn::open(api.addr).await?;
+    let source = api.create(&mut conn, "base").await?;
+    api.upload(&mut conn, &source, "/home/user/state", Bytes::from_static(b"cloned")).await?;
+    let counts: Vec<u32> = (0..cc as u32).map(|i| total / cc as u32 + u32::from(i < total % cc as u32)).collect();
+    let mut rows = Vec::new();
+    let mut failures = 0;
+    let mut errors = Vec::new();
+    for _ in 0..rounds {
+        let t0 = Instant::now();
+        let path = format!("/copse/sandboxes/{}/clone", source.id);
+        let path = path.as_str();
+        let requests = counts.iter().filter(|c| **c > 0).map(|&count| async move {
+            let mut conn = Conn::open(api.addr).await?;
+            api.expect(
+                &mut conn,
+                Method::POST,
+                path,
+                Some(json!({ "count": count, "timeout": 600 })),
+                StatusCode::CREATED,
+            )
+            .await
+        });
+        let answers = join_all(requests).await;
+        let wall = ms(t0.elapsed());
+        let mut ids = Vec::new();
+        for answer in answers {
+            match answer {
+                Ok(children) => {
+                    for child in children.as_array().cloned().unwrap_or_default() {
+                        match child["sandbox"]["sandboxID"].as_str() {
+                            Some(id) => ids.push(id.to_string()),
+                            None => errors.push(format!("clone failed: {}", child["error"])),
+                        }
+                    }
+                }
+                Err(e) => errors.push(format!("clone request failed: {e:#}")),
+            }
+        }
+        failures += total as usize - ids.len();
+        rows.push([wall, wall / f64::from(total)]);
+        for id in ids {
+            api.delete(&mut conn, &id).await?;
+        }
+    }
+    api.delete(&mut conn, &source.id).await?;
+    let mut s = scenario(&format!("clone-{total}-c{cc}"), cc, &["wall_ms", "per_sandbox_ms"], &rows);
+    s.counters.insert("clones_per_round".into(), json!(total));
+    s.counters.insert("failed_clones".into(), json!(failures));
+    // A round with failed clones still counts: its wall clock covers every
+    // clone asked for, answered or not.
+    s.errors = errors;
+    Ok(s)
+}
+
+// ---------------------------------------------------------------- helpers
+
+fn scenario<const N: usize>(name: &str, cc: usize, metrics: &[&str; N], rows: &[[f64; N]]) -> Scenario {
+    let mut series = BTreeMap::new();
+    for (i, metric) in metrics.iter().enumerate() {
+        series.insert(metric.to_string(), rows.iter().map(|r| Some(r[i])).collect());
+    }
+    let mut counters = serde_json::Map::new();
+    counters.insert("ok".into(), json!(rows.len()));
+    Scenario { name: name.into(), client: "lean-rust".into(), concurrency: cc, series, counters, ..Default::default() }
+}
+
+fn collect<T>(results: Vec<anyhow::Result<Vec<T>>>) -> anyhow::Result<Vec<T>> {
+    let mut out = Vec::new();
+    for r in results {
+        out.extend(r?);
+    }
+    Ok(out)
+}
+
+/// `mb` megabytes that no file system can deduplicate or compress away.
+fn filler(mb: usize) -> Bytes {
+    let mut state: u64 = 0x9E37_79B9_7F4A_7C15;
+    let mut data = Vec::with_capacity(mb << 20);
+    while data.len() < mb << 20 {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        data.extend_from_slice(&state.to_le_bytes());
+    }
+    Bytes::from(data)
+}
+
+struct Sandbox {
+    id: String,
+    token: String,
+}
+
+struct Api {
+    addr: SocketAddr,
+    key: String,
+}
+
+impl Api {
+    async fn expect(
+        &self,
+        conn: &mut Conn,
+        method: Method,
+        path: &str,
+        body: Option<Value>,
+        want: StatusCode,
+    ) -> anyhow::Result<Value> {
+        let body = body.map(|b| Bytes::from(b.to_string())).unwrap_or_default();
+        let req = conn
+            .request(method.clone(), path)
+            .header("x-api-key", &self.key)
+            .header("content-type", "application/json")
+            .body(Full::new(body))?;
+        let resp = conn.send(req).await?;
+        let status = resp.status();
+        let bytes = resp.into_body().collect().await?.to_bytes();
+        if status != want {
+            bail!("{method} {path}: HTTP {status} (wanted {want}): {}", String::from_utf8_lossy(&bytes));
+        }
+        Ok(if bytes.is_empty() { Value::Null } else { serde_json::from_slice(&bytes)? })
+    }
+
+    async fn create(&self, conn: &mut Conn, template: &str) -> anyhow::Result<Sandbox> {
+        let body = json!({ "templateID": template, "timeout": 900 });
+        let created = self.expect(conn, Method::POST, "/v2/sandboxes", Some(body), StatusCode::CREATED).await?;
+        Ok(Sandbox {
+            id: created["sandboxID"].as_str().context("no sandboxID")?.to_string(),
+            token: created["envdAccessToken"].as_str().unwrap_or("").to_string(),
+        })
+    }
+
+    /// `POST /sandboxes/{id}/snapshots` of the files only (E2B's default
+    /// is memory too); returns the snapshot's id.
+    async fn snapshot(&self, conn: &mut Conn, id: &str) -> anyhow::Result<String> {
+        let path = format!("/sandboxes/{id}/snapshots");
+        let body = json!({ "memory": false });
+        let snap = self.expect(conn, Method::POST, &path, Some(body), StatusCode::CREATED).await?;
+        Ok(snap["snapshotID"].as_str().context("no snapshotID")?.to_string())
+    }
+
+    async fn delete(&self, conn: &mut Conn, id: &str) -> anyhow::Result<()> {
+        self.expect(conn, Method::DELETE, &format!("/sandboxes/{id}"), None, StatusCode::NO_CONTENT).await.map(drop)
+    }
+
+    fn data_plane(&self, conn: &Conn, sbx: &Sandbox, method: Method, path: &str) -> hyper::http::request::Builder {
+        conn.request(method, path)
+            .header(headers::SANDBOX_ID, &sbx.id)
+            .header(headers::SANDBOX_PORT, headers::AGENT_PORT.to_string())
+            .header(headers::ACCESS_TOKEN, &sbx.token)
+    }
+
+    async fn health(&self, conn: &mut Conn, sbx: &Sandbox) -> anyhow::Result<()> {
+        let req = self.data_plane(conn, sbx, Method::GET, "/health").body(Full::default())?;
+        let resp = conn.send(req).await?;
+        let status = resp.status();
+        resp.into_body().collect().await?;
+        if !status.is_success() {
+            bail!("envd /health after resume: HTTP {status}");
+        }
+        Ok(())
+    }
+
+    async fn upload(&self, conn: &mut Conn, sbx: &Sandbox, path: &str, data: Bytes) -> anyhow::Result<()> {
+        let req = self
+            .data_plane(conn, sbx, Method::POST, &format!("/files?path={path}&username=user"))
+            .header("content-type", "application/octet-stream")
+            .body(Full::new(data))?;
+        let resp = conn.send(req).await?;
+        let status = resp.status();
+        let body = resp.into_body().collect().await?.to_bytes();
+        if !status.is_success() {
+            bail!("upload {path}: HTTP {status}: {}", String::from_utf8_lossy(&body));
+        }
+        Ok(())
+    }
+
+    async fn read(&self, conn: &mut Conn, sbx: &Sandbox, path: &str) -> anyhow::Result<Bytes> {
+        let req = self
+            .data_plane(conn, sbx, Method::GET, &format!("/files?path={path}&username=user"))
+            .body(Full::default())?;
+        let resp = conn.send(req).await?;
+        let status = resp.status();
+        let body = resp.into_body().collect().await?.to_bytes();
+        if !status.is_success() {
+            bail!("read {path}: HTTP {status}");
+        }
+        Ok(body)
+    }
+}

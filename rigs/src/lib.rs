@@ -1,0 +1,40 @@
+//! copse's benchmark rigs: one binary per rig (`src/bin/`, listed in
+//! `rigs/README.md`), and this library with what they share and the pure
+//! pieces of each rig, kept here so they are unit-tested.
+//!
+//! Shared by every rig:
+//! - `stats`: summary statistics and `Server-Timing` parsing (pure).
+//! - `facts`: host, checkout and binary facts for the result file.
+//! - `gateway`: the private gateway each rig starts and stops.
+//! - `client`: the lean HTTP/1.1 client the rigs time the gateway with.
+//! - `report`: scenarios, targets and the result file (`benchmarks/schema.md`).
+//! - `catalogue`: every rig with its task and clock definitions.
+//!
+//! One rig each:
+//! - `anchors`: fork+exec, unshare, runc and podman, measured beside copse
+//!   by `copse-rig-create`.
+//! - `run_code`: requests and `/execute` decoding (`copse-rig-run-code`).
+//! - `density`: memory figures and batch sizing (`copse-rig-density`).
+//! - `load`: hey's CSV (`copse-rig-load`).
+//! - `net`: the whole Linux network rig (`copse-rig-net`).
+//! - `bhyve`: the bhyve rigs' clocks and refusal (`copse-rig-bhyve`).
+
+pub mod catalogue;
+pub mod client;
+pub mod facts;
+pub mod gateway;
+pub mod report;
+pub mod stats;
+
+pub mod anchors;
+pub mod bhyve;
+pub mod density;
+pub mod load;
+#[cfg(target_os = "linux")]
+pub mod net;
+pub mod run_code;
+
+pub use client::{Conn, Created, LEAN_CLIENT, ms};
+pub use gateway::{Binaries, Gateway};
+pub use report::{RigArgs, Run, Scenario, SdkRun};
+pub use stats::{Summary, parse_server_timing, round3};
