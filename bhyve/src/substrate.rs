@@ -1,4 +1,4 @@
-//! bhyve microVMs behind `copse_jails::Substrate`.
+//! bhyve microVMs behind `copse_substrate::Substrate`.
 //!
 //! A template is a guest disk image booted once and checkpointed
 //! ([`PoolLayout::build_template`]). Each template has a [`Pool`]; create
@@ -28,8 +28,8 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, anyhow, bail};
-use copse_jails::template::{Backend, check_backend, validate_name};
-use copse_jails::{
+use copse_substrate::template::{Backend, check_backend, validate_name};
+use copse_substrate::{
     Capabilities, Placement, Progress, Recipe, Recovery, SandboxSpec, SnapshotInfo, Substrate, Support, TemplateInfo,
     Usage,
 };

@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 
 use futures::future::join_all;
 
-use copse_jails::Support;
+use copse_substrate::Support;
 
 use crate::agent_link;
 use crate::sandboxes::{
@@ -260,7 +260,7 @@ impl Sandboxes {
         record: &SandboxRecord,
         key: &str,
         memory: bool,
-    ) -> Result<copse_jails::SnapshotInfo> {
+    ) -> Result<copse_substrate::SnapshotInfo> {
         let take = || {
             let (id, key) = (record.id.clone(), key.to_string());
             self.blocking(move |s| s.snapshot(&id, &key, memory))
@@ -372,7 +372,7 @@ impl Sandboxes {
     async fn child_of(&self, source: &SandboxRecord, key: &str, timeout_s: i64, memory: bool) -> Result<SandboxRecord> {
         let booted = self.boot_from(new_id(), &source.template, Some(key.to_string()), None, memory).await?;
         // A child gets its own address, under its source's policy.
-        let policy = source.network.as_ref().map(|n| n.policy.clone()).unwrap_or_else(copse_jails::Policy::open);
+        let policy = source.network.as_ref().map(|n| n.policy.clone()).unwrap_or_else(copse_substrate::Policy::open);
         let network = match self.with_policy(&booted.id, booted.network.clone(), &policy).await {
             Ok(network) => network,
             Err(e) => {
@@ -424,7 +424,7 @@ impl Sandboxes {
     /// Runs a substrate call on a blocking thread.
     async fn blocking<T: Send + 'static>(
         &self,
-        call: impl FnOnce(&dyn copse_jails::Substrate) -> anyhow::Result<T> + Send + 'static,
+        call: impl FnOnce(&dyn copse_substrate::Substrate) -> anyhow::Result<T> + Send + 'static,
     ) -> Result<T> {
         let substrate = self.substrate.clone();
         Ok(tokio::task::spawn_blocking(move || call(substrate.as_ref())).await.map_err(anyhow::Error::from)??)
@@ -467,6 +467,6 @@ mod tests {
     #[test]
     fn snapshot_keys_are_valid_substrate_names() {
         let key = snapshot_key();
-        assert!(copse_jails::template::validate_name(&key).is_ok(), "{key}");
+        assert!(copse_substrate::template::validate_name(&key).is_ok(), "{key}");
     }
 }

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use copse_jails::{Limits, Placement, Policy, SandboxNetwork, SandboxSpec, Substrate};
+use copse_substrate::{Limits, Placement, Policy, SandboxNetwork, SandboxSpec, Substrate};
 use rand::Rng;
 use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
@@ -50,8 +50,8 @@ impl From<anyhow::Error> for SandboxError {
     /// A substrate's "this host lacks X" keeps its kind; anything else is a
     /// fault.
     fn from(err: anyhow::Error) -> Self {
-        match copse_jails::SubstrateError::find(&err) {
-            Some(copse_jails::SubstrateError::Unavailable(what)) => SandboxError::Unavailable(what.clone()),
+        match copse_substrate::SubstrateError::find(&err) {
+            Some(copse_substrate::SubstrateError::Unavailable(what)) => SandboxError::Unavailable(what.clone()),
             None => SandboxError::Internal(err),
         }
     }
@@ -183,7 +183,7 @@ impl Sandboxes {
 
     /// Sandboxes get an address on `network` (and pooled ones an open policy
     /// until hand-out).
-    pub fn with_network(mut self, network: Option<&copse_jails::NetConfig>) -> Self {
+    pub fn with_network(mut self, network: Option<&copse_substrate::NetConfig>) -> Self {
         self.addresses = Addresses::new(network);
         self
     }
@@ -238,7 +238,7 @@ impl Sandboxes {
     }
 
     /// Re-adopt what survived a gateway restart; destroy the rest.
-    pub async fn recover(&self) -> anyhow::Result<copse_jails::Recovery> {
+    pub async fn recover(&self) -> anyhow::Result<copse_substrate::Recovery> {
         let records = self.store.all()?;
         // A sandbox paused without memory has no processes to find; its
         // files live in a snapshot, reconciled below.

@@ -5,7 +5,7 @@
 use std::io::{BufRead, Read, Write};
 
 use anyhow::{Context, bail};
-use copse_jails::Substrate;
+use copse_substrate::Substrate;
 
 use crate::sandboxes::{SnapshotRecord, new_id, now_ms};
 use crate::store::Store;
