@@ -17,7 +17,8 @@ use crate::plan::{Layout, devfs, host, jail_name, mounts, rctl, sandbox, validat
 use crate::{plan, sys};
 use copse_substrate::template::{Backend, check_backend, validate_name};
 use copse_substrate::{
-    Capabilities, Placement, Progress, Recipe, Recovery, SandboxSpec, SnapshotInfo, Substrate, TemplateInfo, Usage,
+    Capabilities, Placement, Progress, Recipe, Recovery, SandboxSpec, SnapshotInfo, Substrate, SubstrateError,
+    TemplateInfo, Usage,
 };
 
 pub struct JailSubstrate {
@@ -81,8 +82,9 @@ impl JailSubstrate {
 
     /// The jid of sandbox `id`'s live jail.
     fn jid(&self, id: &str) -> anyhow::Result<i32> {
-        validate_id(id).map_err(|e| anyhow!(e))?;
-        sys::find(&jail_name(id))?.ok_or_else(|| anyhow!("sandbox {id} is not running"))
+        validate_id(id).map_err(SubstrateError::Invalid)?;
+        sys::find(&jail_name(id))?
+            .ok_or_else(|| SubstrateError::NotFound(format!("sandbox {id} is not running")).into())
     }
 
     fn stored_snapshots(&self) -> anyhow::Result<Vec<StoredSnapshot>> {
@@ -109,12 +111,16 @@ impl JailSubstrate {
     /// snapshot it names (which must be of that template).
     fn origin(&self, spec: &SandboxSpec) -> anyhow::Result<zfs::Origin> {
         if let Some(snapshot_id) = &spec.snapshot {
-            validate_id(snapshot_id).map_err(|e| anyhow!(e))?;
+            validate_id(snapshot_id).map_err(SubstrateError::Invalid)?;
             let stored = self.stored_snapshots()?;
             let found = lifecycle::find(&stored, snapshot_id)
-                .ok_or_else(|| anyhow!("snapshot {snapshot_id} does not exist"))?;
+                .ok_or_else(|| SubstrateError::NotFound(format!("snapshot {snapshot_id} does not exist")))?;
             if found.template.as_deref() != Some(spec.template.as_str()) {
-                bail!("snapshot {snapshot_id} is of template {:?}, not {}", found.template, spec.template);
+                return Err(SubstrateError::Invalid(format!(
+                    "snapshot {snapshot_id} is of template {:?}, not {}",
+                    found.template, spec.template
+                ))
+                .into());
             }
             return Ok(zfs::Origin::snapshot(&self.layout, snapshot_id, found.template_guid.unwrap_or(0)));
         }
@@ -122,7 +128,7 @@ impl JailSubstrate {
             .template_snapshots()?
             .into_iter()
             .find(|t| t.template == spec.template)
-            .ok_or_else(|| anyhow!("template {} is not built", spec.template))?;
+            .ok_or_else(|| SubstrateError::NotFound(format!("template {} is not built", spec.template)))?;
         Ok(zfs::Origin::template(&self.layout, &spec.template, template.guid))
     }
 
@@ -211,7 +217,7 @@ impl Substrate for JailSubstrate {
     }
 
     fn ensure_template(&self, recipe: &Recipe, progress: Progress<'_>) -> anyhow::Result<TemplateInfo> {
-        validate_name(&recipe.name).map_err(|e| anyhow!(e))?;
+        validate_name(&recipe.name).map_err(SubstrateError::Invalid)?;
         check_backend(recipe, &[Backend::Jail])?;
         let _guard = self.building.lock().unwrap_or_else(|e| e.into_inner());
         let find = || -> anyhow::Result<Option<zfs::TemplateSnapshot>> {
@@ -227,8 +233,8 @@ impl Substrate for JailSubstrate {
     }
 
     fn create(&self, spec: &SandboxSpec) -> anyhow::Result<Placement> {
-        validate_id(&spec.id).map_err(|e| anyhow!(e))?;
-        validate_name(&spec.template).map_err(|e| anyhow!(e))?;
+        validate_id(&spec.id).map_err(SubstrateError::Invalid)?;
+        validate_name(&spec.template).map_err(SubstrateError::Invalid)?;
         let origin = self.origin(spec)?;
         self.boot_attached(spec, &sandbox::create(&self.layout, spec, &origin))
     }
@@ -255,7 +261,7 @@ impl Substrate for JailSubstrate {
     }
 
     fn usage(&self, id: &str) -> anyhow::Result<Usage> {
-        validate_id(id).map_err(|e| anyhow!(e))?;
+        validate_id(id).map_err(SubstrateError::Invalid)?;
         let mut usage = rctl::parse_usage(&run_cmd(&rctl::usage(id), None)?).map_err(|e| anyhow!(e))?;
         let used = run_cmd(&zfs::get_number(&self.layout.sandbox_dataset(id), "used"), None)?;
         usage.disk_bytes = zfs::parse_number(&used).map_err(|e| anyhow!(e))?;
@@ -280,9 +286,9 @@ impl Substrate for JailSubstrate {
 
     fn snapshot(&self, id: &str, snapshot_id: &str, memory: bool) -> anyhow::Result<SnapshotInfo> {
         if memory {
-            bail!("jails keep no memory snapshots; bhyve templates do");
+            return Err(SubstrateError::Unsupported("jails keep no memory snapshots; bhyve templates do".into()).into());
         }
-        validate_id(snapshot_id).map_err(|e| anyhow!(e))?;
+        validate_id(snapshot_id).map_err(SubstrateError::Invalid)?;
         let jid = self.jid(id)?;
         // Any dataset of that name, tagged or not: the undo below destroys
         // it, so it must be one this call made.
@@ -335,7 +341,7 @@ impl Substrate for JailSubstrate {
     }
 
     fn rollback(&self, spec: &SandboxSpec, snapshot_id: &str) -> anyhow::Result<Placement> {
-        validate_id(&spec.id).map_err(|e| anyhow!(e))?;
+        validate_id(&spec.id).map_err(SubstrateError::Invalid)?;
         let spec = SandboxSpec { snapshot: Some(snapshot_id.to_string()), ..spec.clone() };
         // Looked up before anything is torn down: a rollback to a snapshot
         // that does not exist leaves the sandbox as it was.
@@ -347,16 +353,16 @@ impl Substrate for JailSubstrate {
     }
 
     fn export_snapshot(&self, snapshot_id: &str, out: &mut dyn std::io::Write) -> anyhow::Result<()> {
-        validate_id(snapshot_id).map_err(|e| anyhow!(e))?;
+        validate_id(snapshot_id).map_err(SubstrateError::Invalid)?;
         if lifecycle::find(&self.stored_snapshots()?, snapshot_id).is_none() {
-            bail!("snapshot {snapshot_id} does not exist");
+            return Err(SubstrateError::NotFound(format!("snapshot {snapshot_id} does not exist")).into());
         }
         run_into(&lifecycle::send_stream(&self.layout, snapshot_id), out)
             .with_context(|| format!("exporting snapshot {snapshot_id}"))
     }
 
     fn import_snapshot(&self, snapshot_id: &str, input: &mut dyn std::io::Read) -> anyhow::Result<SnapshotInfo> {
-        validate_id(snapshot_id).map_err(|e| anyhow!(e))?;
+        validate_id(snapshot_id).map_err(SubstrateError::Invalid)?;
         self.check_snapshot_free(snapshot_id)?;
         let imported = run_from(&lifecycle::receive_stream(&self.layout, snapshot_id), input).and_then(|()| {
             self.stored_snapshots()?
@@ -394,7 +400,7 @@ impl Substrate for JailSubstrate {
     fn update_network(&self, id: &str, policy: &copse_substrate::Policy) -> anyhow::Result<()> {
         match &self.network {
             Some(network) => network.update(id, policy),
-            None => bail!("sandbox {id}: no sandbox network configured"),
+            None => Err(SubstrateError::Unsupported(format!("sandbox {id}: no sandbox network configured")))?,
         }
     }
 

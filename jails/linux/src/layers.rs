@@ -233,7 +233,7 @@ impl LayerStore {
             let _guard = self.guard();
             let mut renamed = Vec::new();
             for layer in &file.base.layers {
-                copse_substrate::template::validate_name(layer).map_err(anyhow::Error::msg)?;
+                copse_substrate::template::validate_name(layer).map_err(copse_substrate::SubstrateError::Invalid)?;
                 let name = new_layer_name(id);
                 fs::rename(staging.join(layer), self.layer_dir(&name))
                     .with_context(|| format!("the export lacks layer {layer}"))?;

@@ -131,7 +131,7 @@ impl LinuxSubstrate {
         fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
         let base = self.layers.pin(&dir, snapshot, &spec.template)?;
         if self.templates.get(&base.template).is_none() {
-            bail!("template {} is not built", base.template);
+            return Err(SubstrateError::NotFound(format!("template {} is not built", base.template)).into());
         }
         let plan = self.boot_plan(spec, &base);
         for dir in [&plan.upper, &plan.work, &plan.root, &plan.socket_dir] {
@@ -279,7 +279,7 @@ impl Substrate for LinuxSubstrate {
     }
 
     fn create(&self, spec: &SandboxSpec) -> anyhow::Result<Placement> {
-        copse_substrate::template::validate_name(&spec.id).map_err(anyhow::Error::msg)?;
+        copse_substrate::template::validate_name(&spec.id).map_err(SubstrateError::Invalid)?;
         let memory = spec.snapshot.as_deref().filter(|s| self.checkpoint_dir(s).is_dir());
         let boot_and_attach = || {
             let placement = match memory {
@@ -297,7 +297,7 @@ impl Substrate for LinuxSubstrate {
     }
 
     fn destroy(&self, id: &str) -> anyhow::Result<()> {
-        copse_substrate::template::validate_name(id).map_err(anyhow::Error::msg)?;
+        copse_substrate::template::validate_name(id).map_err(SubstrateError::Invalid)?;
         if let Some(network) = &self.network {
             network.detach(id)?;
         }
@@ -342,18 +342,18 @@ impl Substrate for LinuxSubstrate {
     }
 
     fn pause(&self, id: &str) -> anyhow::Result<()> {
-        copse_substrate::template::validate_name(id).map_err(anyhow::Error::msg)?;
+        copse_substrate::template::validate_name(id).map_err(SubstrateError::Invalid)?;
         self.cgroups.set_frozen(id, true)
     }
 
     fn resume(&self, id: &str) -> anyhow::Result<()> {
-        copse_substrate::template::validate_name(id).map_err(anyhow::Error::msg)?;
+        copse_substrate::template::validate_name(id).map_err(SubstrateError::Invalid)?;
         self.cgroups.set_frozen(id, false)
     }
 
     fn snapshot(&self, id: &str, snapshot_id: &str, memory: bool) -> anyhow::Result<SnapshotInfo> {
         for name in [id, snapshot_id] {
-            copse_substrate::template::validate_name(name).map_err(anyhow::Error::msg)?;
+            copse_substrate::template::validate_name(name).map_err(SubstrateError::Invalid)?;
         }
         let below = self.base(id)?;
         // Frozen, nothing in the sandbox can write while the upper layer is
@@ -387,7 +387,7 @@ impl Substrate for LinuxSubstrate {
     }
 
     fn delete_snapshot(&self, snapshot_id: &str) -> anyhow::Result<()> {
-        copse_substrate::template::validate_name(snapshot_id).map_err(anyhow::Error::msg)?;
+        copse_substrate::template::validate_name(snapshot_id).map_err(SubstrateError::Invalid)?;
         match fs::remove_dir_all(self.checkpoint_dir(snapshot_id)) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e).context("removing the checkpoint"),
             _ => {}
@@ -397,7 +397,7 @@ impl Substrate for LinuxSubstrate {
 
     fn rollback(&self, spec: &SandboxSpec, snapshot_id: &str) -> anyhow::Result<Placement> {
         if self.layers.get(snapshot_id)?.is_none() {
-            bail!("snapshot {snapshot_id} not found");
+            return Err(SubstrateError::NotFound(format!("snapshot {snapshot_id} not found")).into());
         }
         // Files cannot be swapped under a mounted overlay, so the sandbox
         // restarts on the snapshot's layers under its own id.
@@ -411,7 +411,7 @@ impl Substrate for LinuxSubstrate {
     }
 
     fn import_snapshot(&self, snapshot_id: &str, input: &mut dyn std::io::Read) -> anyhow::Result<SnapshotInfo> {
-        copse_substrate::template::validate_name(snapshot_id).map_err(anyhow::Error::msg)?;
+        copse_substrate::template::validate_name(snapshot_id).map_err(SubstrateError::Invalid)?;
         self.layers.import(snapshot_id, &self.checkpoint_dir(snapshot_id), input)
     }
 
@@ -440,7 +440,7 @@ impl Substrate for LinuxSubstrate {
     fn update_network(&self, id: &str, policy: &copse_substrate::Policy) -> anyhow::Result<()> {
         match &self.network {
             Some(network) => network.update(id, policy),
-            None => bail!("sandbox {id}: no sandbox network configured"),
+            None => Err(SubstrateError::Unsupported(format!("sandbox {id}: no sandbox network configured")))?,
         }
     }
 
@@ -522,6 +522,32 @@ mod tests {
         assert_eq!(parse_start_time(live), Some(98765));
         let zombie = "42 (x) Z 1 42 42 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 98765 1000 10";
         assert_eq!(parse_start_time(zombie), None);
+    }
+
+    /// Refusals that need no root: nothing about them touches the kernel.
+    #[test]
+    fn unknown_and_malformed_names_are_typed_refusals() {
+        let dir = tempfile::tempdir().unwrap();
+        let substrate = LinuxSubstrate::open(dir.path(), &dir.path().join("no-agent")).unwrap();
+        let spec = SandboxSpec {
+            id: "a".into(),
+            template: "base".into(),
+            limits: copse_substrate::Limits::default(),
+            agent_socket: dir.path().join("a.sock"),
+            snapshot: None,
+            network: None,
+        };
+        let kind = |err: anyhow::Error| SubstrateError::find(&err).cloned();
+        assert_eq!(
+            kind(substrate.rollback(&spec, "nope").unwrap_err()),
+            Some(SubstrateError::NotFound("snapshot nope not found".into()))
+        );
+        assert!(matches!(kind(substrate.delete_snapshot("../x").unwrap_err()), Some(SubstrateError::Invalid(_))));
+        let policy = copse_substrate::Policy::open();
+        assert!(matches!(
+            kind(substrate.update_network("a", &policy).unwrap_err()),
+            Some(SubstrateError::Unsupported(_))
+        ));
     }
 
     #[test]

@@ -50,7 +50,7 @@ impl TemplateStore {
     }
 
     pub fn ensure(&self, recipe: &Recipe, progress: Progress<'_>) -> anyhow::Result<TemplateInfo> {
-        validate_name(&recipe.name).map_err(anyhow::Error::msg)?;
+        validate_name(&recipe.name).map_err(copse_substrate::SubstrateError::Invalid)?;
         if let Some(info) = self.get(&recipe.name) {
             return Ok(info);
         }

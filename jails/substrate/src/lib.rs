@@ -209,7 +209,7 @@ pub trait Substrate: Send + Sync + 'static {
     /// pf passes established flows without the rules, a tightened policy
     /// cuts all of the sandbox's flows).
     fn update_network(&self, id: &str, _policy: &Policy) -> anyhow::Result<()> {
-        anyhow::bail!("sandbox {id}: this substrate has no sandbox network")
+        Err(SubstrateError::Unsupported(format!("sandbox {id}: this substrate has no sandbox network")).into())
     }
 
     /// After [`Substrate::recover`]: make the network hold exactly the

@@ -22,7 +22,7 @@ use serde::{Deserialize, Serialize};
 use crate::template::{Backend, check_backend};
 use crate::{
     Capabilities, Placement, Policy, Progress, Recipe, Recovery, SandboxNetwork, SandboxSpec, SnapshotInfo, Substrate,
-    Support, TemplateInfo, Usage,
+    SubstrateError, Support, TemplateInfo, Usage,
 };
 
 /// First line of a snapshot exported through a router: which backend's
@@ -100,7 +100,8 @@ impl Router {
     }
 
     fn substrate(&self, backend: Backend) -> anyhow::Result<&dyn Substrate> {
-        self.get(backend).with_context(|| format!("this host has no {backend} backend"))
+        self.get(backend)
+            .ok_or_else(|| SubstrateError::Unsupported(format!("this host has no {backend} backend")).into())
     }
 
     fn sandbox_backend(&self, id: &str) -> Option<Backend> {
@@ -251,7 +252,11 @@ impl Substrate for Router {
         let backend = self.sandbox_backend(&spec.id).unwrap_or_else(|| self.default_backend());
         let of_snapshot = self.snapshot_backend(snapshot_id);
         if of_snapshot != backend {
-            bail!("snapshot {snapshot_id} is a {of_snapshot} snapshot; sandbox {} runs on {backend}", spec.id);
+            return Err(SubstrateError::Invalid(format!(
+                "snapshot {snapshot_id} is a {of_snapshot} snapshot; sandbox {} runs on {backend}",
+                spec.id
+            ))
+            .into());
         }
         self.substrate(backend)?.rollback(spec, snapshot_id)
     }
@@ -328,12 +333,12 @@ fn read_export_header(input: &mut dyn Read) -> anyhow::Result<(Option<Backend>, 
     let mut byte = [0u8];
     while input.read(&mut byte)? == 1 && byte[0] != b'\n' {
         if name.len() > 32 {
-            bail!("snapshot stream: backend header too long");
+            return Err(SubstrateError::Invalid("snapshot stream: backend header too long".into()).into());
         }
         name.push(byte[0]);
     }
     let name = String::from_utf8_lossy(&name);
-    let backend = name.parse::<Backend>().map_err(|e| anyhow::anyhow!("snapshot stream: {e}"))?;
+    let backend = name.parse::<Backend>().map_err(|e| SubstrateError::Invalid(format!("snapshot stream: {e}")))?;
     Ok((Some(backend), Vec::new()))
 }
 

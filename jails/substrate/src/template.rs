@@ -89,14 +89,15 @@ pub fn check_backend(recipe: &Recipe, served: &[Backend]) -> anyhow::Result<()> 
         return Ok(());
     }
     let offered: Vec<&str> = served.iter().map(|b| b.as_str()).collect();
-    anyhow::bail!(
+    Err(crate::SubstrateError::Unsupported(format!(
         "template {}: the {} backend needs {}; this host ({}) offers only: {}",
         recipe.name,
         recipe.backend,
         recipe.backend.needs(),
         std::env::consts::OS,
         offered.join(", ")
-    )
+    ))
+    .into())
 }
 
 /// Debian packages every Linux template gets: what users of E2B's `base`

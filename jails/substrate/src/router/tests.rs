@@ -184,7 +184,9 @@ fn rollback_across_backends_is_refused() {
     r.create(&spec("a", "base", None)).unwrap();
     r.create(&spec("b", "vm", None)).unwrap();
     r.snapshot("b", "s1", false).unwrap();
-    let err = r.rollback(&spec("a", "base", None), "s1").unwrap_err().to_string();
+    let err = r.rollback(&spec("a", "base", None), "s1").unwrap_err();
+    assert!(matches!(SubstrateError::find(&err), Some(SubstrateError::Invalid(_))), "{err}");
+    let err = err.to_string();
     assert!(err.contains("bhyve snapshot") && err.contains("runs on jail"), "{err}");
 }
 
@@ -219,8 +221,13 @@ fn a_backend_the_host_lacks_is_refused_before_anything_runs() {
     )
     .unwrap();
     let recipe = Recipe { name: "vm".into(), packages: vec![], post_install: vec![], backend: Backend::Bhyve };
-    let err = jail_only.ensure_template(&recipe, &|_| {}).unwrap_err().to_string();
+    let err = jail_only.ensure_template(&recipe, &|_| {}).unwrap_err();
+    assert!(matches!(SubstrateError::find(&err), Some(SubstrateError::Unsupported(_))), "{err}");
+    let err = err.to_string();
     assert!(err.contains("bhyve") && err.contains("FreeBSD"), "{err}");
+    // A stream of a backend the host lacks is refused the same way.
+    let err = jail_only.import_snapshot("s", &mut &b"copse-backend bhyve\nx"[..]).unwrap_err();
+    assert_eq!(SubstrateError::find(&err), Some(&SubstrateError::Unsupported("this host has no bhyve backend".into())));
     assert!(take(&log).is_empty());
 }
 
@@ -242,7 +249,8 @@ fn exports_name_their_backend_and_bare_streams_are_the_defaults() {
     assert_eq!(take(&log), [r#"bhyve:import s2 "bhyve stream""#, r#"jail:import s3 "legacy""#, r#"jail:import s4 """#]);
     r.delete_snapshot("s2").unwrap();
     assert_eq!(take(&log), ["bhyve:delete s2"]);
-    assert!(r.import_snapshot("s5", &mut &b"copse-backend kvm\nx"[..]).is_err());
+    let err = r.import_snapshot("s5", &mut &b"copse-backend kvm\nx"[..]).unwrap_err();
+    assert!(matches!(SubstrateError::find(&err), Some(SubstrateError::Invalid(_))), "{err}");
 }
 
 #[test]
