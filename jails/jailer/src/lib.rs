@@ -9,6 +9,10 @@
 
 pub mod confine;
 pub mod handoff;
+mod syscall;
+
+/// Also used by the backends for their own raw calls.
+pub use syscall::check;
 
 #[cfg(target_os = "linux")]
 pub mod linux {
@@ -55,9 +59,4 @@ pub fn init_agent(serve: impl FnOnce(std::os::unix::net::UnixListener) -> anyhow
         eprintln!("copse boot: --init is the second stage of a Linux sandbox's init");
         std::process::exit(2)
     }
-}
-
-/// Maps a raw libc return value to an `io::Result`.
-pub fn check(ret: libc::c_int) -> std::io::Result<()> {
-    if ret < 0 { Err(std::io::Error::last_os_error()) } else { Ok(()) }
 }

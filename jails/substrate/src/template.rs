@@ -89,7 +89,7 @@ pub fn check_backend(recipe: &Recipe, served: &[Backend]) -> anyhow::Result<()> 
         return Ok(());
     }
     let offered: Vec<&str> = served.iter().map(|b| b.as_str()).collect();
-    Err(crate::SubstrateError::Unsupported(format!(
+    Err(crate::error::SubstrateError::Unsupported(format!(
         "template {}: the {} backend needs {}; this host ({}) offers only: {}",
         recipe.name,
         recipe.backend,

@@ -29,7 +29,7 @@ fn take_listener() -> io::Result<UnixListener> {
     // inherit the socket the gateway connects to, or user code could
     // accept the gateway's connections and impersonate the agent.
     // SAFETY: fcntl on an integer fd; fails with EBADF if nothing is there.
-    crate::check(unsafe { libc::fcntl(AGENT_SOCKET_FD, libc::F_SETFD, libc::FD_CLOEXEC) })?;
+    crate::syscall::check(unsafe { libc::fcntl(AGENT_SOCKET_FD, libc::F_SETFD, libc::FD_CLOEXEC) })?;
     // SAFETY: fd 3 was placed by the substrate and nothing else owns it.
     Ok(UnixListener::from(unsafe { OwnedFd::from_raw_fd(AGENT_SOCKET_FD) }))
 }

@@ -18,7 +18,7 @@
 
 use std::io;
 
-use crate::check;
+use crate::syscall::check;
 
 /// A prepared confinement; see the module docs of `copse_jailer::confine`.
 pub struct Confinement {

@@ -142,7 +142,8 @@ fn restore(plan: &RestorePlan) -> anyhow::Result<()> {
     let netns = fs::File::open("/proc/self/ns/net").context("opening the new network namespace")?;
     // SAFETY: dup2 onto a descriptor number this process does not use; the
     // copy is not close-on-exec, so CRIU inherits it.
-    crate::check(unsafe { libc::dup2(netns.as_raw_fd(), NETNS_FD) }).context("passing on the network namespace")?;
+    crate::syscall::check(unsafe { libc::dup2(netns.as_raw_fd(), NETNS_FD) })
+        .context("passing on the network namespace")?;
     let error = std::process::Command::new(&plan.criu).args(&plan.args).exec();
     Err(error).with_context(|| format!("executing {}", plan.criu.display()))
 }
@@ -203,7 +204,8 @@ fn enter(plan: &BootPlan, report: &fs::File) -> anyhow::Error {
         detach_stdio().context("detaching from the boot process's output")?;
         // SAFETY: dup2 onto a descriptor number this process does not use;
         // the copy is not close-on-exec, so it survives into the second stage.
-        crate::check(unsafe { libc::dup2(report.as_raw_fd(), REPORT_FD) }).context("passing on the readiness pipe")?;
+        crate::syscall::check(unsafe { libc::dup2(report.as_raw_fd(), REPORT_FD) })
+            .context("passing on the readiness pipe")?;
         // Whatever else the gateway's own parent left open (not
         // close-on-exec) would end up in the sandbox: close it.
         // SAFETY: closes descriptors above the readiness pipe; nothing in
@@ -381,7 +383,7 @@ fn detach_stdio() -> anyhow::Result<()> {
     let null = fs::OpenOptions::new().read(true).write(true).open("/dev/null")?;
     for fd in 0..=2 {
         // SAFETY: dup2 onto the standard descriptors of this process.
-        crate::check(unsafe { libc::dup2(null.as_raw_fd(), fd) })?;
+        crate::syscall::check(unsafe { libc::dup2(null.as_raw_fd(), fd) })?;
     }
     Ok(())
 }

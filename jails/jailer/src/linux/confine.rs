@@ -8,7 +8,7 @@ use seccompiler::{
     BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter, SeccompRule, TargetArch,
 };
 
-use crate::check;
+use crate::syscall::check;
 
 /// System calls a sandboxed process never needs and that have a history of
 /// kernel exploits or would undo the sandbox (mounts, namespaces, modules).
