@@ -25,15 +25,15 @@ PY_LITERAL = re.compile(r'(?:subprocess\.(?:run|Popen|check_output|check_call)\(
 # Call sites whose program is computed, and the programs each can start.
 # An empty set: the program runs inside a sandbox or guest, not on the host.
 COMPUTED_SITES = {
-    ("jails/src/linux/rootfs.rs", "&step.program"): {"debootstrap", "chroot"},
-    ("jails/src/linux/checkpoint.rs", "binary"): {"criu"},
-    ("jails/src/linux/checkpoint.rs", "&self.binary"): {"criu"},
-    ("jails/src/linux/boot.rs", "&plan.criu"): {"criu"},
-    ("jails/src/linux/mod.rs", "&self.agent_binary"): {"copse-agent"},
+    ("jails/linux/src/rootfs.rs", "&step.program"): {"debootstrap", "chroot"},
+    ("jails/linux/src/checkpoint.rs", "binary"): {"criu"},
+    ("jails/linux/src/checkpoint.rs", "&self.binary"): {"criu"},
+    ("jails/jailer/src/linux/boot.rs", "&plan.criu"): {"criu"},
+    ("jails/linux/src/lib.rs", "&self.agent_binary"): {"copse-agent"},
     ("e2b-compat/agent/src/process/spawn.rs", "&plan.cmd"): set(),
     ("e2b-compat/agent/src/guest/apply.rs", "&cmd.argv[0]"): set(),
-    ("jails/src/freebsd/exec.rs", "&cmd.program"): {"jexec", "zfs", "devfs", "mount", "umount", "rctl", "pw"},
-    ("jails/src/freebsd/exec.rs", "&launch.program"): {"jexec"},
+    ("jails/freebsd/src/exec.rs", "&cmd.program"): {"jexec", "zfs", "devfs", "mount", "umount", "rctl", "pw"},
+    ("jails/freebsd/src/exec.rs", "&launch.program"): {"jexec"},
     ("cubenet/src/freebsd/system.rs", "program"): {"ifconfig", "route", "pfctl", "sysctl"},
     ("bhyve/src/exec.rs", "cmd.program"): {"bhyve", "bhyvectl", "zfs", "ifconfig", "sysctl", "dd"},
     ("rigs/tests/bhyve_refuses.rs", 'env!("CARGO_BIN_EXE_copse-rig-bhyve"'): set(),

@@ -133,14 +133,14 @@ impl crate::host::Host for FreeBsdHost {
 
     fn pipe(&self, from: &Cmd, to: &Cmd) -> anyhow::Result<()> {
         let (from_name, to_name) = (from.to_string(), to.to_string());
-        copse_jails::freebsd::streams::pipe((&mut std_command(from), &from_name), (&mut std_command(to), &to_name))
+        copse_freebsd_jails::streams::pipe((&mut std_command(from), &from_name), (&mut std_command(to), &to_name))
     }
 
     fn run_into(&self, cmd: &Cmd, out: &mut dyn std::io::Write) -> anyhow::Result<()> {
-        copse_jails::freebsd::streams::run_into((&mut std_command(cmd), &cmd.to_string()), out)
+        copse_freebsd_jails::streams::run_into((&mut std_command(cmd), &cmd.to_string()), out)
     }
 
     fn run_from(&self, cmd: &Cmd, input: &mut dyn std::io::Read) -> anyhow::Result<()> {
-        copse_jails::freebsd::streams::run_from((&mut std_command(cmd), &cmd.to_string()), input)
+        copse_freebsd_jails::streams::run_from((&mut std_command(cmd), &cmd.to_string()), input)
     }
 }

@@ -1,7 +1,7 @@
 //! bhyve microVMs restored from checkpoints, kept in warm pools.
 //!
 //! [`substrate::BhyveSubstrate`] serves bhyve templates behind
-//! `copse_jails::Substrate`, sequencing the pure parts over a [`host::Host`].
+//! `copse_substrate::Substrate`, sequencing the pure parts over a [`host::Host`].
 //!
 //! Everything here except [`exec`] is plain data and pure functions: the
 //! command lines a pool needs ([`command`]), the checkpoint metadata bhyve

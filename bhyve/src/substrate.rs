@@ -1,4 +1,4 @@
-//! bhyve microVMs behind `copse_jails::Substrate`.
+//! bhyve microVMs behind `copse_substrate::Substrate`.
 //!
 //! A template is a guest disk image booted once and checkpointed
 //! ([`PoolLayout::build_template`]). Each template has a [`Pool`]; create
@@ -28,10 +28,10 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, anyhow, bail};
-use copse_jails::template::{Backend, check_backend, validate_name};
-use copse_jails::{
-    Capabilities, Placement, Progress, Recipe, Recovery, SandboxSpec, SnapshotInfo, Substrate, Support, TemplateInfo,
-    Usage,
+use copse_substrate::template::{Backend, check_backend, validate_name};
+use copse_substrate::{
+    Capabilities, Placement, Progress, Recipe, Recovery, SandboxSpec, SnapshotInfo, Substrate, SubstrateError, Support,
+    TemplateInfo, Usage,
 };
 use serde::{Deserialize, Serialize};
 
@@ -310,7 +310,12 @@ impl<H: Host> BhyveSubstrate<H> {
     }
 
     fn sandbox(state: &State, id: &str) -> anyhow::Result<SandboxRecord> {
-        state.saved.sandboxes.get(id).cloned().ok_or_else(|| anyhow!("no bhyve sandbox {id}"))
+        state
+            .saved
+            .sandboxes
+            .get(id)
+            .cloned()
+            .ok_or_else(|| SubstrateError::NotFound(format!("no bhyve sandbox {id}")).into())
     }
 
     fn placement(&self, state: &State, template: &str, slot: SlotId) -> anyhow::Result<Placement> {
@@ -340,7 +345,7 @@ impl<H: Host> BhyveSubstrate<H> {
 
     fn create_from_pool(&self, state: &mut State, spec: &SandboxSpec) -> anyhow::Result<Placement> {
         if !self.template_file(&spec.template).exists() {
-            bail!("no bhyve template {}", spec.template);
+            return Err(SubstrateError::NotFound(format!("no bhyve template {}", spec.template)).into());
         }
         let checkout = match self.pool(state, &spec.template).checkout() {
             Err(PoolError::Empty) => {
@@ -361,7 +366,11 @@ impl<H: Host> BhyveSubstrate<H> {
     fn create_from_snapshot(&self, state: &mut State, spec: &SandboxSpec, snapshot: &str) -> anyhow::Result<Placement> {
         let record = self.snapshot_record(snapshot)?;
         if record.template != spec.template {
-            bail!("snapshot {snapshot} is of template {}, not {}", record.template, spec.template);
+            return Err(SubstrateError::Invalid(format!(
+                "snapshot {snapshot} is of template {}, not {}",
+                record.template, spec.template
+            ))
+            .into());
         }
         let slot = ONE_OFF_SLOTS + state.saved.next_one_off;
         state.saved.next_one_off += 1;
@@ -479,7 +488,7 @@ impl<H: Host> Substrate for BhyveSubstrate<H> {
 
     fn ensure_template(&self, recipe: &Recipe, progress: Progress<'_>) -> anyhow::Result<TemplateInfo> {
         check_backend(recipe, &[Backend::Bhyve])?;
-        validate_name(&recipe.name).map_err(|e| anyhow!(e))?;
+        validate_name(&recipe.name).map_err(SubstrateError::Invalid)?;
         let _state = self.lock();
         if let Ok(bytes) = std::fs::read(self.template_file(&recipe.name)) {
             return Ok(serde_json::from_slice(&bytes)?);
@@ -497,11 +506,15 @@ impl<H: Host> Substrate for BhyveSubstrate<H> {
     }
 
     fn create(&self, spec: &SandboxSpec) -> anyhow::Result<Placement> {
-        validate_name(&spec.id).map_err(|e| anyhow!(e))?;
+        validate_name(&spec.id).map_err(SubstrateError::Invalid)?;
         // The guests sit on the pool's own network, where no egress policy
         // is enforced: a sandbox asking for one is refused, never left open.
-        if spec.network.as_ref().is_some_and(|n| n.policy != copse_jails::Policy::open()) {
-            bail!("sandbox {}: the bhyve backend cannot restrict egress; create it with open internet access", spec.id);
+        if spec.network.as_ref().is_some_and(|n| n.policy != copse_substrate::Policy::open()) {
+            return Err(SubstrateError::Unsupported(format!(
+                "sandbox {}: the bhyve backend cannot restrict egress; create it with open internet access",
+                spec.id
+            ))
+            .into());
         }
         let mut state = self.lock();
         if state.saved.sandboxes.contains_key(&spec.id) {
@@ -547,7 +560,7 @@ impl<H: Host> Substrate for BhyveSubstrate<H> {
     /// A bhyve checkpoint always holds memory: a files-only request gets
     /// more than it asked for, never less.
     fn snapshot(&self, id: &str, snapshot_id: &str, _memory: bool) -> anyhow::Result<SnapshotInfo> {
-        validate_name(snapshot_id).map_err(|e| anyhow!(e))?;
+        validate_name(snapshot_id).map_err(SubstrateError::Invalid)?;
         let mut state = self.lock();
         let sandbox = Self::sandbox(&state, id)?;
         let pid = self.pid(&state, &sandbox.template, sandbox.slot).ok_or_else(|| anyhow!("{id} has no bhyve"))?;
@@ -629,7 +642,7 @@ impl<H: Host> Substrate for BhyveSubstrate<H> {
     }
 
     fn import_snapshot(&self, snapshot_id: &str, input: &mut dyn std::io::Read) -> anyhow::Result<SnapshotInfo> {
-        validate_name(snapshot_id).map_err(|e| anyhow!(e))?;
+        validate_name(snapshot_id).map_err(SubstrateError::Invalid)?;
         let dir = self.snapshot_dir(snapshot_id);
         if dir.exists() {
             bail!("bhyve snapshot {snapshot_id} exists");

@@ -259,8 +259,8 @@ fn a_sandbox_asking_for_an_egress_policy_is_refused_before_anything_runs() {
     std::fs::write(dir.path().join("bhyve/images/vm.img"), b"disk").unwrap();
     s.ensure_template(&recipe(), &|_| {}).unwrap();
     take(&s);
-    let closed = copse_jails::Policy::from_e2b(Some(false), &[], &[], None).unwrap();
-    let network = copse_jails::SandboxNetwork { address: "10.9.0.2".parse().unwrap(), policy: closed };
+    let closed = copse_substrate::Policy::from_e2b(Some(false), &[], &[], None).unwrap();
+    let network = copse_substrate::SandboxNetwork { address: "10.9.0.2".parse().unwrap(), policy: closed };
     let err = s.create(&SandboxSpec { network: Some(network), ..spec(dir.path(), "sb1", None) }).unwrap_err();
     assert!(err.to_string().contains("cannot restrict egress"), "{err:#}");
     assert!(take(&s).is_empty());

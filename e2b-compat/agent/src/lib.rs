@@ -4,7 +4,7 @@
 //! socket that the gateway forwards HTTP/1.1 requests to unchanged.
 //!
 //! The agent keeps its privileges: it switches to the requesting user and
-//! confines (`copse_jails::confine`) every process it starts, and it chowns
+//! confines (`copse_jailer::confine`) every process it starts, and it chowns
 //! what it creates on a user's behalf.
 //!
 //! Code map:

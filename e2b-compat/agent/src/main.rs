@@ -94,5 +94,5 @@ fn main() -> anyhow::Result<()> {
 fn boot(init: bool) -> anyhow::Result<()> {
     let config = AgentConfig { loopback_port: Some(copse_protocol::headers::AGENT_PORT), ..AgentConfig::default() };
     let serve = |listener| copse_agent::serve_blocking(listener, config);
-    if init { copse_jails::init_agent(serve) } else { copse_jails::boot_agent(serve) }
+    if init { copse_jailer::init_agent(serve) } else { copse_jailer::boot_agent(serve) }
 }

@@ -20,7 +20,7 @@ pub struct Config {
     /// (template, size): sandboxes kept booted ahead of demand.
     pub pools: Vec<(String, usize)>,
     /// The sandbox network (bridge and subnet); `None`: loopback only.
-    pub network: Option<copse_jails::NetConfig>,
+    pub network: Option<copse_substrate::NetConfig>,
     /// The domain sandbox ports are named under (`{port}-{id}.{domain}`).
     pub domain: Option<String>,
     /// Serve HTTPS with this certificate chain and key (domain mode).

@@ -124,7 +124,7 @@ enum TemplateCommand {
         /// Which kind of sandbox the templates boot: `jail` (the host's own
         /// isolation) or `bhyve` (microVMs; FreeBSD only).
         #[arg(long, default_value = "jail")]
-        backend: copse_jails::Backend,
+        backend: copse_substrate::Backend,
         #[command(flatten)]
         paths: Paths,
     },
@@ -172,7 +172,7 @@ fn main() -> anyhow::Result<()> {
                 agent_binary: config::find_agent(paths.agent)?,
                 keep_sandboxes,
                 pools,
-                network: Some(copse_jails::NetConfig::new(&bridge, &subnet)?),
+                network: Some(copse_substrate::NetConfig::new(&bridge, &subnet)?),
                 domain,
                 tls: tls_cert.zip(tls_key).map(|(cert, key)| config::TlsFiles { cert, key }),
             };
@@ -189,7 +189,7 @@ fn main() -> anyhow::Result<()> {
             let recipes: Vec<_> = server::default_recipes()
                 .into_iter()
                 .filter(|r| names.is_empty() || names.contains(&r.name))
-                .map(|r| copse_jails::Recipe { backend, ..r })
+                .map(|r| copse_substrate::Recipe { backend, ..r })
                 .collect();
             if let Some(unknown) = names.iter().find(|n| !recipes.iter().any(|r| &&r.name == n)) {
                 anyhow::bail!("no recipe named {unknown:?}; built-in templates: {}", recipe_names());

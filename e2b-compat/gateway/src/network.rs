@@ -9,7 +9,7 @@ use std::net::Ipv4Addr;
 use std::sync::Mutex;
 
 use copse_cubenet::AddressPool;
-use copse_jails::{NetConfig, Policy};
+use copse_substrate::{NetConfig, Policy};
 
 use crate::model::SandboxError;
 

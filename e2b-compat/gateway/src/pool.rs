@@ -10,7 +10,7 @@ use std::collections::VecDeque;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
-use copse_jails::Placement;
+use copse_substrate::Placement;
 use tokio::sync::Notify;
 
 /// A booted sandbox that no one has been given yet.
@@ -19,7 +19,7 @@ pub struct Booted {
     pub id: String,
     pub placement: Placement,
     pub agent_socket: PathBuf,
-    pub network: Option<copse_jails::SandboxNetwork>,
+    pub network: Option<copse_substrate::SandboxNetwork>,
 }
 
 pub struct WarmPool {

@@ -4,8 +4,8 @@
 use std::sync::Arc;
 
 use anyhow::Context;
-use copse_jails::template::Recipe;
-use copse_jails::{Substrate, Support};
+use copse_substrate::template::Recipe;
+use copse_substrate::{Substrate, Support};
 
 use axum::serve::ListenerExt;
 

@@ -5,7 +5,7 @@
 use std::io::{BufRead, Read, Write};
 
 use anyhow::{Context, bail};
-use copse_jails::Substrate;
+use copse_substrate::Substrate;
 
 use crate::model::{SnapshotRecord, Store, now_ms, snapshot_key};
 

@@ -1,7 +1,7 @@
 //! The templates copse offers out of the box, named as E2B names them, and
 //! what runs in each sandbox beside the agent.
 
-use copse_jails::template::{PackageSystem, Recipe, builtin, write_file_script};
+use copse_substrate::template::{PackageSystem, Recipe, builtin, write_file_script};
 
 pub const CODE_INTERPRETER: &str = "code-interpreter-v1";
 /// The in-sandbox code-interpreter server (Python, runs inside the sandbox).

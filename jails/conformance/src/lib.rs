@@ -12,10 +12,10 @@ use std::path::PathBuf;
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
 use anyhow::{Context, bail};
-use copse_jails::template::{PackageSystem, builtin};
-use copse_jails::{Limits, Placement, SandboxSpec, Substrate};
 pub use copse_protocol::Output;
 use copse_protocol::{AgentClient, StartProcess};
+use copse_substrate::template::{PackageSystem, builtin};
+use copse_substrate::{Limits, Placement, SandboxSpec, Substrate};
 
 /// State directory of the suite, apart from any gateway's: `recover`
 /// destroys every sandbox it does not know.
@@ -41,7 +41,7 @@ fn open() -> anyhow::Result<Box<dyn Substrate>> {
         .map(PathBuf::from)
         .context("set COPSE_AGENT to the agent binary (mise does)")?;
     // Loopback only: the network has its own suite (tests/test_network.py).
-    let substrate = copse_jails::host_substrate(&state_dir, &agent, None)?;
+    let substrate = copse_host::host_substrate(&state_dir, &agent, None)?;
     let recipe = builtin(PackageSystem::host()).into_iter().find(|r| r.name == TEMPLATE).context("no base recipe")?;
     substrate.ensure_template(&recipe, &|line| eprintln!("template: {line}"))?;
     Ok(substrate)

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use copse_conformance::{Sandbox, Snapshot, fresh_id, serial, substrate};
-use copse_jails::Limits;
+use copse_substrate::Limits;
 
 const SMALL: Limits = Limits { cpu_count: 1, memory_mb: 256, disk_mb: 1024, pids: 64 };
 const TICKER: &str = "nohup sh -c 'while :; do echo t >> /home/user/ticks; sleep 0.05; done' >/dev/null 2>&1 &";

@@ -5,7 +5,7 @@
 //! template); `mise run conformance` runs them, and `./dev test` does too.
 
 use copse_conformance::{Sandbox, serial, substrate};
-use copse_jails::Limits;
+use copse_substrate::Limits;
 
 const SMALL: Limits = Limits { cpu_count: 1, memory_mb: 256, disk_mb: 1024, pids: 64 };
 

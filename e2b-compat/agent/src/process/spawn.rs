@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::process::Stdio;
 use std::sync::Arc;
 
-use copse_jails::confine::Confinement;
+use copse_jailer::confine::Confinement;
 use tokio::process::{Child, ChildStderr, ChildStdin, ChildStdout, Command};
 
 use super::pty::{self, PtyMaster};

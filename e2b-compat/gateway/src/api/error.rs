@@ -4,6 +4,7 @@
 use axum::Json;
 use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
+use copse_substrate::SubstrateError;
 use serde_json::json;
 
 use crate::model::SandboxError;
@@ -44,11 +45,51 @@ impl From<SandboxError> for ApiError {
             SandboxError::Conflict(_) => StatusCode::CONFLICT,
             SandboxError::UnknownTemplate { .. } | SandboxError::Invalid(_) => StatusCode::BAD_REQUEST,
             SandboxError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            SandboxError::Substrate(refusal) => substrate_status(refusal),
             SandboxError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         };
         if status == StatusCode::INTERNAL_SERVER_ERROR {
             tracing::error!("{err:#}");
         }
         Self::new(status, format!("{err:#}"))
+    }
+}
+
+/// E2B's status for a substrate's refusal: E2B answers a feature a sandbox
+/// lacks with 400, like bad input; what this host lacks is a 503.
+fn substrate_status(refusal: &SubstrateError) -> StatusCode {
+    match refusal {
+        SubstrateError::NotFound(_) => StatusCode::NOT_FOUND,
+        SubstrateError::Unsupported(_) | SubstrateError::Invalid(_) => StatusCode::BAD_REQUEST,
+        SubstrateError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use anyhow::Context;
+
+    use super::*;
+
+    /// What a substrate call that failed with `refusal`, under the context
+    /// the gateway adds, becomes on the wire.
+    fn answer(refusal: SubstrateError) -> ApiError {
+        let err = Err::<(), _>(refusal).context("snapshotting sandbox a").unwrap_err();
+        ApiError::from(SandboxError::from(err))
+    }
+
+    #[test]
+    fn substrate_refusals_get_e2b_statuses() {
+        let not_found = answer(SubstrateError::NotFound("snapshot s not found".into()));
+        assert_eq!((not_found.status, not_found.message.as_str()), (StatusCode::NOT_FOUND, "snapshot s not found"));
+        assert_eq!(answer(SubstrateError::Unsupported("no memory".into())).status, StatusCode::BAD_REQUEST);
+        assert_eq!(answer(SubstrateError::Invalid("bad name".into())).status, StatusCode::BAD_REQUEST);
+        assert_eq!(answer(SubstrateError::Unavailable("no CRIU".into())).status, StatusCode::SERVICE_UNAVAILABLE);
+    }
+
+    #[test]
+    fn other_failures_are_internal() {
+        let answer = ApiError::from(SandboxError::from(anyhow::anyhow!("disk on fire")));
+        assert_eq!(answer.status, StatusCode::INTERNAL_SERVER_ERROR);
     }
 }

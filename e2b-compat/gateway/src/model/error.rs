@@ -18,16 +18,22 @@ pub enum SandboxError {
     /// message says what and how to install it.
     #[error("{0}")]
     Unavailable(String),
+    /// The substrate refused, saying why (a missing sandbox, snapshot or
+    /// template; an operation this kind of sandbox lacks; bad input);
+    /// `api::error` maps its kind to E2B's status.
+    #[error(transparent)]
+    Substrate(copse_substrate::SubstrateError),
     #[error(transparent)]
     Internal(anyhow::Error),
 }
 
 impl From<anyhow::Error> for SandboxError {
-    /// A substrate's "this host lacks X" keeps its kind; anything else is a
-    /// fault.
+    /// A substrate's typed refusal keeps its kind (anywhere in the chain
+    /// of causes); anything else is a fault.
     fn from(err: anyhow::Error) -> Self {
-        match copse_jails::SubstrateError::find(&err) {
-            Some(copse_jails::SubstrateError::Unavailable(what)) => SandboxError::Unavailable(what.clone()),
+        match copse_substrate::SubstrateError::find(&err) {
+            Some(copse_substrate::SubstrateError::Unavailable(what)) => SandboxError::Unavailable(what.clone()),
+            Some(refusal) => SandboxError::Substrate(refusal.clone()),
             None => SandboxError::Internal(err),
         }
     }

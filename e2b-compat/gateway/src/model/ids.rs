@@ -35,6 +35,6 @@ mod tests {
     #[test]
     fn snapshot_keys_are_valid_substrate_names() {
         let key = snapshot_key();
-        assert!(copse_jails::template::validate_name(&key).is_ok(), "{key}");
+        assert!(copse_substrate::template::validate_name(&key).is_ok(), "{key}");
     }
 }

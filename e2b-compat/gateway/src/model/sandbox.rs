@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 
-use copse_jails::{Limits, Placement, SandboxNetwork};
+use copse_substrate::{Limits, Placement, SandboxNetwork};
 use serde::{Deserialize, Serialize};
 
 use super::error::{Result, SandboxError};

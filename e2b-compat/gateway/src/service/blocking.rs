@@ -2,7 +2,7 @@
 //! commands, wait on the kernel), so each runs on tokio's blocking pool, and
 //! its error becomes the service's error in one place.
 
-use copse_jails::Substrate;
+use copse_substrate::Substrate;
 
 use super::Sandboxes;
 use crate::model::Result;

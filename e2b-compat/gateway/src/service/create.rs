@@ -13,7 +13,7 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use copse_jails::{Policy, SandboxNetwork};
+use copse_substrate::{Policy, SandboxNetwork};
 
 use super::Sandboxes;
 use crate::model::{

@@ -2,7 +2,7 @@
 //! `update_network`), and re-applied when the host names it allows may
 //! have moved.
 
-use copse_jails::Policy;
+use copse_substrate::Policy;
 
 use super::Sandboxes;
 use crate::model::{Result, SandboxRecord};

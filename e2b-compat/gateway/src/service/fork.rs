@@ -6,7 +6,7 @@
 //! processes. What is new: id, hostname (the id), access token, address,
 //! cgroup, and lifetime (the fork request's timeout). See docs/lifecycle.md.
 
-use copse_jails::Policy;
+use copse_substrate::Policy;
 use futures::future::join_all;
 
 use super::Sandboxes;

@@ -27,7 +27,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use copse_jails::{Limits, SandboxNetwork, SandboxSpec, Substrate, TemplateInfo};
+use copse_substrate::{Limits, SandboxNetwork, SandboxSpec, Substrate, TemplateInfo};
 
 use crate::model::{Result, SandboxError, SandboxRecord, State, Store, now_ms, validate_timeout};
 use crate::network::Addresses;
@@ -84,7 +84,7 @@ impl Sandboxes {
 
     /// Sandboxes get an address on `network` (and pooled ones an open policy
     /// until hand-out).
-    pub fn with_network(mut self, network: Option<&copse_jails::NetConfig>) -> Self {
+    pub fn with_network(mut self, network: Option<&copse_substrate::NetConfig>) -> Self {
         self.addresses = Addresses::new(network);
         self
     }

@@ -12,7 +12,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use copse_jails::Policy;
+use copse_substrate::Policy;
 
 use super::Sandboxes;
 use crate::pool::Booted;

@@ -1,13 +1,13 @@
 //! After a gateway restart: re-adopt the sandboxes that survived, destroy
 //! what no record names, and bring snapshot rows and files back in step.
 
-use copse_jails::{Placement, SandboxNetwork};
+use copse_substrate::{Placement, SandboxNetwork};
 
 use super::Sandboxes;
 
 impl Sandboxes {
     /// Re-adopt what survived a gateway restart; destroy the rest.
-    pub async fn recover(&self) -> anyhow::Result<copse_jails::Recovery> {
+    pub async fn recover(&self) -> anyhow::Result<copse_substrate::Recovery> {
         let records = self.store.all()?;
         // A sandbox paused without memory has no processes to find; its
         // files live in a snapshot, reconciled below.

@@ -1,7 +1,7 @@
 //! Snapshots: taking one (with memory where the substrate can), listing
 //! and deleting them. Creating a sandbox from one is in `create.rs`.
 
-use copse_jails::Support;
+use copse_substrate::Support;
 
 use super::Sandboxes;
 use crate::agent_link;
@@ -83,7 +83,7 @@ impl Sandboxes {
         record: &SandboxRecord,
         key: &str,
         memory: bool,
-    ) -> Result<copse_jails::SnapshotInfo> {
+    ) -> Result<copse_substrate::SnapshotInfo> {
         let take = || {
             let (id, key) = (record.id.clone(), key.to_string());
             self.blocking(move |s| s.snapshot(&id, &key, memory))

@@ -9,8 +9,8 @@ use std::io::{Read, Write};
 use std::os::unix::net::UnixListener;
 use std::sync::{Arc, Mutex};
 
-use copse_jails::template::{Backend, TemplateInfo};
-use copse_jails::{
+use copse_substrate::template::{Backend, TemplateInfo};
+use copse_substrate::{
     Capabilities, NetConfig, Placement, Policy, Progress, Recipe, Recovery, SandboxSpec, SnapshotInfo, Substrate,
     Support, Usage,
 };

@@ -1,0 +1,250 @@
+//! Memory snapshots of a whole sandbox with CRIU.
+//!
+//! A sandbox's process tree (init, the agent, everything users started) is
+//! checkpointed into an image directory next to the snapshot's file layers,
+//! and restored into a new sandbox (or the same one, for rollback) on those
+//! layers. What makes a copse sandbox dumpable is set up at boot (see
+//! `copse_jailer::linux::boot`): init leads its own session and every process runs from
+//! files inside the sandbox. Three things stay outside the image on purpose:
+//! - the agent binary's and socket's directories, declared external mounts
+//!   and mapped to the new sandbox's own on restore;
+//! - the network namespace: the restored tree joins a fresh one, which the
+//!   substrate then plugs into the sandbox network under the new address;
+//! - cgroups: the restored tree inherits the new sandbox's, which the restore
+//!   helper joins before starting CRIU.
+//!
+//! CRIU 4 or later is required; bookworm's 3.17 cannot read this kernel's
+//! vDSO. `scripts/criu` builds a suitable one, with libnftables: CRIU locks
+//! the sandbox's network while it dumps with an nftables table inside the
+//! sandbox's own network namespace (`--network-lock nftables`), never with
+//! the host's iptables (docs/lifecycle.md, "Network lock").
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{Context, bail};
+
+use copse_jailer::handoff::{AGENT_MOUNT, NETNS_FD, SOCKET_MOUNT};
+
+/// Keys naming the external mounts in an image.
+const AGENT_KEY: &str = "copse-agent";
+const SOCKET_KEY: &str = "copse-run";
+/// Key naming the external network namespace in an image.
+const NET_KEY: &str = "copse-net";
+/// Oldest CRIU major version that works on current kernels.
+const MIN_MAJOR: u32 = 4;
+
+/// A CRIU binary that passed `criu check` on this host.
+#[derive(Debug, Clone)]
+pub struct Criu {
+    pub binary: PathBuf,
+}
+
+impl Criu {
+    /// The first usable CRIU: `$COPSE_CRIU` alone if it is set, else
+    /// `/usr/local/sbin/criu`, `/usr/sbin/criu`, `/sbin/criu`. `Err` says,
+    /// in one line, what is missing and how to install it.
+    pub fn find() -> anyhow::Result<Self> {
+        let candidates: Vec<PathBuf> = match std::env::var_os("COPSE_CRIU") {
+            Some(chosen) => vec![PathBuf::from(chosen)],
+            None => ["/usr/local/sbin/criu", "/usr/sbin/criu", "/sbin/criu"].map(PathBuf::from).to_vec(),
+        };
+        let mut reasons = Vec::new();
+        for binary in candidates.iter().filter(|b| b.is_file()) {
+            match Self::probe(binary) {
+                Ok(()) => return Ok(Self { binary: binary.clone() }),
+                Err(e) => reasons.push(format!("{}: {e:#}", binary.display())),
+            }
+        }
+        if reasons.is_empty() {
+            let looked = candidates.iter().map(|c| c.display().to_string()).collect::<Vec<_>>().join(", ");
+            bail!("no CRIU found (looked for {looked}); {INSTALL_HINT}");
+        }
+        bail!("no usable CRIU ({}); {INSTALL_HINT}", reasons.join("; "))
+    }
+
+    /// Checks that `binary` is recent enough, that `criu check` passes on
+    /// this kernel, and that it can lock a network with nftables, the one
+    /// option copse needs beyond the basics.
+    fn probe(binary: &Path) -> anyhow::Result<()> {
+        let version = Command::new(binary).arg("--version").output().context("running --version")?;
+        let text = String::from_utf8_lossy(&version.stdout);
+        let major = parse_major(&text).with_context(|| format!("unexpected --version output {text:?}"))?;
+        if major < MIN_MAJOR {
+            bail!("version {major}.x is too old (need {MIN_MAJOR} or later)");
+        }
+        for check in [&["check"][..], &["check", "--feature", "network_lock_nftables"]] {
+            let output = Command::new(binary).args(check).output().with_context(|| format!("running {check:?}"))?;
+            if !output.status.success() {
+                bail!("`criu {}` failed: {}", check.join(" "), first_line(&output));
+            }
+        }
+        Ok(())
+    }
+
+    /// Checkpoints the tree under `init` into `images`, leaving it running
+    /// (or frozen, if its cgroup was frozen). `freezer` is the sandbox's
+    /// freezer cgroup directory, `netns_inode` its network namespace's.
+    /// CRIU's own log goes to the gateway's log, not into the error.
+    pub fn dump(&self, init: i32, images: &Path, freezer: &Path, netns_inode: u64) -> anyhow::Result<()> {
+        std::fs::create_dir_all(images).with_context(|| format!("creating {}", images.display()))?;
+        let output = Command::new(&self.binary)
+            .args(dump_args(init, images, freezer, netns_inode))
+            .output()
+            .context("running criu dump")?;
+        if !output.status.success() {
+            tracing::error!(log = %log_tail(&images.join("dump.log")), "criu dump failed");
+            bail!("CRIU could not checkpoint the sandbox's processes (its log is in the gateway's log)");
+        }
+        Ok(())
+    }
+}
+
+/// How to get a CRIU copse can use, for messages to the operator.
+pub const INSTALL_HINT: &str = "install it with scripts/criu (./dev up runs it)";
+
+/// The first line a failed command printed, for a one-line reason.
+fn first_line(output: &std::process::Output) -> String {
+    let text = String::from_utf8_lossy(if output.stderr.is_empty() { &output.stdout } else { &output.stderr });
+    text.lines().map(str::trim).find(|l| !l.is_empty()).unwrap_or("no output").to_string()
+}
+
+/// `criu dump` arguments. `--leave-running` keeps the source going;
+/// `--freeze-cgroup` lets CRIU stop a tree the freezer may already hold
+/// (ptrace alone would wait forever on frozen tasks); established TCP
+/// connections (a code interpreter's kernel talks to its broker over
+/// loopback) are kept with the kernel's repair mode.
+pub fn dump_args(init: i32, images: &Path, freezer: &Path, netns_inode: u64) -> Vec<String> {
+    let mut args: Vec<String> = vec![
+        "dump".into(),
+        "--tree".into(),
+        init.to_string(),
+        "--images-dir".into(),
+        images.display().to_string(),
+        "--log-file".into(),
+        "dump.log".into(),
+        "--leave-running".into(),
+        "--freeze-cgroup".into(),
+        freezer.display().to_string(),
+        "--manage-cgroups=ignore".into(),
+        "--tcp-established".into(),
+        "--file-locks".into(),
+        "--link-remap".into(),
+        "--skip-in-flight".into(),
+        // The lock is a table in the sandbox's own network namespace, made
+        // through libnftables: no iptables on the host, no host rule touched.
+        "--network-lock".into(),
+        "nftables".into(),
+    ];
+    for external in [
+        format!("mnt[/{AGENT_MOUNT}]:{AGENT_KEY}"),
+        format!("mnt[/{SOCKET_MOUNT}]:{SOCKET_KEY}"),
+        format!("net[{netns_inode}]:{NET_KEY}"),
+    ] {
+        args.push("--external".into());
+        args.push(external);
+    }
+    args
+}
+
+/// `criu restore` arguments for a tree restored under `root` (the new
+/// sandbox's merged overlay, mounted by the restore helper), with the
+/// external mounts mapped to `agent_dir` and `socket_dir` and the network
+/// namespace taken from [`NETNS_FD`]. The restored init's host pid is
+/// written to `pidfile`; CRIU detaches once the tree runs.
+pub fn restore_args(images: &Path, root: &Path, agent_dir: &Path, socket_dir: &Path, pidfile: &Path) -> Vec<String> {
+    let mut args: Vec<String> = vec![
+        "restore".into(),
+        "--images-dir".into(),
+        images.display().to_string(),
+        "--work-dir".into(),
+        pidfile.parent().unwrap_or(Path::new("/")).display().to_string(),
+        "--log-file".into(),
+        "restore.log".into(),
+        "--root".into(),
+        root.display().to_string(),
+        "--restore-detached".into(),
+        "--pidfile".into(),
+        pidfile.display().to_string(),
+        "--manage-cgroups=ignore".into(),
+        "--tcp-established".into(),
+        "--file-locks".into(),
+        "--link-remap".into(),
+        "--inherit-fd".into(),
+        format!("fd[{NETNS_FD}]:{NET_KEY}"),
+    ];
+    for external in
+        [format!("mnt[{AGENT_KEY}]:{}", agent_dir.display()), format!("mnt[{SOCKET_KEY}]:{}", socket_dir.display())]
+    {
+        args.push("--external".into());
+        args.push(external);
+    }
+    args
+}
+
+/// The last lines of a CRIU log, for an error message.
+pub fn log_tail(log: &Path) -> String {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let errors: Vec<&str> = text.lines().filter(|l| l.contains("Error") || l.contains("rror (")).collect();
+    let lines = if errors.is_empty() { text.lines().rev().take(5).collect::<Vec<_>>() } else { errors };
+    let joined = lines.iter().rev().take(6).rev().copied().collect::<Vec<_>>().join(" | ");
+    if joined.is_empty() { format!("no log at {}", log.display()) } else { joined }
+}
+
+fn parse_major(version_output: &str) -> Option<u32> {
+    let line = version_output.lines().find_map(|l| l.trim().strip_prefix("Version:"))?;
+    line.trim().split('.').next()?.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_major_version_comes_from_the_version_line() {
+        assert_eq!(parse_major("Version: 4.1.1\n"), Some(4));
+        assert_eq!(parse_major("Version: 3.17.1\nGitID: v3.17\n"), Some(3));
+        assert_eq!(parse_major("criu"), None);
+    }
+
+    #[test]
+    fn dump_keeps_the_source_running_and_names_every_external() {
+        let args = dump_args(42, Path::new("/s/ckpt/x"), Path::new("/sys/fs/cgroup/freezer/copse-1/a"), 4026532000);
+        let text = args.join(" ");
+        assert!(text.starts_with("dump --tree 42 --images-dir /s/ckpt/x "), "{text}");
+        for part in [
+            "--leave-running",
+            "--freeze-cgroup /sys/fs/cgroup/freezer/copse-1/a",
+            "--tcp-established",
+            "--network-lock nftables",
+            "--external mnt[/.copse/bin]:copse-agent",
+            "--external mnt[/.copse/run]:copse-run",
+            "--external net[4026532000]:copse-net",
+        ] {
+            assert!(text.contains(part), "{part} missing from {text}");
+        }
+    }
+
+    #[test]
+    fn restore_maps_every_external_to_the_new_sandbox() {
+        let args = restore_args(
+            Path::new("/s/ckpt/x"),
+            Path::new("/s/sandboxes/b/root"),
+            Path::new("/s/agent"),
+            Path::new("/s/sandboxes/b/run"),
+            Path::new("/s/sandboxes/b/restore/init.pid"),
+        );
+        let text = args.join(" ");
+        for part in [
+            "--root /s/sandboxes/b/root",
+            "--restore-detached",
+            "--pidfile /s/sandboxes/b/restore/init.pid",
+            "--work-dir /s/sandboxes/b/restore",
+            "--inherit-fd fd[4]:copse-net",
+            "--external mnt[copse-agent]:/s/agent",
+            "--external mnt[copse-run]:/s/sandboxes/b/run",
+        ] {
+            assert!(text.contains(part), "{part} missing from {text}");
+        }
+    }
+}

@@ -1,0 +1,400 @@
+//! Filesystem snapshots as stacks of read-only overlay layers.
+//!
+//! A snapshot copies a sandbox's upper directory once, into a new layer;
+//! the layers beneath it (its template and the layers of the snapshot it
+//! was itself started from) are shared, not copied. A sandbox started from
+//! a snapshot stacks the snapshot's layers under a fresh upper directory, so
+//! starting one costs the same whatever the snapshot's size.
+//!
+//! Host layout under the state directory:
+//! - `layers/<layer>/`: one frozen upper directory (overlay whiteouts and
+//!   opaque-directory xattrs included, so it works as a lower layer);
+//! - `snapshots/<id>.json`: a snapshot: its template and layers, top first;
+//! - `sandboxes/<id>/base.json`: what a sandbox stacks on (written at boot).
+//!
+//! Layers are immutable and are removed when no snapshot or sandbox names
+//! them any more.
+
+use std::collections::HashSet;
+use std::fs;
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Mutex;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use anyhow::{Context, bail};
+use nix::fcntl::{Flock, FlockArg};
+use serde::{Deserialize, Serialize};
+
+use copse_substrate::SnapshotInfo;
+
+/// What a sandbox or a snapshot stacks on: a template and layers, top first.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct Base {
+    pub template: String,
+    pub layers: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct SnapshotFile {
+    #[serde(flatten)]
+    base: Base,
+    size_bytes: u64,
+}
+
+pub struct LayerStore {
+    state_dir: PathBuf,
+    layers: PathBuf,
+    snapshots: PathBuf,
+    /// Serializes every change to the set of layers and who names them, so
+    /// a collection never races a snapshot or a boot that adds a name.
+    lock: Mutex<()>,
+}
+
+impl LayerStore {
+    pub fn open(state_dir: &Path) -> anyhow::Result<Self> {
+        let layers = state_dir.join("layers");
+        let snapshots = state_dir.join("snapshots");
+        for dir in [&layers, &snapshots] {
+            fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        }
+        Ok(Self { state_dir: state_dir.to_path_buf(), layers, snapshots, lock: Mutex::new(()) })
+    }
+
+    pub fn layer_dir(&self, layer: &str) -> PathBuf {
+        self.layers.join(layer)
+    }
+
+    fn snapshot_file(&self, id: &str) -> PathBuf {
+        self.snapshots.join(format!("{id}.json"))
+    }
+
+    /// Held while the set of layers or their names changes: the mutex
+    /// orders this process's threads, the `flock` other processes (`copse
+    /// snapshot import` beside a running gateway).
+    fn guard(&self) -> (std::sync::MutexGuard<'_, ()>, Option<Flock<fs::File>>) {
+        let threads = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        let file = fs::OpenOptions::new().create(true).append(true).open(self.layers.join(".lock"));
+        let processes = file.ok().and_then(|f| Flock::lock(f, FlockArg::LockExclusive).ok());
+        (threads, processes)
+    }
+
+    pub fn get(&self, id: &str) -> anyhow::Result<Option<Base>> {
+        Ok(self.read(id)?.map(|f| f.base))
+    }
+
+    fn read(&self, id: &str) -> anyhow::Result<Option<SnapshotFile>> {
+        match fs::read(self.snapshot_file(id)) {
+            Ok(bytes) => Ok(Some(serde_json::from_slice(&bytes).with_context(|| format!("corrupt snapshot {id}"))?)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e).with_context(|| format!("reading snapshot {id}")),
+        }
+    }
+
+    /// Records what a sandbox stacks on, under the lock, so the layers it
+    /// names cannot be collected between lookup and boot.
+    pub fn pin(&self, sandbox_dir: &Path, snapshot: Option<&str>, template: &str) -> anyhow::Result<Base> {
+        let _guard = self.guard();
+        let base = match snapshot {
+            Some(id) => self.get(id)?.with_context(|| format!("snapshot {id} not found"))?,
+            None => Base { template: template.to_string(), layers: Vec::new() },
+        };
+        write_json(&sandbox_dir.join("base.json"), &base)?;
+        Ok(base)
+    }
+
+    /// Copies `upper` (whose writers the caller has stopped) into a new
+    /// layer on top of `below`, and records it as snapshot `id`. An existing
+    /// snapshot of that id is replaced.
+    pub fn capture(&self, id: &str, upper: &Path, below: &Base) -> anyhow::Result<SnapshotInfo> {
+        let _guard = self.guard();
+        let layer = new_layer_name(id);
+        let staging = self.layers.join(format!(".staging-{layer}"));
+        copy_tree(upper, &staging)?;
+        fs::rename(&staging, self.layer_dir(&layer)).context("publishing the layer")?;
+        let mut layers = vec![layer];
+        layers.extend(below.layers.iter().cloned());
+        let size_bytes = layers.iter().map(|l| super::rootfs::tree_size(&self.layer_dir(l))).sum();
+        let file = SnapshotFile { base: Base { template: below.template.clone(), layers }, size_bytes };
+        write_json(&self.snapshot_file(id), &file)?;
+        Ok(info(id, &file))
+    }
+
+    pub fn list(&self) -> anyhow::Result<Vec<SnapshotInfo>> {
+        Ok(self.files()?.iter().map(|(id, file)| info(id, file)).collect())
+    }
+
+    /// Every snapshot's id and record, by id.
+    fn files(&self) -> anyhow::Result<Vec<(String, SnapshotFile)>> {
+        let mut out = Vec::new();
+        for entry in fs::read_dir(&self.snapshots)?.filter_map(Result::ok) {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if let Some(id) = name.strip_suffix(".json")
+                && let Some(file) = self.read(id)?
+            {
+                out.push((id.to_string(), file));
+            }
+        }
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        Ok(out)
+    }
+
+    /// Forgets a snapshot; its layers go once nothing else names them.
+    pub fn delete(&self, id: &str, sandboxes: &Path) -> anyhow::Result<()> {
+        let _guard = self.guard();
+        match fs::remove_file(self.snapshot_file(id)) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e.into()),
+            _ => {}
+        }
+        self.collect(sandboxes)
+    }
+
+    /// Removes every layer no snapshot and no sandbox under `sandboxes`
+    /// names, and staging directories a crash left behind.
+    pub fn collect_garbage(&self, sandboxes: &Path) -> anyhow::Result<()> {
+        let _guard = self.guard();
+        self.collect(sandboxes)
+    }
+
+    fn collect(&self, sandboxes: &Path) -> anyhow::Result<()> {
+        let mut named: HashSet<String> = self.files()?.into_iter().flat_map(|(_, f)| f.base.layers).collect();
+        if let Ok(entries) = fs::read_dir(sandboxes) {
+            for entry in entries.filter_map(Result::ok) {
+                if let Ok(bytes) = fs::read(entry.path().join("base.json"))
+                    && let Ok(base) = serde_json::from_slice::<Base>(&bytes)
+                {
+                    named.extend(base.layers);
+                }
+            }
+        }
+        for entry in fs::read_dir(&self.layers)?.filter_map(Result::ok) {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if !named.contains(&name) && name != ".lock" {
+                fs::remove_dir_all(entry.path()).with_context(|| format!("removing layer {name}"))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// One tar stream: `snapshot.json` (template, layers), the memory
+    /// `checkpoint` directory if there is one, then each layer, with the
+    /// xattrs and device nodes overlay relies on.
+    pub fn export(&self, id: &str, checkpoint: Option<&Path>, out: &mut dyn Write) -> anyhow::Result<()> {
+        let file = self.read(id)?.with_context(|| format!("snapshot {id} not found"))?;
+        let staging = tempdir_in(&self.state_dir, "export")?;
+        let result = (|| {
+            write_json(&staging.join("snapshot.json"), &file)?;
+            let mut tar = Command::new("tar");
+            tar.args(TAR_FLAGS).arg("-cf").arg("-").arg("-C").arg(&staging).arg("snapshot.json");
+            if let Some(checkpoint) = checkpoint {
+                tar.arg("-C").arg(checkpoint.parent().unwrap_or(Path::new("/")));
+                let name = checkpoint_name(checkpoint)?;
+                // Exact matches only: a layer's name may start with it.
+                tar.arg(format!("--transform=s,^{name}$,{CHECKPOINT},;s,^{name}/,{CHECKPOINT}/,"));
+                tar.arg(name);
+            }
+            tar.arg("-C").arg(&self.layers).args(&file.base.layers).stdout(Stdio::piped());
+            let mut child = tar.spawn().context("running tar")?;
+            std::io::copy(child.stdout.as_mut().expect("piped"), out).context("writing the export")?;
+            let status = child.wait()?;
+            if !status.success() {
+                bail!("tar failed ({status}) exporting snapshot {id}");
+            }
+            Ok(())
+        })();
+        let _ = fs::remove_dir_all(&staging);
+        result
+    }
+
+    /// Reads an [`Self::export`] stream into snapshot `id`, and its memory
+    /// checkpoint (if any) into `checkpoint`. Layers get new names here, so
+    /// imports never collide with layers already present.
+    pub fn import(&self, id: &str, checkpoint: &Path, input: &mut dyn Read) -> anyhow::Result<SnapshotInfo> {
+        let staging = tempdir_in(&self.state_dir, "import")?;
+        let result = (|| {
+            let mut child = Command::new("tar")
+                .args(TAR_FLAGS)
+                .arg("-xf")
+                .arg("-")
+                .arg("-C")
+                .arg(&staging)
+                .stdin(Stdio::piped())
+                .spawn()
+                .context("running tar")?;
+            std::io::copy(input, child.stdin.as_mut().expect("piped")).context("reading the import")?;
+            drop(child.stdin.take());
+            let status = child.wait()?;
+            if !status.success() {
+                bail!("tar failed ({status}): not a copse snapshot export");
+            }
+            let bytes = fs::read(staging.join("snapshot.json")).context("the export has no snapshot.json")?;
+            let mut file: SnapshotFile = serde_json::from_slice(&bytes).context("corrupt snapshot.json")?;
+            let _guard = self.guard();
+            let mut renamed = Vec::new();
+            for layer in &file.base.layers {
+                copse_substrate::template::validate_name(layer).map_err(copse_substrate::SubstrateError::Invalid)?;
+                let name = new_layer_name(id);
+                fs::rename(staging.join(layer), self.layer_dir(&name))
+                    .with_context(|| format!("the export lacks layer {layer}"))?;
+                renamed.push(name);
+            }
+            file.base.layers = renamed;
+            let memory = staging.join(CHECKPOINT).is_dir();
+            if memory {
+                fs::create_dir_all(checkpoint.parent().unwrap_or(Path::new("/")))?;
+                fs::rename(staging.join(CHECKPOINT), checkpoint).context("keeping the memory checkpoint")?;
+            }
+            write_json(&self.snapshot_file(id), &file)?;
+            Ok(SnapshotInfo { memory, ..info(id, &file) })
+        })();
+        let _ = fs::remove_dir_all(&staging);
+        result
+    }
+}
+
+/// Where an export holds a memory checkpoint's images.
+const CHECKPOINT: &str = "checkpoint";
+
+/// A checkpoint directory's own name, safe inside a tar `--transform`.
+fn checkpoint_name(dir: &Path) -> anyhow::Result<&str> {
+    dir.file_name()
+        .and_then(|n| n.to_str())
+        .filter(|n| copse_substrate::template::validate_name(n).is_ok())
+        .with_context(|| format!("checkpoint directory {} has no plain name", dir.display()))
+}
+
+/// Overlay marks whiteouts with device nodes and opaque directories with
+/// `trusted.overlay.*` xattrs; a layer that loses either shows deleted
+/// files again.
+const TAR_FLAGS: &[&str] = &["--xattrs", "--xattrs-include=*", "--numeric-owner", "--acls"];
+
+fn info(id: &str, file: &SnapshotFile) -> SnapshotInfo {
+    SnapshotInfo {
+        id: id.to_string(),
+        template: file.base.template.clone(),
+        size_bytes: file.size_bytes,
+        memory: false,
+    }
+}
+
+fn new_layer_name(snapshot: &str) -> String {
+    let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or_default();
+    format!("{snapshot}-{nanos:x}")
+}
+
+fn tempdir_in(parent: &Path, what: &str) -> anyhow::Result<PathBuf> {
+    let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or_default();
+    let dir = parent.join(format!(".{what}-{}-{nanos:x}", std::process::id()));
+    fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    Ok(dir)
+}
+
+fn write_json(path: &Path, value: &impl Serialize) -> anyhow::Result<()> {
+    let tmp = path.with_extension("tmp");
+    fs::write(&tmp, serde_json::to_vec(value)?).with_context(|| format!("writing {}", tmp.display()))?;
+    fs::rename(&tmp, path).with_context(|| format!("writing {}", path.display()))
+}
+
+/// `cp -a` keeps ownership, modes, times, device nodes and xattrs (overlay's
+/// `trusted.*` ones too, as root); `--reflink=auto` shares extents on file
+/// systems that can (btrfs, XFS) and copies elsewhere.
+fn copy_tree(from: &Path, to: &Path) -> anyhow::Result<()> {
+    let output = Command::new("cp")
+        .arg("-a")
+        .arg("--reflink=auto")
+        .arg("--no-target-directory")
+        .arg(from)
+        .arg(to)
+        .stdin(Stdio::null())
+        .output()
+        .context("running cp")?;
+    if !output.status.success() {
+        let _ = fs::remove_dir_all(to);
+        bail!("copying {} failed: {}", from.display(), String::from_utf8_lossy(&output.stderr).trim());
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn store() -> (tempfile::TempDir, LayerStore) {
+        let dir = tempfile::tempdir().unwrap();
+        let store = LayerStore::open(dir.path()).unwrap();
+        fs::create_dir_all(dir.path().join("sandboxes")).unwrap();
+        (dir, store)
+    }
+
+    fn upper(root: &Path, name: &str, files: &[(&str, &str)]) -> PathBuf {
+        let dir = root.join(name);
+        for (path, body) in files {
+            let path = dir.join(path);
+            fs::create_dir_all(path.parent().unwrap()).unwrap();
+            fs::write(path, body).unwrap();
+        }
+        dir
+    }
+
+    #[test]
+    fn snapshots_stack_on_what_they_were_taken_from() {
+        let (dir, store) = store();
+        let first = upper(dir.path(), "u1", &[("a.txt", "one")]);
+        let s1 = store.capture("s1", &first, &Base { template: "base".into(), layers: vec![] }).unwrap();
+        assert_eq!(s1.template, "base");
+        assert_eq!(s1.size_bytes, 3);
+        let below = store.get("s1").unwrap().unwrap();
+        let second = upper(dir.path(), "u2", &[("b.txt", "two!")]);
+        store.capture("s2", &second, &below).unwrap();
+        let s2 = store.get("s2").unwrap().unwrap();
+        assert_eq!(s2.layers.len(), 2);
+        assert_eq!(s2.layers[1], below.layers[0]);
+        assert_eq!(fs::read_to_string(store.layer_dir(&s2.layers[0]).join("b.txt")).unwrap(), "two!");
+        assert_eq!(store.list().unwrap().iter().map(|s| s.id.as_str()).collect::<Vec<_>>(), ["s1", "s2"]);
+    }
+
+    #[test]
+    fn layers_live_while_a_snapshot_or_sandbox_names_them() {
+        let (dir, store) = store();
+        let sandboxes = dir.path().join("sandboxes");
+        let u = upper(dir.path(), "u", &[("f", "x")]);
+        store.capture("s1", &u, &Base { template: "base".into(), layers: vec![] }).unwrap();
+        let layer = store.get("s1").unwrap().unwrap().layers[0].clone();
+        let sandbox = sandboxes.join("sbx");
+        fs::create_dir_all(&sandbox).unwrap();
+        store.pin(&sandbox, Some("s1"), "base").unwrap();
+
+        store.delete("s1", &sandboxes).unwrap();
+        assert!(store.get("s1").unwrap().is_none());
+        assert!(store.layer_dir(&layer).exists(), "the sandbox still stacks on it");
+
+        fs::remove_dir_all(&sandbox).unwrap();
+        store.collect_garbage(&sandboxes).unwrap();
+        assert!(!store.layer_dir(&layer).exists());
+    }
+
+    #[test]
+    fn pinning_an_unknown_snapshot_fails() {
+        let (dir, store) = store();
+        let sandbox = dir.path().join("sandboxes/x");
+        fs::create_dir_all(&sandbox).unwrap();
+        assert!(store.pin(&sandbox, Some("nope"), "base").is_err());
+    }
+
+    #[test]
+    fn export_then_import_gives_the_same_files_under_new_layer_names() {
+        let (dir, store) = store();
+        let u = upper(dir.path(), "u", &[("d/f.txt", "payload")]);
+        store.capture("s1", &u, &Base { template: "base".into(), layers: vec![] }).unwrap();
+        let mut stream = Vec::new();
+        store.export("s1", None, &mut stream).unwrap();
+
+        let (_other_dir, other) = self::store();
+        let imported = other.import("moved", Path::new("/nonexistent/ckpt"), &mut stream.as_slice()).unwrap();
+        assert_eq!(imported.template, "base");
+        let base = other.get("moved").unwrap().unwrap();
+        assert_eq!(fs::read_to_string(other.layer_dir(&base.layers[0]).join("d/f.txt")).unwrap(), "payload");
+        assert!(other.import("bad", Path::new("/nonexistent/ckpt"), &mut &b"not a tar"[..]).is_err());
+    }
+}

@@ -1,0 +1,557 @@
+//! The Linux substrate: namespaces, overlayfs and cgroups.
+//!
+//! Builds nothing on other hosts: everything below is Linux-only, and
+//! `copse-host` depends on this crate only on Linux. The boot sequence that
+//! runs inside a sandbox is `copse_jailer::linux::boot`; this crate plans
+//! it and starts it.
+//!
+//! Host layout under the state directory:
+//! - `templates/<name>/rootfs`: read-only lower layers (see [`rootfs`]);
+//! - `sandboxes/<id>/{upper,work,root}`: each sandbox's private layer;
+//! - `sandboxes/<id>/run/agent.sock`: the agent's socket, bound from inside
+//!   the sandbox on this directory (mounted there at `/.copse/run`); the
+//!   gateway's socket path (`run/<id>.sock`) is a symlink to it;
+//! - `checkpoints/<snapshot>`: CRIU images of a memory snapshot, beside
+//!   its file layers (see [`checkpoint`]);
+//! - `agent/copse-agent`: the agent binary every sandbox mounts read-only
+//!   at `/.copse/bin`, so its processes run from a file inside the sandbox;
+//! - cgroup `copse-<hash of the state dir>/<id>` in every hierarchy.
+//!
+//! Mounts exist only inside each sandbox's mount namespace, so the host's
+//! mount table never holds a copse mount and nothing mounted can leak.
+
+#![cfg(target_os = "linux")]
+
+pub mod cgroup;
+pub mod checkpoint;
+pub mod layers;
+pub mod rootfs;
+
+use std::fs;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use anyhow::{Context, bail};
+
+use cgroup::{Cgroups, Hierarchy};
+use checkpoint::Criu;
+use copse_jailer::handoff::{AGENT_NAME, SOCKET_NAME};
+use copse_jailer::linux::boot::{BootPlan, Launch, RestorePlan};
+use copse_substrate::{
+    Capabilities, Placement, Progress, Recipe, Recovery, SandboxSpec, SnapshotInfo, Substrate, SubstrateError, Support,
+    TemplateInfo, Usage,
+};
+use layers::{Base, LayerStore};
+use rootfs::TemplateStore;
+
+pub struct LinuxSubstrate {
+    sandboxes: PathBuf,
+    run: PathBuf,
+    agent_binary: PathBuf,
+    agent_dir: PathBuf,
+    checkpoints: PathBuf,
+    /// Found on first use: probing runs `criu check`.
+    criu: std::sync::OnceLock<Result<Criu, String>>,
+    templates: TemplateStore,
+    layers: LayerStore,
+    cgroups: Cgroups,
+    network: Option<copse_cubenet::linux::HostNetwork>,
+}
+
+impl LinuxSubstrate {
+    pub fn open(state_dir: &Path, agent_binary: &Path) -> anyhow::Result<Self> {
+        let sandboxes = state_dir.join("sandboxes");
+        let run = state_dir.join("run");
+        for dir in [&sandboxes, &run] {
+            fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        }
+        let agent_dir = state_dir.join("agent");
+        // Template builds need no agent, so they can run while it compiles;
+        // booting a sandbox without one fails in `launch`.
+        if agent_binary.is_file() {
+            install_agent(agent_binary, &agent_dir)?;
+        }
+        // Sandbox inits are orphaned by their short-lived boot process; as
+        // subreaper the gateway inherits them and can reap them on kill.
+        // SAFETY: prctl with integer arguments.
+        unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
+        Ok(Self {
+            sandboxes,
+            run,
+            agent_binary: agent_binary.to_path_buf(),
+            agent_dir,
+            checkpoints: state_dir.join("checkpoints"),
+            criu: std::sync::OnceLock::new(),
+            templates: TemplateStore::new(state_dir),
+            layers: LayerStore::open(state_dir)?,
+            cgroups: Cgroups::new(Hierarchy::detect()?, state_dir),
+            network: None,
+        })
+    }
+
+    /// Sandboxes whose spec asks for a network join `config`'s bridge.
+    pub fn with_network(mut self, config: copse_cubenet::NetConfig) -> anyhow::Result<Self> {
+        self.network = Some(copse_cubenet::linux::HostNetwork::open(config)?);
+        Ok(self)
+    }
+
+    fn sandbox_dir(&self, id: &str) -> PathBuf {
+        self.sandboxes.join(id)
+    }
+
+    fn boot_plan(&self, spec: &SandboxSpec, base: &Base) -> BootPlan {
+        let dir = self.sandbox_dir(&spec.id);
+        let mut lowers: Vec<PathBuf> = base.layers.iter().map(|l| self.layers.layer_dir(l)).collect();
+        lowers.push(self.templates.rootfs(&base.template));
+        BootPlan {
+            hostname: spec.id.chars().take(63).collect(),
+            lowers,
+            upper: dir.join("upper"),
+            work: dir.join("work"),
+            root: dir.join("root"),
+            cgroup_procs: self.cgroups.procs_files(&spec.id),
+            agent_dir: self.agent_dir.clone(),
+            socket_dir: dir.join("run"),
+        }
+    }
+
+    /// What the sandbox stacks on, as recorded at its boot.
+    fn base(&self, id: &str) -> anyhow::Result<Base> {
+        let path = self.sandbox_dir(id).join("base.json");
+        let bytes = fs::read(&path).with_context(|| format!("sandbox {id} has no {}", path.display()))?;
+        Ok(serde_json::from_slice(&bytes)?)
+    }
+
+    /// Everything a sandbox needs on the host before its processes start:
+    /// directories, the pinned layers (of `snapshot`, if any), cgroups and
+    /// the gateway's socket link. Returns its boot plan.
+    fn prepare(&self, spec: &SandboxSpec, snapshot: Option<&str>) -> anyhow::Result<BootPlan> {
+        let dir = self.sandbox_dir(&spec.id);
+        fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        let base = self.layers.pin(&dir, snapshot, &spec.template)?;
+        if self.templates.get(&base.template).is_none() {
+            return Err(SubstrateError::NotFound(format!("template {} is not built", base.template)).into());
+        }
+        let plan = self.boot_plan(spec, &base);
+        for dir in [&plan.upper, &plan.work, &plan.root, &plan.socket_dir] {
+            fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        }
+        self.cgroups.create(&spec.id, &spec.limits)?;
+        link_socket(&plan.socket_dir, &spec.agent_socket)?;
+        Ok(plan)
+    }
+
+    /// Runs `copse-agent boot` with `launch` on its standard input; returns
+    /// what it printed, or its error output.
+    fn launch(&self, launch: &Launch) -> anyhow::Result<String> {
+        if !self.agent_binary.is_file() {
+            bail!("agent binary {} not found (build it with `mise run build`)", self.agent_binary.display());
+        }
+        let mut child = Command::new(&self.agent_binary)
+            .arg("boot")
+            .env_clear()
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .context("starting the boot process")?;
+        child.stdin.take().expect("piped").write_all(&serde_json::to_vec(launch)?)?;
+        let output = child.wait_with_output()?;
+        if !output.status.success() {
+            bail!("{}: {}", output.status, String::from_utf8_lossy(&output.stderr).trim());
+        }
+        Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+    }
+
+    fn boot(&self, spec: &SandboxSpec) -> anyhow::Result<Placement> {
+        let started = std::time::Instant::now();
+        let plan = self.prepare(spec, spec.snapshot.as_deref())?;
+        let printed = self.launch(&Launch::Boot(plan)).context("sandbox boot failed")?;
+        let pid: i32 = printed.trim().parse().context("boot printed no init pid")?;
+        let init_start = process_start_time(pid).context("init vanished right after boot")?;
+        tracing::debug!(id = %spec.id, total = ?started.elapsed(), "booted");
+        Ok(Placement { init_pid: pid, init_start })
+    }
+
+    fn criu(&self) -> anyhow::Result<&Criu> {
+        match self.criu.get_or_init(|| Criu::find().map_err(|e| format!("{e:#}"))) {
+            Ok(criu) => Ok(criu),
+            Err(reason) => {
+                Err(SubstrateError::Unavailable(format!("memory snapshots are unavailable on this host: {reason}"))
+                    .into())
+            }
+        }
+    }
+
+    fn checkpoint_dir(&self, snapshot_id: &str) -> PathBuf {
+        self.checkpoints.join(snapshot_id)
+    }
+
+    /// The sandbox's init: the process of its cgroup that is pid 1 in its
+    /// own pid namespace.
+    fn init_pid(&self, id: &str) -> anyhow::Result<i32> {
+        self.cgroups
+            .pids(id)
+            .into_iter()
+            .find(|pid| {
+                fs::read_to_string(format!("/proc/{pid}/status")).is_ok_and(|s| {
+                    s.lines().any(|l| l.starts_with("NSpid:") && l.split_whitespace().last() == Some("1"))
+                })
+            })
+            .with_context(|| format!("sandbox {id} has no running init"))
+    }
+
+    /// Checkpoints a frozen sandbox's processes as `snapshot_id`.
+    fn dump(&self, id: &str, snapshot_id: &str) -> anyhow::Result<()> {
+        use std::os::unix::fs::MetadataExt;
+        let criu = self.criu()?;
+        let init = self.init_pid(id)?;
+        let netns = fs::metadata(format!("/proc/{init}/ns/net")).context("reading init's network namespace")?.ino();
+        let images = self.checkpoint_dir(snapshot_id);
+        let dumped = criu.dump(init, &images, &self.cgroups.freezer_dir(id), netns);
+        if dumped.is_err() {
+            let _ = fs::remove_dir_all(&images);
+        }
+        dumped
+    }
+
+    /// Like [`Self::boot`], for a sandbox whose snapshot holds memory: its
+    /// processes are restored from the checkpoint instead of started.
+    fn restore(&self, spec: &SandboxSpec, snapshot_id: &str) -> anyhow::Result<Placement> {
+        let criu = self.criu()?.binary.clone();
+        let sandbox = self.prepare(spec, Some(snapshot_id))?;
+        let work_dir = self.sandbox_dir(&spec.id).join("restore");
+        fs::create_dir_all(&work_dir).with_context(|| format!("creating {}", work_dir.display()))?;
+        let pidfile = work_dir.join("init.pid");
+        let images = self.checkpoint_dir(snapshot_id);
+        let args = checkpoint::restore_args(&images, &sandbox.root, &self.agent_dir, &sandbox.socket_dir, &pidfile);
+        let hostname = sandbox.hostname.clone();
+        self.launch(&Launch::Restore(RestorePlan { sandbox, criu, args })).map_err(|e| {
+            let log = checkpoint::log_tail(&work_dir.join("restore.log"));
+            tracing::error!(id = %spec.id, snapshot = snapshot_id, log = %log, "criu restore failed: {e:#}");
+            anyhow::anyhow!(
+                "CRIU could not restore sandbox {} from {snapshot_id} (its log is in the gateway's log)",
+                spec.id
+            )
+        })?;
+        let pid: i32 = fs::read_to_string(&pidfile)
+            .context("CRIU wrote no pid file")?
+            .trim()
+            .parse()
+            .context("CRIU's pid file holds no pid")?;
+        // The checkpoint carries the source's host name; this is a new sandbox.
+        set_hostname(pid, &hostname)?;
+        let init_start = process_start_time(pid).context("init vanished right after restore")?;
+        Ok(Placement { init_pid: pid, init_start })
+    }
+
+    /// Ids of every sandbox that has anything on this host.
+    fn resident_ids(&self) -> Vec<String> {
+        let mut ids = self.cgroups.existing();
+        for dir in [&self.sandboxes, &self.run] {
+            if let Ok(entries) = fs::read_dir(dir) {
+                for entry in entries.filter_map(Result::ok) {
+                    if let Some(name) = entry.file_name().to_str() {
+                        ids.push(name.trim_end_matches(".sock").to_string());
+                    }
+                }
+            }
+        }
+        ids.sort();
+        ids.dedup();
+        ids
+    }
+}
+
+impl Substrate for LinuxSubstrate {
+    fn name(&self) -> &'static str {
+        "linux-namespaces"
+    }
+
+    fn templates(&self) -> anyhow::Result<Vec<TemplateInfo>> {
+        self.templates.list()
+    }
+
+    fn ensure_template(&self, recipe: &Recipe, progress: Progress<'_>) -> anyhow::Result<TemplateInfo> {
+        copse_substrate::template::check_backend(recipe, &[copse_substrate::template::Backend::Jail])?;
+        self.templates.ensure(recipe, progress)
+    }
+
+    fn create(&self, spec: &SandboxSpec) -> anyhow::Result<Placement> {
+        copse_substrate::template::validate_name(&spec.id).map_err(SubstrateError::Invalid)?;
+        let memory = spec.snapshot.as_deref().filter(|s| self.checkpoint_dir(s).is_dir());
+        let boot_and_attach = || {
+            let placement = match memory {
+                Some(snapshot) => self.restore(spec, snapshot)?,
+                None => self.boot(spec)?,
+            };
+            if let (Some(network), Some(wanted)) = (&self.network, &spec.network) {
+                network.attach(&spec.id, placement.init_pid, wanted)?;
+            }
+            Ok(placement)
+        };
+        boot_and_attach().inspect_err(|_| {
+            let _ = self.destroy(&spec.id);
+        })
+    }
+
+    fn destroy(&self, id: &str) -> anyhow::Result<()> {
+        copse_substrate::template::validate_name(id).map_err(SubstrateError::Invalid)?;
+        if let Some(network) = &self.network {
+            network.detach(id)?;
+        }
+        self.cgroups.destroy(id)?;
+        let dir = self.sandbox_dir(id);
+        let stacked = self.base(id).is_ok_and(|b| !b.layers.is_empty());
+        match fs::remove_dir_all(&dir) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                return Err(e).with_context(|| format!("removing {}", dir.display()));
+            }
+            _ => {}
+        }
+        let _ = fs::remove_file(self.run.join(format!("{id}.sock")));
+        if stacked {
+            self.layers.collect_garbage(&self.sandboxes)?;
+        }
+        Ok(())
+    }
+
+    fn is_alive(&self, _id: &str, placement: &Placement) -> bool {
+        let alive = process_start_time(placement.init_pid) == Some(placement.init_start);
+        if !alive && cgroup::parent_of(placement.init_pid) == Some(std::process::id() as i32) {
+            // An init that died on its own is our zombie until reaped.
+            // SAFETY: non-blocking waitpid on a child of this process.
+            unsafe { libc::waitpid(placement.init_pid, std::ptr::null_mut(), libc::WNOHANG) };
+        }
+        alive
+    }
+
+    fn usage(&self, id: &str) -> anyhow::Result<Usage> {
+        let mut usage = self.cgroups.usage(id)?;
+        usage.disk_bytes = rootfs::tree_size(&self.sandbox_dir(id).join("upper"));
+        Ok(usage)
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        let memory_snapshots = match self.criu() {
+            Ok(_) => Support::Yes,
+            Err(e) => Support::Missing(format!("{e:#}")),
+        };
+        Capabilities { memory_snapshots }
+    }
+
+    fn pause(&self, id: &str) -> anyhow::Result<()> {
+        copse_substrate::template::validate_name(id).map_err(SubstrateError::Invalid)?;
+        self.cgroups.set_frozen(id, true)
+    }
+
+    fn resume(&self, id: &str) -> anyhow::Result<()> {
+        copse_substrate::template::validate_name(id).map_err(SubstrateError::Invalid)?;
+        self.cgroups.set_frozen(id, false)
+    }
+
+    fn snapshot(&self, id: &str, snapshot_id: &str, memory: bool) -> anyhow::Result<SnapshotInfo> {
+        for name in [id, snapshot_id] {
+            copse_substrate::template::validate_name(name).map_err(SubstrateError::Invalid)?;
+        }
+        let below = self.base(id)?;
+        // Frozen, nothing in the sandbox can write while the upper layer is
+        // copied, so the copy is one instant of its files.
+        let was_frozen = self.cgroups.is_frozen(id);
+        if !was_frozen {
+            self.cgroups.set_frozen(id, true)?;
+        }
+        let mut taken = self.layers.capture(snapshot_id, &self.sandbox_dir(id).join("upper"), &below);
+        if memory && let Ok(info) = &mut taken {
+            // Still frozen: memory is of the same instant as the files.
+            match self.dump(id, snapshot_id) {
+                Ok(()) => info.memory = true,
+                Err(e) => {
+                    let _ = self.layers.delete(snapshot_id, &self.sandboxes);
+                    taken = Err(e);
+                }
+            }
+        }
+        // CRIU thaws what it froze; put the freezer back as it was.
+        self.cgroups.set_frozen(id, was_frozen)?;
+        taken
+    }
+
+    fn snapshots(&self) -> anyhow::Result<Vec<SnapshotInfo>> {
+        let mut all = self.layers.list()?;
+        for info in &mut all {
+            info.memory = self.checkpoint_dir(&info.id).is_dir();
+        }
+        Ok(all)
+    }
+
+    fn delete_snapshot(&self, snapshot_id: &str) -> anyhow::Result<()> {
+        copse_substrate::template::validate_name(snapshot_id).map_err(SubstrateError::Invalid)?;
+        match fs::remove_dir_all(self.checkpoint_dir(snapshot_id)) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e).context("removing the checkpoint"),
+            _ => {}
+        }
+        self.layers.delete(snapshot_id, &self.sandboxes)
+    }
+
+    fn rollback(&self, spec: &SandboxSpec, snapshot_id: &str) -> anyhow::Result<Placement> {
+        if self.layers.get(snapshot_id)?.is_none() {
+            return Err(SubstrateError::NotFound(format!("snapshot {snapshot_id} not found")).into());
+        }
+        // Files cannot be swapped under a mounted overlay, so the sandbox
+        // restarts on the snapshot's layers under its own id.
+        self.destroy(&spec.id)?;
+        self.create(&SandboxSpec { snapshot: Some(snapshot_id.to_string()), ..spec.clone() })
+    }
+
+    fn export_snapshot(&self, snapshot_id: &str, out: &mut dyn std::io::Write) -> anyhow::Result<()> {
+        let checkpoint = self.checkpoint_dir(snapshot_id);
+        self.layers.export(snapshot_id, checkpoint.is_dir().then_some(checkpoint.as_path()), out)
+    }
+
+    fn import_snapshot(&self, snapshot_id: &str, input: &mut dyn std::io::Read) -> anyhow::Result<SnapshotInfo> {
+        copse_substrate::template::validate_name(snapshot_id).map_err(SubstrateError::Invalid)?;
+        self.layers.import(snapshot_id, &self.checkpoint_dir(snapshot_id), input)
+    }
+
+    fn recover(&self, known: &[(String, Placement)]) -> anyhow::Result<Recovery> {
+        let mut recovery = Recovery::default();
+        for (id, placement) in known {
+            if self.is_alive(id, placement) {
+                recovery.adopted.push(id.clone());
+            }
+        }
+        for id in self.resident_ids() {
+            if !recovery.adopted.contains(&id) {
+                self.destroy(&id)?;
+                recovery.removed.push(id);
+            }
+        }
+        for (id, _) in known {
+            if !recovery.adopted.contains(id) && !recovery.removed.contains(id) {
+                recovery.removed.push(id.clone());
+            }
+        }
+        self.layers.collect_garbage(&self.sandboxes)?;
+        Ok(recovery)
+    }
+
+    fn update_network(&self, id: &str, policy: &copse_substrate::Policy) -> anyhow::Result<()> {
+        match &self.network {
+            Some(network) => network.update(id, policy),
+            None => Err(SubstrateError::Unsupported(format!("sandbox {id}: no sandbox network configured")))?,
+        }
+    }
+
+    fn recover_network(&self, known: &[(String, copse_substrate::SandboxNetwork)]) -> anyhow::Result<()> {
+        self.network.as_ref().map_or(Ok(()), |network| network.reconcile(known))
+    }
+
+    fn settle(&self) {
+        if let Some(network) = &self.network {
+            network.settle();
+        }
+    }
+}
+
+/// Copy the agent binary to the directory sandboxes mount, unless the copy
+/// there is already the same file. The copy goes through a rename, so
+/// sandboxes running from an older copy keep their file.
+fn install_agent(binary: &Path, dir: &Path) -> anyhow::Result<()> {
+    fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let target = dir.join(AGENT_NAME);
+    let same_size = fs::metadata(&target).ok().map(|m| m.len())
+        == Some(fs::metadata(binary).with_context(|| format!("reading {}", binary.display()))?.len());
+    // Contents are compared only when the sizes leave it open.
+    if same_size && fs::read(&target).ok() == Some(fs::read(binary)?) {
+        return Ok(());
+    }
+    let partial = dir.join(format!(".{}.partial", AGENT_NAME));
+    fs::copy(binary, &partial).with_context(|| format!("copying {} to {}", binary.display(), partial.display()))?;
+    fs::rename(&partial, &target).with_context(|| format!("installing {}", target.display()))
+}
+
+/// The gateway connects to `link`; the agent binds the socket from inside
+/// the sandbox on `socket_dir`.
+fn link_socket(socket_dir: &Path, link: &Path) -> anyhow::Result<()> {
+    let _ = fs::remove_file(link);
+    std::os::unix::fs::symlink(socket_dir.join(SOCKET_NAME), link)
+        .with_context(|| format!("linking {}", link.display()))
+}
+
+/// Sets the host name in the UTS namespace of `pid`, from a thread of its
+/// own: a thread may switch UTS namespaces, and the switch ends with it.
+fn set_hostname(pid: i32, name: &str) -> anyhow::Result<()> {
+    let uts = fs::File::open(format!("/proc/{pid}/ns/uts")).context("opening the sandbox's UTS namespace")?;
+    std::thread::scope(|scope| {
+        scope
+            .spawn(|| -> anyhow::Result<()> {
+                nix::sched::setns(&uts, nix::sched::CloneFlags::CLONE_NEWUTS).context("entering the UTS namespace")?;
+                nix::unistd::sethostname(name).context("setting the host name")
+            })
+            .join()
+            .map_err(|_| anyhow::anyhow!("the host name thread panicked"))?
+    })
+}
+
+/// Start time (clock ticks since boot) of a live, non-zombie process.
+pub fn process_start_time(pid: i32) -> Option<u64> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    parse_start_time(&stat)
+}
+
+fn parse_start_time(stat: &str) -> Option<u64> {
+    // The command name may contain spaces and parentheses; fields resume
+    // after the last ')'. State is field 3, start time field 22.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let fields: Vec<&str> = rest.split(' ').collect();
+    if fields.first() == Some(&"Z") || fields.first() == Some(&"X") {
+        return None;
+    }
+    fields.get(19)?.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn start_time_survives_odd_command_names_and_skips_zombies() {
+        let live = "42 (a) b) S 1 42 42 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 98765 1000 10";
+        assert_eq!(parse_start_time(live), Some(98765));
+        let zombie = "42 (x) Z 1 42 42 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 98765 1000 10";
+        assert_eq!(parse_start_time(zombie), None);
+    }
+
+    /// Refusals that need no root: nothing about them touches the kernel.
+    #[test]
+    fn unknown_and_malformed_names_are_typed_refusals() {
+        let dir = tempfile::tempdir().unwrap();
+        let substrate = LinuxSubstrate::open(dir.path(), &dir.path().join("no-agent")).unwrap();
+        let spec = SandboxSpec {
+            id: "a".into(),
+            template: "base".into(),
+            limits: copse_substrate::Limits::default(),
+            agent_socket: dir.path().join("a.sock"),
+            snapshot: None,
+            network: None,
+        };
+        let kind = |err: anyhow::Error| SubstrateError::find(&err).cloned();
+        assert_eq!(
+            kind(substrate.rollback(&spec, "nope").unwrap_err()),
+            Some(SubstrateError::NotFound("snapshot nope not found".into()))
+        );
+        assert!(matches!(kind(substrate.delete_snapshot("../x").unwrap_err()), Some(SubstrateError::Invalid(_))));
+        let policy = copse_substrate::Policy::open();
+        assert!(matches!(
+            kind(substrate.update_network("a", &policy).unwrap_err()),
+            Some(SubstrateError::Unsupported(_))
+        ));
+    }
+
+    #[test]
+    fn this_process_has_a_start_time() {
+        assert!(process_start_time(std::process::id() as i32).is_some());
+    }
+}

@@ -1,0 +1,229 @@
+//! Linux templates: a Debian root filesystem per recipe, built once with
+//! debootstrap from the host's package mirror and used read-only as the
+//! lower layer of every sandbox's overlay.
+
+use std::fs;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use anyhow::{Context, bail};
+
+use copse_substrate::Progress;
+use copse_substrate::template::{Recipe, SANDBOX_HOME, SANDBOX_UID, SANDBOX_USER, TemplateInfo, validate_name};
+
+const DEFAULT_MIRROR: &str = "http://deb.debian.org/debian";
+const DEFAULT_SUITE: &str = "bookworm";
+/// Written last: a template directory without it is an interrupted build.
+const INFO_FILE: &str = "template.json";
+
+pub struct TemplateStore {
+    dir: PathBuf,
+    cache: PathBuf,
+}
+
+impl TemplateStore {
+    pub fn new(state_dir: &Path) -> Self {
+        Self { dir: state_dir.join("templates"), cache: state_dir.join("cache/debs") }
+    }
+
+    pub fn rootfs(&self, name: &str) -> PathBuf {
+        self.dir.join(name).join("rootfs")
+    }
+
+    pub fn get(&self, name: &str) -> Option<TemplateInfo> {
+        validate_name(name).ok()?;
+        let text = fs::read_to_string(self.dir.join(name).join(INFO_FILE)).ok()?;
+        serde_json::from_str(&text).ok()
+    }
+
+    pub fn list(&self) -> anyhow::Result<Vec<TemplateInfo>> {
+        let Ok(entries) = fs::read_dir(&self.dir) else { return Ok(Vec::new()) };
+        let mut out: Vec<TemplateInfo> = entries
+            .filter_map(Result::ok)
+            .filter_map(|e| e.file_name().into_string().ok())
+            .filter_map(|name| self.get(&name))
+            .collect();
+        out.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(out)
+    }
+
+    pub fn ensure(&self, recipe: &Recipe, progress: Progress<'_>) -> anyhow::Result<TemplateInfo> {
+        validate_name(&recipe.name).map_err(copse_substrate::SubstrateError::Invalid)?;
+        if let Some(info) = self.get(&recipe.name) {
+            return Ok(info);
+        }
+        let final_dir = self.dir.join(&recipe.name);
+        let staging = self.dir.join(format!(".{}.building", recipe.name));
+        remove_tree(&staging)?;
+        remove_tree(&final_dir)?;
+        fs::create_dir_all(&staging)?;
+        fs::create_dir_all(&self.cache)?;
+        let rootfs = staging.join("rootfs");
+
+        let plan = build_plan(recipe, &rootfs, &self.cache, &mirror(), &suite());
+        for (i, step) in plan.iter().enumerate() {
+            progress(&format!("[{}/{}] {}", i + 1, plan.len(), step.describe()));
+            run_streaming(step, progress).with_context(|| format!("template {}: {}", recipe.name, step.describe()))?;
+        }
+        let info = TemplateInfo {
+            name: recipe.name.clone(),
+            built_at: SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
+            size_bytes: tree_size(&rootfs),
+            backend: recipe.backend,
+        };
+        fs::write(staging.join(INFO_FILE), serde_json::to_vec_pretty(&info)?)?;
+        fs::rename(&staging, &final_dir).context("publishing the template")?;
+        progress(&format!("template {} ready ({} MiB)", info.name, info.size_bytes >> 20));
+        Ok(info)
+    }
+}
+
+/// One command of a template build.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Step {
+    pub program: String,
+    pub args: Vec<String>,
+}
+
+impl Step {
+    fn new(program: &str, args: &[&str]) -> Self {
+        Self { program: program.into(), args: args.iter().map(|a| a.to_string()).collect() }
+    }
+
+    fn in_root(rootfs: &Path, script: &str) -> Self {
+        Self::new("chroot", &[&rootfs.display().to_string(), "/bin/sh", "-ec", script])
+    }
+
+    fn describe(&self) -> String {
+        let mut line = self.program.clone();
+        for arg in &self.args {
+            line.push(' ');
+            line.push_str(arg);
+        }
+        if line.len() > 120 {
+            line.truncate(117);
+            line.push_str("...");
+        }
+        line
+    }
+}
+
+/// The commands that build `recipe` into `rootfs`.
+pub fn build_plan(recipe: &Recipe, rootfs: &Path, cache: &Path, mirror: &str, suite: &str) -> Vec<Step> {
+    let root = rootfs.display().to_string();
+    // apt, not debootstrap's own resolver, installs the recipe's packages:
+    // it understands virtual packages and alternatives.
+    let mut steps = vec![Step::new(
+        "debootstrap",
+        &["--variant=minbase", &format!("--cache-dir={}", cache.display()), suite, &root, mirror],
+    )];
+    if !recipe.packages.is_empty() {
+        steps.push(Step::in_root(
+            rootfs,
+            &format!(
+                "apt-get update -qq && apt-get install -y -q --no-install-recommends {} && apt-get clean",
+                recipe.packages.join(" ")
+            ),
+        ));
+    }
+    let user_setup = format!(
+        "groupadd -g {uid} {user} && useradd -m -u {uid} -g {uid} -d {home} -s /bin/bash {user} \
+         && printf 'localhost\\n' > /etc/hostname \
+         && printf '127.0.0.1 localhost\\n::1 localhost\\n' > /etc/hosts",
+        uid = SANDBOX_UID,
+        user = SANDBOX_USER,
+        home = SANDBOX_HOME,
+    );
+    steps.push(Step::in_root(rootfs, &user_setup));
+    for script in &recipe.post_install {
+        steps.push(Step::in_root(rootfs, script));
+    }
+    // Package caches would be copied into every template for nothing.
+    steps.push(Step::in_root(rootfs, "rm -rf /var/cache/apt/archives/*.deb /var/lib/apt/lists/* /tmp/*"));
+    steps
+}
+
+fn run_streaming(step: &Step, progress: Progress<'_>) -> anyhow::Result<()> {
+    let mut child = Command::new(&step.program)
+        .args(&step.args)
+        .env("DEBIAN_FRONTEND", "noninteractive")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .with_context(|| format!("starting {} (is it installed?)", step.program))?;
+    let stderr = child.stderr.take().expect("piped");
+    let stderr_lines =
+        std::thread::spawn(move || BufReader::new(stderr).lines().map_while(Result::ok).collect::<Vec<_>>());
+    for line in BufReader::new(child.stdout.take().expect("piped")).lines().map_while(Result::ok) {
+        progress(&line);
+    }
+    let status = child.wait()?;
+    let stderr = stderr_lines.join().unwrap_or_default();
+    if !status.success() {
+        let tail: Vec<_> = stderr.iter().rev().take(15).rev().cloned().collect();
+        bail!("{} failed ({status}):\n{}", step.program, tail.join("\n"));
+    }
+    Ok(())
+}
+
+fn mirror() -> String {
+    std::env::var("COPSE_DEBIAN_MIRROR").unwrap_or_else(|_| DEFAULT_MIRROR.into())
+}
+
+fn suite() -> String {
+    std::env::var("COPSE_DEBIAN_SUITE").unwrap_or_else(|_| DEFAULT_SUITE.into())
+}
+
+fn remove_tree(path: &Path) -> anyhow::Result<()> {
+    match fs::remove_dir_all(path) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            Err(e).with_context(|| format!("removing {}", path.display()))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Bytes of regular files under `path`, without following links.
+pub fn tree_size(path: &Path) -> u64 {
+    let mut total = 0;
+    let mut stack = vec![path.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        let Ok(entries) = fs::read_dir(&dir) else { continue };
+        for entry in entries.filter_map(Result::ok) {
+            let Ok(meta) = entry.metadata() else { continue };
+            if meta.is_dir() {
+                stack.push(entry.path());
+            } else if meta.is_file() {
+                total += meta.len();
+            }
+        }
+    }
+    total
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plan_bootstraps_installs_adds_the_sandbox_user_then_cleans() {
+        let recipe = Recipe {
+            name: "base".into(),
+            packages: vec!["python3".into(), "curl".into()],
+            post_install: vec!["echo hi".into()],
+            backend: Default::default(),
+        };
+        let plan = build_plan(&recipe, Path::new("/t/rootfs"), Path::new("/c"), "http://m/debian", "bookworm");
+        assert_eq!(plan[0].program, "debootstrap");
+        assert_eq!(plan[0].args, ["--variant=minbase", "--cache-dir=/c", "bookworm", "/t/rootfs", "http://m/debian"]);
+        assert_eq!(plan[1].program, "chroot");
+        assert_eq!(&plan[1].args[..3], ["/t/rootfs", "/bin/sh", "-ec"]);
+        assert!(plan[1].args[3].contains("apt-get install -y -q --no-install-recommends python3 curl"));
+        assert!(plan[2].args[3].contains("useradd -m -u 1000 -g 1000 -d /home/user -s /bin/bash user"));
+        assert_eq!(plan[3].args[3], "echo hi");
+        assert!(plan[4].args[3].starts_with("rm -rf /var/cache/apt/archives"));
+    }
+}

@@ -1,0 +1,225 @@
+//! The OS substrate behind every sandbox, as the gateway sees it.
+//!
+//! The gateway sees only [`Substrate`] and the plain data types in this
+//! crate; the backends that implement it (`copse-namespaces` on Linux,
+//! `copse-freebsd-jails` and `copse-bhyve` on FreeBSD) are peers, and
+//! `copse-host` picks this host's. A substrate owns each privileged step of
+//! a sandbox's life (filesystem clone, isolation, limits, teardown) and
+//! nothing about the E2B wire protocol. No platform `cfg` lives here.
+
+pub mod error;
+pub mod router;
+pub mod template;
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+pub use copse_cubenet::{NetConfig, Policy, SandboxNetwork};
+
+pub use error::SubstrateError;
+pub use router::Router;
+pub use template::{Backend, Recipe, TemplateInfo};
+
+/// Resource limits applied to a whole sandbox.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Limits {
+    pub cpu_count: u32,
+    pub memory_mb: u64,
+    pub disk_mb: u64,
+    pub pids: u32,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self { cpu_count: 2, memory_mb: 512, disk_mb: 1024, pids: 512 }
+    }
+}
+
+/// What the gateway asks for when it creates a sandbox.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SandboxSpec {
+    pub id: String,
+    pub template: String,
+    pub limits: Limits,
+    /// Host path of the unix socket the in-sandbox agent will listen on.
+    pub agent_socket: PathBuf,
+    /// Start from this filesystem snapshot (taken by [`Substrate::snapshot`])
+    /// instead of the bare template; `template` must be the snapshot's.
+    #[serde(default)]
+    pub snapshot: Option<String>,
+    /// Put the sandbox on the host's sandbox network, configured before
+    /// `create` returns; `None` leaves it with loopback only.
+    #[serde(default)]
+    pub network: Option<SandboxNetwork>,
+}
+
+/// Where a running sandbox lives on the host; persisted by the gateway so a
+/// restarted gateway can re-adopt the sandbox or tear it down.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Placement {
+    /// Host pid of the sandbox's init (Linux) or jail id (FreeBSD).
+    pub init_pid: i32,
+    /// A number that changes whenever the id is reused for a new instance,
+    /// so a recycled pid or name is never mistaken for the sandbox after a
+    /// crash: init's kernel start time on Linux, the clone's ZFS creation
+    /// transaction group on FreeBSD.
+    pub init_start: u64,
+}
+
+/// Resource use of one sandbox, read from the kernel's own accounting.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize)]
+pub struct Usage {
+    /// CPU time consumed since creation, in nanoseconds.
+    pub cpu_ns: u64,
+    pub memory_bytes: u64,
+    pub memory_cache_bytes: u64,
+    pub disk_bytes: u64,
+}
+
+/// What a substrate found when the gateway started.
+#[derive(Debug, Default)]
+pub struct Recovery {
+    /// Sandboxes the gateway knew that are still alive and usable.
+    pub adopted: Vec<String>,
+    /// Sandboxes (known or orphaned) that were torn down.
+    pub removed: Vec<String>,
+}
+
+/// A point-in-time copy of one sandbox's files, kept by the substrate.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SnapshotInfo {
+    pub id: String,
+    /// Template the snapshotted sandbox was booted from; sandboxes created
+    /// from the snapshot boot from it too.
+    pub template: String,
+    /// Bytes of files the snapshot holds on top of its template.
+    pub size_bytes: u64,
+    /// Whether it also holds memory and processes: sandboxes created from
+    /// it (or rolled back to it) carry on running where it was taken.
+    #[serde(default)]
+    pub memory: bool,
+}
+
+/// Which lifecycle operations a substrate offers beyond create/destroy.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Capabilities {
+    /// Snapshots that also keep memory and processes ("full" in E2B's
+    /// terms). Without it only filesystem snapshots exist, and a request for
+    /// a full one must be refused, never silently downgraded.
+    pub memory_snapshots: Support,
+}
+
+/// Whether a substrate offers a feature on this host.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Support {
+    Yes,
+    /// Not offered by this kind of sandbox (a jail cannot save memory).
+    No,
+    /// Offered, but this host lacks what it needs: the text says what is
+    /// missing and how to install it.
+    Missing(String),
+}
+
+impl Support {
+    pub fn is_yes(&self) -> bool {
+        matches!(self, Support::Yes)
+    }
+}
+
+/// One line of progress from a long operation such as a template build.
+pub type Progress<'a> = &'a (dyn Fn(&str) + Send + Sync);
+
+/// The host isolation mechanism. Methods block; the gateway calls them from a
+/// blocking thread. Every method that removes something is idempotent.
+pub trait Substrate: Send + Sync + 'static {
+    /// Short name for logs and `copse version` ("linux-ns", "freebsd-jail").
+    fn name(&self) -> &'static str;
+
+    /// Templates that are built and ready to boot.
+    fn templates(&self) -> anyhow::Result<Vec<TemplateInfo>>;
+
+    /// Build `recipe` unless a complete build exists. Reports progress lines.
+    fn ensure_template(&self, recipe: &Recipe, progress: Progress<'_>) -> anyhow::Result<TemplateInfo>;
+
+    /// Boot a sandbox. On error nothing of it is left behind.
+    fn create(&self, spec: &SandboxSpec) -> anyhow::Result<Placement>;
+
+    /// Tear down everything a sandbox owns: processes, mounts, limits,
+    /// network, private filesystem, agent socket. Unknown ids are a no-op.
+    fn destroy(&self, id: &str) -> anyhow::Result<()>;
+
+    /// Whether the sandbox placed at `placement` is still running.
+    fn is_alive(&self, id: &str, placement: &Placement) -> bool;
+
+    fn usage(&self, id: &str) -> anyhow::Result<Usage>;
+
+    /// What every template of this substrate offers.
+    fn capabilities(&self) -> Capabilities;
+
+    /// What sandboxes of `template` offer; differs from
+    /// [`Substrate::capabilities`] only where templates have different
+    /// backends (see [`Router`]).
+    fn capabilities_for(&self, _template: &str) -> Capabilities {
+        self.capabilities()
+    }
+
+    /// Stop every process of the sandbox where it stands (memory and state
+    /// kept, no CPU used) until [`Substrate::resume`]. Idempotent.
+    fn pause(&self, id: &str) -> anyhow::Result<()>;
+
+    /// Let a paused sandbox run again. Idempotent.
+    fn resume(&self, id: &str) -> anyhow::Result<()>;
+
+    /// Take a consistent copy of the sandbox's files (its processes are held
+    /// still while it is taken) and, with `memory`, of its memory and
+    /// processes too, and keep it as `snapshot_id`. The sandbox keeps
+    /// running as it was, paused or not. `memory` is only asked of a
+    /// substrate whose [`Capabilities::memory_snapshots`] says so.
+    fn snapshot(&self, id: &str, snapshot_id: &str, memory: bool) -> anyhow::Result<SnapshotInfo>;
+
+    /// Snapshots this substrate holds.
+    fn snapshots(&self) -> anyhow::Result<Vec<SnapshotInfo>>;
+
+    /// Forget a snapshot. Sandboxes already created from it are unaffected.
+    /// Unknown ids are a no-op.
+    fn delete_snapshot(&self, snapshot_id: &str) -> anyhow::Result<()>;
+
+    /// Put the files of `snapshot_id` in place of the sandbox's own and start
+    /// it afresh under the same id (and, with `spec.snapshot` ignored, the
+    /// same spec). Memory is not restored unless the substrate has
+    /// [`Capabilities::memory_snapshots`].
+    fn rollback(&self, spec: &SandboxSpec, snapshot_id: &str) -> anyhow::Result<Placement>;
+
+    /// Write a snapshot as one self-contained stream (to move it to
+    /// another host).
+    fn export_snapshot(&self, snapshot_id: &str, out: &mut dyn std::io::Write) -> anyhow::Result<()>;
+
+    /// Read a stream written by [`Substrate::export_snapshot`] and keep it as
+    /// `snapshot_id`.
+    fn import_snapshot(&self, snapshot_id: &str, input: &mut dyn std::io::Read) -> anyhow::Result<SnapshotInfo>;
+
+    /// After a gateway restart: keep the `known` sandboxes that are alive,
+    /// destroy the dead ones and every resource that belongs to no known
+    /// sandbox.
+    fn recover(&self, known: &[(String, Placement)]) -> anyhow::Result<Recovery>;
+
+    /// Replace a running sandbox's egress policy; takes effect on its next
+    /// packet, and flows the new policy refuses are cut (on FreeBSD, where
+    /// pf passes established flows without the rules, a tightened policy
+    /// cuts all of the sandbox's flows).
+    fn update_network(&self, id: &str, _policy: &Policy) -> anyhow::Result<()> {
+        Err(SubstrateError::Unsupported(format!("sandbox {id}: this substrate has no sandbox network")).into())
+    }
+
+    /// After [`Substrate::recover`]: make the network hold exactly the
+    /// `known` (re-adopted) sandboxes' attachments, removing every other.
+    fn recover_network(&self, _known: &[(String, SandboxNetwork)]) -> anyhow::Result<()> {
+        Ok(())
+    }
+
+    /// Returns once teardown that [`Substrate::destroy`] left to run in the
+    /// background is done; called before the gateway exits, so nothing of
+    /// a destroyed sandbox outlives it.
+    fn settle(&self) {}
+}
