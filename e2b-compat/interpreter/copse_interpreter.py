@@ -631,11 +631,16 @@ class PythonContext(Context):
         )
 
     def run_cell(self, code, sink):
+        # stop_on_error=False: the broker sends one cell at a time, so there
+        # is no queue to stop; with True, ipykernel aborts (empty reply, no
+        # error) whatever request reaches it before it leaves the aborting
+        # state an error or interrupt put it in, which is the next cell a
+        # client sends right after a timeout.
         msg = self.session.send(
             self.shell,
             "execute_request",
             {"code": code, "silent": False, "store_history": True, "user_expressions": {},
-             "allow_stdin": False, "stop_on_error": True},
+             "allow_stdin": False, "stop_on_error": False},
         )
         msg_id = msg["header"]["msg_id"]
         interrupted_at = None
