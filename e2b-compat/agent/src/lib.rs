@@ -14,8 +14,12 @@
 //!   unary and streaming responses. The wire pieces it shares with clients
 //!   (envelopes, the protobuf-JSON codec, signatures, header names) are in
 //!   `copse-protocol`.
-//! - `process/`: `process.Process`: starting, streaming, signalling processes.
-//! - `filesystem/`: `filesystem.Filesystem`: stat, list, move, watch.
+//! - `rpc/`: the Connect services `process.Process` and
+//!   `filesystem.Filesystem`: request shapes and handlers.
+//! - `process/`: the process supervisor behind them: spawning (confined),
+//!   streaming output, signals, the table of running processes.
+//! - `filesystem/`: the filesystem operations behind them: entries, stat,
+//!   list, move, watch, metadata.
 //! - `transfer`: `GET`/`POST /files`, raw file transfer streamed to and
 //!   from disk.
 //! - `ports`: relays traffic for other sandbox ports to its loopback.
@@ -31,6 +35,7 @@ pub mod paths;
 pub mod ports;
 pub mod process;
 pub mod routes;
+pub mod rpc;
 pub mod state;
 pub mod transfer;
 pub mod users;

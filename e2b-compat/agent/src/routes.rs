@@ -13,8 +13,9 @@ use axum::routing::{get, post};
 use serde::Deserialize;
 
 use crate::auth::{self, json_error};
+use crate::rpc::{filesystem, process};
 use crate::state::SharedState;
-use crate::{filesystem, process, transfer};
+use crate::transfer;
 
 pub fn router(state: SharedState) -> Router {
     Router::new()
@@ -35,7 +36,7 @@ async fn process_rpc(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    process::rpc::handle(state, &method, headers, body).await
+    process::handle(state, &method, headers, body).await
 }
 
 async fn filesystem_rpc(
@@ -44,7 +45,7 @@ async fn filesystem_rpc(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    filesystem::rpc::handle(state, &method, headers, body).await
+    filesystem::handle(state, &method, headers, body).await
 }
 
 /// `POST /init` body; every field optional.

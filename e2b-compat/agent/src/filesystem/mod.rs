@@ -3,6 +3,5 @@
 
 pub mod entry;
 pub mod ops;
-pub mod rpc;
 pub mod watch;
 pub mod xattr;

@@ -3,7 +3,6 @@
 
 pub mod handle;
 pub mod pty;
-pub mod rpc;
 pub mod spawn;
 pub mod status;
 
@@ -12,16 +11,15 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::{mpsc, watch};
 
-use crate::state::SharedState;
 use handle::{Event, Output, Process, ProcessConfig};
 use spawn::{ChildIo, SpawnPlan};
 use status::EndInfo;
 
 /// Running processes by pid. A process leaves the table once its end has
 /// been delivered.
-#[derive(Default)]
+#[derive(Default, Clone)]
 pub struct Processes {
-    inner: Mutex<HashMap<u32, Arc<Process>>>,
+    inner: Arc<Mutex<HashMap<u32, Arc<Process>>>>,
 }
 
 /// How a request names a process.
@@ -63,13 +61,14 @@ impl Processes {
 /// the caller misses no output. With `kill_at`, the process is killed when
 /// that instant passes (envd ties a command's life to the Start timeout).
 pub fn start(
-    state: &SharedState,
+    launcher: &spawn::Launcher,
+    processes: &Processes,
     plan: &SpawnPlan,
     config: ProcessConfig,
     tag: Option<String>,
     kill_at: Option<tokio::time::Instant>,
 ) -> std::io::Result<(Arc<Process>, mpsc::Receiver<Event>)> {
-    let spawned = state.launcher.spawn(plan)?;
+    let spawned = launcher.spawn(plan)?;
     let mut child = spawned.child;
     let pid = child.id().ok_or_else(|| std::io::Error::other("process exited before it got a pid"))?;
 
@@ -81,7 +80,7 @@ pub fn start(
     };
     let process = Arc::new(process);
     let events = process.subscribe();
-    state.processes.insert(process.clone());
+    processes.insert(process.clone());
 
     let (exited_tx, exited_rx) = watch::channel(false);
     let pumps = {
@@ -99,7 +98,7 @@ pub fn start(
         })
     };
 
-    let state = state.clone();
+    let processes = processes.clone();
     let p = process.clone();
     tokio::spawn(async move {
         let deadline = async {
@@ -122,7 +121,7 @@ pub fn start(
             Err(e) => EndInfo::failed(format!("error waiting for process: {e}")),
         };
         p.finish(end).await;
-        state.processes.remove(pid);
+        processes.remove(pid);
     });
 
     Ok((process, events))

@@ -12,11 +12,12 @@ use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
-use super::handle::{Event, InputError, Output, Process, ProcessConfig};
-use super::spawn::{SpawnPlan, environment};
-use super::status::EndInfo;
-use super::{Selector, signal_group};
+use super::read_body;
 use crate::auth::rpc_user;
+use crate::process::handle::{Event, InputError, Output, Process, ProcessConfig};
+use crate::process::spawn::{SpawnPlan, environment};
+use crate::process::status::EndInfo;
+use crate::process::{Selector, signal_group};
 use copse_protocol::envelope::{EnvelopeDecoder, FLAG_END_STREAM, encode_envelope};
 use copse_protocol::headers::CONTENT_TYPE_STREAM;
 
@@ -229,10 +230,6 @@ pub async fn handle(state: SharedState, method: &str, headers: HeaderMap, body: 
     }
 }
 
-pub async fn read_body(body: Body) -> Result<bytes::Bytes, RpcError> {
-    axum::body::to_bytes(body, 16 << 20).await.map_err(|e| RpcError::invalid(format!("reading request: {e}")))
-}
-
 fn find(state: &SharedState, sel: &Option<SelectorMsg>) -> Result<Arc<Process>, RpcError> {
     let sel = sel.as_ref().ok_or_else(|| RpcError::invalid("missing process selector"))?.selector()?;
     state.processes.get(&sel).ok_or_else(|| {
@@ -280,8 +277,9 @@ fn start(
         pty,
     };
     let config = ProcessConfig { cmd: cfg.cmd, args: cfg.args, envs: cfg.envs, cwd: cfg.cwd };
-    let (process, events) = super::start(state, &plan, config, req.tag, limits.deadline)
-        .map_err(|e| RpcError::invalid(format!("error starting process '{}': {e}", plan.cmd)))?;
+    let (process, events) =
+        crate::process::start(&state.launcher, &state.processes, &plan, config, req.tag, limits.deadline)
+            .map_err(|e| RpcError::invalid(format!("error starting process '{}': {e}", plan.cmd)))?;
     Ok((process.pid, events))
 }
 

@@ -10,12 +10,12 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
-use super::entry::entry_info;
-use super::ops;
-use super::watch::{self, FsEvent};
+use super::read_body;
 use crate::auth::rpc_user;
 use crate::connect::{self, Code, RpcError, StreamItem, StreamLimits};
-use crate::process::rpc::read_body;
+use crate::filesystem::entry::entry_info;
+use crate::filesystem::ops;
+use crate::filesystem::watch::{self, FsEvent};
 use crate::state::SharedState;
 use crate::users::User;
 use copse_protocol::json as protojson;
