@@ -8,9 +8,9 @@ use super::Sandboxes;
 use crate::model::Result;
 
 impl Sandboxes {
-    /// Runs `call` on a blocking thread. A substrate's "this host lacks X"
-    /// keeps its kind ([`crate::model::SandboxError::Unavailable`]); a panic
-    /// or any other failure is internal.
+    /// Runs `call` on a blocking thread. A substrate's typed refusal keeps
+    /// its kind (`SandboxError::Unavailable` or `SandboxError::Substrate`);
+    /// a panic or any other failure is internal.
     pub(super) async fn blocking<T: Send + 'static>(
         &self,
         call: impl FnOnce(&dyn Substrate) -> anyhow::Result<T> + Send + 'static,
