@@ -1,7 +1,9 @@
 //! HTTP/1.1 to a sandbox's agent over its unix socket.
 //!
 //! One connection per request: connecting a unix socket costs microseconds,
-//! and it keeps a dead sandbox from poisoning a pool.
+//! and it keeps a dead sandbox from poisoning a pool. Every connect goes
+//! through `copse_host::AgentSocket`, which pins the socket the substrate
+//! made, so a sandbox cannot point the gateway at another host socket.
 //!
 //! Every connection is registered under its socket, so a memory snapshot
 //! can [`quiesce`] a sandbox: a checkpoint cannot hold a connection whose
@@ -42,7 +44,11 @@ fn links<T>(socket: &Path, f: impl FnOnce(&mut Links) -> T) -> T {
 pub async fn send(socket: &Path, request: Request<Body>) -> anyhow::Result<Response<Incoming>> {
     let gate = links(socket, |l| l.gate.clone());
     let passed = gate.read().await;
-    let stream = UnixStream::connect(socket).await?;
+    // The socket's directory is the sandbox's to write: never connect to
+    // whatever it names there (a symlink to a host socket).
+    let pinned = copse_host::AgentSocket::open(socket)?;
+    let stream = UnixStream::connect(pinned.path()).await?;
+    drop(pinned);
     let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
     let task = tokio::spawn(async move {
         // Upgrades (WebSocket to a sandbox port) keep the connection open

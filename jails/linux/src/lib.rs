@@ -10,7 +10,9 @@
 //! - `sandboxes/<id>/{upper,work,root}`: each sandbox's private layer;
 //! - `sandboxes/<id>/run/agent.sock`: the agent's socket, bound from inside
 //!   the sandbox on this directory (mounted there at `/.copse/run`); the
-//!   gateway's socket path (`run/<id>.sock`) is a symlink to it;
+//!   gateway's socket path (`run/<id>.sock`) is a symlink to it, and the
+//!   gateway reaches it only through [`agent_socket`], which never follows
+//!   what the sandbox puts there;
 //! - `checkpoints/<snapshot>`: CRIU images of a memory snapshot, beside
 //!   its file layers (see [`checkpoint`]);
 //! - `agent/copse-agent`: the agent binary every sandbox mounts read-only
@@ -22,6 +24,7 @@
 
 #![cfg(target_os = "linux")]
 
+pub mod agent_socket;
 pub mod cgroup;
 pub mod checkpoint;
 pub mod layers;
