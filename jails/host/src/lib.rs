@@ -52,38 +52,28 @@ pub fn host_substrate(
     )?))
 }
 
-/// A sandbox's agent socket, ready to connect to: [`AgentSocket::path`]
-/// reaches the socket the substrate made, whatever the sandbox has put in
-/// its place. Keep it alive until the connect returns.
+/// A sandbox's agent socket, ready to connect to: `AgentSocket::open(path)`
+/// pins the socket the substrate made, whatever the sandbox has put in its
+/// place, and `.path()` reaches it. Keep it alive until the connect
+/// returns. On Linux the socket sits in a directory the sandbox writes, so
+/// it is opened without following what is there.
+#[cfg(target_os = "linux")]
+pub use copse_namespaces::agent_socket::AgentSocket;
+
+/// FreeBSD: the host binds the socket outside the jail's root (jails) or
+/// relays it itself (bhyve), where no sandbox writes, so its path is used
+/// as it is; not run on FreeBSD.
+#[cfg(not(target_os = "linux"))]
 #[derive(Debug)]
-pub struct AgentSocket {
-    #[cfg(target_os = "linux")]
-    pinned: copse_namespaces::agent_socket::AgentSocket,
-    #[cfg(not(target_os = "linux"))]
-    path: std::path::PathBuf,
-}
+pub struct AgentSocket(std::path::PathBuf);
 
+#[cfg(not(target_os = "linux"))]
 impl AgentSocket {
-    /// Linux: the socket sits in a directory the sandbox writes, so it is
-    /// opened without following what is there (see
-    /// `copse_namespaces::agent_socket`).
-    #[cfg(target_os = "linux")]
     pub fn open(socket: &Path) -> std::io::Result<Self> {
-        Ok(Self { pinned: copse_namespaces::agent_socket::AgentSocket::open(socket)? })
-    }
-
-    /// FreeBSD: the host binds the socket outside the jail's root (jails)
-    /// or relays it itself (bhyve), where no sandbox writes; not run on
-    /// FreeBSD.
-    #[cfg(not(target_os = "linux"))]
-    pub fn open(socket: &Path) -> std::io::Result<Self> {
-        Ok(Self { path: socket.to_path_buf() })
+        Ok(Self(socket.to_path_buf()))
     }
 
     pub fn path(&self) -> std::path::PathBuf {
-        #[cfg(target_os = "linux")]
-        return self.pinned.path();
-        #[cfg(not(target_os = "linux"))]
-        return self.path.clone();
+        self.0.clone()
     }
 }

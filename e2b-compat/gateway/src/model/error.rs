@@ -32,7 +32,6 @@ impl From<anyhow::Error> for SandboxError {
     /// of causes); anything else is a fault.
     fn from(err: anyhow::Error) -> Self {
         match copse_substrate::SubstrateError::find(&err) {
-            Some(copse_substrate::SubstrateError::Unavailable(what)) => SandboxError::Unavailable(what.clone()),
             Some(refusal) => SandboxError::Substrate(refusal.clone()),
             None => SandboxError::Internal(err),
         }

@@ -9,8 +9,8 @@ use crate::model::Result;
 
 impl Sandboxes {
     /// Runs `call` on a blocking thread. A substrate's typed refusal keeps
-    /// its kind (`SandboxError::Unavailable` or `SandboxError::Substrate`);
-    /// a panic or any other failure is internal.
+    /// its kind (`SandboxError::Substrate`); a panic or any other failure is
+    /// internal.
     pub(super) async fn blocking<T: Send + 'static>(
         &self,
         call: impl FnOnce(&dyn Substrate) -> anyhow::Result<T> + Send + 'static,
