@@ -7,7 +7,9 @@
 //!
 //! Host layout under the state directory:
 //! - `templates/<name>/rootfs`: read-only lower layers (see [`rootfs`]);
-//! - `sandboxes/<id>/{upper,work,root}`: each sandbox's private layer;
+//! - `sandboxes/<id>/root`: where each sandbox's root is mounted;
+//! - `disk/<id>/{upper,work}`: each sandbox's private layer, a btrfs
+//!   subvolume limited to the sandbox's `disk_mb` (see [`disk`]);
 //! - `sandboxes/<id>/run/agent.sock`: the agent's socket, bound from inside
 //!   the sandbox on this directory (mounted there at `/.copse/run`); the
 //!   gateway's socket path (`run/<id>.sock`) is a symlink to it, and the
@@ -19,14 +21,16 @@
 //!   at `/.copse/bin`, so its processes run from a file inside the sandbox;
 //! - cgroup `copse-<hash of the state dir>/<id>` in every hierarchy.
 //!
-//! Mounts exist only inside each sandbox's mount namespace, so the host's
-//! mount table never holds a copse mount and nothing mounted can leak.
+//! Mounts exist only inside each sandbox's mount namespace, with one
+//! exception made once per state directory and kept: the btrfs file system
+//! at `disk/` (see [`disk`]).
 
 #![cfg(target_os = "linux")]
 
 pub mod agent_socket;
 pub mod cgroup;
 pub mod checkpoint;
+pub mod disk;
 pub mod layers;
 pub mod rootfs;
 
@@ -39,6 +43,7 @@ use anyhow::{Context, bail};
 
 use cgroup::{Cgroups, Hierarchy};
 use checkpoint::Criu;
+use disk::Disk;
 use copse_jailer::handoff::{AGENT_NAME, SOCKET_NAME};
 use copse_jailer::linux::boot::{BootPlan, Launch, RestorePlan};
 use copse_substrate::{
@@ -54,6 +59,12 @@ pub struct LinuxSubstrate {
     agent_binary: PathBuf,
     agent_dir: PathBuf,
     checkpoints: PathBuf,
+    state_dir: PathBuf,
+    /// Where the sandboxes' writable layers live (see [`disk`]).
+    volumes: PathBuf,
+    /// Found or made on first use, so opening a substrate to build
+    /// templates or to list snapshots mounts nothing.
+    disk: std::sync::OnceLock<Result<Disk, String>>,
     /// Found on first use: probing runs `criu check`.
     criu: std::sync::OnceLock<Result<Criu, String>>,
     templates: TemplateStore,
@@ -85,6 +96,9 @@ impl LinuxSubstrate {
             agent_binary: agent_binary.to_path_buf(),
             agent_dir,
             checkpoints: state_dir.join("checkpoints"),
+            state_dir: state_dir.to_path_buf(),
+            volumes: disk::volumes_dir(state_dir),
+            disk: std::sync::OnceLock::new(),
             criu: std::sync::OnceLock::new(),
             templates: TemplateStore::new(state_dir),
             layers: LayerStore::open(state_dir)?,
@@ -103,15 +117,31 @@ impl LinuxSubstrate {
         self.sandboxes.join(id)
     }
 
+    /// The sandbox's writable layer (overlay upper and work directories).
+    fn volume(&self, id: &str) -> PathBuf {
+        self.volumes.join(id)
+    }
+
+    fn disk(&self) -> anyhow::Result<&Disk> {
+        match self.disk.get_or_init(|| Disk::open(&self.state_dir).map_err(|e| format!("{e:#}"))) {
+            Ok(disk) => Ok(disk),
+            Err(reason) => Err(SubstrateError::Unavailable(format!(
+                "sandbox disk quotas are unavailable on this host, so no sandbox can start: {reason}"
+            ))
+            .into()),
+        }
+    }
+
     fn boot_plan(&self, spec: &SandboxSpec, base: &Base) -> BootPlan {
         let dir = self.sandbox_dir(&spec.id);
+        let volume = self.volume(&spec.id);
         let mut lowers: Vec<PathBuf> = base.layers.iter().map(|l| self.layers.layer_dir(l)).collect();
         lowers.push(self.templates.rootfs(&base.template));
         BootPlan {
             hostname: spec.id.chars().take(63).collect(),
             lowers,
-            upper: dir.join("upper"),
-            work: dir.join("work"),
+            upper: volume.join("upper"),
+            work: volume.join("work"),
             root: dir.join("root"),
             cgroup_procs: self.cgroups.procs_files(&spec.id),
             agent_dir: self.agent_dir.clone(),
@@ -137,6 +167,8 @@ impl LinuxSubstrate {
             return Err(SubstrateError::NotFound(format!("template {} is not built", base.template)).into());
         }
         let plan = self.boot_plan(spec, &base);
+        // Before anything is written in it: the limit holds from the first byte.
+        self.disk()?.create(&spec.id, spec.limits.disk_mb)?;
         for dir in [&plan.upper, &plan.work, &plan.root, &plan.socket_dir] {
             fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         }
@@ -249,9 +281,24 @@ impl LinuxSubstrate {
         Ok(Placement { init_pid: pid, init_start })
     }
 
+    /// Deletes the sandbox's writable layer, and with it its quota.
+    fn remove_volume(&self, id: &str) -> anyhow::Result<()> {
+        let volume = self.volume(id);
+        if !volume.exists() {
+            return Ok(());
+        }
+        match self.disk() {
+            Ok(disk) => disk.remove(id),
+            // Not on the quota file system (it could not be mounted): a
+            // plain directory on the state directory's own.
+            Err(_) => fs::remove_dir_all(&volume).with_context(|| format!("removing {}", volume.display())),
+        }
+    }
+
     /// Ids of every sandbox that has anything on this host.
     fn resident_ids(&self) -> Vec<String> {
         let mut ids = self.cgroups.existing();
+        ids.extend(disk::ids_in(&self.volumes));
         for dir in [&self.sandboxes, &self.run] {
             if let Ok(entries) = fs::read_dir(dir) {
                 for entry in entries.filter_map(Result::ok) {
@@ -305,6 +352,7 @@ impl Substrate for LinuxSubstrate {
             network.detach(id)?;
         }
         self.cgroups.destroy(id)?;
+        self.remove_volume(id)?;
         let dir = self.sandbox_dir(id);
         let stacked = self.base(id).is_ok_and(|b| !b.layers.is_empty());
         match fs::remove_dir_all(&dir) {
@@ -332,7 +380,10 @@ impl Substrate for LinuxSubstrate {
 
     fn usage(&self, id: &str) -> anyhow::Result<Usage> {
         let mut usage = self.cgroups.usage(id)?;
-        usage.disk_bytes = rootfs::tree_size(&self.sandbox_dir(id).join("upper"));
+        usage.disk_bytes = match self.disk() {
+            Ok(disk) => disk.used(id)?,
+            Err(_) => rootfs::tree_size(&self.volume(id).join("upper")),
+        };
         Ok(usage)
     }
 
@@ -365,7 +416,7 @@ impl Substrate for LinuxSubstrate {
         if !was_frozen {
             self.cgroups.set_frozen(id, true)?;
         }
-        let mut taken = self.layers.capture(snapshot_id, &self.sandbox_dir(id).join("upper"), &below);
+        let mut taken = self.layers.capture(snapshot_id, &self.volume(id).join("upper"), &below);
         if memory && let Ok(info) = &mut taken {
             // Still frozen: memory is of the same instant as the files.
             match self.dump(id, snapshot_id) {
@@ -419,6 +470,10 @@ impl Substrate for LinuxSubstrate {
     }
 
     fn recover(&self, known: &[(String, Placement)]) -> anyhow::Result<Recovery> {
+        // Mounted first, so the sandboxes' layers are there to be found.
+        if let Err(e) = self.disk() {
+            tracing::error!("{e:#}");
+        }
         let mut recovery = Recovery::default();
         for (id, placement) in known {
             if self.is_alive(id, placement) {
