@@ -221,15 +221,13 @@ async fn write_file<R: AsyncRead + Unpin>(
     crate::paths::chown(path, user.uid, user.gid)
         .map_err(|e| internal(format!("error changing file ownership: {e}")))?;
 
-    let mut buf = vec![0u8; 64 << 10];
-    loop {
-        let n = data.read(&mut buf).await.map_err(|e| bad_request(format!("error reading upload: {e}")))?;
-        if n == 0 {
-            break;
-        }
-        file.write_all(&buf[..n]).await.map_err(|e| write_error("error writing file", &e))?;
+    if let Err(e) = stream_into(&mut file, &mut data).await {
+        // A half-written file is of no use to anyone, and one cut short by
+        // the disk quota would leave the sandbox's disk full.
+        drop(file);
+        let _ = tokio::fs::remove_file(path).await;
+        return Err(e);
     }
-    file.flush().await.map_err(|e| write_error("error writing file", &e))?;
     if !metadata.is_empty()
         && let Err(e) = xattr::write_metadata(path, metadata)
     {
@@ -240,8 +238,22 @@ async fn write_file<R: AsyncRead + Unpin>(
     Ok(())
 }
 
+async fn stream_into<R: AsyncRead + Unpin>(file: &mut tokio::fs::File, data: &mut R) -> Result<(), FileError> {
+    let mut buf = vec![0u8; 64 << 10];
+    loop {
+        let n = data.read(&mut buf).await.map_err(|e| bad_request(format!("error reading upload: {e}")))?;
+        if n == 0 {
+            break;
+        }
+        file.write_all(&buf[..n]).await.map_err(|e| write_error("error writing file", &e))?;
+    }
+    file.flush().await.map_err(|e| write_error("error writing file", &e))
+}
+
+/// A full disk or a spent quota is E2B's 507, which its SDKs raise as
+/// `NotEnoughSpaceException`.
 fn write_error(what: &str, e: &io::Error) -> FileError {
-    if e.raw_os_error() == Some(libc::ENOSPC) {
+    if matches!(e.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT)) {
         FileError(StatusCode::INSUFFICIENT_STORAGE, format!("not enough disk space available: {e}"))
     } else {
         internal(format!("{what}: {e}"))
@@ -260,5 +272,24 @@ mod tests {
         let m = metadata_headers(&h);
         assert_eq!(m.len(), 1);
         assert_eq!(m["owner"], "alice");
+    }
+
+    #[test]
+    fn a_spent_quota_or_a_full_disk_is_insufficient_storage() {
+        for errno in [libc::EDQUOT, libc::ENOSPC] {
+            let FileError(status, message) = write_error("error writing file", &io::Error::from_raw_os_error(errno));
+            assert_eq!(status, StatusCode::INSUFFICIENT_STORAGE, "{message}");
+        }
+        let FileError(status, _) = write_error("x", &io::Error::from_raw_os_error(libc::EIO));
+        assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
+    }
+
+    #[tokio::test]
+    async fn a_write_that_fails_midway_reports_the_disk() {
+        // /dev/full fails every write with ENOSPC, as a full disk does.
+        let mut file = tokio::fs::OpenOptions::new().write(true).open("/dev/full").await.unwrap();
+        let mut data = &vec![1u8; 1 << 20][..];
+        let FileError(status, _) = stream_into(&mut file, &mut data).await.unwrap_err();
+        assert_eq!(status, StatusCode::INSUFFICIENT_STORAGE);
     }
 }

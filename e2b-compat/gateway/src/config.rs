@@ -25,6 +25,8 @@ pub struct Config {
     pub domain: Option<String>,
     /// Serve HTTPS with this certificate chain and key (domain mode).
     pub tls: Option<TlsFiles>,
+    /// Each sandbox's disk quota, in MiB.
+    pub disk_mb: u64,
 }
 
 #[derive(Debug, Clone)]

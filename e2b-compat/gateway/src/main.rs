@@ -70,6 +70,11 @@ enum Command {
         /// The PEM private key of --tls-cert.
         #[arg(long, requires = "tls_cert")]
         tls_key: Option<PathBuf>,
+        /// Each sandbox's disk quota in MiB: writes past it fail inside the
+        /// sandbox (EDQUOT), uploads past it are refused.
+        #[arg(long, env = "COPSE_DISK_MB", default_value_t = copse_substrate::Limits::default().disk_mb,
+              value_parser = clap::value_parser!(u64).range(1..))]
+        disk_mb: u64,
     },
     /// Local TLS for domain mode.
     Tls {
@@ -165,7 +170,7 @@ fn main() -> anyhow::Result<()> {
         .init();
     let cli = Cli::parse();
     match cli.command {
-        Command::Up { listen, paths, keep_sandboxes, pools, bridge, subnet, domain, tls_cert, tls_key } => {
+        Command::Up { listen, paths, keep_sandboxes, pools, bridge, subnet, domain, tls_cert, tls_key, disk_mb } => {
             let config = Config {
                 listen,
                 data_dir: paths.data_dir,
@@ -175,6 +180,7 @@ fn main() -> anyhow::Result<()> {
                 network: Some(copse_substrate::NetConfig::new(&bridge, &subnet)?),
                 domain,
                 tls: tls_cert.zip(tls_key).map(|(cert, key)| config::TlsFiles { cert, key }),
+                disk_mb,
             };
             tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(server::run(config))
         }
@@ -270,6 +276,7 @@ fn local_config(paths: Paths) -> anyhow::Result<Config> {
         network: None,
         domain: None,
         tls: None,
+        disk_mb: copse_substrate::Limits::default().disk_mb,
     })
 }
 

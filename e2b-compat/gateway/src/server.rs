@@ -82,7 +82,8 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let store = open_store(&config)?;
     let svc = Arc::new(
         Sandboxes::new(substrate.clone(), Box::new(store), config.run_dir(), &config.pools)
-            .with_network(config.network.as_ref()),
+            .with_network(config.network.as_ref())
+            .with_disk_mb(config.disk_mb),
     );
     let recovery = svc.recover().await?;
     if !recovery.adopted.is_empty() || !recovery.removed.is_empty() {

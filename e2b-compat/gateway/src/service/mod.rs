@@ -89,6 +89,12 @@ impl Sandboxes {
         self
     }
 
+    /// Every sandbox's disk quota from now on.
+    pub fn with_disk_mb(mut self, disk_mb: u64) -> Self {
+        self.limits.disk_mb = disk_mb;
+        self
+    }
+
     /// The substrate's name, for logs and the startup banner.
     pub fn substrate_name(&self) -> &'static str {
         self.substrate.name()
