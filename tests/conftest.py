@@ -22,6 +22,10 @@ os.environ.setdefault("COPSE_BRIDGE", "copset")
 os.environ.setdefault("COPSE_SUBNET", "10.89.0.0/16")
 BRIDGE = os.environ["COPSE_BRIDGE"]
 SUBNET = os.environ["COPSE_SUBNET"]
+# Every sandbox's disk quota (`copse up --disk-mb`): small, so filling it
+# in the hostile suite is quick and bounded.
+os.environ.setdefault("COPSE_DISK_MB", "256")
+DISK_MB = int(os.environ["COPSE_DISK_MB"])
 
 
 def free_port() -> int:

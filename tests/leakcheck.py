@@ -1,7 +1,8 @@
 """What copse leaves on the host, and whether any of it outlived its sandbox.
 
 A sandbox on the Linux substrate owns, on the host:
-- `<data_dir>/sandboxes/<id>/` (upper, work and mount-point dirs),
+- `<data_dir>/sandboxes/<id>/` (the mount-point and socket dirs),
+- `<data_dir>/disk/<id>/` (upper and work dirs, a btrfs subvolume),
 - `<data_dir>/run/<id>.sock` (the agent's socket),
 - a cgroup `<subtree>/<id>` in every hierarchy (one tree on v2, one per
   controller on v1), where the subtree is `copse-<hash of the data dir>`
@@ -12,7 +13,9 @@ A sandbox on the Linux substrate owns, on the host:
   `egress_<id>`, `ingress_<id>`, `spoof_<id>` (bound to that veth), the sets
   `allow_<id>`, `deny_<id>` and one element per verdict map.
 Mounts live only inside the sandbox's mount namespace, so the host mount
-table should never mention the data dir.
+table should never mention the data dir, but for one mount that is meant to
+stay: the btrfs file system at `<data_dir>/disk`, where each sandbox's
+writable layer `<data_dir>/disk/<id>/` is a subvolume limited to its quota.
 
 `find_leaks` lists everything of this gateway's that does not belong to a
 live sandbox. Other gateways on the host (other data dirs) have their own
@@ -141,11 +144,23 @@ def copse_processes(data_dir: pathlib.Path) -> list[CopseProcess]:
         subtree, sandbox = _copse_cgroup(cgroup) or (None, None)
         exe = _exe_name(pid)
         mountinfo = _read(f"/proc/{pid}/mountinfo") or ""
-        in_data_dir = marker in mountinfo and not _same_mount_ns(pid)
+        in_data_dir = bool(mounts_of(data_dir, mountinfo)) and not _same_mount_ns(pid)
         if sandbox is None and not exe.startswith("copse") and not in_data_dir:
             continue
         result.append(CopseProcess(pid, subtree, sandbox, _state(pid), _cmdline(pid), in_data_dir))
     return result
+
+
+def mounts_of(data_dir: pathlib.Path, mountinfo: str) -> list[str]:
+    """Lines of a mount table that mention the data dir, other than the
+    sandboxes' disk (kept mounted on purpose, and copied into every mount
+    namespace made after it)."""
+    disk = str(data_dir / "disk")
+    return [
+        line
+        for line in mountinfo.splitlines()
+        if str(data_dir) in line and not (len(line.split()) > 4 and line.split()[4] == disk)
+    ]
 
 
 def _ns(pid: int | str, kind: str) -> Optional[str]:
@@ -257,11 +272,11 @@ def find_leaks(
             return True
         return subtree == LEGACY_SUBTREE and sid not in before.legacy_ids
 
-    sandboxes = data_dir / "sandboxes"
-    if sandboxes.is_dir():
-        for entry in sorted(sandboxes.iterdir()):
-            if entry.name not in live:
-                leaks.append(f"sandbox dir {entry}")
+    for kind, parent in (("sandbox dir", data_dir / "sandboxes"), ("sandbox disk", data_dir / "disk")):
+        if parent.is_dir():
+            for entry in sorted(parent.iterdir()):
+                if entry.name not in live:
+                    leaks.append(f"{kind} {entry}")
 
     run = data_dir / "run"
     if run.is_dir():
@@ -297,11 +312,8 @@ def find_leaks(
         if ns not in live_namespaces and ns not in before.namespaces:
             leaks.append(f"namespace {ns} held by {holder}")
 
-    marker = str(data_dir)
-    mountinfo = _read("/proc/self/mountinfo") or ""
-    for line in mountinfo.splitlines():
-        if marker in line:
-            leaks.append(f"host mount: {line}")
+    for line in mounts_of(data_dir, _read("/proc/self/mountinfo") or ""):
+        leaks.append(f"host mount: {line}")
 
     leaks.extend(network_leaks(os.environ.get("COPSE_BRIDGE"), live))
     return leaks
