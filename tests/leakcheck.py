@@ -152,15 +152,21 @@ def copse_processes(data_dir: pathlib.Path) -> list[CopseProcess]:
 
 
 def mounts_of(data_dir: pathlib.Path, mountinfo: str) -> list[str]:
-    """Lines of a mount table that mention the data dir, other than the
-    sandboxes' disk (kept mounted on purpose, and copied into every mount
-    namespace made after it)."""
-    disk = str(data_dir / "disk")
-    return [
-        line
-        for line in mountinfo.splitlines()
-        if str(data_dir) in line and not (len(line.split()) > 4 and line.split()[4] == disk)
-    ]
+    """Lines of a mount table that mention the data dir, other than a
+    sandboxes' disk: `<data_dir>/disk`, or that of a gateway the suite runs
+    on a data dir inside this one. Each is kept mounted on purpose, and is
+    copied into every mount namespace made after it."""
+    marker = str(data_dir)
+
+    def is_disk(line: str) -> bool:
+        fields = line.split()
+        if " - " not in line or len(fields) < 5:
+            return False
+        fstype = line.split(" - ", 1)[1].split()[0]
+        point = fields[4]
+        return fstype == "btrfs" and point.startswith(marker + "/") and point.endswith("/disk")
+
+    return [line for line in mountinfo.splitlines() if marker in line and not is_disk(line)]
 
 
 def _ns(pid: int | str, kind: str) -> Optional[str]:

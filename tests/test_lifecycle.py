@@ -406,10 +406,11 @@ def test_a_host_without_criu_says_so_and_refuses_only_what_needs_memory(gateway,
 
     data_dir = DATA_DIR / "no-criu"
     data_dir.mkdir(exist_ok=True)
-    # A fresh host but for its templates (hard links, kept between runs):
-    # an earlier run's snapshot rows and layers must not meet this import.
+    # A fresh host but for its templates (hard links, kept between runs) and
+    # its sandboxes' disk (kept mounted; the gateway clears it at start): an
+    # earlier run's snapshot rows and layers must not meet this import.
     for entry in data_dir.iterdir():
-        if entry.name != "templates":
+        if entry.name not in ("templates", "disk", "disk.img"):
             shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
     if not (data_dir / "templates").exists():
         subprocess.run(["cp", "-al", str(DATA_DIR / "templates"), str(data_dir / "templates")], check=True)
