@@ -43,13 +43,13 @@ use anyhow::{Context, bail};
 
 use cgroup::{Cgroups, Hierarchy};
 use checkpoint::Criu;
-use disk::Disk;
 use copse_jailer::handoff::{AGENT_NAME, SOCKET_NAME};
 use copse_jailer::linux::boot::{BootPlan, Launch, RestorePlan};
 use copse_substrate::{
     Capabilities, Placement, Progress, Recipe, Recovery, SandboxSpec, SnapshotInfo, Substrate, SubstrateError, Support,
     TemplateInfo, Usage,
 };
+use disk::Disk;
 use layers::{Base, LayerStore};
 use rootfs::TemplateStore;
 

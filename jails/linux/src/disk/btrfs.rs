@@ -10,9 +10,6 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};
 
-/// `statfs(2)`'s `f_type` of a btrfs file system.
-pub const SUPER_MAGIC: i64 = 0x9123_683e;
-
 /// Inode number of every subvolume's root directory.
 const FIRST_FREE_OBJECTID: u64 = 256;
 
@@ -112,7 +109,7 @@ impl Filesystem {
     pub fn open(dir: &Path) -> anyhow::Result<Self> {
         let handle = open_dir(dir)?;
         let stat = nix::sys::statfs::fstatfs(&handle).context("statfs")?;
-        if stat.filesystem_type().0 as i64 != SUPER_MAGIC {
+        if stat.filesystem_type() != nix::sys::statfs::BTRFS_SUPER_MAGIC {
             bail!("{} is not on btrfs", dir.display());
         }
         let mut args = QuotaCtlArgs { cmd: QUOTA_CTL_ENABLE, status: 0 };
@@ -197,7 +194,7 @@ fn uuid(bytes: &[u8; 16]) -> String {
 
 /// Whether `path`'s file system is btrfs.
 pub fn is_btrfs(path: &Path) -> bool {
-    nix::sys::statfs::statfs(path).is_ok_and(|s| s.filesystem_type().0 as i64 == SUPER_MAGIC)
+    nix::sys::statfs::statfs(path).is_ok_and(|s| s.filesystem_type() == nix::sys::statfs::BTRFS_SUPER_MAGIC)
 }
 
 #[cfg(test)]

@@ -66,14 +66,9 @@ pub fn mount(image: &Path, dir: &Path) -> anyhow::Result<()> {
         .open(image)
         .with_context(|| format!("opening {}", image.display()))?;
     let (device, loop_file) = loop_attach(&backing, image)?;
-    let mounted = nix::mount::mount(
-        Some(&device),
-        dir,
-        Some("btrfs"),
-        nix::mount::MsFlags::empty(),
-        Some(MOUNT_OPTIONS),
-    )
-    .with_context(|| format!("mounting {} ({}) on {}", device.display(), image.display(), dir.display()));
+    let mounted =
+        nix::mount::mount(Some(&device), dir, Some("btrfs"), nix::mount::MsFlags::empty(), Some(MOUNT_OPTIONS))
+            .with_context(|| format!("mounting {} ({}) on {}", device.display(), image.display(), dir.display()));
     // Autoclear detaches the device when its last user goes: this file now,
     // or the mount later.
     drop(loop_file);
@@ -114,7 +109,8 @@ struct LoopConfig {
 /// A free loop device configured on `backing` in one step (LOOP_CONFIGURE,
 /// Linux 5.8), retried when another process takes the same free device.
 fn loop_attach(backing: &File, image: &Path) -> anyhow::Result<(PathBuf, File)> {
-    let control = OpenOptions::new().read(true).write(true).open("/dev/loop-control").context("opening /dev/loop-control")?;
+    let control =
+        OpenOptions::new().read(true).write(true).open("/dev/loop-control").context("opening /dev/loop-control")?;
     for _ in 0..16 {
         // SAFETY: an ioctl without an argument on the control device.
         let number = unsafe { libc::ioctl(control.as_raw_fd(), LOOP_CTL_GET_FREE) };
