@@ -16,7 +16,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio_util::io::{ReaderStream, StreamReader};
 
 use crate::auth::{SignedQuery, check_files_access, json_error};
-use crate::filesystem::xattr;
+use crate::filesystem::{as_user, open, xattr};
 use crate::state::SharedState;
 use crate::users::User;
 
@@ -60,28 +60,40 @@ pub async fn download(State(state): State<SharedState>, Query(q): Query<SignedQu
 async fn download_inner(state: &SharedState, q: &SignedQuery, headers: &HeaderMap) -> Result<Response, FileError> {
     let user = authorize(state, headers, q, "read")?;
     let path = resolve(q.path.as_deref().unwrap_or(""), &user)?;
-    let meta = tokio::fs::metadata(&path).await.map_err(|e| {
-        if e.kind() == io::ErrorKind::NotFound {
-            FileError(StatusCode::NOT_FOUND, format!("path '{}' does not exist", path.display()))
-        } else {
-            internal(format!("error checking if path exists '{}': {e}", path.display()))
-        }
-    })?;
-    if meta.is_dir() {
-        return Err(bad_request(format!("path '{}' is a directory", path.display())));
-    }
-    let file = tokio::fs::File::open(&path)
+    let target = path.clone();
+    let file = as_user::run(&user, move || open::regular_for_reading(&target))
         .await
-        .map_err(|e| internal(format!("error opening file '{}': {e}", path.display())))?;
-    let body = Body::from_stream(ReaderStream::with_capacity(file, 64 << 10));
+        .map_err(|e| file_error("error accessing the file as the user", &e))?
+        .map_err(|e| file_error(&format!("error opening file '{}'", path.display()), &e))?;
+    let len = file.metadata().map_err(|e| internal(format!("error reading file '{}': {e}", path.display())))?.len();
+    let body = Body::from_stream(ReaderStream::with_capacity(tokio::fs::File::from_std(file), 64 << 10));
     Ok((
-        [
-            (header::CONTENT_TYPE, "application/octet-stream".to_string()),
-            (header::CONTENT_LENGTH, meta.len().to_string()),
-        ],
+        [(header::CONTENT_TYPE, "application/octet-stream".to_string()), (header::CONTENT_LENGTH, len.to_string())],
         body,
     )
         .into_response())
+}
+
+/// An I/O failure as envd's status: missing 404, not the user's to open
+/// 403, not a regular file or not a directory 400, disk full 507.
+fn file_error(what: &str, e: &io::Error) -> FileError {
+    let status = match e.kind() {
+        io::ErrorKind::NotFound => StatusCode::NOT_FOUND,
+        io::ErrorKind::PermissionDenied => StatusCode::FORBIDDEN,
+        io::ErrorKind::IsADirectory | io::ErrorKind::NotADirectory | io::ErrorKind::InvalidInput => {
+            StatusCode::BAD_REQUEST
+        }
+        // A full disk or a spent quota is E2B's 507, which its SDKs raise as
+        // `NotEnoughSpaceException`.
+        _ if matches!(e.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT)) => StatusCode::INSUFFICIENT_STORAGE,
+        _ if e.raw_os_error() == Some(libc::ELOOP) => StatusCode::BAD_REQUEST,
+        _ => StatusCode::INTERNAL_SERVER_ERROR,
+    };
+    let msg = match status {
+        StatusCode::INSUFFICIENT_STORAGE => format!("not enough disk space available: {e}"),
+        _ => format!("{what}: {e}"),
+    };
+    FileError(status, msg)
 }
 
 /// One written file, as the SDK's `WriteInfo` expects it.
@@ -191,49 +203,44 @@ fn metadata_headers(headers: &HeaderMap) -> HashMap<String, String> {
         .collect()
 }
 
-/// Streams `data` into `path` (created or truncated), owned by `user`, with
-/// missing parent directories created for them.
+/// Streams `data` into `path` (created or truncated, a regular file only),
+/// opened as `user` so that it is theirs and so that a planted symlink
+/// reaches only what they may write, with missing parent directories
+/// created for them.
 async fn write_file<R: AsyncRead + Unpin>(
     path: &Path,
     user: &User,
     mut data: R,
     metadata: &HashMap<String, String>,
 ) -> Result<(), FileError> {
-    let parent = path.parent().unwrap_or(Path::new("/"));
-    crate::paths::ensure_dirs(parent, user.uid, user.gid).map_err(|e| {
-        if e.kind() == io::ErrorKind::NotADirectory {
-            bad_request(format!("error ensuring directories: {e}"))
-        } else {
-            internal(format!("error ensuring directories: {e}"))
-        }
-    })?;
-    if path.is_dir() {
-        return Err(bad_request(format!("path is a directory: {}", path.display())));
-    }
-    let mut file = tokio::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o666)
-        .open(path)
-        .await
-        .map_err(|e| write_error("error opening file", &e))?;
-    crate::paths::chown(path, user.uid, user.gid)
-        .map_err(|e| internal(format!("error changing file ownership: {e}")))?;
+    let (target, uid, gid) = (path.to_path_buf(), user.uid, user.gid);
+    let file = as_user::run(user, move || {
+        let parent = target.parent().unwrap_or(Path::new("/"));
+        crate::paths::ensure_dirs(parent, uid, gid).map_err(|e| file_error("error ensuring directories", &e))?;
+        open::regular_for_writing(&target).map_err(|e| file_error("error opening file", &e))
+    })
+    .await
+    .map_err(|e| file_error("error accessing the file as the user", &e))??;
+    let mut file = tokio::fs::File::from_std(file);
 
     if let Err(e) = stream_into(&mut file, &mut data).await {
         // A half-written file is of no use to anyone, and one cut short by
         // the disk quota would leave the sandbox's disk full.
+        // Removed as the user, so a directory swapped for a symlink meanwhile
+        // cannot point root's unlink elsewhere.
         drop(file);
-        let _ = tokio::fs::remove_file(path).await;
+        let target = path.to_path_buf();
+        let _ = as_user::run(user, move || std::fs::remove_file(&target)).await;
         return Err(e);
     }
-    if !metadata.is_empty()
-        && let Err(e) = xattr::write_metadata(path, metadata)
-    {
-        // Filesystems without user xattrs: the file is written, only its
-        // metadata is lost; say so in the log rather than fail the upload.
-        tracing::warn!(path = %path.display(), error = %e, "could not store file metadata");
+    if !metadata.is_empty() {
+        let (target, metadata) = (path.to_path_buf(), metadata.clone());
+        let stored = as_user::run(user, move || xattr::write_metadata(&target, &metadata)).await;
+        if let Err(e) = stored.and_then(|r| r) {
+            // Filesystems without user xattrs: the file is written, only its
+            // metadata is lost; say so in the log rather than fail the upload.
+            tracing::warn!(path = %path.display(), error = %e, "could not store file metadata");
+        }
     }
     Ok(())
 }
@@ -245,19 +252,9 @@ async fn stream_into<R: AsyncRead + Unpin>(file: &mut tokio::fs::File, data: &mu
         if n == 0 {
             break;
         }
-        file.write_all(&buf[..n]).await.map_err(|e| write_error("error writing file", &e))?;
+        file.write_all(&buf[..n]).await.map_err(|e| file_error("error writing file", &e))?;
     }
-    file.flush().await.map_err(|e| write_error("error writing file", &e))
-}
-
-/// A full disk or a spent quota is E2B's 507, which its SDKs raise as
-/// `NotEnoughSpaceException`.
-fn write_error(what: &str, e: &io::Error) -> FileError {
-    if matches!(e.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT)) {
-        FileError(StatusCode::INSUFFICIENT_STORAGE, format!("not enough disk space available: {e}"))
-    } else {
-        internal(format!("{what}: {e}"))
-    }
+    file.flush().await.map_err(|e| file_error("error writing file", &e))
 }
 
 #[cfg(test)]
@@ -277,10 +274,10 @@ mod tests {
     #[test]
     fn a_spent_quota_or_a_full_disk_is_insufficient_storage() {
         for errno in [libc::EDQUOT, libc::ENOSPC] {
-            let FileError(status, message) = write_error("error writing file", &io::Error::from_raw_os_error(errno));
+            let FileError(status, message) = file_error("error writing file", &io::Error::from_raw_os_error(errno));
             assert_eq!(status, StatusCode::INSUFFICIENT_STORAGE, "{message}");
         }
-        let FileError(status, _) = write_error("x", &io::Error::from_raw_os_error(libc::EIO));
+        let FileError(status, _) = file_error("x", &io::Error::from_raw_os_error(libc::EIO));
         assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
     }
 

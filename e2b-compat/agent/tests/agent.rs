@@ -312,6 +312,7 @@ async fn uploads_belong_to_the_requesting_user() {
         return; // chown needs root
     }
     let agent = start_agent(None).await;
+    give_home_to_other(&agent);
     let req = Request::post("/files?path=owned/f.txt&username=other")
         .header("content-type", "application/octet-stream")
         .body(Full::new(Bytes::from_static(b"mine")))
@@ -320,6 +321,52 @@ async fn uploads_belong_to_the_requesting_user() {
     let file = std::fs::metadata(agent.home.join("owned/f.txt")).unwrap();
     let dir = std::fs::metadata(agent.home.join("owned")).unwrap();
     assert_eq!((file.uid(), file.gid(), dir.uid()), (4242, 4242, 4242));
+}
+
+/// Makes the shared home "other"'s (uid 4242), reachable by it.
+fn give_home_to_other(agent: &Agent) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(agent.home.parent().unwrap(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::os::unix::fs::chown(&agent.home, Some(4242), Some(4242)).unwrap();
+}
+
+#[tokio::test]
+async fn files_for_a_user_reach_only_what_that_user_may() {
+    use std::os::unix::fs::PermissionsExt;
+    if !nix::unistd::getuid().is_root() {
+        return; // switching file credentials needs root
+    }
+    let agent = start_agent(None).await;
+    give_home_to_other(&agent);
+    let secret = agent.home.parent().unwrap().join("secret");
+    std::fs::write(&secret, b"root only").unwrap();
+    std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).unwrap();
+    std::os::unix::fs::symlink(&secret, agent.home.join("planted")).unwrap();
+    let get = |uri: &str| Request::get(uri).body(Full::default()).unwrap();
+    let resp = agent.send(get("/files?path=planted&username=other")).await;
+    assert_eq!(resp.status(), StatusCode::FORBIDDEN);
+    let put = Request::post("/files?path=planted&username=other")
+        .header("content-type", "application/octet-stream")
+        .body(Full::new(Bytes::from_static(b"overwritten")))
+        .unwrap();
+    assert_eq!(agent.send(put).await.status(), StatusCode::FORBIDDEN);
+    assert_eq!(std::fs::read(&secret).unwrap(), b"root only");
+    // "user" is the current uid, root here: root keeps root's power.
+    let resp = agent.send(get("/files?path=planted&username=user")).await;
+    assert_eq!(resp.status(), StatusCode::OK);
+}
+
+#[tokio::test]
+async fn downloads_refuse_fifos_at_once() {
+    let agent = start_agent(None).await;
+    nix::unistd::mkfifo(&agent.home.join("pipe"), nix::sys::stat::Mode::from_bits_truncate(0o666)).unwrap();
+    let resp = agent.send(Request::get("/files?path=pipe").body(Full::default()).unwrap()).await;
+    assert_eq!(resp.status(), StatusCode::BAD_REQUEST);
+    let put = Request::post("/files?path=pipe")
+        .header("content-type", "application/octet-stream")
+        .body(Full::new(Bytes::from_static(b"x")))
+        .unwrap();
+    assert_eq!(agent.send(put).await.status(), StatusCode::BAD_REQUEST);
 }
 
 #[tokio::test]

@@ -8,6 +8,7 @@
 //! boot must agree on ([`handoff`], and on Linux the boot plan).
 
 pub mod confine;
+pub mod credentials;
 pub mod handoff;
 mod syscall;
 
@@ -19,6 +20,7 @@ pub mod linux {
     //! Linux: the sandbox's namespaces, root and init are built from inside.
     pub mod boot;
     pub(crate) mod confine;
+    pub(crate) mod credentials;
 }
 
 #[cfg(target_os = "freebsd")]
@@ -26,6 +28,7 @@ mod freebsd {
     //! FreeBSD: the host builds the jail; inside, the agent only serves.
     pub mod boot;
     pub mod confine;
+    pub(crate) mod credentials;
 }
 
 /// Entry point of `copse-agent boot`, run by the substrate as the first

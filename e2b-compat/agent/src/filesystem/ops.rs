@@ -1,5 +1,6 @@
 //! The filesystem operations behind `filesystem.Filesystem`, with envd's
-//! error codes. Paths are already resolved for the requesting user.
+//! error codes. Paths are already resolved for the requesting user, and
+//! every operation runs with that user's credentials (`as_user`).
 
 use std::path::Path;
 
@@ -67,8 +68,7 @@ pub fn make_dir(path: &Path, user: &User, names: &OwnerNames) -> Result<EntryInf
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(e) => return Err(RpcError::from_io(&e, "error getting file info")),
     }
-    paths::ensure_dirs(path, user.uid, user.gid)
-        .map_err(|e| RpcError::internal(format!("error creating directory: {e}")))?;
+    paths::ensure_dirs(path, user.uid, user.gid).map_err(|e| RpcError::from_io(&e, "error creating directory"))?;
     entry_info(path, names)
 }
 
@@ -79,7 +79,7 @@ pub fn rename(source: &Path, destination: &Path, user: &User, names: &OwnerNames
     }
     if let Some(parent) = destination.parent() {
         paths::ensure_dirs(parent, user.uid, user.gid)
-            .map_err(|e| RpcError::internal(format!("error creating destination directory: {e}")))?;
+            .map_err(|e| RpcError::from_io(&e, "error creating destination directory"))?;
     }
     std::fs::rename(source, destination).map_err(|e| RpcError::from_io(&e, "error renaming"))?;
     entry_info(destination, names)

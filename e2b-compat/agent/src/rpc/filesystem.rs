@@ -13,6 +13,7 @@ use tokio::sync::mpsc;
 use super::read_body;
 use crate::auth::rpc_user;
 use crate::connect::{self, Code, RpcError, StreamItem, StreamLimits};
+use crate::filesystem::as_user;
 use crate::filesystem::entry::entry_info;
 use crate::filesystem::ops;
 use crate::filesystem::watch::{self, FsEvent};
@@ -72,7 +73,11 @@ pub async fn handle(state: SharedState, method: &str, headers: HeaderMap, body: 
             let user = rpc_user(&state, &headers)?;
             let req: WatchRequest = connect::decode_request(true, &bytes)?;
             let root = resolve(&req.path, &user)?;
-            Ok::<_, RpcError>((watch::stream(&root, req.recursive)?, root, req.include_entry))
+            // The watcher's inotify thread is started here, so it inherits
+            // the user's credentials for its (recursive) watches.
+            let (dir, recursive) = (root.clone(), req.recursive);
+            let w = as_user::run(&user, move || watch::stream(&dir, recursive)).await.map_err(worker_failed)??;
+            Ok::<_, RpcError>((w, root, req.include_entry))
         }
         .await;
         return match result {
@@ -92,6 +97,11 @@ pub async fn handle(state: SharedState, method: &str, headers: HeaderMap, body: 
     }
 }
 
+/// The user's credentials could not be taken, or the worker died.
+fn worker_failed(e: std::io::Error) -> RpcError {
+    RpcError::from_io(&e, "error accessing the filesystem as the user")
+}
+
 fn resolve(path: &str, user: &User) -> Result<PathBuf, RpcError> {
     crate::paths::resolve(path, user).map_err(RpcError::invalid)
 }
@@ -102,10 +112,10 @@ async fn unary(state: &SharedState, method: &str, user: &User, body: &[u8]) -> R
         let req: PathRequest = connect::decode_request(false, body)?;
         resolve(&req.path, user)
     };
-    // Filesystem work blocks; keep it off the reactor threads.
     let user = user.clone();
+    let as_user = user.clone();
     let blocking = |f: Box<dyn FnOnce() -> Result<Value, RpcError> + Send>| async move {
-        tokio::task::spawn_blocking(f).await.unwrap_or_else(|e| Err(RpcError::internal(format!("worker failed: {e}"))))
+        as_user::run(&as_user, f).await.map_err(worker_failed)?
     };
     match method {
         "Stat" => {
@@ -133,7 +143,9 @@ async fn unary(state: &SharedState, method: &str, user: &User, body: &[u8]) -> R
         "CreateWatcher" => {
             let req: WatchRequest = connect::decode_request(false, body)?;
             let root = resolve(&req.path, &user)?;
-            let id = state.watchers.create(&root, req.recursive)?;
+            let (state, recursive) = (state.clone(), req.recursive);
+            let id =
+                as_user::run(&user, move || state.watchers.create(&root, recursive)).await.map_err(worker_failed)??;
             Ok(json!({ "watcherId": id }))
         }
         "GetWatcherEvents" => {
