@@ -281,14 +281,19 @@ def _mode(path: pathlib.Path) -> int:
     return stat.S_IMODE(path.stat().st_mode)
 
 
-def test_host_state_is_private_to_the_gateway(gateway):
+def test_host_state_is_private_to_the_gateway(gateway, tmp_path):
     """The data dir and the database (which holds every access token and
-    environment) are not readable by other host users."""
-    assert _mode(DATA_DIR) == 0o700
-    for name in ["copse.db", "copse.db-wal", "copse.db-shm"]:
-        path = DATA_DIR / name
-        if name == "copse.db" or path.exists():
-            assert _mode(path) == 0o600, name
+    environment) are not readable by other host users: the suite's own,
+    and a fresh one."""
+    fresh = tmp_path / "fresh"
+    result = _copse(["snapshot", "list", "--data-dir", str(fresh)])
+    assert result.returncode == 0, result.stderr
+    for data_dir in [DATA_DIR, fresh]:
+        assert _mode(data_dir) == 0o700, data_dir
+        for name in ["copse.db", "copse.db-wal", "copse.db-shm"]:
+            path = data_dir / name
+            if name == "copse.db" or path.exists():
+                assert _mode(path) == 0o600, path
 
 
 def _copse(args, env_extra=None, timeout=60):
@@ -313,8 +318,11 @@ def test_state_left_readable_by_an_older_version_is_made_private(tmp_path):
 def test_a_short_api_key_is_refused_at_start_without_being_repeated(tmp_path):
     port = free_port()
     key = "shortkey-1234"
+    # Were the key accepted, the missing agent would stop `up` before it
+    # builds templates.
     result = _copse(
-        ["up", "--listen", f"127.0.0.1:{port}", "--data-dir", str(tmp_path / "data"), "--pool", "base=0"],
+        ["up", "--listen", f"127.0.0.1:{port}", "--data-dir", str(tmp_path / "data")]
+        + ["--agent", str(tmp_path / "no-agent")],
         {"COPSE_API_KEY": key},
         timeout=30,
     )

@@ -193,3 +193,17 @@ async fn shutdown_signal() {
         _ = term.recv() => {}
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_banner_says_where_a_key_is_never_what_it_is() {
+        let generated = Origin::File { keys: "/d/api-keys".into(), generated: Some("/d/generated-api-key".into()) };
+        assert!(key_hint(&generated).starts_with(r#"export E2B_API_KEY="$(cat /d/generated-api-key)""#));
+        let file = Origin::File { keys: "/d/api-keys".into(), generated: None };
+        assert!(key_hint(&file).contains("/d/api-keys"));
+        assert!(key_hint(&Origin::Environment).contains("COPSE_API_KEY"));
+    }
+}
