@@ -12,7 +12,7 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 COPSE = ROOT / "target" / "release" / "copse"
-API_KEY = "copse-test-key"
+API_KEY = "copse-test-key-0123456789abcdef"
 # Templates are cached here between runs; sandboxes never outlive a run.
 DATA_DIR = pathlib.Path(os.environ.get("COPSE_TEST_DATA_DIR", "/var/lib/copse-test"))
 # The suite's own sandbox network, apart from a gateway serving on this host

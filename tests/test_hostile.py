@@ -2,14 +2,24 @@
 the host following what the sandbox wrote. Every feature that lets a
 sandbox write something the host later reads adds its attack here."""
 
+import base64
+import hashlib
+import json
 import os
+import pathlib
+import select
 import socket
+import stat
+import subprocess
 import tempfile
 import threading
 import time
+import urllib.parse
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
+from conftest import COPSE, DATA_DIR, free_port
 from e2b import Sandbox
 
 
@@ -184,3 +194,279 @@ def test_no_btrfs_subvolume_can_be_made_from_inside_a_sandbox(gateway):
         assert out.count("refused") == 4, out
     finally:
         sbx.kill()
+
+
+# --- A caller with bad input, and a local host user ---------------------------------
+# The gateway itself: what anyone who can reach its port (or read the host's
+# files) can try without a key, or with a wrong one.
+
+# The gateway's defaults (serve::Limits); the suite's gateway runs with them.
+HEADER_TIMEOUT_S = 10
+MAX_CONNECTIONS_PER_CLIENT = 256
+
+
+def _closed_within(sock: socket.socket, seconds: float) -> bool:
+    """Whether the peer closes `sock` (EOF or reset) within `seconds`;
+    whatever it sends before that is read and ignored."""
+    sock.settimeout(seconds)
+    deadline = time.monotonic() + seconds
+    try:
+        while time.monotonic() < deadline:
+            sock.settimeout(max(0.01, deadline - time.monotonic()))
+            if not sock.recv(4096):
+                return True
+    except (ConnectionResetError, BrokenPipeError):
+        return True
+    except socket.timeout:
+        return False
+    return False
+
+
+def _list_sandboxes() -> list:
+    """What `Sandbox.list()` returns, first page: a real API call."""
+    return Sandbox.list().next_items()
+
+
+def _connect(gateway) -> socket.socket:
+    return socket.create_connection((gateway.host, gateway.port), timeout=5)
+
+
+def test_slowloris_half_sent_requests_are_closed_after_the_header_timeout(gateway):
+    """A client opens many connections and sends half a request head (or
+    nothing, or half of HTTP/2's preface) on each: every one is closed once
+    the header timeout passes, and the API keeps answering meanwhile."""
+    partial = [
+        b"GET /sandboxes HTTP/1.1\r\nHost: api\r\nX-Slow: ",
+        b"",
+        b"PRI * HTTP/2.0\r\n",
+    ]
+    socks = []
+    try:
+        for i in range(120):
+            sock = _connect(gateway)
+            sock.sendall(partial[i % len(partial)])
+            socks.append(sock)
+        started = time.monotonic()
+        # Held connections do not stop others from being served.
+        assert isinstance(_list_sandboxes(), list)
+
+        def closed(sock):
+            return _closed_within(sock, HEADER_TIMEOUT_S + 15)
+
+        with ThreadPoolExecutor(max_workers=32) as pool:
+            outcomes = list(pool.map(closed, socks))
+        assert all(outcomes), f"{outcomes.count(False)} of {len(socks)} half-sent connections still open"
+        assert time.monotonic() - started < HEADER_TIMEOUT_S + 15
+    finally:
+        for sock in socks:
+            sock.close()
+    assert isinstance(_list_sandboxes(), list)
+
+
+def test_one_address_cannot_hold_more_than_its_share_of_connections(gateway):
+    """Connections from one address past the cap are answered 429 (E2B's
+    JSON error) and closed at once; freed places are given back."""
+    extra = 40
+    socks = []
+    try:
+        opened = time.monotonic()
+        for _ in range(MAX_CONNECTIONS_PER_CLIENT + extra):
+            socks.append(_connect(gateway))
+
+        # Refused connections are closed at once; admitted ones stay open
+        # (silent, they would be closed only after the header timeout).
+        time.sleep(3)
+        readable, _, _ = select.select(socks, [], [], 0)
+        assert time.monotonic() - opened < HEADER_TIMEOUT_S - 1, "too slow to tell refused from timed out"
+        refused = []
+        for sock in readable:
+            sock.settimeout(1)
+            data = b""
+            try:
+                while chunk := sock.recv(4096):
+                    data += chunk
+            except ConnectionResetError:
+                pass
+            refused.append(data)
+        # The SDK's own pooled connections share the address, so at least `extra`.
+        assert len(refused) >= extra, f"only {len(refused)} of {len(socks)} connections refused"
+        assert len(refused) < extra + 20, f"{len(refused)} refused: the cap is below {MAX_CONNECTIONS_PER_CLIENT}"
+        answered = [a for a in refused if a]
+        assert answered, "no refusal carried a response"
+        head, _, body = answered[0].partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 429"), head
+        assert json.loads(body) == {"code": 429, "message": "too many connections from this address"}
+    finally:
+        for sock in socks:
+            sock.close()
+    # The places are free again.
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            assert isinstance(_list_sandboxes(), list)
+            break
+        except Exception:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
+def _bogus_signature(i: int) -> str:
+    """Shaped like a real signature, signed by no sandbox's token."""
+    return "v1_" + base64.b64encode(hashlib.sha256(str(i).encode()).digest()).decode().rstrip("=")
+
+
+def test_a_flood_of_bogus_signed_links_is_refused_while_the_api_keeps_answering(gateway):
+    """Signed /files links name no sandbox, so each one could cost a look
+    at every sandbox: thousands of forged, malformed, expired or revoked
+    links get 401 with E2B's JSON error, `Sandbox.list()` keeps answering
+    within a generous bound all along, and a real link still works."""
+    sbx = Sandbox.create(timeout=120)
+    gone = Sandbox.create(timeout=120)
+    try:
+        sbx.files.write("/home/user/real.txt", "real")
+        real = sbx.download_url("/home/user/real.txt")
+        assert httpx.get(real, timeout=10).text == "real"
+        # A link signed by a sandbox that no longer exists.
+        revoked = gone.download_url("/home/user/x.txt")
+        gone.kill()
+        expired = sbx.download_url("/home/user/real.txt", use_signature_expiration=1)
+        time.sleep(2.1)
+
+        base = gateway.url + "/files?"
+        links = [revoked, expired]
+        for i in range(3000):
+            query = {"path": f"/home/user/{i}.txt", "username": "user", "signature": _bogus_signature(i)}
+            if i % 3 == 1:
+                query["signature"] = "x" * (i % 200)  # malformed
+            elif i % 3 == 2:
+                query["signature_expiration"] = str(int(time.time()) + 3600)
+            links.append(base + urllib.parse.urlencode(query))
+
+        stop = threading.Event()
+        list_times = []
+
+        def keep_listing():
+            while not stop.is_set():
+                t = time.monotonic()
+                _list_sandboxes()
+                list_times.append(time.monotonic() - t)
+                time.sleep(0.05)
+
+        def attack(chunk):
+            answers = []
+            with httpx.Client(timeout=30) as client:
+                for link in chunk:
+                    r = client.get(link)
+                    answers.append((r.status_code, r.headers.get("content-type", ""), r.text))
+            return answers
+
+        lister = threading.Thread(target=keep_listing)
+        lister.start()
+        try:
+            with ThreadPoolExecutor(max_workers=8) as pool:
+                answers = [a for part in pool.map(attack, [links[i::8] for i in range(8)]) for a in part]
+        finally:
+            stop.set()
+            lister.join(timeout=30)
+        assert len(answers) == len(links)
+        for status, content_type, text in answers:
+            assert status == 401, text
+            assert content_type.startswith("application/json")
+            body = json.loads(text)
+            assert body["code"] == 401 and "signature" in body["message"], body
+        assert list_times, "Sandbox.list() never answered during the flood"
+        assert max(list_times) < 5, f"Sandbox.list() took {max(list_times):.2f} s during the flood"
+        assert httpx.get(real, timeout=10).text == "real"
+    finally:
+        sbx.kill()
+        try:
+            gone.kill()
+        except Exception:
+            pass
+
+
+def _mode(path: pathlib.Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+def test_host_state_is_private_to_the_gateway(gateway, tmp_path):
+    """The data dir and the database (which holds every access token and
+    environment) are not readable by other host users: the suite's own,
+    and a fresh one."""
+    fresh = tmp_path / "fresh"
+    result = _copse(["snapshot", "list", "--data-dir", str(fresh)])
+    assert result.returncode == 0, result.stderr
+    for data_dir in [DATA_DIR, fresh]:
+        assert _mode(data_dir) == 0o700, data_dir
+        for name in ["copse.db", "copse.db-wal", "copse.db-shm"]:
+            path = data_dir / name
+            if name == "copse.db" or path.exists():
+                assert _mode(path) == 0o600, path
+
+
+def _copse(args, env_extra=None, timeout=60):
+    env = {k: v for k, v in os.environ.items() if k not in ("COPSE_API_KEY", "E2B_API_KEY")}
+    env.update(env_extra or {})
+    return subprocess.run([str(COPSE), *args], env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def test_state_left_readable_by_an_older_version_is_made_private(tmp_path):
+    data = tmp_path / "data"
+    data.mkdir(mode=0o755)
+    os.chmod(data, 0o755)
+    db = data / "copse.db"
+    db.touch()
+    os.chmod(db, 0o644)
+    result = _copse(["snapshot", "list", "--data-dir", str(data)])
+    assert result.returncode == 0, result.stderr
+    assert _mode(data) == 0o700
+    assert _mode(db) == 0o600
+
+
+def test_a_short_api_key_is_refused_at_start_without_being_repeated(tmp_path):
+    port = free_port()
+    key = "shortkey-1234"
+    # Were the key accepted, the missing agent would stop `up` before it
+    # builds templates.
+    result = _copse(
+        ["up", "--listen", f"127.0.0.1:{port}", "--data-dir", str(tmp_path / "data")]
+        + ["--agent", str(tmp_path / "no-agent")],
+        {"COPSE_API_KEY": key},
+        timeout=30,
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode != 0
+    assert "at least 20" in output, output
+    assert key not in output
+
+
+def test_a_generated_api_key_is_written_to_a_private_file_and_never_logged(tmp_path):
+    """With no key configured, copse makes one: the operator finds it in a
+    0600 file the log names; the log and the keys file never hold it."""
+    data = tmp_path / "data"
+    port = free_port()
+    # A missing agent stops `up` right after the keys are set up, before
+    # any template is built.
+    result = _copse(
+        ["up", "--listen", f"127.0.0.1:{port}", "--data-dir", str(data), "--agent", str(tmp_path / "no-agent")],
+        timeout=30,
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode != 0 and "agent binary" in output, output
+    key_file = data / "generated-api-key"
+    key = key_file.read_text().strip()
+    assert len(key) >= 20
+    assert _mode(key_file) == 0o600
+    assert str(key_file) in output
+    assert key not in output
+    keys = (data / "api-keys").read_text()
+    assert key not in keys and keys.startswith("sha256:")
+    assert _mode(data / "api-keys") == 0o600
+    # A later start neither makes another key nor prints this one.
+    again = _copse(
+        ["up", "--listen", f"127.0.0.1:{port}", "--data-dir", str(data), "--agent", str(tmp_path / "no-agent")],
+        timeout=30,
+    )
+    assert key not in again.stdout + again.stderr
+    assert key_file.read_text().strip() == key

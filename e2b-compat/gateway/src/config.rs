@@ -1,14 +1,14 @@
-//! Where the gateway keeps its state and which API keys it accepts.
+//! Where the gateway keeps its state, and how it serves. The API keys it
+//! accepts are `keys`'s.
 
 use std::net::SocketAddr;
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context, bail};
-use rand::Rng;
+use anyhow::Context;
 
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:3000";
 pub const DEFAULT_DATA_DIR: &str = "/var/lib/copse";
-const KEYS_FILE: &str = "api-keys";
 
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -27,6 +27,8 @@ pub struct Config {
     pub tls: Option<TlsFiles>,
     /// Each sandbox's disk quota, in MiB.
     pub disk_mb: u64,
+    /// Timeouts and the per-address cap on connections.
+    pub limits: crate::serve::Limits,
 }
 
 #[derive(Debug, Clone)]
@@ -45,44 +47,17 @@ impl Config {
     }
 }
 
-/// The API keys the gateway accepts: `COPSE_API_KEY` (comma-separated), else
-/// the keys file in the data dir. On loopback a missing file is created with
-/// a fresh key; on any other address a key must have been configured.
-pub fn api_keys(data_dir: &Path, listen: &SocketAddr) -> anyhow::Result<Vec<String>> {
-    if let Ok(env) = std::env::var("COPSE_API_KEY") {
-        let keys: Vec<String> = env.split(',').map(str::trim).filter(|k| !k.is_empty()).map(String::from).collect();
-        if !keys.is_empty() {
-            return Ok(keys);
-        }
-    }
-    let file = data_dir.join(KEYS_FILE);
-    if let Ok(text) = std::fs::read_to_string(&file) {
-        let keys: Vec<String> =
-            text.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with('#')).map(String::from).collect();
-        if !keys.is_empty() {
-            return Ok(keys);
-        }
-    }
-    if !listen.ip().is_loopback() {
-        bail!(
-            "refusing to listen on {listen} without an API key: set COPSE_API_KEY or write keys (one per line) to {}",
-            file.display()
-        );
-    }
-    let key = generate_key();
-    std::fs::write(&file, format!("{key}\n")).with_context(|| format!("writing {}", file.display()))?;
-    restrict_to_owner(&file)?;
-    Ok(vec![key])
-}
-
-fn generate_key() -> String {
-    let bytes: [u8; 20] = rand::rng().random();
-    format!("e2b_{}", bytes.iter().map(|b| format!("{b:02x}")).collect::<String>())
-}
-
-fn restrict_to_owner(path: &Path) -> anyhow::Result<()> {
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).context("restricting the keys file")
+/// Creates the data dir if it is missing and makes it, new or old, private
+/// to its owner: its database holds every sandbox's access token and
+/// environment, its keys file the API keys' hashes.
+pub fn private_data_dir(path: &Path) -> anyhow::Result<()> {
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(path)
+        .with_context(|| format!("creating {}", path.display()))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o700))
+        .with_context(|| format!("making {} private to its owner", path.display()))
 }
 
 /// The agent binary: `COPSE_AGENT`, else the static build next to this
@@ -111,15 +86,16 @@ mod tests {
     use super::*;
 
     #[test]
-    fn public_listener_without_a_key_is_refused() {
-        let dir = tempfile::tempdir().unwrap();
-        // SAFETY: tests in this module do not read COPSE_API_KEY concurrently.
-        unsafe { std::env::remove_var("COPSE_API_KEY") };
-        let err = api_keys(dir.path(), &"0.0.0.0:3000".parse().unwrap()).unwrap_err();
-        assert!(err.to_string().contains("refusing to listen"));
-        let keys = api_keys(dir.path(), &"127.0.0.1:3000".parse().unwrap()).unwrap();
-        assert_eq!(keys.len(), 1);
-        // The generated key is now configured, so a public address works.
-        assert_eq!(api_keys(dir.path(), &"0.0.0.0:3000".parse().unwrap()).unwrap(), keys);
+    fn the_data_dir_is_made_private_whether_new_or_old() {
+        let parent = tempfile::tempdir().unwrap();
+        let fresh = parent.path().join("a/b");
+        private_data_dir(&fresh).unwrap();
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(&fresh), 0o700);
+        let old = parent.path().join("old");
+        std::fs::create_dir(&old).unwrap();
+        std::fs::set_permissions(&old, std::fs::Permissions::from_mode(0o755)).unwrap();
+        private_data_dir(&old).unwrap();
+        assert_eq!(mode(&old), 0o700);
     }
 }

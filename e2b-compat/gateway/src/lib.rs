@@ -8,11 +8,13 @@
 pub mod agent_link;
 pub mod api;
 pub mod config;
+pub mod keys;
 pub mod model;
 pub mod network;
 pub mod pool;
 pub mod progress;
 pub mod reaper;
+pub mod serve;
 pub mod server;
 pub mod service;
 pub mod services;

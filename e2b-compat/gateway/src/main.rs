@@ -2,11 +2,12 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use copse_gateway::config::{self, Config};
-use copse_gateway::server;
+use copse_gateway::{serve, server};
 
 #[derive(Parser)]
 #[command(name = "copse", version, about = "Self-hosted sandboxes behind the E2B API")]
@@ -30,7 +31,7 @@ struct Remote {
     /// The gateway to talk to.
     #[arg(long, env = "E2B_API_URL", default_value = "http://127.0.0.1:3000")]
     api_url: String,
-    /// API key (default: the first key in the data dir's keys file).
+    /// API key (default: the one copse generated in the data dir).
     #[arg(long, env = "E2B_API_KEY")]
     api_key: Option<String>,
     #[arg(long, env = "COPSE_DATA_DIR", default_value = config::DEFAULT_DATA_DIR)]
@@ -75,6 +76,8 @@ enum Command {
         #[arg(long, env = "COPSE_DISK_MB", default_value_t = copse_substrate::Limits::default().disk_mb,
               value_parser = clap::value_parser!(u64).range(1..))]
         disk_mb: u64,
+        #[command(flatten)]
+        limits: ConnectionLimits,
     },
     /// Local TLS for domain mode.
     Tls {
@@ -104,6 +107,32 @@ enum Command {
     },
     /// Print the version and the substrate this build uses.
     Version,
+}
+
+/// What one client address may hold open; see `serve::Limits`.
+#[derive(clap::Args, Clone)]
+struct ConnectionLimits {
+    /// Seconds a connection gets to send a whole request head, from
+    /// connecting or from its last response (so also HTTP/1.1 keep-alive).
+    #[arg(long, env = "COPSE_HEADER_TIMEOUT", default_value_t = serve::Limits::default().header_timeout.as_secs())]
+    header_timeout: u64,
+    /// Seconds a connection that has served requests may sit with none in
+    /// flight (HTTP/2).
+    #[arg(long, env = "COPSE_IDLE_TIMEOUT", default_value_t = serve::Limits::default().idle_timeout.as_secs())]
+    idle_timeout: u64,
+    /// Connections open at once from one client address (IPv6: one /64).
+    #[arg(long, env = "COPSE_MAX_CONNECTIONS_PER_CLIENT", default_value_t = serve::Limits::default().per_client)]
+    max_connections_per_client: usize,
+}
+
+impl ConnectionLimits {
+    fn limits(&self) -> serve::Limits {
+        serve::Limits {
+            header_timeout: Duration::from_secs(self.header_timeout.max(1)),
+            idle_timeout: Duration::from_secs(self.idle_timeout.max(1)),
+            per_client: self.max_connections_per_client.max(1),
+        }
+    }
 }
 
 #[derive(Subcommand)]
@@ -170,7 +199,7 @@ fn main() -> anyhow::Result<()> {
         .init();
     let cli = Cli::parse();
     match cli.command {
-        Command::Up { listen, paths, keep_sandboxes, pools, bridge, subnet, domain, tls_cert, tls_key, disk_mb } => {
+        Command::Up { listen, paths, keep_sandboxes, pools, bridge, subnet, domain, tls_cert, tls_key, disk_mb, limits } => {
             let config = Config {
                 listen,
                 data_dir: paths.data_dir,
@@ -181,6 +210,7 @@ fn main() -> anyhow::Result<()> {
                 domain,
                 tls: tls_cert.zip(tls_key).map(|(cert, key)| config::TlsFiles { cert, key }),
                 disk_mb,
+                limits: limits.limits(),
             };
             tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(server::run(config))
         }
@@ -277,6 +307,7 @@ fn local_config(paths: Paths) -> anyhow::Result<Config> {
         domain: None,
         tls: None,
         disk_mb: copse_substrate::Limits::default().disk_mb,
+        limits: Default::default(),
     })
 }
 
@@ -284,18 +315,13 @@ fn recipe_names() -> String {
     server::default_recipes().into_iter().map(|r| r.name).collect::<Vec<_>>().join(", ")
 }
 
+/// The gateway keeps only hashes of its keys: without one given, the CLI
+/// can use the key copse generated, if its file is still there.
 fn api_key(remote: &Remote) -> anyhow::Result<String> {
-    if let Some(key) = &remote.api_key {
-        return Ok(key.clone());
+    match &remote.api_key {
+        Some(key) => Ok(key.clone()),
+        None => copse_gateway::keys::generated_key(&remote.data_dir),
     }
-    let file = remote.data_dir.join("api-keys");
-    let text = std::fs::read_to_string(&file)
-        .with_context(|| format!("no --api-key given and {} unreadable", file.display()))?;
-    text.lines()
-        .map(str::trim)
-        .find(|l| !l.is_empty() && !l.starts_with('#'))
-        .map(String::from)
-        .context("keys file is empty")
 }
 
 mod client {

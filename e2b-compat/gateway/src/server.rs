@@ -7,22 +7,21 @@ use anyhow::Context;
 use copse_substrate::template::Recipe;
 use copse_substrate::{Substrate, Support};
 
-use axum::serve::ListenerExt;
-
-use crate::api::{self, Exposure, Keys};
+use crate::api::{self, Exposure};
 use crate::config::{self, Config};
+use crate::keys::{ApiKeys, Origin};
 use crate::progress::Reporter;
 use crate::service::Sandboxes;
-use crate::store::SqliteStore;
-use crate::{reaper, tls};
+use crate::store::{Indexed, SqliteStore};
+use crate::{reaper, serve, tls};
 
 pub fn open_substrate(config: &Config) -> anyhow::Result<Arc<dyn Substrate>> {
-    std::fs::create_dir_all(&config.data_dir).with_context(|| format!("creating {}", config.data_dir.display()))?;
+    config::private_data_dir(&config.data_dir)?;
     Ok(Arc::from(copse_host::host_substrate(&config.data_dir, &config.agent_binary, config.network.as_ref())?))
 }
 
 pub fn open_store(config: &Config) -> anyhow::Result<SqliteStore> {
-    std::fs::create_dir_all(&config.data_dir)?;
+    config::private_data_dir(&config.data_dir)?;
     SqliteStore::open(&config.database())
 }
 
@@ -64,13 +63,15 @@ fn report_missing_features(substrate: &dyn Substrate) {
 pub async fn run(config: Config) -> anyhow::Result<()> {
     // A bad certificate fails before templates are built or sandboxes touched.
     let tls = config.tls.as_ref().map(|files| tls::acceptor(&files.cert, &files.key)).transpose()?;
+    // So is a short key; a generated one exists before anything is built.
+    config::private_data_dir(&config.data_dir)?;
+    let keys = ApiKeys::load(&config.data_dir, &config.listen)?;
     anyhow::ensure!(
         config.agent_binary.is_file(),
         "agent binary {} not found (build it with `mise run build`)",
         config.agent_binary.display()
     );
     let substrate = open_substrate(&config)?;
-    let keys = config::api_keys(&config.data_dir, &config.listen)?;
     {
         let substrate = substrate.clone();
         tokio::task::spawn_blocking(move || {
@@ -79,7 +80,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         })
         .await??;
     }
-    let store = open_store(&config)?;
+    let (store, access_tokens) = Indexed::new(Box::new(open_store(&config)?))?;
     let svc = Arc::new(
         Sandboxes::new(substrate.clone(), Box::new(store), config.run_dir(), &config.pools)
             .with_network(config.network.as_ref())
@@ -96,8 +97,8 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         .with_context(|| format!("listening on {}", config.listen))?;
     let addr = listener.local_addr()?;
     let exposure = Exposure { domain: config.domain.as_deref().map(|d| d.trim_end_matches('.').to_ascii_lowercase()) };
-    print_usage(addr, &exposure, tls.is_some(), &keys[0], substrate.name());
-    let app = api::router(svc.clone(), Keys::new(keys), exposure);
+    print_usage(addr, &exposure, tls.is_some(), keys.origin(), substrate.name());
+    let app = api::router(svc.clone(), keys, exposure).layer(axum::Extension(access_tokens));
     let keep_sandboxes = config.keep_sandboxes;
     let (stopping_tx, stopping_rx) = tokio::sync::oneshot::channel::<()>();
     let stop = {
@@ -116,19 +117,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             svc.settle().await;
         }
     };
-    let server = async move {
-        match tls {
-            Some(acceptor) => tls::serve(listener, acceptor, app, stop).await,
-            None => {
-                // Connect streams write small frames; Nagle would hold each
-                // for a delayed ACK (~40 ms on Linux).
-                let listener = listener.tap_io(|tcp| {
-                    let _ = tcp.set_nodelay(true);
-                });
-                Ok(axum::serve(listener, app).with_graceful_shutdown(stop).await?)
-            }
-        }
-    };
+    let server = serve::serve(listener, tls, app, config.limits, stop);
     tokio::select! {
         result = server => result?,
         // Streams still open (sandboxes kept on purpose) get a grace period.
@@ -141,14 +130,17 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn print_usage(addr: std::net::SocketAddr, exposure: &Exposure, tls: bool, key: &str, substrate: &str) {
+/// The banner: where the API is and how to point the SDK at it. It names
+/// where a key can be found, never a key.
+fn print_usage(addr: std::net::SocketAddr, exposure: &Exposure, tls: bool, keys: &Origin, substrate: &str) {
     let version = env!("CARGO_PKG_VERSION");
+    let key = key_hint(keys);
     match (&exposure.domain, tls) {
         (Some(domain), true) => {
             println!("copse {version} serving the E2B API on https://api.{domain} ({addr}, {substrate})");
             println!("sandbox ports are https://<port>-<sandboxID>.{domain}; point the E2B SDK at it with:");
             println!("  export E2B_DOMAIN={domain}");
-            println!("  export E2B_API_KEY={key}");
+            println!("  {key}");
             println!("  unset E2B_API_URL E2B_SANDBOX_URL");
             println!("(the names must resolve to {}: see `copse tls init`)", addr.ip());
         }
@@ -157,13 +149,26 @@ fn print_usage(addr: std::net::SocketAddr, exposure: &Exposure, tls: bool, key: 
             println!("point the E2B SDK at it with:");
             println!("  export E2B_API_URL=http://{addr}");
             println!("  export E2B_SANDBOX_URL=http://{addr}");
-            println!("  export E2B_API_KEY={key}");
+            println!("  {key}");
             if let Some(domain) = domain {
                 println!(
                     "sandbox ports are reachable as http://<port>-<sandboxID>.{domain} (route those names to {addr})"
                 );
             }
         }
+    }
+}
+
+/// The banner's line for E2B_API_KEY.
+fn key_hint(keys: &Origin) -> String {
+    match keys {
+        Origin::File { generated: Some(file), .. } => {
+            format!("export E2B_API_KEY=\"$(cat {})\"   # readable by copse's user only", file.display())
+        }
+        Origin::File { keys, generated: None } => {
+            format!("export E2B_API_KEY=...   # a key whose hash is in {}", keys.display())
+        }
+        Origin::Environment => "export E2B_API_KEY=...   # a key from COPSE_API_KEY".to_string(),
     }
 }
 
@@ -187,5 +192,19 @@ async fn shutdown_signal() {
     tokio::select! {
         _ = tokio::signal::ctrl_c() => {}
         _ = term.recv() => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_banner_says_where_a_key_is_never_what_it_is() {
+        let generated = Origin::File { keys: "/d/api-keys".into(), generated: Some("/d/generated-api-key".into()) };
+        assert!(key_hint(&generated).starts_with(r#"export E2B_API_KEY="$(cat /d/generated-api-key)""#));
+        let file = Origin::File { keys: "/d/api-keys".into(), generated: None };
+        assert!(key_hint(&file).contains("/d/api-keys"));
+        assert!(key_hint(&Origin::Environment).contains("COPSE_API_KEY"));
     }
 }

@@ -7,7 +7,6 @@ pub mod host_routing;
 pub mod proxy;
 pub mod wire;
 
-use std::collections::HashSet;
 use std::sync::Arc;
 
 use axum::extract::{Request, State};
@@ -21,14 +20,7 @@ use crate::service::Sandboxes;
 use error::ApiError;
 pub use host_routing::Exposure;
 
-#[derive(Clone)]
-pub struct Keys(Arc<HashSet<String>>);
-
-impl Keys {
-    pub fn new(keys: impl IntoIterator<Item = String>) -> Self {
-        Self(Arc::new(keys.into_iter().collect()))
-    }
-}
+pub use crate::keys::ApiKeys as Keys;
 
 pub fn router(svc: Arc<Sandboxes>, keys: Keys, exposure: Exposure) -> Router {
     let control = Router::new()
@@ -62,7 +54,7 @@ pub fn router(svc: Arc<Sandboxes>, keys: Keys, exposure: Exposure) -> Router {
 async fn require_api_key(State(keys): State<Keys>, request: Request, next: Next) -> Response {
     let presented = request.headers().get("x-api-key").and_then(|v| v.to_str().ok());
     match presented {
-        Some(key) if keys.0.contains(key) => next.run(request).await,
+        Some(key) if keys.accepts(key) => next.run(request).await,
         Some(_) => ApiError::new(StatusCode::UNAUTHORIZED, "invalid API key").into_response(),
         None => ApiError::new(StatusCode::UNAUTHORIZED, "missing X-API-KEY header").into_response(),
     }

@@ -18,6 +18,7 @@ use super::host_routing::Exposure;
 use crate::agent_link;
 use crate::model::SandboxRecord;
 use crate::service::Sandboxes;
+use crate::store::{AccessTokens, SignedLink};
 
 pub const SANDBOX_ID_HEADER: &str = "e2b-sandbox-id";
 const SANDBOX_PORT_HEADER: &str = copse_protocol::headers::SANDBOX_PORT;
@@ -27,6 +28,9 @@ pub async fn switch(State(svc): State<Arc<Sandboxes>>, request: Request, next: N
     let (record, port) = match target(&svc, &request) {
         Target::Sandbox(record, port) => (record, port),
         Target::Missing(id) => return not_found(&id),
+        Target::BadSignature => {
+            return ApiError::new(StatusCode::UNAUTHORIZED, "invalid or expired signature").into_response();
+        }
         Target::ControlPlane => return next.run(request).await,
     };
     if let Some(token) = request.headers().get(ACCESS_TOKEN_HEADER)
@@ -48,6 +52,8 @@ enum Target {
     /// names it otherwise).
     Sandbox(Box<SandboxRecord>, Option<u16>),
     Missing(String),
+    /// A signed `/files` link that no live sandbox signed, or expired.
+    BadSignature,
     ControlPlane,
 }
 
@@ -66,35 +72,46 @@ fn target(svc: &Sandboxes, request: &Request) -> Target {
         };
     }
     if request.uri().path() == "/files"
-        && let Some(record) = signed_link_owner(svc, request)
+        && let Some(target) = signed_link_owner(svc, request)
     {
-        return Target::Sandbox(Box::new(record), None);
+        return target;
     }
     Target::ControlPlane
 }
 
 /// A signed link names no sandbox; the one whose token produced the
-/// signature is its owner. The agent verifies the signature again.
-fn signed_link_owner(svc: &Sandboxes, request: &Request) -> Option<SandboxRecord> {
+/// signature is its owner (found by the in-memory index of tokens, never by
+/// reading the store). The agent verifies the signature again. `None`: not
+/// a signed link.
+fn signed_link_owner(svc: &Sandboxes, request: &Request) -> Option<Target> {
     let query = request.uri().query()?;
-    let mut path = None;
-    let mut username = String::new();
-    let mut signature = None;
-    let mut expiration = None;
+    let (mut path, mut username, mut signature, mut expiration) = (String::new(), String::new(), None, None);
     for (key, value) in url::form_urlencoded::parse(query.as_bytes()) {
         match key.as_ref() {
-            "path" => path = Some(value.into_owned()),
+            "path" => path = value.into_owned(),
             "username" => username = value.into_owned(),
             "signature" => signature = Some(value.into_owned()),
-            "signature_expiration" => expiration = value.parse::<u64>().ok(),
+            // As the agent reads it: a negative expiration is 0.
+            "signature_expiration" => expiration = value.parse::<i64>().ok().map(|e| e.max(0) as u64),
             _ => {}
         }
     }
-    let (path, signature) = (path?, signature?);
+    let signature = signature?;
+    let refused = || Some(Target::BadSignature);
+    if expiration.is_some_and(|exp| exp < unix_now()) {
+        return refused();
+    }
     let operation = if request.method() == Method::GET { "read" } else { "write" };
-    svc.list(&Default::default()).ok()?.into_iter().find(|record| {
-        copse_protocol::signature::sign(&path, operation, &username, &record.access_token, expiration) == signature
-    })
+    let link = SignedLink { path: &path, operation, username: &username, expiration, signature: &signature };
+    let tokens = request.extensions().get::<Arc<AccessTokens>>()?;
+    match tokens.signer_of(&link).map(|id| svc.get(&id)) {
+        Some(Ok(record)) => Some(Target::Sandbox(Box::new(record), None)),
+        _ => refused(),
+    }
+}
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
 }
 
 async fn forward(record: &SandboxRecord, port: Option<u16>, mut request: Request) -> Response {

@@ -4,7 +4,8 @@
 //! Each sandbox is one row: its id, its expiry (indexed for the reaper) and
 //! the whole record as JSON, so new fields need no migration.
 
-use std::path::Path;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 use anyhow::Context;
@@ -17,9 +18,17 @@ pub struct SqliteStore {
 }
 
 impl SqliteStore {
+    /// Opens (creating) the database at `path`, readable by its owner only:
+    /// it holds every sandbox's access token and environment.
     pub fn open(path: &Path) -> anyhow::Result<Self> {
+        private_file(path, true)?;
         let conn = Connection::open(path).with_context(|| format!("opening {}", path.display()))?;
         conn.pragma_update(None, "journal_mode", "WAL")?;
+        // SQLite gives new WAL and shared-memory files the database's mode;
+        // ones an older version left keep theirs unless fixed here.
+        for suffix in ["-wal", "-shm"] {
+            private_file(&sidecar(path, suffix), false)?;
+        }
         // Losing the last transaction on power loss is acceptable: recovery
         // destroys resources no row mentions.
         conn.pragma_update(None, "synchronous", "NORMAL")?;
@@ -42,6 +51,30 @@ impl SqliteStore {
         // A panic while holding the lock leaves SQLite itself consistent.
         self.conn.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
+}
+
+/// Makes `path` readable by its owner only, creating it (already private,
+/// so it is never readable by others) if `create`.
+fn private_file(path: &Path, create: bool) -> anyhow::Result<()> {
+    if create {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .open(path)
+            .with_context(|| format!("creating {}", path.display()))?;
+    }
+    match std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)) {
+        Err(e) if !create && e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        result => result.with_context(|| format!("making {} private to its owner", path.display())),
+    }
+}
+
+fn sidecar(path: &Path, suffix: &str) -> PathBuf {
+    let mut name = path.as_os_str().to_owned();
+    name.push(suffix);
+    PathBuf::from(name)
 }
 
 impl Store for SqliteStore {
@@ -108,5 +141,43 @@ impl Store for SqliteStore {
 
     fn remove_snapshot(&self, id: &str) -> anyhow::Result<bool> {
         Ok(self.lock().execute("DELETE FROM snapshots WHERE id = ?1", params![id])? > 0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mode(path: &Path) -> u32 {
+        std::fs::metadata(path).unwrap().permissions().mode() & 0o777
+    }
+
+    #[test]
+    fn the_database_and_its_wal_files_are_private_new_or_old() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("copse.db");
+        let store = SqliteStore::open(&db).unwrap();
+        store.put_snapshot(&serde_json::from_value(snapshot_json()).unwrap()).unwrap();
+        for file in [db.clone(), sidecar(&db, "-wal"), sidecar(&db, "-shm")] {
+            assert_eq!(mode(&file), 0o600, "{}", file.display());
+        }
+        drop(store);
+        // Left world-readable by an older version: fixed on open.
+        std::fs::set_permissions(&db, std::fs::Permissions::from_mode(0o644)).unwrap();
+        if sidecar(&db, "-wal").exists() {
+            std::fs::set_permissions(sidecar(&db, "-wal"), std::fs::Permissions::from_mode(0o644)).unwrap();
+        }
+        let store = SqliteStore::open(&db).unwrap();
+        assert_eq!(store.snapshots().unwrap().len(), 1);
+        for file in [db.clone(), sidecar(&db, "-wal"), sidecar(&db, "-shm")] {
+            assert_eq!(mode(&file), 0o600, "{}", file.display());
+        }
+    }
+
+    fn snapshot_json() -> serde_json::Value {
+        serde_json::json!({
+            "id": "s1", "names": [], "key": "k", "template": "base",
+            "source_sandbox": "x", "created_at_ms": 0, "size_bytes": 0
+        })
     }
 }

@@ -1,0 +1,156 @@
+//! Every sandbox's access token in memory, kept in step with the store it
+//! wraps. A signed `/files` link names no sandbox (with `E2B_SANDBOX_URL`
+//! the SDK sends it to one URL for all), so its owner is whichever token
+//! produced its signature; looking here costs one hash per sandbox and
+//! neither reads nor locks the store, so a flood of bogus links does not
+//! slow `list` or anything else that needs the store.
+
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
+
+use copse_protocol::signature::{self, Signer};
+
+use crate::model::{SandboxRecord, SnapshotRecord, Store};
+
+/// The sandbox id for each access token's owner.
+#[derive(Default)]
+pub struct AccessTokens {
+    by_sandbox: RwLock<HashMap<String, String>>,
+}
+
+/// A signed link's claims, as its query gives them.
+pub struct SignedLink<'a> {
+    pub path: &'a str,
+    /// "read" or "write".
+    pub operation: &'a str,
+    pub username: &'a str,
+    pub expiration: Option<u64>,
+    pub signature: &'a str,
+}
+
+impl AccessTokens {
+    /// The sandbox whose token signed `link`, if any. Each candidate is
+    /// compared in constant time.
+    pub fn signer_of(&self, link: &SignedLink) -> Option<String> {
+        if !signature::well_formed(link.signature) {
+            return None;
+        }
+        let signer = Signer::new(link.path, link.operation, link.username);
+        let tokens = self.by_sandbox.read().unwrap_or_else(|poisoned| poisoned.into_inner());
+        tokens
+            .iter()
+            .find(|(_, token)| signature::equal(&signer.sign(token, link.expiration), link.signature))
+            .map(|(id, _)| id.clone())
+    }
+
+    fn set(&self, id: &str, token: &str) {
+        let mut tokens = self.by_sandbox.write().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if tokens.get(id).is_none_or(|t| t != token) {
+            tokens.insert(id.to_string(), token.to_string());
+        }
+    }
+
+    fn forget(&self, id: &str) {
+        self.by_sandbox.write().unwrap_or_else(|poisoned| poisoned.into_inner()).remove(id);
+    }
+}
+
+/// A [`Store`] that keeps [`AccessTokens`] up to date with its sandboxes.
+pub struct Indexed {
+    inner: Box<dyn Store>,
+    tokens: Arc<AccessTokens>,
+}
+
+impl Indexed {
+    /// Wraps `inner`, indexing the sandboxes it already holds.
+    pub fn new(inner: Box<dyn Store>) -> anyhow::Result<(Self, Arc<AccessTokens>)> {
+        let tokens = Arc::new(AccessTokens::default());
+        for record in inner.all()? {
+            tokens.set(&record.id, &record.access_token);
+        }
+        Ok((Self { inner, tokens: tokens.clone() }, tokens))
+    }
+}
+
+impl Store for Indexed {
+    fn put(&self, record: &SandboxRecord) -> anyhow::Result<()> {
+        self.inner.put(record)?;
+        self.tokens.set(&record.id, &record.access_token);
+        Ok(())
+    }
+
+    fn get(&self, id: &str) -> anyhow::Result<Option<SandboxRecord>> {
+        self.inner.get(id)
+    }
+
+    fn all(&self) -> anyhow::Result<Vec<SandboxRecord>> {
+        self.inner.all()
+    }
+
+    fn expired(&self, now_ms: i64) -> anyhow::Result<Vec<String>> {
+        self.inner.expired(now_ms)
+    }
+
+    fn remove(&self, id: &str) -> anyhow::Result<bool> {
+        let removed = self.inner.remove(id)?;
+        self.tokens.forget(id);
+        Ok(removed)
+    }
+
+    fn put_snapshot(&self, record: &SnapshotRecord) -> anyhow::Result<()> {
+        self.inner.put_snapshot(record)
+    }
+
+    fn snapshot(&self, id: &str) -> anyhow::Result<Option<SnapshotRecord>> {
+        self.inner.snapshot(id)
+    }
+
+    fn snapshots(&self) -> anyhow::Result<Vec<SnapshotRecord>> {
+        self.inner.snapshots()
+    }
+
+    fn remove_snapshot(&self, id: &str) -> anyhow::Result<bool> {
+        self.inner.remove_snapshot(id)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::SqliteStore;
+
+    fn record(id: &str, token: &str) -> SandboxRecord {
+        let mut json = serde_json::json!({
+            "id": id, "template": "base", "access_token": token, "metadata": {}, "env_vars": {},
+            "started_at_ms": 0, "end_at_ms": 0, "state": "running", "allow_internet_access": true,
+            "auto_pause": false, "agent_socket": "/nonexistent",
+            "placement": { "init_pid": 0, "init_start": 0 },
+        });
+        json["limits"] = serde_json::to_value(copse_substrate::Limits::default()).unwrap();
+        serde_json::from_value(json).unwrap()
+    }
+
+    fn link<'a>(signature: &'a str, expiration: Option<u64>) -> SignedLink<'a> {
+        SignedLink { path: "/home/user/a.txt", operation: "read", username: "user", expiration, signature }
+    }
+
+    #[test]
+    fn a_link_is_owned_by_the_sandbox_whose_token_signed_it_while_it_lives() {
+        let dir = tempfile::tempdir().unwrap();
+        let sqlite = SqliteStore::open(&dir.path().join("copse.db")).unwrap();
+        sqlite.put(&record("old", "token-old")).unwrap();
+        let (store, tokens) = Indexed::new(Box::new(sqlite)).unwrap();
+        store.put(&record("new", "token-new")).unwrap();
+        for (id, token) in [("old", "token-old"), ("new", "token-new")] {
+            let signature = signature::sign("/home/user/a.txt", "read", "user", token, Some(9));
+            assert_eq!(tokens.signer_of(&link(&signature, Some(9))).as_deref(), Some(id));
+            // Any claim changed, and the signature is no one's.
+            assert_eq!(tokens.signer_of(&link(&signature, Some(10))), None);
+            assert_eq!(tokens.signer_of(&SignedLink { operation: "write", ..link(&signature, Some(9)) }), None);
+        }
+        store.remove("old").unwrap();
+        let signature = signature::sign("/home/user/a.txt", "read", "user", "token-old", None);
+        assert_eq!(tokens.signer_of(&link(&signature, None)), None);
+        assert_eq!(tokens.signer_of(&link("v1_garbage", None)), None);
+    }
+}
