@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 from conftest import COPSE, DATA_DIR, free_port
-from e2b import Sandbox
+from e2b import InvalidArgumentException, Sandbox, SandboxException
 
 
 class HostSocket:
@@ -470,3 +470,101 @@ def test_a_generated_api_key_is_written_to_a_private_file_and_never_logged(tmp_p
     )
     assert key not in again.stdout + again.stderr
     assert key_file.read_text().strip() == key
+
+
+# --- Files API: a request made as a user has exactly that user's power ---
+
+SECRET = "root-only secret"
+DENIED = "(?i)permission.denied"
+
+
+def _planted(sbx):
+    """Root keeps a secret; untrusted code as `user` plants links to it, one
+    to the file and one to a directory on its path."""
+    sbx.commands.run(
+        f"mkdir -p /root/vault && echo -n '{SECRET}' > /root/vault/secret && chmod 600 /root/vault/secret"
+        " && chmod 700 /root/vault",
+        user="root",
+    )
+    sbx.commands.run(
+        "ln -s /root/vault/secret /home/user/report.txt && ln -s /root/vault /home/user/docs",
+        user="user",
+    )
+
+
+def _upload_through_link(url: str, payload: bytes) -> int:
+    boundary = "copse-hostile-boundary"
+    body = (
+        f"--{boundary}\r\n"
+        'Content-Disposition: form-data; name="file"; filename="f"\r\n'
+        "Content-Type: application/octet-stream\r\n\r\n"
+    ).encode() + payload + f"\r\n--{boundary}--\r\n".encode()
+    response = httpx.post(url, content=body, headers={"Content-Type": f"multipart/form-data; boundary={boundary}"})
+    return response.status_code
+
+
+def test_links_planted_by_user_reach_nothing_user_cannot_read(gateway):
+    """`files.*` and the signed links with user="user" follow a planted
+    symlink only as far as `user` could: root's secret is never read,
+    listed, overwritten or replaced."""
+    sbx = Sandbox.create(timeout=120)
+    try:
+        _planted(sbx)
+        for path in ("/home/user/report.txt", "/home/user/docs/secret"):
+            with pytest.raises(SandboxException, match=DENIED) as caught:
+                sbx.files.read(path, user="user")
+            assert SECRET not in str(caught.value)
+            with pytest.raises(SandboxException, match=DENIED):
+                sbx.files.write(path, "overwritten", user="user")
+            response = httpx.get(sbx.download_url(path, user="user"), timeout=30)
+            assert response.status_code in (403, 404), response.status_code
+            assert SECRET not in response.text
+            assert _upload_through_link(sbx.upload_url(path, user="user"), b"replaced") in (403, 404)
+        with pytest.raises(SandboxException, match=DENIED):
+            sbx.files.list("/home/user/docs", user="user")
+        with pytest.raises(SandboxException, match=DENIED):
+            sbx.files.write("/home/user/docs/new.txt", "planted", user="user")
+
+        # Root's file is untouched and no file appeared in root's directory.
+        assert sbx.commands.run("cat /root/vault/secret; ls /root/vault", user="root").stdout == SECRET + "secret\n"
+        # Root requests keep root's power.
+        assert sbx.files.read("/home/user/report.txt", user="root") == SECRET
+    finally:
+        sbx.kill()
+
+
+def test_files_written_as_a_user_belong_to_that_user(gateway):
+    sbx = Sandbox.create(timeout=120)
+    try:
+        sbx.files.write("/home/user/made/by/user.txt", "mine", user="user")
+        assert _upload_through_link(sbx.upload_url("/home/user/made/up.txt", user="user"), b"up") in (200, 201)
+        owners = sbx.commands.run(
+            "stat -c %U /home/user/made /home/user/made/by /home/user/made/by/user.txt /home/user/made/up.txt"
+        )
+        assert owners.stdout.split() == ["user"] * 4
+        # `user` cannot write where only root may.
+        with pytest.raises(SandboxException, match=DENIED):
+            sbx.files.write("/etc/copse-planted", "x", user="user")
+        assert sbx.commands.run("test -e /etc/copse-planted && echo yes || echo no").stdout.strip() == "no"
+    finally:
+        sbx.kill()
+
+
+def test_a_fifo_is_refused_at_once_and_the_agent_keeps_serving(gateway):
+    """Reading a FIFO nobody writes would block forever: the agent refuses
+    anything that is not a regular file, promptly, for every route."""
+    sbx = Sandbox.create(timeout=120)
+    try:
+        sbx.commands.run("mkfifo /home/user/pipe", user="user")
+        started = time.monotonic()
+        with pytest.raises(InvalidArgumentException, match="not a regular file"):
+            sbx.files.read("/home/user/pipe", request_timeout=20)
+        response = httpx.get(sbx.download_url("/home/user/pipe"), timeout=20)
+        assert response.status_code == 400, response.status_code
+        with pytest.raises(InvalidArgumentException, match="not a regular file"):
+            sbx.files.write("/home/user/pipe", "x", request_timeout=20)
+        assert time.monotonic() - started < 15, "a FIFO held the agent until the timeout"
+        sbx.files.write("/home/user/after.txt", "still serving")
+        assert sbx.files.read("/home/user/after.txt") == "still serving"
+    finally:
+        sbx.kill()
