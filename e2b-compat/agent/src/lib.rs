@@ -29,6 +29,7 @@
 
 pub mod auth;
 pub mod connect;
+mod drain;
 pub mod filesystem;
 pub mod guest;
 pub mod paths;

@@ -199,7 +199,19 @@ fn main() -> anyhow::Result<()> {
         .init();
     let cli = Cli::parse();
     match cli.command {
-        Command::Up { listen, paths, keep_sandboxes, pools, bridge, subnet, domain, tls_cert, tls_key, disk_mb, limits } => {
+        Command::Up {
+            listen,
+            paths,
+            keep_sandboxes,
+            pools,
+            bridge,
+            subnet,
+            domain,
+            tls_cert,
+            tls_key,
+            disk_mb,
+            limits,
+        } => {
             let config = Config {
                 listen,
                 data_dir: paths.data_dir,
