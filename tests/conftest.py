@@ -34,6 +34,26 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def share_templates(data_dir: pathlib.Path):
+    """Gives a second gateway's data dir the suite's built templates, as
+    hard links; a template rebuilt since (its template.json differs) is
+    linked again, so the second gateway never starts a build of its own."""
+    source, target = DATA_DIR / "templates", data_dir / "templates"
+    target.mkdir(parents=True, exist_ok=True)
+    for leftover in target.glob(".*"):  # builds the second gateway began
+        subprocess.run(["rm", "-rf", str(leftover)], check=True)
+    for built in source.iterdir():
+        if built.name.startswith(".") or not (built / "template.json").exists():
+            continue  # a build in progress, or an outdated root moved aside
+        linked = target / built.name
+        if (linked / "template.json").exists() and (linked / "template.json").read_bytes() == (
+            built / "template.json"
+        ).read_bytes():
+            continue
+        subprocess.run(["rm", "-rf", str(linked)], check=True)
+        subprocess.run(["cp", "-al", str(built), str(linked)], check=True)
+
+
 class Gateway:
     def __init__(self, data_dir: pathlib.Path, host: str = "127.0.0.1", port: int = 0):
         self.data_dir = data_dir

@@ -224,3 +224,19 @@ def test_bash(sbx):
         sbx.run_code("KEEP=1; sleep 30; echo never", context=ctx, timeout=2)
     after = sbx.run_code("echo \"keep=$KEEP\"", context=ctx, timeout=20)
     assert "".join(after.logs.stdout) == "keep=1\n"
+
+
+def test_javascript_and_typescript_contexts(sbx):
+    """As E2B's JavaScript kernel: state persists, the last expression is the
+    result, top-level await works; TypeScript's types are stripped."""
+    first = sbx.run_code("const seen = [1, 2, 3]; console.log('listed'); seen.length", language="js")
+    assert first.error is None, first.error
+    assert first.text == "3" and first.logs.stdout == ["listed\n"]
+    assert sbx.run_code("await Promise.resolve(seen.map((n) => n * 2))", language="javascript").text == "[ 2, 4, 6 ]"
+
+    ctx = sbx.create_code_context(cwd="/tmp", language="typescript")
+    assert ctx.language == "typescript" and ctx.cwd == "/tmp"
+    typed = sbx.run_code("const here: string = process.cwd(); here", context=ctx)
+    assert typed.text == "/tmp"
+    failed = sbx.run_code("seen", context=ctx)  # contexts are separate processes
+    assert failed.error is not None and failed.error.name == "ReferenceError"

@@ -29,7 +29,7 @@ import pytest
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect as websocket_connect
 
-from conftest import API_KEY, COPSE, DATA_DIR, Gateway
+from conftest import API_KEY, COPSE, DATA_DIR, Gateway, share_templates
 
 HOSTS = pathlib.Path("/etc/hosts")
 
@@ -92,8 +92,7 @@ def domain_mode(gateway, tmp_path_factory):
                    stdout=subprocess.DEVNULL)
     data_dir = DATA_DIR / "domain-mode"
     data_dir.mkdir(exist_ok=True)
-    if not (data_dir / "templates").exists():
-        subprocess.run(["cp", "-al", str(DATA_DIR / "templates"), str(data_dir / "templates")], check=True)
+    share_templates(data_dir)
     gw = Gateway(data_dir, host=address, port=443)
     hosts = HostsFile(address, domain)
     try:

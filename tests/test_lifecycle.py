@@ -16,7 +16,7 @@ import pytest
 from e2b import Sandbox, SandboxNotFoundException
 
 import leakcheck
-from conftest import COPSE
+from conftest import COPSE, share_templates
 from test_leaks import live_ids, stop_gateway
 
 # Renamed into place, so a reader never sees a half-written count.
@@ -412,8 +412,7 @@ def test_a_host_without_criu_says_so_and_refuses_only_what_needs_memory(gateway,
     for entry in data_dir.iterdir():
         if entry.name not in ("templates", "disk", "disk.img"):
             shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
-    if not (data_dir / "templates").exists():
-        subprocess.run(["cp", "-al", str(DATA_DIR / "templates"), str(data_dir / "templates")], check=True)
+    share_templates(data_dir)
     subprocess.run([str(COPSE), "snapshot", "import", str(export), "--name", "needs-criu", "--data-dir", str(data_dir)],
                    check=True)
     missing = "/nonexistent/criu"

@@ -499,6 +499,7 @@ impl<H: Host> Substrate for BhyveSubstrate<H> {
             built_at: now(),
             size_bytes: self.config.disk_bytes,
             backend: Backend::Bhyve,
+            recipe: recipe.fingerprint(),
         };
         std::fs::write(self.template_file(&recipe.name), serde_json::to_vec(&info)?)?;
         progress(&format!("bhyve template {} ready", recipe.name));

@@ -51,9 +51,15 @@ working directory survive. A non-zero exit status becomes an ``error`` line
 ``{"name": "", "value": "<status>"}``, as E2B's bash kernel reports it.
 Unlike E2B's pty-based bash kernel, stdout and stderr stay separate streams.
 
-JavaScript/TypeScript (and R, Java): no kernel is installable from Debian,
-PyPI or npm without native builds or downloads outside the package
-registries, so those languages get a 400 "language not supported".
+JavaScript and TypeScript contexts are one Node.js process each, running
+copse_js_kernel.mjs (beside this file): Node's own REPL evaluator, so
+declarations persist, the last expression is the result and top-level
+``await`` works; TypeScript is transpiled by the ``typescript`` module first.
+The process is driven like bash: a JSON command per line on stdin, sentinels
+on both output streams, the cell's result or error in a file. They are
+offered when ``node`` is installed (the code-interpreter template installs
+it). R and Java (which need kernels from outside the package registries) get
+a 400 "language not supported".
 
 Timeouts and disconnects: the SDK enforces ``timeout`` by closing the
 connection. While a cell runs, the server peeks the client socket a few times
@@ -104,7 +110,8 @@ import uuid
 log = logging.getLogger("copse-interpreter")
 
 DEFAULT_CWD = "/home/user"
-SUPPORTED_LANGUAGES = ("python", "bash")
+SUPPORTED_LANGUAGES = ("python", "bash") + (("javascript", "typescript") if shutil.which("node") else ())
+JS_KERNEL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "copse_js_kernel.mjs")
 # How often an execution loop wakes up to check the client, the kernel and
 # whether a keepalive is due.
 POLL_SECONDS = 0.2
@@ -989,7 +996,95 @@ def partial_suffix(buf, token):
     return 0
 
 
-CONTEXT_CLASSES = {"python": PythonContext, "bash": BashContext}
+class JavaScriptContext(BashContext):
+    """A Node.js process running copse_js_kernel.mjs; it speaks the bash
+    context's sentinel protocol, with JSON commands instead of shell lines."""
+
+    language = "javascript"
+    kernel_args = ()
+
+    def start(self):
+        self.tmpdir = tempfile.mkdtemp(prefix="js-", dir=runtime_dir())
+        self.token = f"__COPSE_{uuid.uuid4().hex}__"
+        self.result_file = os.path.join(self.tmpdir, "result.json")
+        env = dict(os.environ, COPSE_KERNEL_TOKEN=self.token, COPSE_KERNEL_RESULT=self.result_file, PAGER="cat")
+        self.proc = subprocess.Popen(
+            [shutil.which("node") or "node", JS_KERNEL, *self.kernel_args],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            cwd=self.cwd,
+            env=env,
+            start_new_session=True,
+            bufsize=0,
+        )
+        self.queue = queue.Queue()
+        self.dead = False
+        for name, pipe in (("stdout", self.proc.stdout), ("stderr", self.proc.stderr)):
+            threading.Thread(target=self._reader, args=(name, pipe, self.queue), daemon=True,
+                             name=f"{self.language}-{name}").start()
+        try:
+            self._command({"op": "env", "envs": {}})
+        except Exception:
+            self.shutdown()
+            raise
+        if self.dead:
+            self.shutdown()
+            raise RuntimeError(f"the {self.language} kernel exited while starting")
+        log.info("context %s: %s ready (cwd %s)", self.id, self.language, self.cwd)
+
+    def _command(self, command, sink=None):
+        self._send(json.dumps(command) + "\n")
+        return self._collect(sink) if sink is not None else self._collect(None, grace=10.0)
+
+    def set_envs_permanently(self, envs):
+        self._command({"op": "env", "envs": envs})
+
+    def set_call_envs(self, env_vars):
+        self._command({"op": "push_env", "envs": env_vars})
+
+    def restore_call_envs(self, env_vars):
+        self._command({"op": "pop_env"})
+
+    def run_cell(self, code, sink):
+        while True:  # output left over from timers belongs to no execution
+            try:
+                _, chunk = self.queue.get_nowait()
+            except queue.Empty:
+                break
+            if chunk is None:
+                self.dead = True
+                sink.try_emit(unexpected_end_error())
+                return
+        self.count += 1
+        sink.try_emit({"type": "number_of_executions", "execution_count": self.count})
+        try:
+            os.unlink(self.result_file)
+        except OSError:
+            pass
+        if self._command({"op": "run", "code": code}, sink) is None:
+            return  # the kernel died or was killed; already reported
+        try:
+            with open(self.result_file, encoding="utf-8") as f:
+                outcome = json.load(f)
+        except (OSError, ValueError):
+            sink.try_emit(unexpected_end_error("The kernel left no result"))
+            return
+        if "error" in outcome:
+            error = outcome["error"]
+            sink.try_emit({"type": "error", "name": error.get("name", "Error"), "value": error.get("value", ""),
+                           "traceback": error.get("traceback", "")})
+        elif "result" in outcome:
+            sink.try_emit(mime_bundle_to_result(outcome["result"], True))
+
+
+class TypeScriptContext(JavaScriptContext):
+    language = "typescript"
+    kernel_args = ("--typescript",)
+
+
+CONTEXT_CLASSES = {"python": PythonContext, "bash": BashContext, "javascript": JavaScriptContext,
+                   "typescript": TypeScriptContext}
 
 
 class Registry:

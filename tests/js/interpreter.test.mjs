@@ -20,3 +20,37 @@ test('runCode keeps state, streams output, reports errors, runs bash', async () 
   const bash = await sbx.runCode('echo from bash', { language: 'bash' })
   assert.deepEqual(bash.logs.stdout, ['from bash\n'])
 })
+
+test('JavaScript and TypeScript contexts run like a node prompt', async () => {
+  const sbx = await sandbox({}, Sandbox)
+  const js = (code, opts = {}) => sbx.runCode(code, { language: 'js', ...opts })
+  assert.equal((await js('const base = 41; base + 1')).text, '42')
+  assert.equal((await js('base + 2')).text, '43', 'declarations persist between cells')
+
+  const out = []
+  const streamed = await js('console.log("to stdout"); console.error("to stderr"); "done"',
+    { onStdout: (m) => out.push(m.line) })
+  assert.deepEqual(streamed.logs.stdout, ['to stdout\n'])
+  assert.deepEqual(streamed.logs.stderr, ['to stderr\n'])
+  assert.deepEqual(out, ['to stdout\n'])
+  assert.equal(streamed.text, 'done')
+
+  const awaited = await js('const os = require("node:os"); await new Promise((r) => setTimeout(r, 50)); os.platform()')
+  assert.equal(awaited.text, 'linux')
+  assert.equal((await js('process.env.ONLY_THIS_CALL', { envs: { ONLY_THIS_CALL: 'set' } })).text, 'set')
+  assert.equal((await js('process.env.ONLY_THIS_CALL')).text, undefined)
+
+  const failed = await js('null.property')
+  assert.equal(failed.error.name, 'TypeError')
+  assert.match(failed.error.traceback, /TypeError/)
+  assert.doesNotMatch(failed.error.traceback, /node:/, 'Node internals in the traceback')
+  assert.equal((await js('base')).text, '41', 'an error leaves the context usable')
+
+  const ts = (code) => sbx.runCode(code, { language: 'ts' })
+  assert.equal((await ts('interface Point { x: number }\nconst p: Point = { x: 3 }\np.x * 2')).text, '6')
+  assert.equal((await ts('const label: string = `p is ${JSON.stringify(p)}`; label')).text, 'p is {"x":3}')
+
+  const timed = await js('while (true) {}', { timeoutMs: 2_000 }).catch((e) => e)
+  assert.ok(timed instanceof Error, 'an endless cell should time out')
+  assert.equal((await js('base * 2')).text, '82', 'the context survives an interrupted cell')
+})

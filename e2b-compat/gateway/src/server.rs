@@ -29,10 +29,13 @@ pub fn default_recipes() -> Vec<Recipe> {
     crate::templates::recipes()
 }
 
-/// Builds each recipe that is missing, showing progress.
+/// Builds each recipe that is missing or was built from an older recipe,
+/// showing progress. (The Linux substrate rebuilds an outdated template;
+/// FreeBSD's and bhyve's keep what they built: not run on FreeBSD.)
 pub fn ensure_templates(substrate: &dyn Substrate, recipes: &[Recipe]) -> anyhow::Result<()> {
     for recipe in recipes {
-        if let Some(built) = substrate.templates()?.into_iter().find(|t| t.name == recipe.name) {
+        let built = substrate.templates()?.into_iter().find(|t| t.name == recipe.name);
+        if let Some(built) = &built {
             // Names are unique across backends: the gateway routes by name.
             anyhow::ensure!(
                 built.backend == recipe.backend,
@@ -41,9 +44,15 @@ pub fn ensure_templates(substrate: &dyn Substrate, recipes: &[Recipe]) -> anyhow
                 built.backend,
                 recipe.backend
             );
-            continue;
+            if built.recipe == recipe.fingerprint() {
+                continue;
+            }
         }
-        let reporter = Reporter::new(&format!("building template {}", recipe.name));
+        let title = match built {
+            Some(_) => format!("updating template {} (its recipe changed)", recipe.name),
+            None => format!("building template {}", recipe.name),
+        };
+        let reporter = Reporter::new(&title);
         let result = substrate.ensure_template(recipe, &|line| reporter.line(line));
         reporter.finish();
         result?;

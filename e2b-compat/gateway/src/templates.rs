@@ -7,6 +7,9 @@ pub const CODE_INTERPRETER: &str = "code-interpreter-v1";
 /// The in-sandbox code-interpreter server (Python, runs inside the sandbox).
 const INTERPRETER_SOURCE: &str = include_str!("../../interpreter/copse_interpreter.py");
 const INTERPRETER_PATH: &str = "/opt/copse/copse_interpreter.py";
+/// Its JavaScript/TypeScript kernel, which it finds beside itself.
+const JS_KERNEL_SOURCE: &str = include_str!("../../interpreter/copse_js_kernel.mjs");
+const JS_KERNEL_PATH: &str = "/opt/copse/copse_js_kernel.mjs";
 /// The SDK reaches the code interpreter on this sandbox port.
 pub const INTERPRETER_PORT: u16 = 49999;
 
@@ -32,9 +35,14 @@ pub fn recipes() -> Vec<Recipe> {
             "python3-numpy",
             "python3-pandas",
             "python3-matplotlib",
+            // JavaScript and TypeScript contexts.
+            "nodejs",
+            "node-typescript",
         ],
+        // TypeScript has no FreeBSD package: those contexts report the
+        // missing module when a cell runs (not run on FreeBSD).
         PackageSystem::FreeBsd => {
-            &["py311-ipykernel", "py311-jupyter_client", "py311-numpy", "py311-pandas", "py311-matplotlib"]
+            &["py311-ipykernel", "py311-jupyter_client", "py311-numpy", "py311-pandas", "py311-matplotlib", "node"]
         }
     };
     let mut packages = base.packages.clone();
@@ -42,7 +50,10 @@ pub fn recipes() -> Vec<Recipe> {
     recipes.push(Recipe {
         name: CODE_INTERPRETER.into(),
         packages,
-        post_install: vec![write_file_script(INTERPRETER_PATH, INTERPRETER_SOURCE.trim_end(), "0644")],
+        post_install: vec![
+            write_file_script(INTERPRETER_PATH, INTERPRETER_SOURCE.trim_end(), "0644"),
+            write_file_script(JS_KERNEL_PATH, JS_KERNEL_SOURCE.trim_end(), "0644"),
+        ],
         backend: base.backend,
     });
     recipes
@@ -67,6 +78,7 @@ mod tests {
         let ci = recipes.iter().find(|r| r.name == CODE_INTERPRETER).unwrap();
         assert!(base.packages.iter().all(|p| ci.packages.contains(p)));
         assert!(ci.post_install[0].contains(INTERPRETER_PATH));
+        assert!(ci.post_install[1].contains(JS_KERNEL_PATH));
         assert!(service(CODE_INTERPRETER).is_some());
         assert!(service("base").is_none());
     }

@@ -412,7 +412,13 @@ impl Substrate for JailSubstrate {
 }
 
 fn info(t: zfs::TemplateSnapshot) -> TemplateInfo {
-    TemplateInfo { name: t.template, built_at: t.built_at, size_bytes: t.referenced, backend: Backend::Jail }
+    TemplateInfo {
+        name: t.template,
+        built_at: t.built_at,
+        size_bytes: t.referenced,
+        backend: Backend::Jail,
+        recipe: String::new(),
+    }
 }
 
 /// `kern.racct.enable` is a boot-time tunable; without it rctl refuses

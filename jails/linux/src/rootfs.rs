@@ -51,13 +51,24 @@ impl TemplateStore {
 
     pub fn ensure(&self, recipe: &Recipe, progress: Progress<'_>) -> anyhow::Result<TemplateInfo> {
         validate_name(&recipe.name).map_err(copse_substrate::SubstrateError::Invalid)?;
-        if let Some(info) = self.get(&recipe.name) {
-            return Ok(info);
+        match self.get(&recipe.name) {
+            Some(info) if info.recipe == recipe.fingerprint() => return Ok(info),
+            Some(_) => {
+                progress(&format!("template {}: its recipe changed since it was built; rebuilding", recipe.name))
+            }
+            None => {}
         }
         let final_dir = self.dir.join(&recipe.name);
         let staging = self.dir.join(format!(".{}.building", recipe.name));
+        // A rebuilt template's old root may still be the lower layer of
+        // running sandboxes: it moves aside (mounts follow the rename)
+        // rather than vanishing under them, and goes at the next rebuild.
+        let replaced = self.dir.join(format!(".{}.replaced", recipe.name));
         remove_tree(&staging)?;
-        remove_tree(&final_dir)?;
+        if final_dir.exists() {
+            remove_tree(&replaced)?;
+            fs::rename(&final_dir, &replaced).context("moving the outdated template aside")?;
+        }
         fs::create_dir_all(&staging)?;
         fs::create_dir_all(&self.cache)?;
         let rootfs = staging.join("rootfs");
@@ -72,6 +83,7 @@ impl TemplateStore {
             built_at: SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
             size_bytes: tree_size(&rootfs),
             backend: recipe.backend,
+            recipe: recipe.fingerprint(),
         };
         fs::write(staging.join(INFO_FILE), serde_json::to_vec_pretty(&info)?)?;
         fs::rename(&staging, &final_dir).context("publishing the template")?;

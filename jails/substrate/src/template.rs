@@ -34,6 +34,22 @@ pub struct TemplateInfo {
     pub size_bytes: u64,
     #[serde(default)]
     pub backend: Backend,
+    /// The [`Recipe::fingerprint`] it was built from; empty for templates
+    /// built before fingerprints existed.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub recipe: String,
+}
+
+impl Recipe {
+    /// Changes whenever what the recipe builds changes (packages, files,
+    /// backend), so a substrate rebuilds a template whose recipe moved on
+    /// instead of serving what an older copse built.
+    pub fn fingerprint(&self) -> String {
+        use sha2::{Digest, Sha256};
+        let what = serde_json::json!([self.packages, self.post_install, self.backend]);
+        let digest = Sha256::digest(what.to_string().as_bytes());
+        digest[..16].iter().map(|b| format!("{b:02x}")).collect()
+    }
 }
 
 /// The kind of sandbox a template boots into. A host may offer several
@@ -154,6 +170,21 @@ pub fn validate_name(name: &str) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_recipe_fingerprint_follows_what_it_builds_and_nothing_else() {
+        let recipe =
+            Recipe { name: "t".into(), packages: vec!["curl".into()], post_install: vec![], backend: Backend::Jail };
+        let renamed = Recipe { name: "other".into(), ..recipe.clone() };
+        assert_eq!(recipe.fingerprint(), renamed.fingerprint());
+        assert_eq!(recipe.fingerprint().len(), 32);
+        let scripted = Recipe { post_install: vec!["true".into()], ..recipe.clone() };
+        let more = Recipe { packages: vec!["curl".into(), "git".into()], ..recipe.clone() };
+        let vm = Recipe { backend: Backend::Bhyve, ..recipe.clone() };
+        for changed in [scripted, more, vm] {
+            assert_ne!(recipe.fingerprint(), changed.fingerprint());
+        }
+    }
 
     #[test]
     fn names_that_could_escape_a_directory_are_refused() {

@@ -84,7 +84,13 @@ impl Substrate for RecordingSubstrate {
     fn templates(&self) -> anyhow::Result<Vec<TemplateInfo>> {
         Ok(["base", CODE_INTERPRETER]
             .iter()
-            .map(|name| TemplateInfo { name: name.to_string(), built_at: 0, size_bytes: 0, backend: Backend::Jail })
+            .map(|name| TemplateInfo {
+                name: name.to_string(),
+                built_at: 0,
+                size_bytes: 0,
+                backend: Backend::Jail,
+                recipe: String::new(),
+            })
             .collect())
     }
 

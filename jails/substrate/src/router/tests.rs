@@ -35,12 +35,24 @@ impl Substrate for Double {
         Ok(self
             .templates
             .iter()
-            .map(|n| TemplateInfo { name: n.to_string(), built_at: 0, size_bytes: 0, backend: Backend::Jail })
+            .map(|n| TemplateInfo {
+                name: n.to_string(),
+                built_at: 0,
+                size_bytes: 0,
+                backend: Backend::Jail,
+                recipe: String::new(),
+            })
             .collect())
     }
     fn ensure_template(&self, recipe: &Recipe, _: Progress<'_>) -> anyhow::Result<TemplateInfo> {
         self.note(&format!("ensure {}", recipe.name));
-        Ok(TemplateInfo { name: recipe.name.clone(), built_at: 0, size_bytes: 0, backend: Backend::Jail })
+        Ok(TemplateInfo {
+            name: recipe.name.clone(),
+            built_at: 0,
+            size_bytes: 0,
+            backend: Backend::Jail,
+            recipe: String::new(),
+        })
     }
     fn create(&self, spec: &SandboxSpec) -> anyhow::Result<Placement> {
         self.note(&format!("create {}", spec.id));
