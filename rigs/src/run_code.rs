@@ -13,6 +13,8 @@ pub const CREATE_BODY: &str = r#"{"templateID":"code-interpreter-v1","metadata":
 pub const JUPYTER_PORT: &str = "49999";
 /// `POST /execute` body of `run_code("1+1")`: all keys present, as the SDK sends them.
 pub const EXECUTE_BODY: &str = r#"{"code":"1+1","context_id":null,"language":null,"env_vars":null}"#;
+/// The same call in a JavaScript context (`runCode("1+1", {language: "js"})`).
+pub const EXECUTE_BODY_JS: &str = r#"{"code":"1+1","context_id":null,"language":"js","env_vars":null}"#;
 /// The `text` of the main result `1+1` must produce.
 pub const EXPECTED_TEXT: &str = "2";
 

@@ -20,7 +20,8 @@ use copse_rigs::report::{
     find, p50_difference, p50_target, pool_miss_counters, print_footer, server_timing, server_timing_series,
 };
 use copse_rigs::run_code::{
-    CREATE_BODY, EXECUTE_BODY, ExecLine, JUPYTER_PORT, LineSplitter, TEMPLATE, check_outcome, classify_line,
+    CREATE_BODY, EXECUTE_BODY, EXECUTE_BODY_JS, ExecLine, JUPYTER_PORT, LineSplitter, TEMPLATE, check_outcome,
+    classify_line,
 };
 use copse_rigs::{Conn, Created, Gateway, LEAN_CLIENT, RigArgs, Run, Scenario, SdkRun, ms, round3};
 use http_body_util::{BodyExt, Full};
@@ -84,7 +85,15 @@ fn main() -> anyhow::Result<()> {
         let gw = Gateway::start(bins, &key, &[pool_spec(0)], LOG_PREFIX)?;
         eprintln!("== gateway (cold, pool 0) on {} (log {})", gw.addr, gw.log.display());
         eprintln!("-- lean-cold: {} samples", args.cold_samples);
-        let sc = rt.block_on(lean_create("lean-cold", gw.addr, &key, 0, args.cold_samples, args.warmup, None))?;
+        let sc = rt.block_on(lean_create(
+            Calls { name: "lean-cold", body: EXECUTE_BODY },
+            gw.addr,
+            &key,
+            0,
+            args.cold_samples,
+            args.warmup,
+            None,
+        ))?;
         cold_p50 = sc.p50("first_result_ms");
         scenarios.push(sc);
         children.insert("cold".into(), json!(gw.children()));
@@ -106,13 +115,33 @@ fn main() -> anyhow::Result<()> {
             gw.log.display()
         );
         std::thread::sleep(fill_wait);
-        eprintln!("-- lean-pooled: {} samples, pace {pace:.0} ms", args.samples);
-        let sc =
-            rt.block_on(lean_create("lean-pooled", gw.addr, &key, args.pool, args.samples, args.warmup, Some(pace)))?;
-        scenarios.push(sc);
-        eprintln!("-- lean-warm-roundtrip: {} samples", args.samples);
-        let sc = rt.block_on(lean_roundtrip(gw.addr, &key, args.pool, args.samples, args.roundtrip_warmup, settle))?;
-        scenarios.push(sc);
+        for (create, roundtrip, body) in [
+            ("lean-pooled", "lean-warm-roundtrip", EXECUTE_BODY),
+            ("lean-pooled-js", "lean-warm-roundtrip-js", EXECUTE_BODY_JS),
+        ] {
+            eprintln!("-- {create}: {} samples, pace {pace:.0} ms", args.samples);
+            let sc = rt.block_on(lean_create(
+                Calls { name: create, body },
+                gw.addr,
+                &key,
+                args.pool,
+                args.samples,
+                args.warmup,
+                Some(pace),
+            ))?;
+            scenarios.push(sc);
+            eprintln!("-- {roundtrip}: {} samples", args.samples);
+            let sc = rt.block_on(lean_roundtrip(
+                Calls { name: roundtrip, body },
+                gw.addr,
+                &key,
+                args.pool,
+                args.samples,
+                args.roundtrip_warmup,
+                settle,
+            ))?;
+            scenarios.push(sc);
+        }
         if !args.common.skip_sdk {
             for (name, mode, pace_ms) in
                 [("sdk-pooled", "create", Some(pace)), ("sdk-warm-roundtrip", "roundtrip", None::<f64>)]
@@ -150,7 +179,23 @@ fn main() -> anyhow::Result<()> {
         "sdk_overhead_ms": sdk_overhead(&scenarios),
         "gateway_children_before_stop": children,
     });
+    let python_p50 = |scenario: &str, metric: &str| find(&scenarios, scenario).and_then(|s| s.p50(metric));
+    let twice = |scenario: &str, metric: &str| python_p50(scenario, metric).map_or(f64::NAN, |p| 2.0 * p);
     let targets = json!([
+        p50_target(
+            &scenarios,
+            "JavaScript: create -> first result p50 within 2x of Python's (lean client)",
+            "lean-pooled-js",
+            "first_result_ms",
+            twice("lean-pooled", "first_result_ms")
+        ),
+        p50_target(
+            &scenarios,
+            "JavaScript: warm round-trip p50 within 2x of Python's (lean client)",
+            "lean-warm-roundtrip-js",
+            "roundtrip_ms",
+            twice("lean-warm-roundtrip", "roundtrip_ms")
+        ),
         p50_target(
             &scenarios,
             "create -> first run_code result p50 <= 50 ms with the pool (lean client)",
@@ -193,6 +238,7 @@ fn main() -> anyhow::Result<()> {
         "roundtrip_settle_ms": round3(ms(settle)),
         "create_body": serde_json::from_str::<Value>(CREATE_BODY)?,
         "execute_body": serde_json::from_str::<Value>(EXECUTE_BODY)?,
+        "execute_body_js": serde_json::from_str::<Value>(EXECUTE_BODY_JS)?,
         "execute_headers": ["E2b-Sandbox-Id", format!("E2b-Sandbox-Port: {JUPYTER_PORT}"), "X-Access-Token", "Content-Type: application/json"],
         "lean_client": format!("copse-rig-run-code: {LEAN_CLIENT}"),
         "sdk": args.common.sdk_params(&args.sdk_script),
@@ -228,15 +274,16 @@ struct Execution {
     body_done_at: Instant,
 }
 
-/// `POST /execute` of `1+1`, read to the end of the body; checks the result.
-async fn execute(conn: &mut Conn, id: &str, token: &str) -> anyhow::Result<Execution> {
+/// `POST /execute` of `1+1` (`body`: Python's or JavaScript's), read to the
+/// end of the body; checks the result.
+async fn execute(conn: &mut Conn, id: &str, token: &str, body: &'static str) -> anyhow::Result<Execution> {
     let req = conn
         .request(Method::POST, "/execute")
         .header(headers::SANDBOX_ID, id)
         .header(headers::SANDBOX_PORT, JUPYTER_PORT)
         .header(headers::ACCESS_TOKEN, token)
         .header("content-type", "application/json")
-        .body(Full::new(Bytes::from_static(EXECUTE_BODY.as_bytes())))?;
+        .body(Full::new(Bytes::from_static(body.as_bytes())))?;
     let resp = conn.send(req).await?;
     if resp.status() != StatusCode::OK {
         let st = resp.status();
@@ -273,11 +320,11 @@ async fn execute(conn: &mut Conn, id: &str, token: &str) -> anyhow::Result<Execu
 }
 
 /// create → first result → (untimed) delete.
-async fn one_create(conn: &mut Conn, key: &str) -> anyhow::Result<CreateSample> {
+async fn one_create(conn: &mut Conn, key: &str, body: &'static str) -> anyhow::Result<CreateSample> {
     let t0 = Instant::now();
     let created = conn.create_sandbox(key, CREATE_BODY).await?;
     let t_created = Instant::now();
-    let exec = execute(conn, &created.id, &created.token).await;
+    let exec = execute(conn, &created.id, &created.token, body).await;
     let t_del = Instant::now();
     let deleted = conn.delete_sandbox(key, &created.id).await;
     let delete_ms = ms(t_del.elapsed());
@@ -294,8 +341,15 @@ async fn one_create(conn: &mut Conn, key: &str) -> anyhow::Result<CreateSample> 
 }
 
 /// `n` sequential create → first result samples on one connection.
+/// A scenario's name and the `/execute` body it sends.
+#[derive(Clone, Copy)]
+struct Calls<'a> {
+    name: &'a str,
+    body: &'static str,
+}
+
 async fn lean_create(
-    name: &str,
+    Calls { name, body }: Calls<'_>,
     addr: SocketAddr,
     key: &str,
     pool: usize,
@@ -310,14 +364,14 @@ async fn lean_create(
         }
     };
     for _ in 0..warmup {
-        if let Err(e) = one_create(&mut conn, key).await {
+        if let Err(e) = one_create(&mut conn, key, body).await {
             eprintln!("{name}: warm-up sample failed: {e:#}");
         }
         pause().await;
     }
     let (mut samples, mut errors) = (Vec::new(), Vec::new());
     for i in 0..n {
-        match one_create(&mut conn, key).await {
+        match one_create(&mut conn, key, body).await {
             Ok(s) => samples.push(s),
             Err(e) => errors.push(format!("sample {i}: {e:#}")),
         }
@@ -356,6 +410,7 @@ async fn lean_create(
 /// `settle` is waited after the warm-up, so the pool's refill for the
 /// sandbox this took is not booting while the round-trips are timed.
 async fn lean_roundtrip(
+    Calls { name, body }: Calls<'_>,
     addr: SocketAddr,
     key: &str,
     pool: usize,
@@ -371,7 +426,7 @@ async fn lean_roundtrip(
             tokio::time::sleep(settle).await;
         }
         let t0 = Instant::now();
-        match execute(&mut conn, &id, &token).await {
+        match execute(&mut conn, &id, &token, body).await {
             Ok(x) if i >= warmup => {
                 roundtrip.push(Some(ms(x.body_done_at - t0)));
                 result.push(Some(ms(x.result_at - t0)));
@@ -390,7 +445,7 @@ async fn lean_roundtrip(
     series.insert("result_ms".into(), result);
     series.insert("end_of_execution_ms".into(), end);
     Ok(Scenario {
-        name: "lean-warm-roundtrip".into(),
+        name: name.into(),
         client: "lean-rust".into(),
         concurrency: 1,
         pool: Some(pool),
@@ -467,6 +522,11 @@ fn standing_notes() -> Vec<String> {
          lean-warm-roundtrip, roundtrip_ms = run_code(\"1+1\") call -> return, \
          result_ms = call -> on_result callback. The SDK builds a new httpx.Client for every run_code call (HTTP/1.1 \
          transport from e2b's get_transport), so connection reuse across calls depends on that transport."
+            .into(),
+        "lean-pooled-js and lean-warm-roundtrip-js: the same two measurements with the body of \
+         runCode(\"1+1\", {language: \"js\"}) (params.execute_body_js): the first JavaScript call of a sandbox \
+         starts its Node.js kernel, so lean-pooled-js's first result includes that start; the targets compare \
+         each with twice the Python p50 of the same run."
             .into(),
         "sdk_overhead_ms = SDK p50 - lean p50 of the same metric in the same gateway run (pooled: first_result and \
          create; warm_roundtrip: roundtrip and result)."
