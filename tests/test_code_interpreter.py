@@ -240,3 +240,8 @@ def test_javascript_and_typescript_contexts(sbx):
     assert typed.text == "/tmp"
     failed = sbx.run_code("seen", context=ctx)  # contexts are separate processes
     assert failed.error is not None and failed.error.name == "ReferenceError"
+
+    # An endless cell is interrupted at its timeout; the context lives on.
+    with pytest.raises(TimeoutException):
+        sbx.run_code("while (true) {}", language="js", timeout=2)
+    assert sbx.run_code("seen.length", language="js", timeout=20).text == "3"

@@ -46,6 +46,13 @@ test('JavaScript and TypeScript contexts run like a node prompt', async () => {
   assert.doesNotMatch(failed.error.traceback, /node:/, 'Node internals in the traceback')
   assert.equal((await js('base')).text, '41', 'an error leaves the context usable')
 
+  // A package installed in the sandbox (as `npm install` would leave it),
+  // through require and import.
+  await sbx.files.write('/home/user/node_modules/greeter/package.json', '{"name": "greeter", "main": "index.js"}')
+  await sbx.files.write('/home/user/node_modules/greeter/index.js', 'module.exports = (n) => `hello ${n}`')
+  assert.equal((await js('require("greeter")("require")')).text, 'hello require')
+  assert.equal((await js('const { default: greet } = await import("greeter"); greet("import")')).text, 'hello import')
+
   const ts = (code) => sbx.runCode(code, { language: 'ts' })
   assert.equal((await ts('interface Point { x: number }\nconst p: Point = { x: 3 }\np.x * 2')).text, '6')
   assert.equal((await ts('const label: string = `p is ${JSON.stringify(p)}`; label')).text, 'p is {"x":3}')
