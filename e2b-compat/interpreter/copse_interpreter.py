@@ -767,8 +767,24 @@ class BashContext(Context):
         env = dict(os.environ)
         env.update(PS1="", PS2="", PS0="", PAGER="cat")
         env.pop("PROMPT_COMMAND", None)
+        self._spawn([bash, "--norc", "--noprofile", "--noediting", "-i"], env)
+        setup = "set +H +o history; unset HISTFILE PROMPT_COMMAND; PS1=''; PS2=''; PS0=''"
+        try:
+            self._send(setup + "\n" + self._sentinel_line("0"))
+            self._collect(None, grace=10.0)
+        except Exception:
+            self.shutdown()
+            raise
+        if self.dead:
+            self.shutdown()
+            raise RuntimeError("bash exited while starting")
+        log.info("context %s: bash ready (cwd %s)", self.id, self.cwd)
+
+    def _spawn(self, argv, env):
+        """Starts the context's process in a session of its own (interrupts
+        go to its group), with a reader thread per output pipe."""
         self.proc = subprocess.Popen(
-            [bash, "--norc", "--noprofile", "--noediting", "-i"],
+            argv,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -781,18 +797,7 @@ class BashContext(Context):
         self.dead = False
         for name, pipe in (("stdout", self.proc.stdout), ("stderr", self.proc.stderr)):
             threading.Thread(target=self._reader, args=(name, pipe, self.queue), daemon=True,
-                             name=f"bash-{name}").start()
-        setup = "set +H +o history; unset HISTFILE PROMPT_COMMAND; PS1=''; PS2=''; PS0=''"
-        try:
-            self._send(setup + "\n" + self._sentinel_line("0"))
-            self._collect(None, grace=10.0)
-        except Exception:
-            self.shutdown()
-            raise
-        if self.dead:
-            self.shutdown()
-            raise RuntimeError("bash exited while starting")
-        log.info("context %s: bash ready (cwd %s)", self.id, self.cwd)
+                             name=f"{self.language}-{name}").start()
 
     @staticmethod
     def _reader(name, pipe, q):
@@ -957,19 +962,25 @@ class BashContext(Context):
             )
         self._run_quiet("; ".join(parts))
 
-    def run_cell(self, code, sink):
-        # Output left over from background jobs belongs to no execution.
+    def _begin_cell(self, sink):
+        """Drops output left over from background jobs or timers (it belongs
+        to no execution) and numbers the cell; False if the process died."""
         while True:
             try:
-                name, chunk = self.queue.get_nowait()
+                _, chunk = self.queue.get_nowait()
             except queue.Empty:
                 break
             if chunk is None:
                 self.dead = True
                 sink.try_emit(unexpected_end_error())
-                return
+                return False
         self.count += 1
         sink.try_emit({"type": "number_of_executions", "execution_count": self.count})
+        return True
+
+    def run_cell(self, code, sink):
+        if not self._begin_cell(sink):
+            return
         path = os.path.join(self.tmpdir, f"cell-{self.count}.sh")
         with open(path, "w", encoding="utf-8") as f:
             f.write(code)
@@ -1008,21 +1019,7 @@ class JavaScriptContext(BashContext):
         self.token = f"__COPSE_{uuid.uuid4().hex}__"
         self.result_file = os.path.join(self.tmpdir, "result.json")
         env = dict(os.environ, COPSE_KERNEL_TOKEN=self.token, COPSE_KERNEL_RESULT=self.result_file, PAGER="cat")
-        self.proc = subprocess.Popen(
-            [shutil.which("node") or "node", JS_KERNEL, *self.kernel_args],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            cwd=self.cwd,
-            env=env,
-            start_new_session=True,
-            bufsize=0,
-        )
-        self.queue = queue.Queue()
-        self.dead = False
-        for name, pipe in (("stdout", self.proc.stdout), ("stderr", self.proc.stderr)):
-            threading.Thread(target=self._reader, args=(name, pipe, self.queue), daemon=True,
-                             name=f"{self.language}-{name}").start()
+        self._spawn([shutil.which("node") or "node", JS_KERNEL, *self.kernel_args], env)
         try:
             self._command({"op": "env", "envs": {}})
         except Exception:
@@ -1047,17 +1044,8 @@ class JavaScriptContext(BashContext):
         self._command({"op": "pop_env"})
 
     def run_cell(self, code, sink):
-        while True:  # output left over from timers belongs to no execution
-            try:
-                _, chunk = self.queue.get_nowait()
-            except queue.Empty:
-                break
-            if chunk is None:
-                self.dead = True
-                sink.try_emit(unexpected_end_error())
-                return
-        self.count += 1
-        sink.try_emit({"type": "number_of_executions", "execution_count": self.count})
+        if not self._begin_cell(sink):
+            return
         try:
             os.unlink(self.result_file)
         except OSError:
