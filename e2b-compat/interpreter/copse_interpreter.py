@@ -56,8 +56,9 @@ copse_js_kernel.mjs (beside this file): Node's own REPL evaluator, so
 declarations persist, the last expression is the result and top-level
 ``await`` works; TypeScript is transpiled by the ``typescript`` module first.
 The process is driven like bash: a JSON command per line on stdin, sentinels
-on both output streams, the cell's result or error in a file. They are
-offered when ``node`` is installed (the code-interpreter template installs
+on both output streams, the cell's result or error in a file. The default
+JavaScript context starts in the background once the server is ready, so a
+first JavaScript call finds it warm. They are offered when ``node`` is installed (the code-interpreter template installs
 it). R and Java (which need kernels from outside the package registries) get
 a 400 "language not supported".
 
@@ -1381,6 +1382,13 @@ def resolve_default_cwd(cwd):
     return fallback
 
 
+def warm_default(language):
+    try:
+        REGISTRY.default(language)
+    except Exception:
+        log.exception("warming the default %s context failed; it starts on first use", language)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description="E2B-compatible code interpreter server (runs inside a sandbox)")
     parser.add_argument("--port", type=int, default=49999)
@@ -1443,6 +1451,11 @@ def main(argv=None):
         os._exit(1)
     REGISTRY.ready.set()
     log.info("ready")
+    if "javascript" in SUPPORTED_LANGUAGES:
+        # Warmed after /health turns 200, so it never delays a sandbox: a
+        # Node.js start is most of a first JavaScript call, and an idle one
+        # costs about 9 MiB of its own (its code is the template's, shared).
+        threading.Thread(target=warm_default, args=("javascript",), daemon=True, name="warm-js").start()
     while True:
         time.sleep(3600)
 
