@@ -35,6 +35,15 @@ const HEADLINES: &[(&str, &str, &str, &str, &str, &str)] = &[
     ("Cold creates per second at concurrency 50", "create-latency", "lean-cold-cc50", "", "throughput_per_s", "/s"),
     ("Create → first run_code result, pooled, p50", "run-code", "lean-pooled", "first_result_ms", "p50", "ms"),
     ("Warm run_code round trip, p50", "run-code", "lean-warm-roundtrip", "roundtrip_ms", "p50", "ms"),
+    (
+        "Create → first JavaScript runCode result, pooled, p50",
+        "run-code",
+        "lean-pooled-js",
+        "first_result_ms",
+        "p50",
+        "ms",
+    ),
+    ("Warm JavaScript runCode round trip, p50", "run-code", "lean-warm-roundtrip-js", "roundtrip_ms", "p50", "ms"),
     ("Idle base sandboxes held", "density", "base-memory", "sandboxes", "last", "sandboxes"),
     ("Host memory per idle base sandbox", "density", "base-memory", "avail_per_sandbox_mib", "last", "MiB"),
     (
