@@ -9,8 +9,6 @@
 //! own, so nothing else the agent does (its reactor, its other requests)
 //! ever runs with them.
 
-use std::io;
-
 /// The identity file access is checked against.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FileCredentials {
@@ -32,8 +30,3 @@ pub use crate::linux::credentials::run_as;
 
 #[cfg(target_os = "freebsd")]
 pub use crate::freebsd::credentials::run_as;
-
-/// A closure that panicked on the credentials thread.
-pub(crate) fn panicked() -> io::Error {
-    io::Error::other("file access thread panicked")
-}

@@ -12,7 +12,7 @@
 
 use std::io;
 
-use crate::credentials::{FileCredentials, panicked};
+use crate::credentials::FileCredentials;
 
 /// Runs `f` with `creds` for every path operation it makes; root runs `f`
 /// on the calling thread. Fails closed: if the kernel did not take the
@@ -31,6 +31,11 @@ pub fn run_as<T: Send>(creds: &FileCredentials, f: impl FnOnce() -> T + Send) ->
             .join()
             .map_err(|_| panicked())?
     })
+}
+
+/// A closure that panicked on the credentials thread.
+fn panicked() -> io::Error {
+    io::Error::other("file access thread panicked")
 }
 
 /// Gives the calling thread `creds` for file access. Groups first: after
