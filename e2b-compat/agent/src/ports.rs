@@ -1,16 +1,21 @@
 //! Traffic for a sandbox port other than the agent's own (49983): the
-//! gateway forwards it here unchanged, and the agent, which lives in the
+//! gateway forwards it here, and the agent, which lives in the
 //! sandbox's network namespace, relays it to `127.0.0.1:<port>` — the code
 //! interpreter on 49999, or any server a user starts. Nothing outside the
 //! sandbox can reach its loopback any other way. Responses stream through
 //! as they are produced, and WebSocket upgrades are spliced (`copse_protocol::upgrade`).
+//!
+//! The envd access token and the traffic token are removed here, the one
+//! place every request to an in-sandbox port passes: whatever listens on a
+//! port may be untrusted code as `user`, and the access token would make it
+//! root through this agent.
 
 use axum::body::Body;
 use axum::extract::Request;
 use axum::http::StatusCode;
 use axum::middleware::Next;
 use axum::response::Response;
-use copse_protocol::headers::{AGENT_PORT, SANDBOX_PORT};
+use copse_protocol::headers::{ACCESS_TOKEN, AGENT_PORT, SANDBOX_PORT, TRAFFIC_ACCESS_TOKEN};
 use copse_protocol::upgrade;
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
@@ -25,7 +30,13 @@ pub async fn relay_other_ports(request: Request, next: Next) -> Response {
     }
 }
 
+/// Headers only the gateway and this agent may read.
+const SECRET_HEADERS: [&str; 2] = [ACCESS_TOKEN, TRAFFIC_ACCESS_TOKEN];
+
 async fn relay(port: u16, mut request: Request) -> Response {
+    for name in SECRET_HEADERS {
+        request.headers_mut().remove(name);
+    }
     let stream = match TcpStream::connect(("127.0.0.1", port)).await {
         Ok(stream) => stream,
         // The SDK reads "port is not open" as SandboxUnreachable.
