@@ -78,8 +78,10 @@ sandbox may have been started from a pool before it got them); the agent is
 reached at ``--envd-url``, whose loopback listener answers ``/envs`` without
 a token: this server never sees the caller's token (the agent strips it).
 
-Authorisation: every route but ``/health`` needs the caller to have
-presented the sandbox's access token. The agent checks it and strips it
+Authorisation: ``/execute`` needs the caller to have presented the
+sandbox's access token (the SDKs send it there only; the other routes run no
+code, and a sandbox that does not allow public traffic guards them all with
+its traffic token at the gateway). The agent checks it and strips it
 before relaying here, and marks the request with
 ``X-Copse-Caller-Authenticated: 1`` (removing any such header a caller sent);
 others get 401. ``--no-auth`` turns this off, for running the server outside
@@ -1262,8 +1264,10 @@ class Handler(http.server.BaseHTTPRequestHandler):
     def authorised(self, method, path):
         """Whether the caller may use this route. The agent relays requests
         here without the access token; it tells whether the caller presented
-        one (dropping any such header the caller sent itself)."""
-        if method == "GET" and path == "/health":
+        one (dropping any such header the caller sent itself). Only running
+        code needs it: the official SDKs send the token on ``/execute`` and
+        nowhere else, as E2B's server checks it there alone."""
+        if not (method == "POST" and path == "/execute"):
             return True
         return not CONFIG.require_caller or self.headers.get(CALLER_AUTHENTICATED) == "1"
 
