@@ -568,3 +568,140 @@ def test_a_fifo_is_refused_at_once_and_the_agent_keeps_serving(gateway):
         assert sbx.files.read("/home/user/after.txt") == "still serving"
     finally:
         sbx.kill()
+
+
+# -- traffic and token hygiene ------------------------------------------------
+
+# A server untrusted code might start as `user`: it records the headers of
+# every request it is handed, and answers "served".
+HEADER_RECORDER = """
+import http.server, json, sys
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        with open("/tmp/seen-headers.jsonl", "a") as f:
+            f.write(json.dumps({k.lower(): v for k, v in self.headers.items()}) + "\\n")
+        self.send_response(200)
+        self.send_header("content-length", "6")
+        self.end_headers()
+        self.wfile.write(b"served")
+    def log_message(self, *a):
+        pass
+http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
+"""
+RECORDER_PORT = 8000
+
+
+def start_header_recorder(sbx, gateway, headers=None):
+    """The recorder listening as `user` inside `sbx`, once it answers."""
+    sbx.files.write("/tmp/recorder.py", HEADER_RECORDER)
+    sbx.commands.run(f"python3 /tmp/recorder.py {RECORDER_PORT}", background=True, user="user")
+    host = sbx.get_host(RECORDER_PORT)
+    deadline = time.monotonic() + 20
+    while (response := httpx.get(gateway.url + "/ready", headers={"host": host, **(headers or {})})).status_code == 502:
+        assert time.monotonic() < deadline, "the recorder never answered"
+        time.sleep(0.05)
+    sbx.commands.run("rm -f /tmp/seen-headers.jsonl", user="user")
+    return host
+
+
+def seen_headers(sbx):
+    return [json.loads(line) for line in sbx.files.read("/tmp/seen-headers.jsonl", user="user").splitlines()]
+
+
+def test_a_private_sandbox_serves_its_ports_only_to_holders_of_its_traffic_token(gateway):
+    """`allow_public_traffic=False`: the sandbox gets a traffic token, and a
+    request to one of its ports without it (by host name or by the port
+    header) is a 403 with E2B's `{code, message}`; with it, it is served.
+    The SDK keeps working on the agent's port, which the access token
+    guards."""
+    sbx = Sandbox.create(timeout=60, network={"allow_public_traffic": False})
+    try:
+        token = sbx.traffic_access_token
+        assert token and token != sbx._envd_access_token
+        host = start_header_recorder(sbx, gateway, {"e2b-traffic-access-token": token})
+        by_host = lambda headers: httpx.get(gateway.url + "/x", headers={"host": host, **headers}, timeout=10)
+        by_port_header = lambda headers: httpx.get(
+            gateway.url + "/x",
+            headers={"e2b-sandbox-id": sbx.sandbox_id, "e2b-sandbox-port": str(RECORDER_PORT), **headers},
+            timeout=10,
+        )
+        for request in (by_host, by_port_header):
+            for refused in ({}, {"e2b-traffic-access-token": "wrong"}, {"x-access-token": sbx._envd_access_token}):
+                response = request(refused)
+                assert response.status_code == 403, (refused, response.text)
+                assert response.json()["code"] == 403 and response.json()["message"]
+            served = request({"e2b-traffic-access-token": token})
+            assert served.status_code == 200 and served.text == "served"
+        assert sbx.commands.run("echo envd", user="user").stdout == "envd\n"
+        # Connecting hands out the same token.
+        assert Sandbox.connect(sbx.sandbox_id).traffic_access_token == token
+    finally:
+        sbx.kill()
+
+
+def test_a_public_sandbox_serves_anyone_and_its_listeners_never_see_the_access_token(gateway):
+    """No traffic token, no 403; a listener as `user` is handed the
+    request without the envd access token the caller sent."""
+    sbx = Sandbox.create(timeout=60)
+    try:
+        assert sbx.traffic_access_token is None
+        host = start_header_recorder(sbx, gateway)
+        response = httpx.get(gateway.url + "/x", headers={"host": host}, timeout=10)
+        assert response.status_code == 200 and response.text == "served"
+        token = {"x-access-token": sbx._envd_access_token}
+        assert httpx.get(gateway.url + "/y", headers={"host": host, **token}, timeout=10).status_code == 200
+        seen = seen_headers(sbx)
+        assert len(seen) == 2
+        assert all("x-access-token" not in headers for headers in seen), seen
+    finally:
+        sbx.kill()
+
+
+def test_a_listener_as_user_never_sees_the_access_or_traffic_token(gateway):
+    """Untrusted code listening on a port is handed requests without the
+    envd access token (which would make it root through the agent) and
+    without the traffic token, by host name and by the port header; a
+    caller cannot forge the agent's mark that it presented the token."""
+    sbx = Sandbox.create(timeout=60, network={"allow_public_traffic": False})
+    try:
+        access, traffic = sbx._envd_access_token, sbx.traffic_access_token
+        host = start_header_recorder(sbx, gateway, {"e2b-traffic-access-token": traffic})
+        secrets = {"x-access-token": access, "e2b-traffic-access-token": traffic}
+        assert httpx.get(gateway.url + "/a", headers={"host": host, **secrets}, timeout=10).status_code == 200
+        port_route = {"e2b-sandbox-id": sbx.sandbox_id, "e2b-sandbox-port": str(RECORDER_PORT)}
+        assert httpx.get(gateway.url + "/b", headers={**port_route, **secrets}, timeout=10).status_code == 200
+        forged = {"e2b-traffic-access-token": traffic, "x-copse-caller-authenticated": "1"}
+        assert httpx.get(gateway.url + "/c", headers={"host": host, **forged}, timeout=10).status_code == 200
+        seen = seen_headers(sbx)
+        assert len(seen) == 3
+        for headers in seen:
+            assert "x-access-token" not in headers and "e2b-traffic-access-token" not in headers, headers
+            assert access not in json.dumps(headers) and traffic not in json.dumps(headers)
+        assert [h.get("x-copse-caller-authenticated") for h in seen] == ["1", "1", None]
+    finally:
+        sbx.kill()
+
+
+def test_the_code_interpreter_refuses_callers_without_the_access_token(gateway):
+    """Whoever knows a public sandbox's host name reaches port 49999, but
+    the interpreter's /execute (and contexts) answer only callers who
+    presented the access token — a forged mark of the agent does not
+    count; the SDK, which sends the token, runs code as before. (As on
+    E2B, the context routes run no code and need no token.)"""
+    from e2b_code_interpreter import Sandbox as CodeInterpreter
+
+    sbx = CodeInterpreter.create(timeout=120)
+    try:
+        url = gateway.url + "/execute"
+        host = {"host": sbx.get_host(49999)}
+        body = {"code": "open('/tmp/pwned', 'w').write('x')"}
+        for refused in ({}, {"x-access-token": "wrong"}, {"x-copse-caller-authenticated": "1"}):
+            response = httpx.post(url, json=body, headers={**host, **refused}, timeout=30)
+            assert response.status_code == 401, (refused, response.text)
+        assert not sbx.files.exists("/tmp/pwned")
+        assert httpx.get(gateway.url + "/health", headers=host, timeout=10).status_code == 200
+        ok = httpx.post(url, json={"code": "1 + 1"}, headers={**host, "x-access-token": sbx._envd_access_token}, timeout=60)
+        assert ok.status_code == 200 and '"2"' in ok.text
+        assert sbx.run_code("6 * 7").text == "42"
+    finally:
+        sbx.kill()

@@ -76,7 +76,17 @@ Python, ``export`` for bash) before the cell and put back as they were after
 it. As E2B's server does, each context also applies the sandbox-wide
 variables from the agent's ``GET /envs`` once, on its first execution (the
 sandbox may have been started from a pool before it got them); the agent is
-reached at ``--envd-url`` with the caller's ``X-Access-Token``.
+reached at ``--envd-url``, whose loopback listener answers ``/envs`` without
+a token: this server never sees the caller's token (the agent strips it).
+
+Authorisation: ``/execute`` needs the caller to have presented the
+sandbox's access token (the SDKs send it there only; the other routes run no
+code, and a sandbox that does not allow public traffic guards them all with
+its traffic token at the gateway). The agent checks it and strips it
+before relaying here, and marks the request with
+``X-Copse-Caller-Authenticated: 1`` (removing any such header a caller sent);
+others get 401. ``--no-auth`` turns this off, for running the server outside
+a sandbox.
 
 Logs go to stderr. Bad input never takes the server down: it gets a 400 JSON
 ``{"error": ...}`` instead.
@@ -127,6 +137,7 @@ CONFIG = argparse.Namespace(
     keepalive=KEEPALIVE_SECONDS,
     interrupt_grace=INTERRUPT_GRACE_SECONDS,
     envd_url="http://127.0.0.1:49983",
+    require_caller=True,
     default_cwd=DEFAULT_CWD,
     # Private directory for kernel connection files and IPC sockets.
     runtime_dir=None,
@@ -184,14 +195,18 @@ def check_env_vars(env_vars, language):
     return dict(env_vars)
 
 
-def fetch_sandbox_envs(access_token):
-    """The sandbox-wide environment from the agent (envd's GET /envs), or {}."""
+# Set by the sandbox's agent when the caller presented the access token.
+CALLER_AUTHENTICATED = "X-Copse-Caller-Authenticated"
+
+
+def fetch_sandbox_envs():
+    """The sandbox-wide environment from the agent (envd's GET /envs), or {}.
+    The agent answers it on the sandbox's loopback without a token: this
+    server never holds the caller's."""
     url = CONFIG.envd_url
     if not url:
         return {}
     headers = {}
-    if access_token:
-        headers["X-Access-Token"] = access_token
     try:
         if url.startswith("unix:"):
             conn = UnixHTTPConnection(url[len("unix:"):], timeout=2)
@@ -316,7 +331,7 @@ class Context:
             sink.keepalive_if_due()
         return True
 
-    def execute(self, code, env_vars, access_token, sink):
+    def execute(self, code, env_vars, sink):
         """Runs one cell and streams its output; the caller holds the lock."""
         if self.closed:
             sink.try_emit(unexpected_end_error("The context was removed"))
@@ -331,7 +346,7 @@ class Context:
                 return
         if not self.envs_applied:
             self.envs_applied = True
-            envs = fetch_sandbox_envs(access_token)
+            envs = fetch_sandbox_envs()
             if envs:
                 self.set_envs_permanently(envs)
         restore = False
@@ -1225,6 +1240,10 @@ class Handler(http.server.BaseHTTPRequestHandler):
         path = urllib.parse.urlsplit(self.path).path.rstrip("/") or "/"
         try:
             route = self.route(method, path)
+            if route is not None and not self.authorised(method, path):
+                self.read_body()
+                self.send_json(401, {"code": 401, "message": "unauthorized access, please provide a valid access token"})
+                return
             if route is None:
                 # Drain any body so the connection stays usable.
                 self.read_body()
@@ -1242,6 +1261,16 @@ class Handler(http.server.BaseHTTPRequestHandler):
                 self.send_json(500, {"error": f"internal error: {e}"})
             except OSError:
                 pass
+
+    def authorised(self, method, path):
+        """Whether the caller may use this route. The agent relays requests
+        here without the access token; it tells whether the caller presented
+        one (dropping any such header the caller sent itself). Only running
+        code needs it: the official SDKs send the token on ``/execute`` and
+        nowhere else, as E2B's server checks it there alone."""
+        if not (method == "POST" and path == "/execute"):
+            return True
+        return not CONFIG.require_caller or self.headers.get(CALLER_AUTHENTICATED) == "1"
 
     def route(self, method, path):
         parts = [p for p in path.split("/") if p]
@@ -1332,7 +1361,6 @@ class Handler(http.server.BaseHTTPRequestHandler):
         else:
             ctx = REGISTRY.default(normalize_language(language))
         env_vars = check_env_vars(data.get("env_vars"), ctx.language)
-        access_token = self.headers.get("X-Access-Token")
 
         self.send_response(200)
         self._headers_common()
@@ -1347,7 +1375,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
             self.close_connection = True
             return
         try:
-            ctx.execute(code, env_vars, access_token, sink)
+            ctx.execute(code, env_vars, sink)
         except Exception as e:
             log.exception("context %s: execution failed", ctx.id)
             sink.try_emit({"type": "error", "name": type(e).__name__, "value": str(e),
@@ -1397,6 +1425,8 @@ def main(argv=None):
     parser.add_argument("--envd-url", default=CONFIG.envd_url,
                         help="agent base URL (http://HOST:PORT or unix:/PATH) for the sandbox-wide "
                              "variables; empty to skip")
+    parser.add_argument("--no-auth", action="store_true",
+                        help="serve callers the agent did not vouch for (outside a sandbox only)")
     parser.add_argument("--keepalive", type=float, default=KEEPALIVE_SECONDS,
                         help="seconds of silence before a keepalive line")
     parser.add_argument("--interrupt-grace", type=float, default=INTERRUPT_GRACE_SECONDS,
@@ -1409,6 +1439,7 @@ def main(argv=None):
     CONFIG.keepalive = args.keepalive
     CONFIG.interrupt_grace = args.interrupt_grace
     CONFIG.envd_url = args.envd_url
+    CONFIG.require_caller = not args.no_auth
     CONFIG.default_cwd = resolve_default_cwd(args.default_cwd)
     # debugpy (imported by ipykernel) warns about frozen modules otherwise.
     os.environ.setdefault("PYDEVD_DISABLE_FILE_VALIDATION", "1")

@@ -3,7 +3,10 @@
 //!
 //! - With an access token set, every request needs `X-Access-Token` except
 //!   `GET /health`, `/files` (which accepts a signature instead) and
-//!   `POST /init` (which checks the token itself).
+//!   `POST /init` (which checks the token itself), and `GET /envs` on the
+//!   sandbox's own loopback: what it returns every process in the sandbox
+//!   already has in its environment, and the code interpreter must read it
+//!   without holding the token.
 //! - RPCs pick their user from `Authorization: Basic base64("<user>:")`,
 //!   falling back to the default user.
 
@@ -38,12 +41,18 @@ pub fn token_ok(state: &SharedState, headers: &HeaderMap) -> bool {
     }
 }
 
+/// Marks requests that came in on the sandbox's loopback listener, i.e.
+/// from a process inside the sandbox.
+#[derive(Debug, Clone, Copy)]
+pub struct Loopback;
+
 /// Middleware enforcing the access token on everything but the exempt paths.
 pub async fn require_token(State(state): State<SharedState>, req: Request, next: Next) -> Response {
-    let exempt = matches!(
-        (req.method(), req.uri().path()),
-        (&Method::GET, "/health") | (&Method::GET | &Method::POST, "/files") | (&Method::POST, "/init")
-    );
+    let exempt = match (req.method(), req.uri().path()) {
+        (&Method::GET, "/health") | (&Method::GET | &Method::POST, "/files") | (&Method::POST, "/init") => true,
+        (&Method::GET, "/envs") => req.extensions().get::<Loopback>().is_some(),
+        _ => false,
+    };
     if exempt || token_ok(&state, req.headers()) {
         return next.run(req).await;
     }

@@ -64,7 +64,8 @@ pub struct AgentConfig {
     pub confine: bool,
     /// Also listen on this port of the sandbox's loopback, where envd lives
     /// in an E2B sandbox (services inside, such as the code interpreter,
-    /// call `/envs` there). The token guards it like the socket.
+    /// call `/envs` there). The token guards it like the socket, but for
+    /// `/envs` (`auth::require_token`).
     pub loopback_port: Option<u16>,
 }
 
@@ -136,7 +137,8 @@ async fn serve_state(listener: Listener, state: state::SharedState, loopback_por
     let app = routes::router(state);
     if let Some(port) = loopback_port {
         let tcp = tokio::net::TcpListener::bind(("127.0.0.1", port)).await?;
-        tokio::spawn(axum::serve(tcp, app.clone()).into_future());
+        let inside = app.clone().layer(axum::Extension(auth::Loopback));
+        tokio::spawn(axum::serve(tcp, inside).into_future());
     }
     match listener {
         Listener::Unix(l) => {

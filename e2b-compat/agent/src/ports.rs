@@ -1,31 +1,53 @@
 //! Traffic for a sandbox port other than the agent's own (49983): the
-//! gateway forwards it here unchanged, and the agent, which lives in the
+//! gateway forwards it here, and the agent, which lives in the
 //! sandbox's network namespace, relays it to `127.0.0.1:<port>` — the code
 //! interpreter on 49999, or any server a user starts. Nothing outside the
 //! sandbox can reach its loopback any other way. Responses stream through
 //! as they are produced, and WebSocket upgrades are spliced (`copse_protocol::upgrade`).
+//!
+//! The envd access token and the traffic token are removed here, the one
+//! place every request to an in-sandbox port passes: whatever listens on a
+//! port may be untrusted code as `user`, and the access token would make it
+//! root through this agent. What the listener learns instead is whether the
+//! caller presented the token (`x-copse-caller-authenticated`), which is
+//! how the code interpreter refuses strangers.
 
 use axum::body::Body;
-use axum::extract::Request;
-use axum::http::StatusCode;
+use axum::extract::{Request, State};
+use axum::http::{HeaderValue, StatusCode};
 use axum::middleware::Next;
 use axum::response::Response;
-use copse_protocol::headers::{AGENT_PORT, SANDBOX_PORT};
+use copse_protocol::headers::{ACCESS_TOKEN, AGENT_PORT, CALLER_AUTHENTICATED, SANDBOX_PORT, TRAFFIC_ACCESS_TOKEN};
 use copse_protocol::upgrade;
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 
-use crate::auth::json_error;
+use crate::auth::{self, json_error};
+use crate::state::SharedState;
 
-pub async fn relay_other_ports(request: Request, next: Next) -> Response {
+pub async fn relay_other_ports(State(state): State<SharedState>, request: Request, next: Next) -> Response {
     let port = request.headers().get(SANDBOX_PORT).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u16>().ok());
     match port {
-        Some(port) if port != AGENT_PORT => relay(port, request).await,
+        Some(port) if port != AGENT_PORT => {
+            let authenticated = auth::token_ok(&state, request.headers());
+            relay(port, authenticated, request).await
+        }
         _ => next.run(request).await,
     }
 }
 
-async fn relay(port: u16, mut request: Request) -> Response {
+/// Headers only the gateway and this agent may read or write.
+const PRIVATE_HEADERS: [&str; 3] = [ACCESS_TOKEN, TRAFFIC_ACCESS_TOKEN, CALLER_AUTHENTICATED];
+
+/// `authenticated`: the caller presented the access token; the listener
+/// learns that much and no more.
+async fn relay(port: u16, authenticated: bool, mut request: Request) -> Response {
+    for name in PRIVATE_HEADERS {
+        request.headers_mut().remove(name);
+    }
+    if authenticated {
+        request.headers_mut().insert(CALLER_AUTHENTICATED, HeaderValue::from_static("1"));
+    }
     let stream = match TcpStream::connect(("127.0.0.1", port)).await {
         Ok(stream) => stream,
         // The SDK reads "port is not open" as SandboxUnreachable.

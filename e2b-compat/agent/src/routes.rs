@@ -26,7 +26,7 @@ pub fn router(state: SharedState) -> Router {
         .route("/process.Process/{method}", post(process_rpc))
         .route("/filesystem.Filesystem/{method}", post(filesystem_rpc))
         .layer(middleware::from_fn_with_state(state.clone(), auth::require_token))
-        .layer(middleware::from_fn(crate::ports::relay_other_ports))
+        .layer(middleware::from_fn_with_state(state.clone(), crate::ports::relay_other_ports))
         .layer(middleware::map_request(crate::drain::request_bodies))
         .with_state(state)
 }

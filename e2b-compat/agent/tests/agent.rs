@@ -564,6 +564,44 @@ async fn other_sandbox_ports_are_relayed_to_loopback() {
     assert!(body["message"].as_str().unwrap().contains("port is not open"));
 }
 
+/// The head of one request a stand-in service on loopback receives.
+async fn relayed_head(agent: &Agent, headers: &[(&str, &str)]) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let server = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = server.local_addr().unwrap().port();
+    let seen = tokio::spawn(async move {
+        let (mut conn, _) = server.accept().await.unwrap();
+        let mut buf = [0u8; 4096];
+        let n = conn.read(&mut buf).await.unwrap();
+        conn.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n").await.unwrap();
+        String::from_utf8_lossy(&buf[..n]).to_ascii_lowercase()
+    });
+    let mut req = Request::get("/x").header("e2b-sandbox-port", port.to_string());
+    for (name, value) in headers {
+        req = req.header(*name, *value);
+    }
+    assert_eq!(agent.send(req.body(Full::default()).unwrap()).await.status(), StatusCode::OK);
+    seen.await.unwrap()
+}
+
+#[tokio::test]
+async fn relayed_requests_lose_the_tokens_and_carry_only_whether_the_caller_had_one() {
+    let agent = start_agent(Some(TOKEN)).await;
+    let head = relayed_head(
+        &agent,
+        &[("x-access-token", TOKEN), ("e2b-traffic-access-token", "traffic"), ("x-copse-caller-authenticated", "0")],
+    )
+    .await;
+    assert!(!head.contains("x-access-token") && !head.contains(&TOKEN.to_ascii_lowercase()), "{head}");
+    assert!(!head.contains("e2b-traffic-access-token") && !head.contains("traffic\r"), "{head}");
+    assert!(head.contains("x-copse-caller-authenticated: 1\r\n"), "{head}");
+
+    // A caller without the token cannot forge the mark.
+    let head = relayed_head(&agent, &[("x-access-token", "wrong"), ("x-copse-caller-authenticated", "1")]).await;
+    assert!(!head.contains("x-copse-caller-authenticated"), "{head}");
+    assert!(!head.contains("wrong"), "{head}");
+}
+
 #[tokio::test]
 async fn upgrades_to_other_ports_become_two_way_byte_streams() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};

@@ -3,6 +3,14 @@
 
 /// The sandbox's envd access token (`envdAccessToken` of a create response).
 pub const ACCESS_TOKEN: &str = "x-access-token";
+/// The sandbox's traffic token (`trafficAccessToken` of a create response),
+/// which requests to its ports need when it does not allow public traffic.
+pub const TRAFFIC_ACCESS_TOKEN: &str = "e2b-traffic-access-token";
+/// Set by the agent on a request it relays to an in-sandbox port when the
+/// caller presented the access token (which the agent strips): how the
+/// code interpreter knows its caller is authorised without ever seeing the
+/// token. A caller's own value is always removed first.
+pub const CALLER_AUTHENTICATED: &str = "x-copse-caller-authenticated";
 /// Which sandbox port a request through the gateway is for.
 pub const SANDBOX_PORT: &str = "e2b-sandbox-port";
 /// Which sandbox a request through the gateway is for.

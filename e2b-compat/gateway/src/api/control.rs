@@ -32,8 +32,10 @@ pub async fn create(
     body: Option<Json<wire::NewSandbox>>,
 ) -> ApiResult<Response> {
     let Json(body) = body.ok_or_else(|| ApiError::bad_request("request body must be a JSON object"))?;
+    let private_traffic = body.network.as_ref().and_then(|n| n.allow_public_traffic) == Some(false);
     let request = CreateRequest {
         template: body.template_id.unwrap_or_else(|| DEFAULT_TEMPLATE.to_string()),
+        private_traffic,
         timeout_s: body.timeout,
         metadata: body.metadata.unwrap_or_default(),
         env_vars: body.env_vars.unwrap_or_default(),
@@ -346,7 +348,7 @@ fn sandbox(record: &SandboxRecord, exposure: &Exposure) -> wire::Sandbox {
         client_id: CLIENT_ID.into(),
         envd_version: model::ENVD_VERSION.into(),
         envd_access_token: record.access_token.clone(),
-        traffic_access_token: None,
+        traffic_access_token: record.traffic_access_token.clone(),
         domain: exposure.domain.clone(),
         alias: Some(record.template.clone()),
     }

@@ -2,14 +2,17 @@
 //! (`{port}-{id}.{domain}`, see `host_routing.rs`), requests carrying
 //! `E2b-Sandbox-Id` (what the SDK sends when `E2B_SANDBOX_URL` points here),
 //! and signed `/files` links that carry no headers at all, are forwarded
-//! unchanged to the sandbox's agent. Bodies stream both ways and WebSocket
+//! to the sandbox's agent, which strips the tokens before relaying to any
+//! other in-sandbox port (`agent/src/ports.rs`). A sandbox created with
+//! `allowPublicTraffic: false` answers on its ports only requests carrying
+//! its traffic token. Bodies stream both ways and WebSocket
 //! upgrades are spliced through.
 
 use std::sync::Arc;
 
 use axum::body::Body;
 use axum::extract::{Request, State};
-use axum::http::{HeaderValue, Method, StatusCode, Uri, Version, header};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Uri, Version, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
@@ -23,6 +26,8 @@ use crate::store::{AccessTokens, SignedLink};
 pub const SANDBOX_ID_HEADER: &str = "e2b-sandbox-id";
 const SANDBOX_PORT_HEADER: &str = copse_protocol::headers::SANDBOX_PORT;
 const ACCESS_TOKEN_HEADER: &str = copse_protocol::headers::ACCESS_TOKEN;
+const TRAFFIC_TOKEN_HEADER: &str = copse_protocol::headers::TRAFFIC_ACCESS_TOKEN;
+const AGENT_PORT: u16 = copse_protocol::headers::AGENT_PORT;
 
 pub async fn switch(State(svc): State<Arc<Sandboxes>>, request: Request, next: Next) -> Response {
     let (record, port) = match target(&svc, &request) {
@@ -38,6 +43,13 @@ pub async fn switch(State(svc): State<Arc<Sandboxes>>, request: Request, next: N
     {
         return ApiError::new(StatusCode::UNAUTHORIZED, "invalid access token for this sandbox").into_response();
     }
+    if !traffic_allowed(record.traffic_access_token.as_deref(), port, request.headers()) {
+        return ApiError::new(
+            StatusCode::FORBIDDEN,
+            "this sandbox does not allow public traffic: missing or invalid e2b-traffic-access-token",
+        )
+        .into_response();
+    }
     // A frozen agent would hold the request forever: resume first (if the
     // sandbox asked for that) or say it is paused.
     let record = match svc.resume_for_traffic(*record).await {
@@ -45,6 +57,22 @@ pub async fn switch(State(svc): State<Arc<Sandboxes>>, request: Request, next: N
         Err(e) => return ApiError::from(e).into_response(),
     };
     forward(&record, port, request).await
+}
+
+/// Whether a sandbox that does not allow public traffic lets this request
+/// through: it carries the traffic token, or it is for the agent's own
+/// port. E2B exempts envd traffic that carries the envd access token; the
+/// agent demands that token (or a signature made with it) on every route
+/// but `/health` itself, so the gateway lets the agent judge — which also
+/// keeps signed `/files` links working, as they carry no headers.
+fn traffic_allowed(expected: Option<&str>, host_port: Option<u16>, headers: &HeaderMap) -> bool {
+    let Some(expected) = expected else { return true };
+    let port = host_port.or_else(|| headers.get(SANDBOX_PORT_HEADER)?.to_str().ok()?.parse().ok());
+    if port.unwrap_or(AGENT_PORT) == AGENT_PORT {
+        return true;
+    }
+    let given = headers.get(TRAFFIC_TOKEN_HEADER).and_then(|v| v.to_str().ok()).unwrap_or("");
+    copse_protocol::signature::equal(given, expected)
 }
 
 enum Target {
@@ -153,4 +181,38 @@ async fn forward(record: &SandboxRecord, port: Option<u16>, mut request: Request
 /// not found".
 fn not_found(id: &str) -> Response {
     ApiError::new(StatusCode::BAD_GATEWAY, format!("The sandbox {id} was not found")).into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
+        pairs.iter().map(|(k, v)| (axum::http::HeaderName::from_static(k), HeaderValue::from_static(v))).collect()
+    }
+
+    #[test]
+    fn public_sandboxes_need_no_traffic_token() {
+        assert!(traffic_allowed(None, Some(8000), &headers(&[])));
+    }
+
+    #[test]
+    fn private_ports_need_the_traffic_token() {
+        let token = Some("t0k3n");
+        assert!(!traffic_allowed(token, Some(8000), &headers(&[])));
+        assert!(!traffic_allowed(token, Some(8000), &headers(&[(TRAFFIC_TOKEN_HEADER, "wrong")])));
+        assert!(traffic_allowed(token, Some(8000), &headers(&[(TRAFFIC_TOKEN_HEADER, "t0k3n")])));
+        // The port header route is held to the same rule.
+        assert!(!traffic_allowed(token, None, &headers(&[(SANDBOX_PORT_HEADER, "49999")])));
+        // The access token is no traffic token.
+        assert!(!traffic_allowed(token, Some(49999), &headers(&[(ACCESS_TOKEN_HEADER, "t0k3n")])));
+    }
+
+    #[test]
+    fn the_agents_port_is_left_to_the_agents_own_check() {
+        let token = Some("t0k3n");
+        assert!(traffic_allowed(token, Some(AGENT_PORT), &headers(&[])));
+        assert!(traffic_allowed(token, None, &headers(&[])));
+        assert!(traffic_allowed(token, None, &headers(&[(SANDBOX_PORT_HEADER, "49983")])));
+    }
 }

@@ -37,6 +37,9 @@ pub struct NetworkConfig {
     pub dns_servers: Option<Vec<String>>,
     #[serde(rename = "allow_internet_access")]
     pub allow_internet_access: Option<bool>,
+    /// `false`: requests to the sandbox's ports need its traffic token.
+    /// Only read on create, as E2B does.
+    pub allow_public_traffic: Option<bool>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -249,6 +252,13 @@ mod tests {
         assert_eq!(parsed.timeout, Some(30));
         assert_eq!(parsed.allow_internet_access, Some(false));
         assert_eq!(parsed.env_vars.unwrap()["X"], "1");
+    }
+
+    #[test]
+    fn create_body_carries_allow_public_traffic_in_network() {
+        let body = r#"{"templateID":"base","network":{"allowPublicTraffic":false}}"#;
+        let parsed: NewSandbox = serde_json::from_str(body).unwrap();
+        assert_eq!(parsed.network.unwrap().allow_public_traffic, Some(false));
     }
 
     #[test]

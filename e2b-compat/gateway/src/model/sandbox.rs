@@ -28,6 +28,11 @@ pub struct SandboxRecord {
     pub id: String,
     pub template: String,
     pub access_token: String,
+    /// Set when the sandbox does not allow public traffic: requests to its
+    /// ports must carry it (`e2b-traffic-access-token`). Records written
+    /// before it existed have none: public, as they were.
+    #[serde(default)]
+    pub traffic_access_token: Option<String>,
     pub metadata: HashMap<String, String>,
     pub env_vars: HashMap<String, String>,
     pub limits: Limits,

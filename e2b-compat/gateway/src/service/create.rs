@@ -33,6 +33,9 @@ pub struct CreateRequest {
     pub auto_pause: bool,
     pub auto_pause_memory: bool,
     pub auto_resume: bool,
+    /// Its ports answer only requests carrying its traffic token (E2B's
+    /// `allowPublicTraffic: false`).
+    pub private_traffic: bool,
 }
 
 /// Where a create spent its time, for the `Server-Timing` header.
@@ -93,6 +96,7 @@ impl Sandboxes {
             id,
             template,
             access_token: new_token(),
+            traffic_access_token: request.private_traffic.then(new_token),
             metadata: request.metadata,
             env_vars: request.env_vars,
             limits: self.limits,

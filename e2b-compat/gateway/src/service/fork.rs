@@ -70,6 +70,8 @@ impl Sandboxes {
         let record = SandboxRecord {
             id: booted.id,
             access_token: new_token(),
+            // A child is as private as its source, under its own token.
+            traffic_access_token: source.traffic_access_token.as_ref().map(|_| new_token()),
             started_at_ms: now,
             end_at_ms: now + timeout_s * 1000,
             state: State::Running,
