@@ -11,6 +11,7 @@ they take exactly the sandbox's path through the bridge and the rules.
 import contextlib
 import ipaddress
 import os
+import shutil
 import socket
 import subprocess
 import threading
@@ -245,3 +246,150 @@ def test_sandboxes_cannot_reach_each_other_or_the_host(gateway, internet):
     while (leaks := leakcheck.network_leaks(BRIDGE, live)) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert leaks == []
+
+
+# The host's neighbourhood: a private-range host and a metadata-like one, in
+# a network namespace routed from the host like any LAN or link-local peer.
+PRIVATE = "192.168.237.10"
+METADATA = "169.254.169.254"
+
+
+@pytest.fixture(scope="module")
+def neighbours():
+    ns, veth = f"cn-lan-{os.getpid()}", f"cnl{os.getpid() % 100000}"
+    sh("ip", "netns", "add", ns)
+    try:
+        sh("ip", "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", ns)
+        sh("ip", "addr", "add", "192.168.237.1/24", "dev", veth)
+        sh("ip", "link", "set", veth, "up")
+        sh("ip", "-n", ns, "addr", "add", f"{PRIVATE}/24", "dev", "eth0")
+        sh("ip", "-n", ns, "addr", "add", f"{METADATA}/32", "dev", "eth0")
+        sh("ip", "-n", ns, "link", "set", "eth0", "up")
+        sh("ip", "-n", ns, "link", "set", "lo", "up")
+        sh("ip", "-n", ns, "route", "add", "default", "via", "192.168.237.1")
+        sh("ip", "route", "add", f"{METADATA}/32", "via", PRIVATE)
+        server = subprocess.Popen(["ip", "netns", "exec", ns, "python3", "-c", SERVER])
+        deadline = time.monotonic() + 10
+        while not (_tcp_ok(PRIVATE, PORT) and _tcp_ok(METADATA, PORT)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _tcp_ok(METADATA, PORT), "the host cannot reach its own metadata-like neighbour"
+        yield ns
+        server.kill()
+        server.wait()
+    finally:
+        sh("ip", "route", "del", f"{METADATA}/32", check=False)
+        sh("ip", "netns", "del", ns, check=False)
+
+
+def test_the_hosts_neighbourhood_is_unreachable_and_no_tenant_policy_reopens_it(gateway, internet, neighbours):
+    """Private ranges and link-local metadata are blocked by default; a
+    tenant's explicit allow_out of them is not honoured (the operator's
+    protection is not the tenant's to lift), while the internet stays
+    reachable."""
+    open_ = Sandbox.create(template="base")
+    asking = Sandbox.create(template="base", network={"allow_out": [PRIVATE, METADATA, INTERNET],
+                                                       "deny_out": ["0.0.0.0/0"]})
+    try:
+        assert reaches(open_, INTERNET)
+        for sbx in (open_, asking):
+            for addr in (PRIVATE, METADATA):
+                assert not reaches(sbx, addr), f"{addr} is reachable from {sbx.sandbox_id}"
+                assert not probe_from(sbx.sandbox_id, "tcp", addr, PORT), f"root reaches {addr}"
+        assert reaches(asking, INTERNET), "the tenant's allow list admits its public target"
+    finally:
+        open_.kill()
+        asking.kill()
+
+
+def test_an_operator_opens_neighbourhood_ranges_and_tenant_policies_still_apply(gateway, internet, neighbours):
+    """`copse up --allow-egress-range` opens a range to every sandbox of that
+    gateway; each sandbox's own policy still narrows it."""
+    from conftest import Gateway, share_templates
+
+    data_dir = DATA_DIR / "opened"
+    data_dir.mkdir(exist_ok=True)
+    for entry in data_dir.iterdir():
+        if entry.name not in ("templates", "disk", "disk.img"):
+            shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
+    share_templates(data_dir)
+    other = Gateway(data_dir)
+    second = ipaddress.ip_network(SUBNET).network_address.packed[1]
+    other.start(extra_args=["--bridge", f"{BRIDGE[:9]}o", "--subnet", f"10.{(second + 100) % 256}.0.0/16",
+                            "--allow-egress-range", "192.168.237.0/24", "--allow-egress-range", METADATA])
+    env = dict(api_key=os.environ["E2B_API_KEY"], api_url=other.url, sandbox_url=other.url)
+    try:
+        opened = Sandbox.create(template="base", **env)
+        closed = Sandbox.create(template="base", allow_internet_access=False, **env)
+        try:
+            assert reaches(opened, PRIVATE) and reaches(opened, METADATA)
+            assert not reaches(closed, PRIVATE) and not reaches(closed, METADATA)
+            opened.update_network({"deny_out": [f"{METADATA}/32"]})
+            assert not reaches(opened, METADATA) and reaches(opened, PRIVATE)
+        finally:
+            opened.kill()
+            closed.kill()
+    finally:
+        other.stop()
+
+
+def test_dns_servers_are_reachable_on_port_53_only(gateway, internet):
+    """A caller's DNS server is admitted for DNS, not as a way to name any
+    host: its other ports stay closed under an air-gapped policy."""
+    listener = subprocess.Popen(["ip", "netns", "exec", internet, "python3", "-c",
+                                 "import socket, time\ns = socket.create_server(('0.0.0.0', 53))\n"
+                                 "while True: s.accept()[0].close()"])
+    sbx = Sandbox.create(template="base", network={"allow_out": ["localhost"], "deny_out": ["0.0.0.0/0"],
+                                                    "dns_servers": [INTERNET]})
+    try:
+        deadline = time.monotonic() + 10
+        while not _tcp_ok(INTERNET, 53) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert probe_from(sbx.sandbox_id, "tcp", INTERNET, 53), "the DNS server is not reachable on port 53"
+        assert not reaches(sbx, INTERNET), "the DNS server is reachable on a port other than 53"
+        assert not reaches(sbx, OTHER)
+    finally:
+        sbx.kill()
+        listener.kill()
+        listener.wait()
+
+
+def test_a_fork_of_an_air_gapped_sandbox_is_blocked_from_its_first_instant(gateway, internet):
+    """A process connecting in a loop since before the snapshot never gets
+    through in a fork: the fork's rules are in place before its restored
+    processes can send a packet."""
+    source = Sandbox.create(template="base", allow_internet_access=False, timeout=120)
+    children = []
+    try:
+        # One long-lived process whose sockets live for microseconds (a
+        # refused connect fails at once), so the snapshot rarely meets one.
+        probe = (f"import socket, time\nwhile True:\n"
+                 f"    try:\n        socket.create_connection(('{INTERNET}', {PORT}), timeout=1).close(); r = '200'\n"
+                 f"    except OSError:\n        r = 'blocked'\n"
+                 f"    with open('/tmp/probe.log', 'a') as f: f.write(r + '\\n')\n"
+                 f"    time.sleep(0.5)\n")
+        source.files.write("/tmp/probe.py", probe)
+        source.commands.run("python3 /tmp/probe.py", background=True)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            if source.files.exists("/tmp/probe.log") and source.files.read("/tmp/probe.log").strip():
+                break
+            time.sleep(0.1)
+        else:
+            raise AssertionError("the probe loop is not running")
+        children = [c for c in source.fork(count=1, timeout=60) if isinstance(c, Sandbox)]
+        assert len(children) == 1
+        child = children[0]
+        before = len(child.files.read("/tmp/probe.log").splitlines())
+        time.sleep(2)
+        log = child.files.read("/tmp/probe.log").splitlines()
+        assert len(log) > before, "the probe loop did not carry into the fork"
+        assert "200" not in log, "a restored process reached the internet"
+        # The probe itself works: opening the fork lets it through.
+        child.update_network({"allow_internet_access": True})
+        deadline = time.monotonic() + 10
+        while "200" not in child.files.read("/tmp/probe.log").splitlines() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert "200" in child.files.read("/tmp/probe.log").splitlines()
+    finally:
+        for sbx in [source, *children]:
+            sbx.kill()

@@ -2,8 +2,10 @@
 //!
 //! Platform-neutral, at the top: the egress [`Policy`] model, built from
 //! E2B's inputs ([`policy`], its host names resolved by [`dns`]); the
-//! network of one gateway ([`net`]: bridge, subnet, host interface names);
-//! and which address each sandbox gets ([`addresses`]).
+//! network of one gateway ([`net`]: bridge, subnet, host interface names),
+//! with what its sandboxes may reach of the host's own networks
+//! ([`neighbourhood`]); and which address each sandbox gets
+//! ([`addresses`]).
 //!
 //! One folder per backend, each a pure renderer of the policy (text and
 //! command lines only, golden-tested on Linux) and an executor that
@@ -21,6 +23,7 @@ pub mod addresses;
 pub mod dns;
 pub mod freebsd;
 pub mod linux;
+pub mod neighbourhood;
 pub mod net;
 pub mod policy;
 
@@ -31,5 +34,6 @@ mod process;
 mod golden;
 
 pub use addresses::{AddressPool, SubnetFull};
+pub use neighbourhood::Neighbourhood;
 pub use net::{Attachment, NetConfig, SandboxNetwork};
 pub use policy::{Policy, PolicyError, ResolvedPolicy, Target};

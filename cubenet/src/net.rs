@@ -8,6 +8,7 @@ use ipnet::Ipv4Net;
 use serde::{Deserialize, Serialize};
 
 use crate::addresses;
+use crate::neighbourhood::Neighbourhood;
 use crate::policy::Policy;
 
 pub const DEFAULT_BRIDGE: &str = "copse0";
@@ -24,11 +25,18 @@ pub struct NetConfig {
     /// other's state.
     pub bridge: String,
     pub subnet: Ipv4Net,
+    /// What sandboxes may reach of the host's own networks.
+    #[serde(default)]
+    pub neighbourhood: Neighbourhood,
 }
 
 impl Default for NetConfig {
     fn default() -> Self {
-        Self { bridge: DEFAULT_BRIDGE.into(), subnet: DEFAULT_SUBNET.parse().expect("valid default subnet") }
+        Self {
+            bridge: DEFAULT_BRIDGE.into(),
+            subnet: DEFAULT_SUBNET.parse().expect("valid default subnet"),
+            neighbourhood: Neighbourhood::default(),
+        }
     }
 }
 
@@ -47,7 +55,14 @@ impl NetConfig {
                 "bridge name '{bridge}' must be 1-{MAX_BRIDGE_NAME} letters, digits or '_', starting with a letter"
             );
         }
-        Ok(Self { bridge: bridge.into(), subnet: subnet.trunc() })
+        Ok(Self { bridge: bridge.into(), subnet: subnet.trunc(), neighbourhood: Neighbourhood::default() })
+    }
+
+    /// The same network with the operator's decisions about the host's
+    /// neighbourhood (by default every protected range is blocked and no
+    /// resolver is exempt).
+    pub fn with_neighbourhood(self, neighbourhood: Neighbourhood) -> Self {
+        Self { neighbourhood, ..self }
     }
 
     /// The host's address on the bridge: the sandboxes' default route.

@@ -3,14 +3,17 @@
 //! E2B's semantics, which both backends implement:
 //! - with no rules, all egress is allowed (besides what
 //!   [`crate::linux::nft`] and [`crate::freebsd::pf`] always block: other
-//!   sandboxes, the host, link-local);
+//!   sandboxes, the host, loopback, multicast, and the operator's protected
+//!   ranges of [`crate::neighbourhood`], which no tenant policy reopens);
 //! - `deny_out` blocks the listed networks; `0.0.0.0/0` blocks everything,
 //!   and `allow_internet_access: false` means exactly that;
 //! - `allow_out` entries win over `deny_out` ones, so "deny 0.0.0.0/0 plus an
 //!   allow list" admits only the listed targets;
 //! - hostnames are allowed in `allow_out` only. They are resolved when the
 //!   policy is applied (and re-resolved on every refresh); when any is
-//!   present, the `dns_servers` (8.8.8.8 unless given) are allowed too.
+//!   present, the `dns_servers` (8.8.8.8 unless given) are allowed too, on
+//!   port 53 (TCP and UDP) only: E2B opens every port of them, which would
+//!   make "a DNS server" a way to name any host.
 //!
 //! Sandboxes have IPv4 only, so IPv6 entries are accepted and have nothing
 //! to act on: every IPv6 packet from a sandbox is dropped anyway.
@@ -24,6 +27,12 @@ use serde::{Deserialize, Serialize};
 /// caller gave no `dns_servers`.
 pub const DEFAULT_DNS: Ipv4Addr = Ipv4Addr::new(8, 8, 8, 8);
 
+/// E2B's bound on `dns_servers`.
+pub const MAX_DNS_SERVERS: usize = 10;
+
+/// The one port a DNS server is reachable on.
+pub const DNS_PORT: u16 = 53;
+
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum PolicyError {
     #[error("invalid network target '{0}': expected an IPv4 address, a CIDR block or a host name")]
@@ -36,6 +45,8 @@ pub enum PolicyError {
     Wildcard(String),
     #[error("invalid DNS server '{0}': expected an IPv4 address")]
     InvalidDnsServer(String),
+    #[error("at most {MAX_DNS_SERVERS} DNS servers are allowed, got {0}")]
+    TooManyDnsServers(usize),
 }
 
 /// One entry of an allow or deny list.
@@ -52,7 +63,7 @@ pub struct Policy {
     pub allow: Vec<Target>,
     /// Blocked unless an allow entry admits them.
     pub deny: Vec<Ipv4Net>,
-    /// Resolvers admitted when `allow` names a host.
+    /// Resolvers admitted on port 53 when `allow` names a host.
     pub dns_servers: Vec<Ipv4Addr>,
 }
 
@@ -91,6 +102,7 @@ impl Policy {
         }
         let dns_servers = match dns_servers {
             None => vec![DEFAULT_DNS],
+            Some(list) if list.len() > MAX_DNS_SERVERS => return Err(PolicyError::TooManyDnsServers(list.len())),
             Some(list) => list
                 .iter()
                 .map(|s| s.trim().parse::<Ipv4Addr>().map_err(|_| PolicyError::InvalidDnsServer(s.clone())))
@@ -127,12 +139,13 @@ impl Policy {
                 }
             }
         }
-        if self.has_hosts() {
-            allow.extend(self.dns_servers.iter().copied().map(Ipv4Net::from));
-        }
+        let dns: Vec<Ipv4Net> = match self.has_hosts() {
+            true => self.dns_servers.iter().copied().map(Ipv4Net::from).collect(),
+            false => Vec::new(),
+        };
         let deny_all = !self.internet_access();
         let deny = if deny_all { Vec::new() } else { Ipv4Net::aggregate(&self.deny) };
-        ResolvedPolicy { allow: Ipv4Net::aggregate(&allow), deny, deny_all, unresolved }
+        ResolvedPolicy { allow: Ipv4Net::aggregate(&allow), dns: Ipv4Net::aggregate(&dns), deny, deny_all, unresolved }
     }
 }
 
@@ -141,6 +154,9 @@ impl Policy {
 pub struct ResolvedPolicy {
     /// Non-overlapping networks (aggregated), admitted before any deny.
     pub allow: Vec<Ipv4Net>,
+    /// DNS servers, admitted before any deny on [`DNS_PORT`] only.
+    #[serde(default)]
+    pub dns: Vec<Ipv4Net>,
     /// Non-overlapping networks; empty when `deny_all`.
     pub deny: Vec<Ipv4Net>,
     /// Everything not in `allow` is blocked.
@@ -155,10 +171,13 @@ impl ResolvedPolicy {
         Self::default()
     }
 
-    /// Whether egress to `addr` passes this policy (before the rules every
-    /// sandbox gets regardless).
-    pub fn admits(&self, addr: Ipv4Addr) -> bool {
+    /// Whether TCP or UDP egress to `addr`, `port` passes this policy
+    /// (before the rules every sandbox gets regardless).
+    pub fn admits(&self, addr: Ipv4Addr, port: u16) -> bool {
         if self.allow.iter().any(|n| n.contains(&addr)) {
+            return true;
+        }
+        if port == DNS_PORT && self.dns.iter().any(|n| n.contains(&addr)) {
             return true;
         }
         !(self.deny_all || self.deny.iter().any(|n| n.contains(&addr)))
@@ -172,7 +191,8 @@ impl ResolvedPolicy {
         }
         // A new deny range, or a lost allow range, can only narrow.
         let new_deny = self.deny.iter().any(|d| !previous.deny.iter().any(|p| p.contains(d)));
-        let lost_allow = previous.allow.iter().any(|p| !self.allow.iter().any(|a| a.contains(p)));
+        let lost = |now: &[Ipv4Net], then: &[Ipv4Net]| then.iter().any(|p| !now.iter().any(|a| a.contains(p)));
+        let lost_allow = lost(&self.allow, &previous.allow) || lost(&self.dns, &previous.dns);
         (new_deny && !previous.deny_all) || ((self.deny_all || !self.deny.is_empty()) && lost_allow)
     }
 }
@@ -231,7 +251,7 @@ mod tests {
     #[test]
     fn no_rules_admit_everything() {
         let p = Policy::from_e2b(None, &[], &[], None).unwrap().resolve(|_| vec![]);
-        assert!(p.admits(ip("198.51.100.10")));
+        assert!(p.admits(ip("198.51.100.10"), 443));
         assert!(!p.deny_all);
     }
 
@@ -241,8 +261,8 @@ mod tests {
         assert!(!policy.internet_access());
         let p = policy.resolve(|_| vec![]);
         assert!(p.deny_all);
-        assert!(p.admits(ip("203.0.113.7")));
-        assert!(!p.admits(ip("203.0.113.8")));
+        assert!(p.admits(ip("203.0.113.7"), 443));
+        assert!(!p.admits(ip("203.0.113.8"), 443));
     }
 
     #[test]
@@ -250,9 +270,9 @@ mod tests {
         let policy =
             Policy::from_e2b(None, &strings(&["198.51.100.10/32"]), &strings(&["198.51.100.0/24"]), None).unwrap();
         let p = policy.resolve(|_| vec![]);
-        assert!(p.admits(ip("198.51.100.10")));
-        assert!(!p.admits(ip("198.51.100.11")));
-        assert!(p.admits(ip("192.0.2.1")));
+        assert!(p.admits(ip("198.51.100.10"), 443));
+        assert!(!p.admits(ip("198.51.100.11"), 443));
+        assert!(p.admits(ip("192.0.2.1"), 443));
     }
 
     #[test]
@@ -260,9 +280,10 @@ mod tests {
         let policy = Policy::from_e2b(Some(false), &strings(&["Example.com."]), &[], None).unwrap();
         assert_eq!(policy.allow, vec![Target::Host("example.com".into())]);
         let p = policy.resolve(|h| if h == "example.com" { vec![ip("93.184.216.34")] } else { vec![] });
-        assert!(p.admits(ip("93.184.216.34")));
-        assert!(p.admits(DEFAULT_DNS));
-        assert!(!p.admits(ip("1.1.1.1")));
+        assert!(p.admits(ip("93.184.216.34"), 443));
+        assert!(p.admits(DEFAULT_DNS, 53), "the DNS server on port 53");
+        assert!(!p.admits(DEFAULT_DNS, 443), "a DNS server is reachable on port 53 only");
+        assert!(!p.admits(ip("1.1.1.1"), 53));
 
         let no_dns = Policy::from_e2b(Some(false), &strings(&["nowhere.test"]), &[], Some(&[])).unwrap();
         let p = no_dns.resolve(|_| vec![]);
@@ -289,6 +310,8 @@ mod tests {
             Policy::from_e2b(None, &[], &[], Some(&strings(&["x"]))),
             Err(PolicyError::InvalidDnsServer(_))
         ));
+        let eleven: Vec<String> = (1..=11).map(|i| format!("192.0.2.{i}")).collect();
+        assert_eq!(Policy::from_e2b(None, &[], &[], Some(&eleven)), Err(PolicyError::TooManyDnsServers(11)));
     }
 
     #[test]
@@ -325,5 +348,9 @@ mod tests {
         let allow_none = ResolvedPolicy { deny_all: true, ..Default::default() };
         assert!(allow_none.tightens(&allow_a));
         assert!(!allow_a.tightens(&allow_none));
+        let dns_a =
+            ResolvedPolicy { dns: vec!["192.0.2.53/32".parse().unwrap()], deny_all: true, ..Default::default() };
+        assert!(allow_none.tightens(&dns_a), "losing a DNS server narrows");
+        assert!(!dns_a.tightens(&allow_none));
     }
 }

@@ -250,6 +250,23 @@ mod tests {
     }
 
     #[test]
+    fn a_sandbox_is_under_its_anchor_before_it_has_a_route() {
+        // A restored or forked jail has processes running while it is
+        // attached: nothing may carry their packets before the anchor.
+        let network = JailNetwork::open(cfg(), host(vec![])).unwrap();
+        network.runner.take();
+        let closed = Policy::from_e2b(Some(false), &[], &[], None).unwrap();
+        network.attach("i3k2m9x", 12, &sandbox("10.88.0.7", closed)).unwrap();
+        let steps = network.runner.take();
+        let at = |needle: &str| steps.find(needle).unwrap_or_else(|| panic!("{needle} missing from\n{steps}"));
+        let anchor = at("/sbin/pfctl -a copse/copse0/i3k2m9x -f -");
+        for later in ["group copse up", "addm copse0-7", "epair4b vnet 12", "-j 12 epair4b inet", "/sbin/route -j 12"] {
+            assert!(anchor < at(later), "the anchor must be loaded before `{later}`:\n{steps}");
+        }
+        assert!(at("/sbin/ifconfig epair4a name copse0-7") < anchor, "the anchor names the renamed host end");
+    }
+
+    #[test]
     fn a_failed_attach_removes_what_it_made() {
         let network = JailNetwork::open(
             cfg(),

@@ -6,11 +6,16 @@
 //!   gets its own anchor `copse/<bridge>/<id>`. The bridge level keeps two
 //!   gateways with different networks from listing or flushing each
 //!   other's anchors.
-//! - Each anchor ([`anchor`]) holds the sandbox's `<allow>` and `<deny>`
-//!   tables and its rules: anti-spoofing, the always-blocked destinations
-//!   (the host itself, the subnet, loopback, link-local, multicast), then
-//!   the policy, then `block` for anything else. Rules match on the
-//!   sandbox's epair end as it enters the host (`net.link.bridge.pfil_member=1`).
+//! - Each anchor ([`anchor`]) holds the sandbox's `<allow>`, `<dns>` and
+//!   `<deny>` tables and its rules: anti-spoofing, the always-blocked
+//!   destinations (the host itself, the subnet, loopback, multicast), the
+//!   host's neighbourhood the operator has not opened (`<protected>`, see
+//!   [`crate::neighbourhood`]; the host's resolvers in it pass on port 53
+//!   when the policy admits them), then the policy (DNS servers on port 53
+//!   only), then `block` for anything else. Rules match on the sandbox's
+//!   epair end as it enters the host (`net.link.bridge.pfil_member=1`). The
+//!   neighbourhood rules come before the policy's, and every rule is
+//!   `quick`, so no tenant policy reopens what the operator protects.
 //! - An anchor and its tables are replaced atomically with
 //!   `pfctl -a <anchor> -f -`; pf keeps states past a rule change, so when
 //!   a policy tightens the sandbox's states are killed (`pfctl -k`).
@@ -20,13 +25,12 @@ use std::net::Ipv4Addr;
 use ipnet::Ipv4Net;
 
 use crate::freebsd::cmd::Cmd;
+use crate::neighbourhood::always_blocked;
 use crate::net::{Attachment, NetConfig};
-use crate::policy::ResolvedPolicy;
+use crate::policy::{DNS_PORT, ResolvedPolicy};
 
 pub const ROOT_ANCHOR: &str = "copse";
 pub const PFCTL: &str = "/sbin/pfctl";
-
-const ALWAYS_BLOCKED: &[&str] = &["0.0.0.0/8", "127.0.0.0/8", "169.254.0.0/16", "224.0.0.0/3"];
 
 /// Parent of this network's sandbox anchors.
 pub fn parent_anchor(cfg: &NetConfig) -> String {
@@ -55,18 +59,32 @@ pub fn pf_conf_fragment(cfg: &NetConfig) -> String {
 /// every rule is `quick`, so nothing after the anchor in the operator's
 /// ruleset can widen what it decided.
 pub fn anchor(cfg: &NetConfig, a: &Attachment, policy: &ResolvedPolicy) -> String {
-    let mut blocked: Vec<Ipv4Net> = ALWAYS_BLOCKED.iter().map(|s| s.parse().expect("valid constant")).collect();
-    blocked.push(cfg.subnet);
     let (on, me) = (format!("on \"{}\"", a.host_if), a.address);
     let refuse = if policy.deny_all { "any".to_string() } else { "<deny>".to_string() };
+    // pf has no jump back into a policy, so the resolver exemption is
+    // decided here: only resolvers the policy admits on port 53 pass.
+    let resolvers: Vec<Ipv4Net> =
+        cfg.neighbourhood.exempt_resolvers().into_iter().filter(|r| policy.admits(r.addr(), DNS_PORT)).collect();
     let mut out = String::new();
     out.push_str(&table_line("allow", &policy.allow));
+    out.push_str(&table_line("dns", &policy.dns));
     out.push_str(&table_line("deny", &policy.deny));
-    out.push_str(&format!("table <blocked> const {{ {} }}\n", join(&Ipv4Net::aggregate(&blocked))));
+    out.push_str(&format!("table <blocked> const {{ {} }}\n", join(&always_blocked(cfg.subnet))));
+    out.push_str(&const_table_line("protected", &cfg.neighbourhood.blocked()));
     out.push_str(&format!("block drop in quick {on} inet6 all\n"));
     out.push_str(&format!("block drop in quick {on} inet from ! {me} to any\n"));
     out.push_str(&format!("block return in quick {on} inet from {me} to {{ self, <blocked> }}\n"));
+    if !resolvers.is_empty() {
+        out.push_str(&format!(
+            "pass in quick {on} inet proto {{ tcp, udp }} from {me} to {{ {} }} port {DNS_PORT} keep state\n",
+            join(&resolvers)
+        ));
+    }
+    out.push_str(&format!("block return in quick {on} inet from {me} to <protected>\n"));
     out.push_str(&format!("pass in quick {on} inet from {me} to <allow> keep state\n"));
+    out.push_str(&format!(
+        "pass in quick {on} inet proto {{ tcp, udp }} from {me} to <dns> port {DNS_PORT} keep state\n"
+    ));
     out.push_str(&format!("block return in quick {on} inet from {me} to {refuse}\n"));
     if !policy.deny_all {
         out.push_str(&format!("pass in quick {on} inet from {me} to any keep state\n"));
@@ -80,6 +98,15 @@ fn table_line(name: &str, nets: &[Ipv4Net]) -> String {
         format!("table <{name}> persist\n")
     } else {
         format!("table <{name}> persist {{ {} }}\n", join(nets))
+    }
+}
+
+/// A table the anchor never changes on its own (reloaded whole).
+fn const_table_line(name: &str, nets: &[Ipv4Net]) -> String {
+    if nets.is_empty() {
+        format!("table <{name}> persist\n")
+    } else {
+        format!("table <{name}> const {{ {} }}\n", join(nets))
     }
 }
 
@@ -152,6 +179,7 @@ pub fn parse_anchors(cfg: &NetConfig, listing: &str) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::neighbourhood::Neighbourhood;
     use crate::policy::Policy;
 
     fn cfg() -> NetConfig {
@@ -172,6 +200,25 @@ mod tests {
         let a = cfg().attachment("i3k2m9x", "10.88.0.7".parse().unwrap());
         let deny = Policy::from_e2b(None, &strings(&["203.0.113.9"]), &strings(&["203.0.113.0/24"]), None).unwrap();
         crate::golden::check("pf-anchor-deny.conf", &anchor(&cfg(), &a, &deny.resolve(|_| vec![])));
+    }
+
+    #[test]
+    fn air_gapped_anchor_with_dns_and_an_opened_neighbourhood() {
+        // The operator opened one metadata address; the host's resolver
+        // sits in 10/8. The tenant blocks everything but one host name, so
+        // its DNS servers pass on port 53 and the host's resolver does not
+        // (the policy does not admit it).
+        let neighbourhood = Neighbourhood::new(&strings(&["169.254.169.254"]), "nameserver 10.255.255.53\n").unwrap();
+        let cfg = cfg().with_neighbourhood(neighbourhood);
+        let a = cfg.attachment("i3k2m9x", "10.88.0.7".parse().unwrap());
+        let closed = Policy::from_e2b(Some(false), &strings(&["example.com"]), &[], None).unwrap();
+        let resolved = closed.resolve(|_| vec!["93.184.216.34".parse().unwrap()]);
+        crate::golden::check("pf-anchor-dns.conf", &anchor(&cfg, &a, &resolved));
+        // An open policy admits the host's resolver, on port 53 only.
+        let open = anchor(&cfg, &a, &Policy::open().resolve(|_| vec![]));
+        assert!(open.contains("proto { tcp, udp } from 10.88.0.7 to { 10.255.255.53/32 } port 53 keep state\n"));
+        let resolver = open.find("to { 10.255.255.53/32 }").unwrap();
+        assert!(resolver < open.find("to <protected>").unwrap(), "the exemption must come before the block");
     }
 
     #[test]

@@ -108,21 +108,24 @@ pub fn bridge_setup(cfg: &NetConfig, created: Option<&str>) -> Vec<Cmd> {
     steps
 }
 
-/// After [`create_epair`]: names and tags the host end, puts it on the
-/// bridge, moves the other end into jail `jid` and configures it there,
-/// then loads the sandbox's anchor.
+/// After [`create_epair`]: names the host end and loads the sandbox's
+/// anchor for it first, then tags it, puts it on the bridge, moves the
+/// other end into jail `jid` and configures it there. The jail may hold
+/// running processes (a restore, a fork): the first packet they can send,
+/// once the route exists, already meets the sandbox's rules, never only
+/// the operator's main ruleset.
 pub fn attach(cfg: &NetConfig, a: &Attachment, epair: &Epair, jid: i32, policy: &ResolvedPolicy) -> Vec<Cmd> {
     let (host, jail, jid) = (a.host_if.as_str(), epair.jail.as_str(), jid.to_string());
     let addr = format!("{}/{}", a.address, cfg.subnet.prefix_len());
     let description = format!("copse:{}", a.id);
     vec![
         Cmd::new(&[IFCONFIG, &epair.host, "name", host]),
+        pf::load(cfg, a, policy),
         Cmd::new(&[IFCONFIG, host, "description", &description, "group", GROUP, "up"]),
         Cmd::new(&[IFCONFIG, &cfg.bridge, "addm", host, "private", host]),
         Cmd::new(&[IFCONFIG, jail, "vnet", &jid]),
         Cmd::new(&[IFCONFIG, "-j", &jid, jail, "inet", &addr, "up"]),
         Cmd::new(&[ROUTE, "-j", &jid, "add", "default", &cfg.gateway().to_string()]),
-        pf::load(cfg, a, policy),
     ]
 }
 

@@ -60,12 +60,17 @@ impl HostNetwork {
 
     /// Puts the sandbox whose init is `init_pid` on the bridge with
     /// `network.policy`. On error, whatever was made is removed.
+    ///
+    /// The sandbox may already run processes (a restore, a fork), and root
+    /// in it may configure its end of the veth as soon as it appears: the
+    /// host end stays down, so no frame crosses, until the sandbox's rules
+    /// (its policy, its spoofing guard) are in place.
     pub fn attach(&self, id: &str, init_pid: i32, network: &SandboxNetwork) -> anyhow::Result<()> {
         let attachment = self.cfg.attachment(id, network.address);
         let policy = resolve(&network.policy);
         self.janitor.wait_for(&attachment);
         let started = std::time::Instant::now();
-        let result = self.plumb_host(&attachment, init_pid).and_then(|()| {
+        let result = self.plumb_host(&attachment, init_pid).and_then(|host_index| {
             let plumbed = started.elapsed();
             let ns = std::fs::File::open(format!("/proc/{init_pid}/ns/net"))
                 .with_context(|| format!("opening the network namespace of {init_pid}"))?;
@@ -77,6 +82,7 @@ impl HostNetwork {
                 let inside = inside.join().map_err(|_| anyhow::anyhow!("netns thread panicked"))?;
                 rules.and(inside)
             })?;
+            Rtnl::open()?.set_up(host_index)?;
             tracing::debug!(id, ?plumbed, total = ?started.elapsed(), "attached");
             self.lock().insert(id.to_string(), Attached { attachment: attachment.clone(), policy });
             Ok(())
@@ -87,8 +93,9 @@ impl HostNetwork {
         result
     }
 
-    /// The veth, its host end an isolated bridge port.
-    fn plumb_host(&self, a: &Attachment, init_pid: i32) -> anyhow::Result<()> {
+    /// The veth, its host end an isolated bridge port, still down; returns
+    /// the host end's index.
+    fn plumb_host(&self, a: &Attachment, init_pid: i32) -> anyhow::Result<u32> {
         let mut rtnl = Rtnl::open()?;
         if let Ok(index) = netlink::index_of(&a.host_if) {
             // Left by a sandbox whose namespace the kernel has not finished
@@ -96,7 +103,9 @@ impl HostNetwork {
             let _ = rtnl.delete_link(index);
         }
         rtnl.add_veth(&a.host_if, init_pid, netlink::index_of(&self.cfg.bridge)?)?;
-        rtnl.isolate_port_and_up(netlink::index_of(&a.host_if)?)
+        let index = netlink::index_of(&a.host_if)?;
+        rtnl.isolate_port(index)?;
+        Ok(index)
     }
 
     /// Address and default route inside the sandbox, from the calling

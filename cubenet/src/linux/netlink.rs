@@ -48,7 +48,8 @@ impl Rtnl {
 
     /// A veth `host_if` whose peer `eth0` is created straight in the
     /// network namespace of `netns_pid`, enslaved to the bridge `master`
-    /// (down: it comes up once it is an isolated port).
+    /// (down: it comes up once it is an isolated port under the sandbox's
+    /// rules).
     pub fn add_veth(&mut self, host_if: &str, netns_pid: i32, master: u32) -> anyhow::Result<()> {
         let mut m = Msg::new(libc::RTM_NEWLINK, libc::NLM_F_CREATE | libc::NLM_F_EXCL);
         m.ifinfo(0, 0, 0);
@@ -67,10 +68,11 @@ impl Rtnl {
         self.request(m).with_context(|| format!("creating veth {host_if}"))
     }
 
-    /// Makes bridge port `index` isolated, without MAC learning, and up.
-    pub fn isolate_port_and_up(&mut self, index: u32) -> anyhow::Result<()> {
+    /// Makes bridge port `index` isolated and without MAC learning; leaves
+    /// it down.
+    pub fn isolate_port(&mut self, index: u32) -> anyhow::Result<()> {
         let mut m = Msg::new(libc::RTM_NEWLINK, 0);
-        m.ifinfo(index, libc::IFF_UP as u32, libc::IFF_UP as u32);
+        m.ifinfo(index, 0, 0);
         let info = m.begin(IFLA_LINKINFO);
         m.attr_str(IFLA_INFO_SLAVE_KIND, "bridge");
         let data = m.begin(IFLA_INFO_SLAVE_DATA);

@@ -3,16 +3,23 @@
 //! One table, `inet copse_<bridge>`, holds everything of one network:
 //! - `forward` sends packets from the bridge to `from_sandbox`, which drops
 //!   what no sandbox may reach (`always_blocked`: the sandbox subnet itself,
-//!   loopback, link-local and metadata, multicast) and then jumps, by source
-//!   address, to the sandbox's own `egress_<id>` chain through the `egress`
-//!   verdict map. Packets towards a sandbox go through `ingress_<id>`, which
-//!   admits replies only, and only from peers the policy still admits.
+//!   loopback, "this network", multicast and broadcast), then what the
+//!   operator has not opened of the host's neighbourhood (`protected`, see
+//!   [`crate::neighbourhood`]; the host's resolvers in it, `resolvers`, pass
+//!   on port 53 only), and then jumps, by source address, to the sandbox's
+//!   own `egress_<id>` chain through the `egress` verdict map. Both blocks
+//!   come before the sandbox's chain, so no tenant policy reopens them.
+//!   Packets towards a sandbox go through `ingress_<id>`, which admits
+//!   replies only, and only from peers the policy still admits.
 //! - Policies are checked on every packet, not only a connection's first:
 //!   tightening a policy cuts flows it no longer admits at their next packet
 //!   without touching conntrack.
+//! - A tenant's DNS servers (`dns_<id>`) are admitted on port 53 only, TCP
+//!   and UDP.
 //! - `input` refuses everything that arrives from the bridge: the host
 //!   offers sandboxes no service (the gateway talks to them over unix
-//!   sockets).
+//!   sockets), and every address of the host, on any interface, is local
+//!   delivery, so this covers them all.
 //! - `spoof_<id>`, an ingress hook on the sandbox's host-side interface,
 //!   drops IPv4 and ARP not sourced from the sandbox's address, and IPv6,
 //!   so a sandbox can neither spoof nor poison the host's ARP cache.
@@ -27,11 +34,13 @@ use std::fmt::Write;
 
 use ipnet::Ipv4Net;
 
+use crate::neighbourhood::always_blocked;
 use crate::net::{Attachment, NetConfig};
 use crate::policy::ResolvedPolicy;
 
-/// Destinations no policy can open.
-const ALWAYS_BLOCKED: &[&str] = &["0.0.0.0/8", "127.0.0.0/8", "169.254.0.0/16", "224.0.0.0/3"];
+/// TCP or UDP to the DNS port, as one nft match.
+const DNS: &str = "meta l4proto { tcp, udp } th dport 53";
+const DNS_REPLY: &str = "meta l4proto { tcp, udp } th sport 53";
 
 const REJECT: &str = "reject with icmpx admin-prohibited";
 
@@ -39,20 +48,15 @@ const REJECT: &str = "reject with icmpx admin-prohibited";
 /// that name exists (at start-up, and to reconcile after a crash).
 pub fn table(cfg: &NetConfig, sandboxes: &[(Attachment, ResolvedPolicy)]) -> String {
     let t = cfg.table();
-    let mut blocked: Vec<Ipv4Net> = ALWAYS_BLOCKED.iter().map(|s| s.parse().expect("valid constant")).collect();
-    blocked.push(cfg.subnet);
-    let blocked = Ipv4Net::aggregate(&blocked);
     let mut out = String::new();
     // Declaring first makes the delete valid when no table exists yet.
     let _ = writeln!(out, "table inet {t}\ndelete table inet {t}");
     let _ = writeln!(out, "table inet {t} {{");
     let _ = writeln!(out, "\tmap egress {{\n\t\ttype ipv4_addr : verdict\n{}\t}}", map_elements(sandboxes, "egress"));
     let _ = writeln!(out, "\tmap ingress {{\n\t\ttype ipv4_addr : verdict\n{}\t}}", map_elements(sandboxes, "ingress"));
-    let _ = writeln!(
-        out,
-        "\tset always_blocked {{\n\t\ttype ipv4_addr\n\t\tflags interval\n\t\telements = {{ {} }}\n\t}}",
-        join(&blocked)
-    );
+    out.push_str(&interval_set("always_blocked", &always_blocked(cfg.subnet)));
+    out.push_str(&interval_set("protected", &cfg.neighbourhood.blocked()));
+    out.push_str(&interval_set("resolvers", &cfg.neighbourhood.exempt_resolvers()));
     let bridge = &cfg.bridge;
     let _ = writeln!(
         out,
@@ -62,9 +66,14 @@ pub fn table(cfg: &NetConfig, sandboxes: &[(Attachment, ResolvedPolicy)]) -> Str
     let _ = writeln!(
         out,
         "\tchain from_sandbox {{\n\t\tip daddr @always_blocked {REJECT}\n\t\tmeta nfproto ipv6 drop\n\
+         \t\tip daddr @resolvers {DNS} ip saddr vmap @egress\n\t\tip daddr @protected {REJECT}\n\
          \t\tip saddr vmap @egress\n\t\tdrop\n\t}}"
     );
-    let _ = writeln!(out, "\tchain to_sandbox {{\n\t\tip daddr vmap @ingress\n\t\tdrop\n\t}}");
+    let _ = writeln!(
+        out,
+        "\tchain to_sandbox {{\n\t\tip saddr @resolvers {DNS_REPLY} ip daddr vmap @ingress\n\
+         \t\tip saddr @protected drop\n\t\tip daddr vmap @ingress\n\t\tdrop\n\t}}"
+    );
     let _ = writeln!(
         out,
         "\tchain input {{\n\t\ttype filter hook input priority filter; policy accept;\n\
@@ -101,7 +110,9 @@ pub fn update(cfg: &NetConfig, attachment: &Attachment, policy: &ResolvedPolicy)
     let t = cfg.table();
     let id = &attachment.id;
     let mut out = String::new();
-    for object in [format!("set inet {t} allow_{id}"), format!("set inet {t} deny_{id}")] {
+    for object in
+        [format!("set inet {t} allow_{id}"), format!("set inet {t} deny_{id}"), format!("set inet {t} dns_{id}")]
+    {
         let _ = writeln!(out, "flush {object}");
     }
     for object in [format!("chain inet {t} egress_{id}"), format!("chain inet {t} ingress_{id}")] {
@@ -118,7 +129,7 @@ pub fn detach(cfg: &NetConfig, attachment: &Attachment) -> String {
     format!(
         "delete element inet {t} egress {{ {addr} }}\ndelete element inet {t} ingress {{ {addr} }}\n\
          delete chain inet {t} spoof_{id}\ndelete chain inet {t} egress_{id}\ndelete chain inet {t} ingress_{id}\n\
-         delete set inet {t} allow_{id}\ndelete set inet {t} deny_{id}\n"
+         delete set inet {t} allow_{id}\ndelete set inet {t} deny_{id}\ndelete set inet {t} dns_{id}\n"
     )
 }
 
@@ -128,26 +139,36 @@ pub fn delete_table(cfg: &NetConfig) -> String {
     format!("table inet {t}\ndelete table inet {t}\n")
 }
 
-/// The sandbox's allow and deny sets and the chains that consult them.
+/// The sandbox's allow, DNS and deny sets and the chains that consult
+/// them.
 fn policy_objects(a: &Attachment, p: &ResolvedPolicy) -> String {
     let id = &a.id;
     let mut out = String::new();
-    for (name, nets) in [("allow", &p.allow), ("deny", &p.deny)] {
-        let _ = write!(out, "\tset {name}_{id} {{\n\t\ttype ipv4_addr\n\t\tflags interval\n");
-        if !nets.is_empty() {
-            let _ = writeln!(out, "\t\telements = {{ {} }}", join(nets));
-        }
-        out.push_str("\t}\n");
+    for (name, nets) in [("allow", &p.allow), ("dns", &p.dns), ("deny", &p.deny)] {
+        out.push_str(&interval_set(&format!("{name}_{id}"), nets));
     }
     let refuse = if p.deny_all { REJECT.to_string() } else { format!("ip daddr @deny_{id} {REJECT}\n\t\taccept") };
-    let _ = writeln!(out, "\tchain egress_{id} {{\n\t\tip daddr @allow_{id} accept\n\t\t{refuse}\n\t}}");
+    let _ = writeln!(
+        out,
+        "\tchain egress_{id} {{\n\t\tip daddr @allow_{id} accept\n\t\tip daddr @dns_{id} {DNS} accept\n\
+         \t\t{refuse}\n\t}}"
+    );
     // Only replies come in, and only from peers still admitted.
     let closing = if p.deny_all { "drop".to_string() } else { format!("ip saddr @deny_{id} drop\n\t\taccept") };
     let _ = writeln!(
         out,
         "\tchain ingress_{id} {{\n\t\tct state != {{ established, related }} drop\n\
-         \t\tip saddr @allow_{id} accept\n\t\t{closing}\n\t}}"
+         \t\tip saddr @allow_{id} accept\n\t\tip saddr @dns_{id} {DNS_REPLY} accept\n\t\t{closing}\n\t}}"
     );
+    out
+}
+
+fn interval_set(name: &str, nets: &[Ipv4Net]) -> String {
+    let mut out = format!("\tset {name} {{\n\t\ttype ipv4_addr\n\t\tflags interval\n");
+    if !nets.is_empty() {
+        let _ = writeln!(out, "\t\telements = {{ {} }}", join(nets));
+    }
+    out.push_str("\t}\n");
     out
 }
 
@@ -180,6 +201,7 @@ fn join(nets: &[Ipv4Net]) -> String {
 mod tests {
     use super::*;
     use crate::golden::check as golden;
+    use crate::neighbourhood::Neighbourhood;
     use crate::policy::Policy;
 
     fn cfg() -> NetConfig {
@@ -214,6 +236,20 @@ mod tests {
     #[test]
     fn empty_table() {
         golden("table-empty.nft", &table(&cfg(), &[]));
+    }
+
+    #[test]
+    fn opened_ranges_and_exempt_resolvers() {
+        // An operator who opened a metadata address and one /16 of 10/8, on
+        // a host whose resolver sits in 10/8 (and one in 127/8, which stays
+        // blocked: the sandbox's loopback is its own).
+        let neighbourhood = Neighbourhood::new(
+            &strings(&["169.254.169.254", "10.20.0.0/16"]),
+            "nameserver 10.255.255.53\nnameserver 127.0.0.53\n",
+        )
+        .unwrap();
+        let cfg = cfg().with_neighbourhood(neighbourhood);
+        golden("table-neighbourhood.nft", &table(&cfg, &[]));
     }
 
     #[test]

@@ -60,6 +60,13 @@ enum Command {
         /// Subnet sandbox addresses come from; the host takes the first.
         #[arg(long, env = "COPSE_SUBNET", default_value = copse_cubenet::net::DEFAULT_SUBNET)]
         subnet: String,
+        /// Opens an address range of the host's neighbourhood (private,
+        /// CGNAT, link-local and metadata ranges, blocked by default) to
+        /// every sandbox, still subject to each sandbox's own policy. An
+        /// IPv4 address or CIDR block; repeatable, or comma-separated in the
+        /// environment variable.
+        #[arg(long = "allow-egress-range", env = "COPSE_ALLOW_EGRESS_RANGE", value_delimiter = ',')]
+        allow_egress_ranges: Vec<String>,
         /// Name sandbox ports `{port}-{sandboxID}.DOMAIN` (what the SDK's
         /// `get_host` returns) and route requests by that host name.
         #[arg(long, env = "COPSE_DOMAIN")]
@@ -206,6 +213,7 @@ fn main() -> anyhow::Result<()> {
             pools,
             bridge,
             subnet,
+            allow_egress_ranges,
             domain,
             tls_cert,
             tls_key,
@@ -218,7 +226,9 @@ fn main() -> anyhow::Result<()> {
                 agent_binary: config::find_agent(paths.agent)?,
                 keep_sandboxes,
                 pools,
-                network: Some(copse_substrate::NetConfig::new(&bridge, &subnet)?),
+                network: Some(copse_substrate::NetConfig::new(&bridge, &subnet)?.with_neighbourhood(
+                    copse_cubenet::Neighbourhood::of_host(&allow_egress_ranges).map_err(anyhow::Error::msg)?,
+                )),
                 domain,
                 tls: tls_cert.zip(tls_key).map(|(cert, key)| config::TlsFiles { cert, key }),
                 disk_mb,
