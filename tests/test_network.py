@@ -314,7 +314,8 @@ def test_an_operator_opens_neighbourhood_ranges_and_tenant_policies_still_apply(
     share_templates(data_dir)
     other = Gateway(data_dir)
     second = ipaddress.ip_network(SUBNET).network_address.packed[1]
-    other.start(extra_args=["--bridge", f"{BRIDGE[:9]}o", "--subnet", f"10.{(second + 100) % 256}.0.0/16",
+    bridge = f"{BRIDGE[:9]}o"
+    other.start(extra_args=["--bridge", bridge, "--subnet", f"10.{(second + 100) % 256}.0.0/16",
                             "--allow-egress-range", "192.168.237.0/24", "--allow-egress-range", METADATA])
     env = dict(api_key=os.environ["E2B_API_KEY"], api_url=other.url, sandbox_url=other.url)
     try:
@@ -330,6 +331,10 @@ def test_an_operator_opens_neighbourhood_ranges_and_tenant_policies_still_apply(
             closed.kill()
     finally:
         other.stop()
+        # A gateway keeps its bridge and table across restarts; this one's
+        # network goes with the test.
+        subprocess.run(["nft", "delete", "table", "inet", f"copse_{bridge}"], capture_output=True)
+        subprocess.run(["ip", "link", "del", bridge], capture_output=True)
 
 
 def test_dns_servers_are_reachable_on_port_53_only(gateway, internet):
