@@ -653,6 +653,33 @@ def test_a_public_sandbox_serves_anyone_and_its_listeners_never_see_the_access_t
         seen = seen_headers(sbx)
         assert len(seen) == 2
         assert all("x-access-token" not in headers for headers in seen), seen
+
+
+def _run_as_root(sbx, name: str, script: str) -> str:
+    sbx.files.write(f"/root/{name}", script, user="root")
+    return sbx.commands.run(f"python3 /root/{name}", user="root").stdout
+
+
+def test_x32_system_calls_and_new_namespaces_and_mounts_are_refused(gateway):
+    """The seccomp allow-list is for x86-64 only: an x32 number (getpid with
+    bit 30 set) is refused even where the kernel enables x32, and so are
+    unshare(2) and mount(2), which would hand root a fresh set of capabilities
+    or a view of the host's disks."""
+    sbx = Sandbox.create(timeout=60)
+    try:
+        script = (
+            "import ctypes, os\n"
+            "libc = ctypes.CDLL(None, use_errno=True)\n"
+            "for name, args in [('x32', (0x40000000 | 39,)), ('unshare', (272, 0x10000000)),\n"
+            "                   ('mount', (165, b'none', b'/mnt', b'tmpfs', 0, None))]:\n"
+            "    r = libc.syscall(*args)\n"
+            "    print(name, r, ctypes.get_errno())\n"
+        )
+        out = _run_as_root(sbx, "x32.py", script)
+        for name in ("x32", "unshare", "mount"):
+            assert f"{name} -1 1\n" in out, out
+        refused = sbx.commands.run("unshare -U -r true || echo refused", user="root").stdout
+        assert "refused" in refused, refused
     finally:
         sbx.kill()
 
@@ -678,6 +705,16 @@ def test_a_listener_as_user_never_sees_the_access_or_traffic_token(gateway):
             assert "x-access-token" not in headers and "e2b-traffic-access-token" not in headers, headers
             assert access not in json.dumps(headers) and traffic not in json.dumps(headers)
         assert [h.get("x-copse-caller-authenticated") for h in seen] == ["1", "1", None]
+
+
+def test_core_dumps_are_off_for_every_process_and_cannot_be_turned_on(gateway):
+    sbx = Sandbox.create(timeout=60)
+    try:
+        for user in ("root", "user"):
+            out = sbx.commands.run("ulimit -Hc; ulimit -Sc; (ulimit -Hc unlimited && echo raised) 2>&1; true", user=user)
+            lines = out.stdout.split()
+            assert lines[:2] == ["0", "0"], out.stdout
+            assert "raised" not in out.stdout, out.stdout
     finally:
         sbx.kill()
 
@@ -703,5 +740,33 @@ def test_the_code_interpreter_refuses_callers_without_the_access_token(gateway):
         ok = httpx.post(url, json={"code": "1 + 1"}, headers={**host, "x-access-token": sbx._envd_access_token}, timeout=60)
         assert ok.status_code == 200 and '"2"' in ok.text
         assert sbx.run_code("6 * 7").text == "42"
+
+
+def test_host_kernel_state_in_proc_and_sys_is_masked(gateway):
+    """runc's default masked paths: each is empty or gone inside a sandbox."""
+    sbx = Sandbox.create(timeout=60)
+    try:
+        script = (
+            "import os\n"
+            "for p in ['/proc/kcore', '/proc/keys', '/proc/timer_list', '/proc/sched_debug',\n"
+            "          '/proc/interrupts', '/proc/latency_stats', '/proc/timer_stats']:\n"
+            "    if os.path.exists(p):\n"
+            "        print('file', p, len(open(p, 'rb').read(4096)))\n"
+            "for p in ['/proc/acpi', '/proc/scsi', '/proc/asound', '/sys/firmware', '/sys/devices/virtual/powercap']:\n"
+            "    if os.path.exists(p):\n"
+            "        print('dir', p, len(os.listdir(p)))\n"
+            "try:\n"
+            "    open('/proc/sysrq-trigger', 'w').write('h')\n"
+            "    print('sysrq written')\n"
+            "except OSError as e:\n"
+            "    print('sysrq refused', e.errno)\n"
+        )
+        out = _run_as_root(sbx, "masked.py", script)
+        lines = [line for line in out.splitlines() if line.startswith(("file", "dir"))]
+        assert any("/proc/interrupts" in line for line in lines), out
+        assert any("/sys/firmware" in line for line in lines), out
+        for line in lines:
+            assert line.endswith(" 0"), out
+        assert "sysrq refused" in out, out
     finally:
         sbx.kill()

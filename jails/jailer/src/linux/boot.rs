@@ -93,8 +93,24 @@ pub const DEVICES: &[(&str, u64, u64)] =
 /// /proc files that would let uid 0 in the sandbox reach the host kernel;
 /// made read-only (the sandbox has no capability to remount them).
 pub const PROC_READ_ONLY: &[&str] = &["sys", "sysrq-trigger", "irq", "bus", "fs"];
-/// /proc files hidden behind /dev/null.
-pub const PROC_MASKED: &[&str] = &["kcore", "keys", "timer_list", "sched_debug"];
+/// Files hidden behind /dev/null and directories behind an empty read-only
+/// tmpfs, paths from the root: at least runc's default masked paths, since
+/// each leaks host kernel state (memory, keys, timers usable for side
+/// channels, hardware) or lets root poke at firmware and power limits.
+pub const MASKED: &[&str] = &[
+    "proc/acpi",
+    "proc/asound",
+    "proc/interrupts",
+    "proc/kcore",
+    "proc/keys",
+    "proc/latency_stats",
+    "proc/sched_debug",
+    "proc/scsi",
+    "proc/timer_list",
+    "proc/timer_stats",
+    "sys/devices/virtual/powercap",
+    "sys/firmware",
+];
 
 /// Entry point of `copse-agent boot`. Never returns: the process exits with
 /// 0 once init reported a ready sandbox, 1 otherwise.
@@ -284,6 +300,23 @@ fn reap_until(agent: Pid) -> i32 {
     }
 }
 
+/// Hides each [`MASKED`] path that exists on this kernel.
+fn mask(root: &Path, null: &Path) -> anyhow::Result<()> {
+    let none: Option<&str> = None;
+    for name in MASKED {
+        let path = root.join(name);
+        let Ok(meta) = fs::symlink_metadata(&path) else { continue };
+        if meta.is_dir() {
+            let flags = MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
+            mount(Some("tmpfs"), &path, Some("tmpfs"), flags, Some("mode=555"))
+        } else {
+            mount(Some(null), &path, none, MsFlags::MS_BIND, none)
+        }
+        .with_context(|| format!("masking /{name}"))?;
+    }
+    Ok(())
+}
+
 fn build_root(plan: &BootPlan) -> anyhow::Result<()> {
     let none: Option<&str> = None;
     mount(none, "/", none, MsFlags::MS_REC | MsFlags::MS_PRIVATE, none).context("making / private")?;
@@ -316,13 +349,7 @@ fn build_root(plan: &BootPlan) -> anyhow::Result<()> {
         fs::set_permissions(&node, std::os::unix::fs::PermissionsExt::from_mode(0o666))
             .with_context(|| format!("opening up /dev/{name}"))?;
     }
-    for name in PROC_MASKED {
-        let path = proc_dir.join(name);
-        if path.exists() {
-            mount(Some(&dev.join("null")), &path, none, MsFlags::MS_BIND, none)
-                .with_context(|| format!("masking /proc/{name}"))?;
-        }
-    }
+    mask(root, &dev.join("null"))?;
     for (link, target) in [
         ("fd", "/proc/self/fd"),
         ("stdin", "/proc/self/fd/0"),
