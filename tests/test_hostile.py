@@ -653,6 +653,58 @@ def test_a_public_sandbox_serves_anyone_and_its_listeners_never_see_the_access_t
         seen = seen_headers(sbx)
         assert len(seen) == 2
         assert all("x-access-token" not in headers for headers in seen), seen
+    finally:
+        sbx.kill()
+
+
+def test_a_listener_as_user_never_sees_the_access_or_traffic_token(gateway):
+    """Untrusted code listening on a port is handed requests without the
+    envd access token (which would make it root through the agent) and
+    without the traffic token, by host name and by the port header; a
+    caller cannot forge the agent's mark that it presented the token."""
+    sbx = Sandbox.create(timeout=60, network={"allow_public_traffic": False})
+    try:
+        access, traffic = sbx._envd_access_token, sbx.traffic_access_token
+        host = start_header_recorder(sbx, gateway, {"e2b-traffic-access-token": traffic})
+        secrets = {"x-access-token": access, "e2b-traffic-access-token": traffic}
+        assert httpx.get(gateway.url + "/a", headers={"host": host, **secrets}, timeout=10).status_code == 200
+        port_route = {"e2b-sandbox-id": sbx.sandbox_id, "e2b-sandbox-port": str(RECORDER_PORT)}
+        assert httpx.get(gateway.url + "/b", headers={**port_route, **secrets}, timeout=10).status_code == 200
+        forged = {"e2b-traffic-access-token": traffic, "x-copse-caller-authenticated": "1"}
+        assert httpx.get(gateway.url + "/c", headers={"host": host, **forged}, timeout=10).status_code == 200
+        seen = seen_headers(sbx)
+        assert len(seen) == 3
+        for headers in seen:
+            assert "x-access-token" not in headers and "e2b-traffic-access-token" not in headers, headers
+            assert access not in json.dumps(headers) and traffic not in json.dumps(headers)
+        assert [h.get("x-copse-caller-authenticated") for h in seen] == ["1", "1", None]
+    finally:
+        sbx.kill()
+
+
+def test_the_code_interpreter_refuses_callers_without_the_access_token(gateway):
+    """Whoever knows a public sandbox's host name reaches port 49999, but
+    the interpreter's /execute (and contexts) answer only callers who
+    presented the access token — a forged mark of the agent does not
+    count; the SDK, which sends the token, runs code as before. (As on
+    E2B, the context routes run no code and need no token.)"""
+    from e2b_code_interpreter import Sandbox as CodeInterpreter
+
+    sbx = CodeInterpreter.create(timeout=120)
+    try:
+        url = gateway.url + "/execute"
+        host = {"host": sbx.get_host(49999)}
+        body = {"code": "open('/tmp/pwned', 'w').write('x')"}
+        for refused in ({}, {"x-access-token": "wrong"}, {"x-copse-caller-authenticated": "1"}):
+            response = httpx.post(url, json=body, headers={**host, **refused}, timeout=30)
+            assert response.status_code == 401, (refused, response.text)
+        assert not sbx.files.exists("/tmp/pwned")
+        assert httpx.get(gateway.url + "/health", headers=host, timeout=10).status_code == 200
+        ok = httpx.post(url, json={"code": "1 + 1"}, headers={**host, "x-access-token": sbx._envd_access_token}, timeout=60)
+        assert ok.status_code == 200 and '"2"' in ok.text
+        assert sbx.run_code("6 * 7").text == "42"
+    finally:
+        sbx.kill()
 
 
 def _run_as_root(sbx, name: str, script: str) -> str:
@@ -684,29 +736,6 @@ def test_x32_system_calls_and_new_namespaces_and_mounts_are_refused(gateway):
         sbx.kill()
 
 
-def test_a_listener_as_user_never_sees_the_access_or_traffic_token(gateway):
-    """Untrusted code listening on a port is handed requests without the
-    envd access token (which would make it root through the agent) and
-    without the traffic token, by host name and by the port header; a
-    caller cannot forge the agent's mark that it presented the token."""
-    sbx = Sandbox.create(timeout=60, network={"allow_public_traffic": False})
-    try:
-        access, traffic = sbx._envd_access_token, sbx.traffic_access_token
-        host = start_header_recorder(sbx, gateway, {"e2b-traffic-access-token": traffic})
-        secrets = {"x-access-token": access, "e2b-traffic-access-token": traffic}
-        assert httpx.get(gateway.url + "/a", headers={"host": host, **secrets}, timeout=10).status_code == 200
-        port_route = {"e2b-sandbox-id": sbx.sandbox_id, "e2b-sandbox-port": str(RECORDER_PORT)}
-        assert httpx.get(gateway.url + "/b", headers={**port_route, **secrets}, timeout=10).status_code == 200
-        forged = {"e2b-traffic-access-token": traffic, "x-copse-caller-authenticated": "1"}
-        assert httpx.get(gateway.url + "/c", headers={"host": host, **forged}, timeout=10).status_code == 200
-        seen = seen_headers(sbx)
-        assert len(seen) == 3
-        for headers in seen:
-            assert "x-access-token" not in headers and "e2b-traffic-access-token" not in headers, headers
-            assert access not in json.dumps(headers) and traffic not in json.dumps(headers)
-        assert [h.get("x-copse-caller-authenticated") for h in seen] == ["1", "1", None]
-
-
 def test_core_dumps_are_off_for_every_process_and_cannot_be_turned_on(gateway):
     sbx = Sandbox.create(timeout=60)
     try:
@@ -717,29 +746,6 @@ def test_core_dumps_are_off_for_every_process_and_cannot_be_turned_on(gateway):
             assert "raised" not in out.stdout, out.stdout
     finally:
         sbx.kill()
-
-
-def test_the_code_interpreter_refuses_callers_without_the_access_token(gateway):
-    """Whoever knows a public sandbox's host name reaches port 49999, but
-    the interpreter's /execute (and contexts) answer only callers who
-    presented the access token — a forged mark of the agent does not
-    count; the SDK, which sends the token, runs code as before. (As on
-    E2B, the context routes run no code and need no token.)"""
-    from e2b_code_interpreter import Sandbox as CodeInterpreter
-
-    sbx = CodeInterpreter.create(timeout=120)
-    try:
-        url = gateway.url + "/execute"
-        host = {"host": sbx.get_host(49999)}
-        body = {"code": "open('/tmp/pwned', 'w').write('x')"}
-        for refused in ({}, {"x-access-token": "wrong"}, {"x-copse-caller-authenticated": "1"}):
-            response = httpx.post(url, json=body, headers={**host, **refused}, timeout=30)
-            assert response.status_code == 401, (refused, response.text)
-        assert not sbx.files.exists("/tmp/pwned")
-        assert httpx.get(gateway.url + "/health", headers=host, timeout=10).status_code == 200
-        ok = httpx.post(url, json={"code": "1 + 1"}, headers={**host, "x-access-token": sbx._envd_access_token}, timeout=60)
-        assert ok.status_code == 200 and '"2"' in ok.text
-        assert sbx.run_code("6 * 7").text == "42"
 
 
 def test_host_kernel_state_in_proc_and_sys_is_masked(gateway):
