@@ -3,6 +3,7 @@ at it, exactly as a user would (three environment variables)."""
 
 import os
 import pathlib
+import shutil
 import signal
 import socket
 import subprocess
@@ -41,7 +42,7 @@ def share_templates(data_dir: pathlib.Path):
     source, target = DATA_DIR / "templates", data_dir / "templates"
     target.mkdir(parents=True, exist_ok=True)
     for leftover in target.glob(".*"):  # builds the second gateway began
-        subprocess.run(["rm", "-rf", str(leftover)], check=True)
+        shutil.rmtree(leftover, ignore_errors=True)
     for built in source.iterdir():
         if built.name.startswith(".") or not (built / "template.json").exists():
             continue  # a build in progress, or an outdated root moved aside
@@ -50,7 +51,7 @@ def share_templates(data_dir: pathlib.Path):
             built / "template.json"
         ).read_bytes():
             continue
-        subprocess.run(["rm", "-rf", str(linked)], check=True)
+        shutil.rmtree(linked, ignore_errors=True)
         subprocess.run(["cp", "-al", str(built), str(linked)], check=True)
 
 
