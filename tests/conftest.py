@@ -35,6 +35,20 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def second_data_dir(name: str) -> pathlib.Path:
+    """A data dir for a second gateway: fresh but for its templates (hard
+    links to the suite's, kept between runs) and its sandboxes' disk (kept
+    mounted; the gateway clears it at start), so an earlier run's rows and
+    layers never meet this one's."""
+    data_dir = DATA_DIR / name
+    data_dir.mkdir(exist_ok=True)
+    for entry in data_dir.iterdir():
+        if entry.name not in ("templates", "disk", "disk.img"):
+            shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
+    share_templates(data_dir)
+    return data_dir
+
+
 def share_templates(data_dir: pathlib.Path):
     """Gives a second gateway's data dir the suite's built templates, as
     hard links; a template rebuilt since (its template.json differs) is

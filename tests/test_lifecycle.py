@@ -6,7 +6,6 @@ errors for unknown ids and unsupported modes."""
 
 import json
 import os
-import shutil
 import subprocess
 import time
 import urllib.error
@@ -16,7 +15,7 @@ import pytest
 from e2b import Sandbox, SandboxNotFoundException
 
 import leakcheck
-from conftest import COPSE, share_templates
+from conftest import COPSE, second_data_dir
 from test_leaks import live_ids, stop_gateway
 
 # Renamed into place, so a reader never sees a half-written count.
@@ -390,7 +389,7 @@ def test_a_host_without_criu_says_so_and_refuses_only_what_needs_memory(gateway,
     """A gateway whose CRIU is missing logs one line naming it and how to
     install it, answers requests that need memory with E2B's 503 naming the
     cause (never a CRIU log), and serves everything else."""
-    from conftest import DATA_DIR, Gateway
+    from conftest import Gateway
 
     # A memory snapshot taken where CRIU works, carried to the CRIU-less host.
     sbx = Sandbox.create(timeout=120)
@@ -404,15 +403,7 @@ def test_a_host_without_criu_says_so_and_refuses_only_what_needs_memory(gateway,
                    check=True)
     Sandbox.delete_snapshot("needs-criu")
 
-    data_dir = DATA_DIR / "no-criu"
-    data_dir.mkdir(exist_ok=True)
-    # A fresh host but for its templates (hard links, kept between runs) and
-    # its sandboxes' disk (kept mounted; the gateway clears it at start): an
-    # earlier run's snapshot rows and layers must not meet this import.
-    for entry in data_dir.iterdir():
-        if entry.name not in ("templates", "disk", "disk.img"):
-            shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
-    share_templates(data_dir)
+    data_dir = second_data_dir("no-criu")
     subprocess.run([str(COPSE), "snapshot", "import", str(export), "--name", "needs-criu", "--data-dir", str(data_dir)],
                    check=True)
     missing = "/nonexistent/criu"

@@ -11,10 +11,8 @@ they take exactly the sandbox's path through the bridge and the rules.
 import contextlib
 import ipaddress
 import os
-import shutil
 import socket
 import subprocess
-import threading
 import time
 
 import pytest
@@ -304,14 +302,9 @@ def test_the_hosts_neighbourhood_is_unreachable_and_no_tenant_policy_reopens_it(
 def test_an_operator_opens_neighbourhood_ranges_and_tenant_policies_still_apply(gateway, internet, neighbours):
     """`copse up --allow-egress-range` opens a range to every sandbox of that
     gateway; each sandbox's own policy still narrows it."""
-    from conftest import Gateway, share_templates
+    from conftest import Gateway, second_data_dir
 
-    data_dir = DATA_DIR / "opened"
-    data_dir.mkdir(exist_ok=True)
-    for entry in data_dir.iterdir():
-        if entry.name not in ("templates", "disk", "disk.img"):
-            shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
-    share_templates(data_dir)
+    data_dir = second_data_dir("opened")
     other = Gateway(data_dir)
     second = ipaddress.ip_network(SUBNET).network_address.packed[1]
     bridge = f"{BRIDGE[:9]}o"
