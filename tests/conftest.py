@@ -35,6 +35,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def first_metrics(sbx, within: float = 10.0):
+    """The sandbox's metrics once the gateway has sampled it at least once."""
+    deadline = time.monotonic() + within
+    while not (metrics := sbx.get_metrics()) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert metrics, f"no metrics within {within:.0f} s"
+    return metrics
+
+
 def second_data_dir(name: str) -> pathlib.Path:
     """A data dir for a second gateway: fresh but for its templates (hard
     links to the suite's, kept between runs) and its sandboxes' disk (kept

@@ -69,9 +69,8 @@ impl KeyHash {
         format!("{HASH_PREFIX}{}", self.0.iter().map(|b| format!("{b:02x}")).collect::<String>())
     }
 
-    /// Every byte is looked at whatever the first difference.
     fn equals(&self, other: &Self) -> bool {
-        self.0.iter().zip(other.0.iter()).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0
+        copse_protocol::signature::equal_bytes(&self.0, &other.0)
     }
 }
 

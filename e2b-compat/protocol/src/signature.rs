@@ -48,7 +48,11 @@ pub fn well_formed(signature: &str) -> bool {
 
 /// Constant-time comparison so a wrong signature leaks nothing through timing.
 pub fn equal(a: &str, b: &str) -> bool {
-    let (a, b) = (a.as_bytes(), b.as_bytes());
+    equal_bytes(a.as_bytes(), b.as_bytes())
+}
+
+/// [`equal`] for bytes: every byte is looked at whatever the first difference.
+pub fn equal_bytes(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
