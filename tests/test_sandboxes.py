@@ -165,6 +165,28 @@ def test_unknown_sandbox_errors_are_json_with_code_and_message(gateway, method, 
     assert isinstance(body["message"], str) and body["message"]
 
 
+@pytest.mark.parametrize(
+    "path, body",
+    [
+        ("/sandboxes", b'{"templateID": "base", "timeout": "soon"}'),
+        ("/sandboxes", b"{not json"),
+        ("/snapshots?limit=many", None),
+    ],
+)
+def test_malformed_requests_get_json_errors(gateway, path, body):
+    request = urllib.request.Request(
+        gateway.url + path,
+        method="POST" if body is not None else "GET",
+        data=body,
+        headers={"X-API-Key": os.environ["E2B_API_KEY"], "Content-Type": "application/json"},
+    )
+    with pytest.raises(urllib.error.HTTPError) as caught:
+        urllib.request.urlopen(request, timeout=10)
+    assert caught.value.code == 400
+    error = json.loads(caught.value.read())
+    assert error["code"] == 400 and error["message"]
+
+
 def test_unknown_template_error_names_the_available_templates(gateway):
     with pytest.raises(SandboxException) as caught:
         Sandbox.create("no-such-template-xyz", timeout=30)

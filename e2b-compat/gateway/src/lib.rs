@@ -22,3 +22,4 @@ pub mod snapshot_file;
 pub mod store;
 pub mod templates;
 pub mod tls;
+pub mod vault;

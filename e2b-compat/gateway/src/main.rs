@@ -106,6 +106,11 @@ enum Command {
         #[command(flatten)]
         remote: Remote,
     },
+    /// Secrets kept for the SDK's `Secret` API.
+    Secrets {
+        #[command(subcommand)]
+        command: SecretsCommand,
+    },
     /// Kill a sandbox.
     Kill {
         id: String,
@@ -171,6 +176,16 @@ enum TemplateCommand {
     },
     /// List built templates.
     List {
+        #[command(flatten)]
+        paths: Paths,
+    },
+}
+
+#[derive(Subcommand)]
+enum SecretsCommand {
+    /// Re-seal every stored secret value under a new key and drop the old
+    /// one from DATA_DIR/secrets.keyring. Safe while the gateway runs.
+    RotateKey {
         #[command(flatten)]
         paths: Paths,
     },
@@ -262,6 +277,16 @@ fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Command::Snapshot { command } => snapshot(command),
+        Command::Secrets { command: SecretsCommand::RotateKey { paths } } => {
+            let config = local_config(paths)?;
+            let store = server::open_store(&config)?;
+            let resealed = copse_gateway::vault::Vault::open(&config.data_dir)?.rotate(&store)?;
+            println!(
+                "rotated the secrets key in {}: {resealed} value(s) re-sealed",
+                config.data_dir.join(copse_gateway::vault::KEYRING_FILE).display()
+            );
+            Ok(())
+        }
         Command::Ls { remote } => client::ls(&remote.api_url, &api_key(&remote)?),
         Command::Kill { id, remote } => client::kill(&remote.api_url, &api_key(&remote)?, &id),
         Command::Version => {

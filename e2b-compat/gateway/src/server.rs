@@ -11,8 +11,9 @@ use crate::api::{self, Exposure};
 use crate::config::{self, Config};
 use crate::keys::{ApiKeys, Origin};
 use crate::progress::Reporter;
-use crate::service::Sandboxes;
+use crate::service::{Sandboxes, Secrets};
 use crate::store::{Indexed, SqliteStore};
+use crate::vault::Vault;
 use crate::{reaper, serve, tls};
 
 pub fn open_substrate(config: &Config) -> anyhow::Result<Arc<dyn Substrate>> {
@@ -75,6 +76,8 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     // So is a short key; a generated one exists before anything is built.
     config::private_data_dir(&config.data_dir)?;
     let keys = ApiKeys::load(&config.data_dir, &config.listen)?;
+    // A damaged keyring stops the start too, before anything is built.
+    let vault = Vault::open(&config.data_dir)?;
     anyhow::ensure!(
         config.agent_binary.is_file(),
         "agent binary {} not found (build it with `mise run build`)",
@@ -107,7 +110,8 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let addr = listener.local_addr()?;
     let exposure = Exposure { domain: config.domain.as_deref().map(|d| d.trim_end_matches('.').to_ascii_lowercase()) };
     print_usage(addr, &exposure, tls.is_some(), keys.origin(), substrate.name());
-    let app = api::router(svc.clone(), keys, exposure).layer(axum::Extension(access_tokens));
+    let secrets = Arc::new(Secrets::new(Arc::new(open_store(&config)?), vault));
+    let app = api::router(svc.clone(), secrets, keys, exposure).layer(axum::Extension(access_tokens));
     let keep_sandboxes = config.keep_sandboxes;
     let (stopping_tx, stopping_rx) = tokio::sync::oneshot::channel::<()>();
     let stop = {

@@ -202,7 +202,7 @@ pub async fn list(State(svc): State<Service>, Query(query): Query<wire::ListQuer
 
 /// One page of `all` after the item whose key is `token` (the last one the
 /// caller already has), and the token of the next page if there is one.
-fn paginate<'a, T>(
+pub(super) fn paginate<'a, T>(
     all: &'a [T],
     key: impl Fn(&T) -> &String,
     limit: Option<usize>,
@@ -220,7 +220,7 @@ fn paginate<'a, T>(
     (&all[start..end], next)
 }
 
-fn next_token_header(next: Option<String>) -> HeaderMap {
+pub(super) fn next_token_header(next: Option<String>) -> HeaderMap {
     let mut headers = HeaderMap::new();
     if let Some(token) = next.and_then(|t| HeaderValue::from_str(&t).ok()) {
         headers.insert("x-next-token", token);
@@ -382,6 +382,6 @@ fn rfc3339(t: OffsetDateTime) -> String {
     t.format(&Rfc3339).unwrap_or_default()
 }
 
-fn rfc3339_ms(ms: i64) -> String {
+pub(super) fn rfc3339_ms(ms: i64) -> String {
     rfc3339(OffsetDateTime::from_unix_timestamp_nanos(i128::from(ms) * 1_000_000).unwrap_or(OffsetDateTime::UNIX_EPOCH))
 }

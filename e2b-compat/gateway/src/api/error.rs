@@ -7,7 +7,7 @@ use axum::response::{IntoResponse, Response};
 use copse_substrate::SubstrateError;
 use serde_json::json;
 
-use crate::model::SandboxError;
+use crate::model::{SandboxError, SecretError};
 
 #[derive(Debug)]
 pub struct ApiError {
@@ -50,6 +50,21 @@ impl From<SandboxError> for ApiError {
         };
         if status == StatusCode::INTERNAL_SERVER_ERROR {
             tracing::error!("{err:#}");
+        }
+        Self::new(status, format!("{err:#}"))
+    }
+}
+
+impl From<SecretError> for ApiError {
+    fn from(err: SecretError) -> Self {
+        let status = match &err {
+            SecretError::NotFound(_) => StatusCode::NOT_FOUND,
+            SecretError::NameTaken(_) => StatusCode::CONFLICT,
+            SecretError::Invalid(_) => StatusCode::BAD_REQUEST,
+            SecretError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        };
+        if status == StatusCode::INTERNAL_SERVER_ERROR {
+            tracing::error!("secrets: {err:#}");
         }
         Self::new(status, format!("{err:#}"))
     }

@@ -5,24 +5,25 @@ pub mod control;
 pub mod error;
 pub mod host_routing;
 pub mod proxy;
+pub mod secrets;
 pub mod wire;
 
 use std::sync::Arc;
 
 use axum::extract::{Request, State};
-use axum::http::StatusCode;
+use axum::http::{StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post, put};
 use axum::{Extension, Router};
 
-use crate::service::Sandboxes;
+use crate::service::{Sandboxes, Secrets};
 use error::ApiError;
 pub use host_routing::Exposure;
 
 pub use crate::keys::ApiKeys as Keys;
 
-pub fn router(svc: Arc<Sandboxes>, keys: Keys, exposure: Exposure) -> Router {
+pub fn router(svc: Arc<Sandboxes>, secrets: Arc<Secrets>, keys: Keys, exposure: Exposure) -> Router {
     let control = Router::new()
         .route("/v2/sandboxes", post(control::create).get(control::list))
         .route("/sandboxes", post(control::create).get(control::list))
@@ -43,12 +44,31 @@ pub fn router(svc: Arc<Sandboxes>, keys: Keys, exposure: Exposure) -> Router {
         .route("/templates/{id}", delete(control::delete_template))
         .route("/copse/sandboxes/{id}/clone", post(control::clone))
         .route("/copse/sandboxes/{id}/rollback", post(control::rollback))
+        .merge(secrets::routes(secrets))
         .fallback(control::no_route)
         .route_layer(middleware::from_fn_with_state(keys, require_api_key))
+        .layer(middleware::map_response(json_errors))
         .with_state(svc.clone());
     // The data-plane switch runs first: a request meant for a sandbox never
     // reaches the control plane, whatever its path.
     control.layer(middleware::from_fn_with_state(svc, proxy::switch)).layer(Extension(exposure))
+}
+
+/// axum's own rejections (a body that is not the JSON a route expects, a
+/// bad query or path) are plain text, and the SDK parses every error body
+/// as E2B's `{code, message}`; E2B calls all of them a bad request.
+async fn json_errors(response: Response) -> Response {
+    let plain_text =
+        response.headers().get(header::CONTENT_TYPE).is_some_and(|v| v.as_bytes().starts_with(b"text/plain"));
+    if !(response.status().is_client_error() && plain_text) {
+        return response;
+    }
+    let status = match response.status() {
+        StatusCode::UNPROCESSABLE_ENTITY | StatusCode::UNSUPPORTED_MEDIA_TYPE => StatusCode::BAD_REQUEST,
+        other => other,
+    };
+    let text = axum::body::to_bytes(response.into_body(), 16 * 1024).await.unwrap_or_default();
+    ApiError::new(status, String::from_utf8_lossy(&text).trim().to_string()).into_response()
 }
 
 async fn require_api_key(State(keys): State<Keys>, request: Request, next: Next) -> Response {

@@ -1,7 +1,7 @@
 //! The E2B control plane's JSON shapes, exactly as the official SDKs send
 //! and expect them. Nothing outside `api` sees these types.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use serde::{Deserialize, Serialize};
 
@@ -228,6 +228,44 @@ fn percent_decode(s: &str) -> String {
         .next()
         .map(|(_, v)| v.into_owned())
         .unwrap_or_default()
+}
+
+/// Body of `POST /secrets`.
+#[derive(Debug, Deserialize)]
+pub struct NewSecret {
+    pub name: String,
+    pub value: String,
+    #[serde(default)]
+    pub metadata: Option<BTreeMap<String, String>>,
+}
+
+/// Body of `POST /secrets/{id}`: a new version.
+#[derive(Debug, Deserialize)]
+pub struct SecretUpdate {
+    pub value: String,
+    #[serde(default)]
+    pub metadata: Option<BTreeMap<String, String>>,
+}
+
+/// Query of `GET /secrets`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SecretsQuery {
+    pub limit: Option<usize>,
+    pub next_token: Option<String>,
+}
+
+/// What every secrets route answers: never a value.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SecretInfo {
+    #[serde(rename = "secretID")]
+    pub secret_id: String,
+    pub name: String,
+    pub current_version: u32,
+    pub metadata: BTreeMap<String, String>,
+    pub created_at: String,
+    pub updated_at: String,
 }
 
 #[cfg(test)]

@@ -1,4 +1,4 @@
-//! The gateway's model: the records it keeps (sandboxes, snapshots), their
+//! The gateway's model: the records it keeps (sandboxes, snapshots, secrets), their
 //! states and rules, id and clock helpers, the error every service verb
 //! answers with, and the [`Store`] trait that persists the records.
 //!
@@ -11,6 +11,7 @@ mod clock;
 mod error;
 mod ids;
 mod sandbox;
+mod secret;
 mod snapshot;
 mod store;
 
@@ -18,5 +19,9 @@ pub use clock::now_ms;
 pub use error::{Result, SandboxError};
 pub use ids::{new_id, new_token, snapshot_key};
 pub use sandbox::{DEFAULT_TIMEOUT_S, ENVD_VERSION, MAX_TIMEOUT_S, Paused, SandboxRecord, State, validate_timeout};
+pub use secret::{
+    KEPT_VERSIONS, MAX_VALUE_BYTES, SealedValue, SealedVersion, SecretError, SecretRecord, validate_secret_metadata,
+    validate_secret_name, validate_secret_value,
+};
 pub use snapshot::{SnapshotRecord, validate_snapshot_name};
-pub use store::Store;
+pub use store::{SecretStore, Store};

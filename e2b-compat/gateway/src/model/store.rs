@@ -3,6 +3,7 @@
 //! and another (say PostgreSQL) is one more `impl Store`.
 
 use super::sandbox::SandboxRecord;
+use super::secret::SecretRecord;
 use super::snapshot::SnapshotRecord;
 
 pub trait Store: Send + Sync {
@@ -22,4 +23,18 @@ pub trait Store: Send + Sync {
     /// Every snapshot, ordered by id.
     fn snapshots(&self) -> anyhow::Result<Vec<SnapshotRecord>>;
     fn remove_snapshot(&self, id: &str) -> anyhow::Result<bool>;
+}
+
+/// Secrets: a trait of their own, so the sandbox service never sees them
+/// and the secrets service sees nothing else.
+pub trait SecretStore: Send + Sync {
+    /// False, and nothing written, when the name is taken.
+    fn insert_secret(&self, record: &SecretRecord) -> anyhow::Result<bool>;
+    /// False when there is no record with this id any more.
+    fn update_secret(&self, record: &SecretRecord) -> anyhow::Result<bool>;
+    fn secret(&self, id: &str) -> anyhow::Result<Option<SecretRecord>>;
+    fn secret_named(&self, name: &str) -> anyhow::Result<Option<SecretRecord>>;
+    /// Every secret, ordered by id.
+    fn secrets(&self) -> anyhow::Result<Vec<SecretRecord>>;
+    fn remove_secret(&self, id: &str) -> anyhow::Result<bool>;
 }

@@ -17,6 +17,7 @@ mod pause;
 mod pools;
 mod recover;
 mod rollback;
+mod secrets;
 mod snapshot;
 mod transitions;
 
@@ -37,6 +38,7 @@ pub use create::{CreateRequest, Timings};
 pub use fork::{MAX_CLONES, MAX_FORKS};
 pub use metrics::Metric;
 pub use pause::Connected;
+pub use secrets::Secrets;
 
 #[derive(Debug, Default)]
 pub struct ListFilter {

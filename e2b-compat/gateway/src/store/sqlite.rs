@@ -11,7 +11,7 @@ use std::sync::Mutex;
 use anyhow::Context;
 use rusqlite::{Connection, OptionalExtension, params};
 
-use crate::model::{SandboxRecord, SnapshotRecord, Store};
+use crate::model::{SandboxRecord, SecretRecord, SecretStore, SnapshotRecord, Store};
 
 pub struct SqliteStore {
     conn: Mutex<Connection>,
@@ -41,6 +41,11 @@ impl SqliteStore {
              CREATE INDEX IF NOT EXISTS sandboxes_end_at ON sandboxes(end_at_ms);
              CREATE TABLE IF NOT EXISTS snapshots (
                  id TEXT PRIMARY KEY,
+                 record TEXT NOT NULL
+             );
+             CREATE TABLE IF NOT EXISTS secrets (
+                 id TEXT PRIMARY KEY,
+                 name TEXT NOT NULL UNIQUE,
                  record TEXT NOT NULL
              );",
         )?;
@@ -144,6 +149,54 @@ impl Store for SqliteStore {
     }
 }
 
+impl SecretStore for SqliteStore {
+    fn insert_secret(&self, record: &SecretRecord) -> anyhow::Result<bool> {
+        let json = serde_json::to_string(record)?;
+        // The UNIQUE name decides between two creates racing for one name.
+        let inserted = self.lock().execute(
+            "INSERT INTO secrets (id, name, record) VALUES (?1, ?2, ?3) ON CONFLICT DO NOTHING",
+            params![record.id, record.name, json],
+        )?;
+        Ok(inserted > 0)
+    }
+
+    fn update_secret(&self, record: &SecretRecord) -> anyhow::Result<bool> {
+        let json = serde_json::to_string(record)?;
+        let updated = self.lock().execute("UPDATE secrets SET record = ?2 WHERE id = ?1", params![record.id, json])?;
+        Ok(updated > 0)
+    }
+
+    fn secret(&self, id: &str) -> anyhow::Result<Option<SecretRecord>> {
+        self.secret_where("id", id)
+    }
+
+    fn secret_named(&self, name: &str) -> anyhow::Result<Option<SecretRecord>> {
+        self.secret_where("name", name)
+    }
+
+    fn secrets(&self) -> anyhow::Result<Vec<SecretRecord>> {
+        let conn = self.lock();
+        let mut stmt = conn.prepare("SELECT record FROM secrets ORDER BY id")?;
+        let rows = stmt.query_map([], |row| row.get::<_, String>(0))?;
+        rows.map(|r| Ok(serde_json::from_str(&r?)?)).collect()
+    }
+
+    fn remove_secret(&self, id: &str) -> anyhow::Result<bool> {
+        Ok(self.lock().execute("DELETE FROM secrets WHERE id = ?1", params![id])? > 0)
+    }
+}
+
+impl SqliteStore {
+    /// `column` is one of this file's literals, never caller input.
+    fn secret_where(&self, column: &'static str, value: &str) -> anyhow::Result<Option<SecretRecord>> {
+        let json: Option<String> = self
+            .lock()
+            .query_row(&format!("SELECT record FROM secrets WHERE {column} = ?1"), params![value], |row| row.get(0))
+            .optional()?;
+        json.map(|j| serde_json::from_str(&j).context("corrupt secret record")).transpose()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -172,6 +225,31 @@ mod tests {
         for file in [db.clone(), sidecar(&db, "-wal"), sidecar(&db, "-shm")] {
             assert_eq!(mode(&file), 0o600, "{}", file.display());
         }
+    }
+
+    fn secret(id: &str, name: &str) -> SecretRecord {
+        SecretRecord {
+            id: id.into(),
+            name: name.into(),
+            metadata: Default::default(),
+            created_at_ms: 0,
+            updated_at_ms: 0,
+            versions: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn a_secret_name_is_taken_once_and_freed_by_removal() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SqliteStore::open(&dir.path().join("copse.db")).unwrap();
+        assert!(store.insert_secret(&secret("a", "key")).unwrap());
+        assert!(!store.insert_secret(&secret("b", "key")).unwrap());
+        assert_eq!(store.secret_named("key").unwrap().unwrap().id, "a");
+        assert!(store.secret("b").unwrap().is_none());
+        assert!(!store.update_secret(&secret("b", "other")).unwrap());
+        assert!(store.remove_secret("a").unwrap());
+        assert!(store.insert_secret(&secret("b", "key")).unwrap());
+        assert_eq!(store.secrets().unwrap().len(), 1);
     }
 
     fn snapshot_json() -> serde_json::Value {

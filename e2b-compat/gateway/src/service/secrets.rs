@@ -1,0 +1,132 @@
+//! The secrets service: create, read, list, new versions, delete. Values
+//! go in and are sealed by the vault before they are stored; no verb gives
+//! one back. A secret is addressed by its id or its name, as the SDK does.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use crate::model::{
+    SecretError, SecretRecord, SecretStore, new_id, now_ms, validate_secret_metadata, validate_secret_name,
+    validate_secret_value,
+};
+use crate::vault::{Vault, seal_context};
+
+type Result<T> = std::result::Result<T, SecretError>;
+
+pub struct Secrets {
+    store: Arc<dyn SecretStore>,
+    vault: Vault,
+}
+
+impl Secrets {
+    pub fn new(store: Arc<dyn SecretStore>, vault: Vault) -> Self {
+        Self { store, vault }
+    }
+
+    pub fn create(&self, name: &str, value: &str, metadata: BTreeMap<String, String>) -> Result<SecretRecord> {
+        validate_secret_name(name)?;
+        validate_secret_value(value)?;
+        validate_secret_metadata(&metadata)?;
+        // A name equal to another secret's id would be unreachable by name.
+        if self.store.secret(name)?.is_some() {
+            return Err(SecretError::NameTaken(name.to_string()));
+        }
+        let now = now_ms();
+        let mut record = SecretRecord {
+            id: new_id(),
+            name: name.to_string(),
+            metadata,
+            created_at_ms: now,
+            updated_at_ms: now,
+            versions: Vec::new(),
+        };
+        let _held = self.vault.writing()?;
+        record.push_version(self.vault.seal(&seal_context(&record.id, 1), value.as_bytes())?, now);
+        if !self.store.insert_secret(&record)? {
+            return Err(SecretError::NameTaken(name.to_string()));
+        }
+        Ok(record)
+    }
+
+    /// A new current version; `metadata`, when given, replaces the old.
+    pub fn update(
+        &self,
+        id_or_name: &str,
+        value: &str,
+        metadata: Option<BTreeMap<String, String>>,
+    ) -> Result<SecretRecord> {
+        validate_secret_value(value)?;
+        if let Some(metadata) = &metadata {
+            validate_secret_metadata(metadata)?;
+        }
+        let _held = self.vault.writing()?;
+        let mut record = self.get(id_or_name)?;
+        let version = record.current_version() + 1;
+        let sealed = self.vault.seal(&seal_context(&record.id, version), value.as_bytes())?;
+        record.push_version(sealed, now_ms());
+        if let Some(metadata) = metadata {
+            record.metadata = metadata;
+        }
+        if !self.store.update_secret(&record)? {
+            return Err(SecretError::NotFound(id_or_name.to_string()));
+        }
+        Ok(record)
+    }
+
+    pub fn get(&self, id_or_name: &str) -> Result<SecretRecord> {
+        match self.store.secret(id_or_name)? {
+            Some(record) => Ok(record),
+            None => self.store.secret_named(id_or_name)?.ok_or_else(|| SecretError::NotFound(id_or_name.to_string())),
+        }
+    }
+
+    /// Every secret, ordered by id (the API pages through them).
+    pub fn list(&self) -> Result<Vec<SecretRecord>> {
+        Ok(self.store.secrets()?)
+    }
+
+    pub fn delete(&self, id_or_name: &str) -> Result<()> {
+        let record = self.get(id_or_name)?;
+        if self.store.remove_secret(&record.id)? { Ok(()) } else { Err(SecretError::NotFound(id_or_name.to_string())) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::SqliteStore;
+    use crate::vault::current_value;
+
+    fn secrets(dir: &std::path::Path) -> Secrets {
+        let store = Arc::new(SqliteStore::open(&dir.join("copse.db")).unwrap());
+        Secrets::new(store, Vault::open(dir).unwrap())
+    }
+
+    #[test]
+    fn versions_are_addressed_by_id_or_name_and_values_stay_sealed() {
+        let dir = tempfile::tempdir().unwrap();
+        let secrets = secrets(dir.path());
+        let created = secrets.create("api-key", "first", BTreeMap::from([("env".into(), "prod".into())])).unwrap();
+        assert_eq!(created.current_version(), 1);
+        let updated = secrets.update("api-key", "second", None).unwrap();
+        assert_eq!(updated.current_version(), 2);
+        assert_eq!(updated.metadata["env"], "prod");
+        let by_id = secrets.get(&created.id).unwrap();
+        assert_eq!(current_value(&secrets.vault, &by_id).unwrap(), b"second");
+        let database = std::fs::read(dir.path().join("copse.db")).unwrap();
+        assert!(!database.windows(6).any(|w| w == b"second"));
+        secrets.delete(&created.id).unwrap();
+        assert!(matches!(secrets.get("api-key"), Err(SecretError::NotFound(_))));
+    }
+
+    #[test]
+    fn names_are_unique_and_never_shadow_an_id() {
+        let dir = tempfile::tempdir().unwrap();
+        let secrets = secrets(dir.path());
+        let first = secrets.create("a", "v", BTreeMap::new()).unwrap();
+        assert!(matches!(secrets.create("a", "v", BTreeMap::new()), Err(SecretError::NameTaken(_))));
+        assert!(matches!(secrets.create(&first.id, "v", BTreeMap::new()), Err(SecretError::NameTaken(_))));
+        assert!(matches!(secrets.update("nope", "v", None), Err(SecretError::NotFound(_))));
+        assert!(matches!(secrets.create("a{b}", "v", BTreeMap::new()), Err(SecretError::Invalid(_))));
+    }
+}
