@@ -196,6 +196,23 @@ def test_unknown_template_error_names_the_available_templates(gateway):
     assert "base" in message
 
 
+@pytest.mark.parametrize(
+    "options, field",
+    [
+        ({"volume_mounts": {"/mnt/data": "team-data"}}, "volumeMounts"),
+        ({"network": {"mask_request_host": "app.example.com"}}, "network.maskRequestHost"),
+        ({"network": {"rules": {"api.example.com": [{"transform": {"headers": {"X-Key": "k"}}}]}}}, "network.rules"),
+    ],
+)
+def test_asking_for_a_feature_copse_lacks_is_refused_by_name(gateway, options, field):
+    marker = {"refused": uuid.uuid4().hex}
+    with pytest.raises(SandboxException) as caught:
+        Sandbox.create(timeout=30, metadata=marker, **options)
+    assert getattr(caught.value, "status_code", None) == 400
+    assert field in str(caught.value)
+    assert list_all(SandboxQuery(metadata=marker)) == []
+
+
 def test_wrong_api_key_is_rejected(gateway):
     with pytest.raises(AuthenticationException):
         Sandbox.create(timeout=30, api_key="not-the-key")

@@ -32,6 +32,7 @@ pub async fn create(
     body: Option<Json<wire::NewSandbox>>,
 ) -> ApiResult<Response> {
     let Json(body) = body.ok_or_else(|| ApiError::bad_request("request body must be a JSON object"))?;
+    refuse_unsupported(body.unsupported())?;
     let private_traffic = body.network.as_ref().and_then(|n| n.allow_public_traffic) == Some(false);
     let request = CreateRequest {
         template: body.template_id.unwrap_or_else(|| DEFAULT_TEMPLATE.to_string()),
@@ -253,8 +254,19 @@ pub async fn update_network(
     body: Option<Json<wire::NetworkConfig>>,
 ) -> ApiResult<StatusCode> {
     let Json(body) = body.ok_or_else(|| ApiError::bad_request("request body must be a JSON object"))?;
+    refuse_unsupported(body.unsupported())?;
     svc.update_network(&id, network_request(body.allow_internet_access, Some(body))).await?;
     Ok(StatusCode::NO_CONTENT)
+}
+
+/// Asked-for features copse lacks are refused by name: a sandbox created
+/// without the volume or egress rule its caller asked for fails later and
+/// less clearly.
+fn refuse_unsupported(field: Option<&str>) -> ApiResult<()> {
+    match field {
+        Some(field) => Err(ApiError::bad_request(format!("'{field}' is not supported by this copse server"))),
+        None => Ok(()),
+    }
 }
 
 fn network_request(allow_internet_access: Option<bool>, network: Option<wire::NetworkConfig>) -> NetworkRequest {

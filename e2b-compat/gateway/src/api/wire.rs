@@ -24,11 +24,26 @@ pub struct NewSandbox {
     pub allow_internet_access: Option<bool>,
     pub secure: Option<bool>,
     pub network: Option<NetworkConfig>,
+    // Read only to be refused when set (`NewSandbox::unsupported`).
+    volume_mounts: Option<serde_json::Value>,
+    mcp: Option<serde_json::Value>,
+    iam: Option<serde_json::Value>,
+}
+
+impl NewSandbox {
+    /// The first field the caller set that copse does not implement: the
+    /// caller gets a 400 naming it rather than a sandbox without it.
+    pub fn unsupported(&self) -> Option<&'static str> {
+        let own = [("volumeMounts", &self.volume_mounts), ("mcp", &self.mcp), ("iam", &self.iam)];
+        own.into_iter()
+            .find(|(_, value)| is_set(value))
+            .map(|(name, _)| name)
+            .or_else(|| self.network.as_ref().and_then(NetworkConfig::unsupported))
+    }
 }
 
 /// `network` of the create body, and the body of `PUT /sandboxes/{id}/network`
-/// (which also carries `allow_internet_access`). Fields copse does not
-/// enforce (`egressProxy`, `rules`, `maskRequestHost`, ...) are ignored.
+/// (which also carries `allow_internet_access`).
 #[derive(Debug, Default, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct NetworkConfig {
@@ -40,6 +55,37 @@ pub struct NetworkConfig {
     /// `false`: requests to the sandbox's ports need its traffic token.
     /// Only read on create, as E2B does.
     pub allow_public_traffic: Option<bool>,
+    // Read only to be refused when set (`NetworkConfig::unsupported`).
+    egress_proxy: Option<serde_json::Value>,
+    mask_request_host: Option<serde_json::Value>,
+    https_ports: Option<serde_json::Value>,
+    rules: Option<serde_json::Value>,
+}
+
+impl NetworkConfig {
+    /// As [`NewSandbox::unsupported`], named as the SDK names it.
+    pub fn unsupported(&self) -> Option<&'static str> {
+        [
+            ("network.egressProxy", &self.egress_proxy),
+            ("network.maskRequestHost", &self.mask_request_host),
+            ("network.httpsPorts", &self.https_ports),
+            ("network.rules", &self.rules),
+        ]
+        .into_iter()
+        .find(|(_, value)| is_set(value))
+        .map(|(name, _)| name)
+    }
+}
+
+/// Whether the caller asked for something: SDKs send `null`, `[]` or `{}`
+/// for an option left at its default, and those ask for nothing.
+fn is_set(value: &Option<serde_json::Value>) -> bool {
+    match value {
+        None | Some(serde_json::Value::Null) => false,
+        Some(serde_json::Value::Array(items)) => !items.is_empty(),
+        Some(serde_json::Value::Object(fields)) => !fields.is_empty(),
+        Some(_) => true,
+    }
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -297,6 +343,24 @@ mod tests {
         let body = r#"{"templateID":"base","network":{"allowPublicTraffic":false}}"#;
         let parsed: NewSandbox = serde_json::from_str(body).unwrap();
         assert_eq!(parsed.network.unwrap().allow_public_traffic, Some(false));
+    }
+
+    #[test]
+    fn fields_copse_does_not_implement_are_named_when_set() {
+        let refused = |body: &str| serde_json::from_str::<NewSandbox>(body).unwrap().unsupported();
+        assert_eq!(refused(r#"{"volumeMounts":[{"name":"v","path":"/mnt"}]}"#), Some("volumeMounts"));
+        assert_eq!(refused(r#"{"mcp":{"github":{}}}"#), Some("mcp"));
+        assert_eq!(refused(r#"{"iam":{"tokens":{"t":{}}}}"#), Some("iam"));
+        assert_eq!(refused(r#"{"network":{"rules":{"api.example.com":{}}}}"#), Some("network.rules"));
+        assert_eq!(refused(r#"{"network":{"egressProxy":{"url":"socks5://p"}}}"#), Some("network.egressProxy"));
+        assert_eq!(refused(r#"{"network":{"maskRequestHost":"x.${PORT}"}}"#), Some("network.maskRequestHost"));
+        assert_eq!(refused(r#"{"network":{"httpsPorts":[8443]}}"#), Some("network.httpsPorts"));
+    }
+
+    #[test]
+    fn defaults_sdks_send_for_unimplemented_fields_ask_for_nothing() {
+        let body = r#"{"volumeMounts":[],"mcp":null,"network":{"allowOut":["1.1.1.1"],"rules":{},"egressProxy":null}}"#;
+        assert_eq!(serde_json::from_str::<NewSandbox>(body).unwrap().unsupported(), None);
     }
 
     #[test]
