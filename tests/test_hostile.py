@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 from conftest import COPSE, DATA_DIR, free_port
-from e2b import InvalidArgumentException, Sandbox, SandboxException
+from e2b import InvalidArgumentException, Sandbox, SandboxException, Secret
 
 
 class HostSocket:
@@ -771,3 +771,22 @@ def test_host_kernel_state_in_proc_and_sys_is_masked(gateway):
         assert "sysrq refused" in out, out
     finally:
         sbx.kill()
+
+
+# -- secrets -------------------------------------------------------------------
+
+
+def test_a_secret_value_is_stored_sealed_and_reaches_no_log(gateway):
+    """What a local host user with a copy of the database, or a reader of
+    the gateway's log, could look for."""
+    value = "sk-" + os.urandom(16).hex()
+    name = "hostile-" + os.urandom(4).hex()
+    secret = Secret.create(name, value)
+    Secret.update(secret.secret_id, value + "-v2")
+    data_dir = gateway.data_dir
+    for path in [data_dir / "copse.db", data_dir / "copse.db-wal", data_dir / "gateway.log"]:
+        if path.exists():
+            assert value.encode() not in path.read_bytes(), path
+    keyring = data_dir / "secrets.keyring"
+    assert stat.S_IMODE(keyring.stat().st_mode) == 0o600
+    Secret.destroy(name)
