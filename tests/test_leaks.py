@@ -5,6 +5,7 @@ are re-adopted and usable, or gone without a trace."""
 
 import os
 import signal
+import sqlite3
 import subprocess
 import time
 import uuid
@@ -192,3 +193,28 @@ def _list(query):
     while paginator.has_next:
         items.extend(paginator.next_items())
     return items
+
+
+@pytest.mark.timeout(120, func_only=True)
+def test_an_unreadable_record_is_quarantined_and_never_stops_a_start(gateway):
+    database = gateway.data_dir / "copse.db"
+    stop_gateway(gateway)
+    bad_id = "unreadable" + uuid.uuid4().hex[:10]
+    with sqlite3.connect(database) as db:
+        db.execute(
+            "INSERT INTO sandboxes (id, end_at_ms, record) VALUES (?, 0, ?)",
+            (bad_id, '{"id": "torn'),
+        )
+    gateway.start()
+    sbx = Sandbox.create(timeout=60)
+    try:
+        assert bad_id not in {s.sandbox_id for s in _list(None)}
+    finally:
+        sbx.kill()
+    with sqlite3.connect(database) as db:
+        kept = db.execute("SELECT kind, record FROM quarantine WHERE id = ?", (bad_id,)).fetchall()
+        left = db.execute("SELECT count(*) FROM sandboxes WHERE id = ?", (bad_id,)).fetchone()[0]
+    assert kept == [("sandboxes", '{"id": "torn')]
+    assert left == 0
+    log = (gateway.data_dir / "gateway.log").read_text(errors="replace")
+    assert bad_id in log and "quarantine" in log

@@ -10,6 +10,7 @@ use std::sync::Mutex;
 
 use anyhow::Context;
 use rusqlite::{Connection, OptionalExtension, params};
+use serde::de::DeserializeOwned;
 
 use crate::model::{SandboxRecord, SecretRecord, SecretStore, SnapshotRecord, Store};
 
@@ -42,6 +43,13 @@ impl SqliteStore {
              CREATE TABLE IF NOT EXISTS snapshots (
                  id TEXT PRIMARY KEY,
                  record TEXT NOT NULL
+             );
+             CREATE TABLE IF NOT EXISTS quarantine (
+                 kind TEXT NOT NULL,
+                 id TEXT NOT NULL,
+                 record TEXT NOT NULL,
+                 reason TEXT NOT NULL,
+                 at_ms INTEGER NOT NULL
              );
              CREATE TABLE IF NOT EXISTS secrets (
                  id TEXT PRIMARY KEY,
@@ -94,18 +102,11 @@ impl Store for SqliteStore {
     }
 
     fn get(&self, id: &str) -> anyhow::Result<Option<SandboxRecord>> {
-        let json: Option<String> = self
-            .lock()
-            .query_row("SELECT record FROM sandboxes WHERE id = ?1", params![id], |row| row.get(0))
-            .optional()?;
-        json.map(|j| serde_json::from_str(&j).context("corrupt sandbox record")).transpose()
+        decode_one(&self.lock(), Table::Sandboxes, "id", id)
     }
 
     fn all(&self) -> anyhow::Result<Vec<SandboxRecord>> {
-        let conn = self.lock();
-        let mut stmt = conn.prepare("SELECT record FROM sandboxes ORDER BY id")?;
-        let rows = stmt.query_map([], |row| row.get::<_, String>(0))?;
-        rows.map(|r| Ok(serde_json::from_str(&r?)?)).collect()
+        decode_all(&self.lock(), Table::Sandboxes)
     }
 
     fn expired(&self, now_ms: i64) -> anyhow::Result<Vec<String>> {
@@ -130,18 +131,11 @@ impl Store for SqliteStore {
     }
 
     fn snapshot(&self, id: &str) -> anyhow::Result<Option<SnapshotRecord>> {
-        let json: Option<String> = self
-            .lock()
-            .query_row("SELECT record FROM snapshots WHERE id = ?1", params![id], |row| row.get(0))
-            .optional()?;
-        json.map(|j| serde_json::from_str(&j).context("corrupt snapshot record")).transpose()
+        decode_one(&self.lock(), Table::Snapshots, "id", id)
     }
 
     fn snapshots(&self) -> anyhow::Result<Vec<SnapshotRecord>> {
-        let conn = self.lock();
-        let mut stmt = conn.prepare("SELECT record FROM snapshots ORDER BY id")?;
-        let rows = stmt.query_map([], |row| row.get::<_, String>(0))?;
-        rows.map(|r| Ok(serde_json::from_str(&r?)?)).collect()
+        decode_all(&self.lock(), Table::Snapshots)
     }
 
     fn remove_snapshot(&self, id: &str) -> anyhow::Result<bool> {
@@ -167,18 +161,15 @@ impl SecretStore for SqliteStore {
     }
 
     fn secret(&self, id: &str) -> anyhow::Result<Option<SecretRecord>> {
-        self.secret_where("id", id)
+        decode_one(&self.lock(), Table::Secrets, "id", id)
     }
 
     fn secret_named(&self, name: &str) -> anyhow::Result<Option<SecretRecord>> {
-        self.secret_where("name", name)
+        decode_one(&self.lock(), Table::Secrets, "name", name)
     }
 
     fn secrets(&self) -> anyhow::Result<Vec<SecretRecord>> {
-        let conn = self.lock();
-        let mut stmt = conn.prepare("SELECT record FROM secrets ORDER BY id")?;
-        let rows = stmt.query_map([], |row| row.get::<_, String>(0))?;
-        rows.map(|r| Ok(serde_json::from_str(&r?)?)).collect()
+        decode_all(&self.lock(), Table::Secrets)
     }
 
     fn remove_secret(&self, id: &str) -> anyhow::Result<bool> {
@@ -186,15 +177,74 @@ impl SecretStore for SqliteStore {
     }
 }
 
-impl SqliteStore {
-    /// `column` is one of this file's literals, never caller input.
-    fn secret_where(&self, column: &'static str, value: &str) -> anyhow::Result<Option<SecretRecord>> {
-        let json: Option<String> = self
-            .lock()
-            .query_row(&format!("SELECT record FROM secrets WHERE {column} = ?1"), params![value], |row| row.get(0))
-            .optional()?;
-        json.map(|j| serde_json::from_str(&j).context("corrupt secret record")).transpose()
+/// The tables whose rows are one JSON record each.
+#[derive(Clone, Copy)]
+enum Table {
+    Sandboxes,
+    Snapshots,
+    Secrets,
+}
+
+impl Table {
+    fn name(self) -> &'static str {
+        match self {
+            Table::Sandboxes => "sandboxes",
+            Table::Snapshots => "snapshots",
+            Table::Secrets => "secrets",
+        }
     }
+}
+
+/// The record whose `column` (a literal of this file) equals `value`.
+fn decode_one<T: DeserializeOwned>(
+    conn: &Connection,
+    table: Table,
+    column: &'static str,
+    value: &str,
+) -> anyhow::Result<Option<T>> {
+    let sql = format!("SELECT id, record FROM {} WHERE {column} = ?1", table.name());
+    let row: Option<(String, String)> =
+        conn.query_row(&sql, params![value], |row| Ok((row.get(0)?, row.get(1)?))).optional()?;
+    match row {
+        Some((id, json)) => decode_or_quarantine(conn, table, &id, &json),
+        None => Ok(None),
+    }
+}
+
+/// Every record of `table`, ordered by id.
+fn decode_all<T: DeserializeOwned>(conn: &Connection, table: Table) -> anyhow::Result<Vec<T>> {
+    let rows: Vec<(String, String)> = {
+        let mut stmt = conn.prepare(&format!("SELECT id, record FROM {} ORDER BY id", table.name()))?;
+        stmt.query_map([], |row| Ok((row.get(0)?, row.get(1)?)))?.collect::<Result<_, _>>()?
+    };
+    let mut records = Vec::with_capacity(rows.len());
+    for (id, json) in rows {
+        records.extend(decode_or_quarantine(conn, table, &id, &json)?);
+    }
+    Ok(records)
+}
+
+/// A row that no longer parses (an edited database, a torn write, a
+/// downgrade) is moved to `quarantine` with a log line: one bad record
+/// must not fail every listing, and with it the gateway's start. The row
+/// is kept whole there for the operator.
+fn decode_or_quarantine<T: DeserializeOwned>(
+    conn: &Connection,
+    table: Table,
+    id: &str,
+    json: &str,
+) -> anyhow::Result<Option<T>> {
+    let err = match serde_json::from_str(json) {
+        Ok(record) => return Ok(Some(record)),
+        Err(err) => err,
+    };
+    tracing::error!(table = table.name(), id, error = %err, "unreadable record moved to the quarantine table");
+    conn.execute(
+        "INSERT INTO quarantine (kind, id, record, reason, at_ms) VALUES (?1, ?2, ?3, ?4, ?5)",
+        params![table.name(), id, json, err.to_string(), crate::model::now_ms()],
+    )?;
+    conn.execute(&format!("DELETE FROM {} WHERE id = ?1", table.name()), params![id])?;
+    Ok(None)
 }
 
 #[cfg(test)]
@@ -250,6 +300,38 @@ mod tests {
         assert!(store.remove_secret("a").unwrap());
         assert!(store.insert_secret(&secret("b", "key")).unwrap());
         assert_eq!(store.secrets().unwrap().len(), 1);
+    }
+
+    #[test]
+    fn an_unreadable_row_is_quarantined_and_the_rest_still_listed() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SqliteStore::open(&dir.path().join("copse.db")).unwrap();
+        store.put_snapshot(&serde_json::from_value(snapshot_json()).unwrap()).unwrap();
+        let mut other = snapshot_json();
+        other["id"] = "s2".into();
+        store.put_snapshot(&serde_json::from_value(other).unwrap()).unwrap();
+        store.lock().execute("UPDATE snapshots SET record = '{\"id\": 1' WHERE id = 's2'", []).unwrap();
+        store.insert_secret(&secret("a", "key")).unwrap();
+        store.lock().execute("UPDATE secrets SET record = 'garbage' WHERE id = 'a'", []).unwrap();
+
+        let listed = store.snapshots().unwrap();
+        assert_eq!(listed.iter().map(|s| s.id.as_str()).collect::<Vec<_>>(), ["s1"]);
+        assert!(store.snapshot("s2").unwrap().is_none());
+        assert!(store.secret_named("key").unwrap().is_none());
+        let quarantined: Vec<(String, String, String)> = store
+            .lock()
+            .prepare("SELECT kind, id, record FROM quarantine ORDER BY kind")
+            .unwrap()
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        assert_eq!(quarantined.len(), 2);
+        assert_eq!((quarantined[0].0.as_str(), quarantined[0].1.as_str()), ("secrets", "a"));
+        assert_eq!(quarantined[0].2, "garbage");
+        assert_eq!((quarantined[1].0.as_str(), quarantined[1].1.as_str()), ("snapshots", "s2"));
+        // The name is free again.
+        assert!(store.insert_secret(&secret("b", "key")).unwrap());
     }
 
     fn snapshot_json() -> serde_json::Value {
