@@ -5,6 +5,7 @@ pub mod control;
 pub mod error;
 pub mod host_routing;
 pub mod proxy;
+pub mod request_span;
 pub mod wire;
 
 use std::sync::Arc;
@@ -32,6 +33,9 @@ pub fn router(svc: Arc<Sandboxes>, keys: Keys, exposure: Exposure) -> Router {
         .route("/sandboxes/{id}/timeout", post(control::set_timeout))
         .route("/sandboxes/{id}/refreshes", post(control::refresh))
         .route("/sandboxes/{id}/metrics", get(control::metrics))
+        .route("/sandboxes/metrics", get(control::many_metrics))
+        .route("/sandboxes/{id}/logs", get(control::logs))
+        .route("/v2/sandboxes/{id}/logs", get(control::logs_v2))
         .route("/sandboxes/{id}/network", put(control::update_network))
         .route("/templates", get(control::templates))
         .route("/copse/pools", get(control::pools))
@@ -48,7 +52,11 @@ pub fn router(svc: Arc<Sandboxes>, keys: Keys, exposure: Exposure) -> Router {
         .with_state(svc.clone());
     // The data-plane switch runs first: a request meant for a sandbox never
     // reaches the control plane, whatever its path.
-    control.layer(middleware::from_fn_with_state(svc, proxy::switch)).layer(Extension(exposure))
+    // Outermost: every line logged while serving a request names it.
+    control
+        .layer(middleware::from_fn_with_state(svc, proxy::switch))
+        .layer(Extension(exposure))
+        .layer(middleware::from_fn(request_span::request_span))
 }
 
 async fn require_api_key(State(keys): State<Keys>, request: Request, next: Next) -> Response {
