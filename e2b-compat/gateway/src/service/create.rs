@@ -14,6 +14,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use copse_substrate::{Policy, SandboxNetwork};
+use tracing::Instrument;
 
 use super::Sandboxes;
 use crate::model::{
@@ -164,6 +165,20 @@ impl Sandboxes {
     /// left. `restored`: the snapshot holds memory, so its processes (the
     /// service among them) are restored, not started.
     pub(super) async fn boot_from(
+        &self,
+        id: String,
+        template: &str,
+        snapshot: Option<String>,
+        network: Network,
+        restored: bool,
+    ) -> Result<Booted> {
+        // Lines logged while it boots name it, whoever asked (a create, a
+        // fork's child, a pool's refill).
+        let span = tracing::info_span!("sandbox", sandbox_id = %id);
+        self.boot_sandbox(id, template, snapshot, network, restored).instrument(span).await
+    }
+
+    async fn boot_sandbox(
         &self,
         id: String,
         template: &str,
