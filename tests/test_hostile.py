@@ -773,6 +773,23 @@ def test_host_kernel_state_in_proc_and_sys_is_masked(gateway):
         sbx.kill()
 
 
+def test_a_logs_request_naming_a_path_reads_nothing_of_the_host(gateway):
+    """A caller puts a path where the logs routes want a sandbox id: the
+    gateway keeps each sandbox's log as DATA_DIR/logs/<id>.jsonl, so an id
+    of `../planted` would name DATA_DIR/planted.jsonl. Only ids made of
+    letters and digits name a log; anything else is E2B's 404."""
+    planted = gateway.data_dir / "planted.jsonl"
+    planted.write_text(json.dumps({"at_ms": 1, "level": "info", "message": "host secret", "fields": {}}) + "\n")
+    try:
+        for route in ("/v2/sandboxes/{}/logs", "/sandboxes/{}/logs"):
+            for name in ("..%2Fplanted", "..%2F..%2F" + urllib.parse.quote(str(planted.parent.name), safe="") + "%2Fplanted"):
+                response = httpx.get(gateway.url + route.format(name), headers={"X-API-KEY": os.environ["E2B_API_KEY"]})
+                assert response.status_code == 404, (route, name, response.text)
+                assert response.json()["code"] == 404 and "host secret" not in response.text
+    finally:
+        planted.unlink()
+
+
 # -- secrets -------------------------------------------------------------------
 
 

@@ -29,6 +29,8 @@ pub struct Config {
     pub disk_mb: u64,
     /// Timeouts and the per-address cap on connections.
     pub limits: crate::serve::Limits,
+    /// The operator listener serving `/metrics`; `None`: no metrics served.
+    pub metrics_listen: Option<SocketAddr>,
 }
 
 #[derive(Debug, Clone)]
@@ -44,6 +46,11 @@ impl Config {
 
     pub fn database(&self) -> PathBuf {
         self.data_dir.join("copse.db")
+    }
+
+    /// Each sandbox's own log (`crate::sandbox_log`).
+    pub fn sandbox_logs(&self) -> PathBuf {
+        self.data_dir.join("logs")
     }
 }
 

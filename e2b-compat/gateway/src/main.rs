@@ -7,11 +7,15 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use copse_gateway::config::{self, Config};
+use copse_gateway::telemetry::logging::{self, LogFormat};
 use copse_gateway::{serve, server};
 
 #[derive(Parser)]
 #[command(name = "copse", version, about = "Self-hosted sandboxes behind the E2B API")]
 struct Cli {
+    /// `text` for people, `json` (one object per line) for a log pipeline.
+    #[arg(long, global = true, env = "COPSE_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
 }
@@ -38,6 +42,8 @@ struct Remote {
     data_dir: PathBuf,
 }
 
+// Parsed once per process: the size of its largest variant costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 enum Command {
     /// Build missing default templates, then serve the E2B API.
@@ -85,6 +91,10 @@ enum Command {
         disk_mb: u64,
         #[command(flatten)]
         limits: ConnectionLimits,
+        /// Serve Prometheus metrics at http://ADDR/metrics, a listener of
+        /// its own for the operator (off by default; never on --listen).
+        #[arg(long, env = "COPSE_METRICS_LISTEN")]
+        metrics_listen: Option<SocketAddr>,
     },
     /// Local TLS for domain mode.
     Tls {
@@ -215,11 +225,8 @@ enum SnapshotCommand {
 }
 
 fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("COPSE_LOG").unwrap_or_else(|_| "info".into()))
-        .with_writer(std::io::stderr)
-        .init();
     let cli = Cli::parse();
+    logging::init(cli.log_format);
     match cli.command {
         Command::Up {
             listen,
@@ -234,6 +241,7 @@ fn main() -> anyhow::Result<()> {
             tls_key,
             disk_mb,
             limits,
+            metrics_listen,
         } => {
             let config = Config {
                 listen,
@@ -248,6 +256,7 @@ fn main() -> anyhow::Result<()> {
                 tls: tls_cert.zip(tls_key).map(|(cert, key)| config::TlsFiles { cert, key }),
                 disk_mb,
                 limits: limits.limits(),
+                metrics_listen,
             };
             tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(server::run(config))
         }
@@ -355,6 +364,7 @@ fn local_config(paths: Paths) -> anyhow::Result<Config> {
         tls: None,
         disk_mb: copse_substrate::Limits::default().disk_mb,
         limits: Default::default(),
+        metrics_listen: None,
     })
 }
 

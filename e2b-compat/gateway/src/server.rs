@@ -14,7 +14,7 @@ use crate::progress::Reporter;
 use crate::service::{Sandboxes, Secrets};
 use crate::store::{Indexed, SqliteStore};
 use crate::vault::Vault;
-use crate::{reaper, serve, tls};
+use crate::{reaper, serve, telemetry, tls};
 
 pub fn open_substrate(config: &Config) -> anyhow::Result<Arc<dyn Substrate>> {
     config::private_data_dir(&config.data_dir)?;
@@ -96,7 +96,8 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let svc = Arc::new(
         Sandboxes::new(substrate.clone(), Box::new(store), config.run_dir(), &config.pools)
             .with_network(config.network.as_ref())
-            .with_disk_mb(config.disk_mb),
+            .with_disk_mb(config.disk_mb)
+            .with_sandbox_log(crate::sandbox_log::SandboxLog::open(config.sandbox_logs())?),
     );
     let recovery = svc.recover().await?;
     if !recovery.adopted.is_empty() || !recovery.removed.is_empty() {
@@ -108,6 +109,14 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("listening on {}", config.listen))?;
     let addr = listener.local_addr()?;
+    let metrics = match config.metrics_listen {
+        Some(at) => {
+            let (bound, task) = telemetry::listener::spawn(at, svc.clone()).await?;
+            println!("operator metrics on http://{bound}/metrics");
+            Some(task)
+        }
+        None => None,
+    };
     let exposure = Exposure { domain: config.domain.as_deref().map(|d| d.trim_end_matches('.').to_ascii_lowercase()) };
     print_usage(addr, &exposure, tls.is_some(), keys.origin(), substrate.name());
     let secrets = Arc::new(Secrets::new(Arc::new(open_store(&config)?), vault));
@@ -120,6 +129,9 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             shutdown_signal().await;
             let _ = stopping_tx.send(());
             reaper.abort();
+            if let Some(metrics) = metrics {
+                metrics.abort();
+            }
 
             // Sandboxes go first: their command streams are the responses
             // graceful shutdown would otherwise wait on for ever.

@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 
+use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -15,6 +16,7 @@ use super::host_routing::Exposure;
 use super::wire;
 use crate::model::{self, SandboxRecord, SnapshotRecord};
 use crate::network::NetworkRequest;
+use crate::sandbox_log;
 use crate::service::{self, Connected, CreateRequest, ListFilter, Sandboxes};
 
 pub type Service = Arc<Sandboxes>;
@@ -304,20 +306,160 @@ pub async fn refresh(
     Ok(StatusCode::NO_CONTENT)
 }
 
-pub async fn metrics(State(svc): State<Service>, Path(id): Path<String>) -> ApiResult<Json<Vec<wire::SandboxMetric>>> {
-    let Some(metric) = svc.metrics(&id).await? else { return Ok(Json(Vec::new())) };
-    let now = OffsetDateTime::now_utc();
-    Ok(Json(vec![wire::SandboxMetric {
-        timestamp: rfc3339(now),
-        timestamp_unix: now.unix_timestamp(),
-        cpu_count: metric.cpu_count,
-        cpu_used_pct: metric.cpu_used_pct,
-        mem_used: metric.mem_used,
-        mem_total: metric.mem_total,
-        mem_cache: metric.mem_cache,
-        disk_used: metric.disk_used,
-        disk_total: metric.disk_total,
-    }]))
+/// `GET /sandboxes/{id}/metrics`: the samples between `start` and `end`
+/// (Unix seconds; default the sandbox's start and now).
+pub async fn metrics(
+    State(svc): State<Service>,
+    Path(id): Path<String>,
+    query: Result<Query<wire::MetricsQuery>, QueryRejection>,
+) -> ApiResult<Json<Vec<wire::SandboxMetric>>> {
+    let Query(query) = query.map_err(bad_query)?;
+    let series = svc.metrics_between(&id, query.start, query.end).await?;
+    Ok(Json(series.iter().map(sandbox_metric).collect()))
+}
+
+/// E2B caps one bulk metrics request at 100 sandboxes.
+const MAX_METRICS_IDS: usize = 100;
+
+/// `GET /sandboxes/metrics?sandbox_ids=a,b`: the newest sample of each
+/// (sandboxes that do not exist or do not run are left out).
+pub async fn many_metrics(
+    State(svc): State<Service>,
+    query: Result<Query<wire::ManyMetricsQuery>, QueryRejection>,
+) -> ApiResult<Json<wire::SandboxesWithMetrics>> {
+    let Query(query) = query.map_err(bad_query)?;
+    let mut ids: Vec<String> = query
+        .sandbox_ids
+        .unwrap_or_default()
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(String::from)
+        .collect();
+    ids.sort();
+    ids.dedup();
+    if ids.is_empty() {
+        return Err(ApiError::bad_request("sandbox_ids must name at least one sandbox"));
+    }
+    if ids.len() > MAX_METRICS_IDS {
+        return Err(ApiError::bad_request(format!(
+            "sandbox_ids names {} sandboxes; at most {MAX_METRICS_IDS}",
+            ids.len()
+        )));
+    }
+    let latest = svc.latest_metrics(&ids).await?;
+    Ok(Json(wire::SandboxesWithMetrics {
+        sandboxes: latest.into_iter().map(|(id, m)| (id, sandbox_metric(&m))).collect(),
+    }))
+}
+
+fn sandbox_metric(m: &service::Metric) -> wire::SandboxMetric {
+    wire::SandboxMetric {
+        timestamp: rfc3339_ms(m.at_ms),
+        timestamp_unix: m.at_ms.div_euclid(1000),
+        cpu_count: m.cpu_count,
+        cpu_used_pct: m.cpu_used_pct,
+        mem_used: m.mem_used,
+        mem_total: m.mem_total,
+        mem_cache: m.mem_cache,
+        disk_used: m.disk_used,
+        disk_total: m.disk_total,
+    }
+}
+
+/// E2B's ceiling for one page of logs.
+const MAX_LOG_PAGE: usize = 1000;
+const MAX_LOG_SEARCH: usize = 256;
+
+/// `GET /sandboxes/{id}/logs` (deprecated by E2B, still in the SDK):
+/// forward from `start` (Unix ms), as lines and as structured entries.
+pub async fn logs(
+    State(svc): State<Service>,
+    Path(id): Path<String>,
+    query: Result<Query<wire::LogsQuery>, QueryRejection>,
+) -> ApiResult<Json<wire::SandboxLogs>> {
+    let Query(query) = query.map_err(bad_query)?;
+    let query = sandbox_log::Query { cursor_ms: query.start, limit: page_limit(query.limit)?, ..Default::default() };
+    let entries = svc.sandbox_logs(&id, &query)?;
+    Ok(Json(wire::SandboxLogs {
+        logs: entries.iter().map(|e| wire::SandboxLog { timestamp: rfc3339_ms(e.at_ms), line: log_line(e) }).collect(),
+        log_entries: entries.iter().map(log_entry).collect(),
+    }))
+}
+
+/// `GET /v2/sandboxes/{id}/logs`: a page from `cursor` (Unix ms) forward,
+/// or backward (newest first), at `level` or above, matching `search`.
+pub async fn logs_v2(
+    State(svc): State<Service>,
+    Path(id): Path<String>,
+    query: Result<Query<wire::LogsV2Query>, QueryRejection>,
+) -> ApiResult<Json<wire::SandboxLogsV2>> {
+    let Query(query) = query.map_err(bad_query)?;
+    let backward = match query.direction.as_deref() {
+        None | Some("forward") => false,
+        Some("backward") => true,
+        Some(other) => {
+            return Err(ApiError::bad_request(format!("direction must be forward or backward, not {other:?}")));
+        }
+    };
+    let min_level = match query.level.as_deref() {
+        None => None,
+        Some("debug") => Some(sandbox_log::Level::Debug),
+        Some("info") => Some(sandbox_log::Level::Info),
+        Some("warn") => Some(sandbox_log::Level::Warn),
+        Some("error") => Some(sandbox_log::Level::Error),
+        Some(other) => {
+            return Err(ApiError::bad_request(format!("level must be debug, info, warn or error, not {other:?}")));
+        }
+    };
+    if query.search.as_ref().is_some_and(|s| s.len() > MAX_LOG_SEARCH) {
+        return Err(ApiError::bad_request(format!("search is longer than {MAX_LOG_SEARCH} bytes")));
+    }
+    let query = sandbox_log::Query {
+        cursor_ms: query.cursor,
+        limit: page_limit(query.limit)?,
+        backward,
+        min_level,
+        search: query.search,
+    };
+    let entries = svc.sandbox_logs(&id, &query)?;
+    Ok(Json(wire::SandboxLogsV2 { logs: entries.iter().map(log_entry).collect() }))
+}
+
+fn page_limit(limit: Option<usize>) -> ApiResult<usize> {
+    match limit {
+        None => Ok(MAX_LOG_PAGE),
+        Some(n) if n <= MAX_LOG_PAGE => Ok(n),
+        Some(n) => Err(ApiError::bad_request(format!("limit must be at most {MAX_LOG_PAGE}, got {n}"))),
+    }
+}
+
+fn log_entry(e: &sandbox_log::Entry) -> wire::SandboxLogEntry {
+    let level = match e.level {
+        sandbox_log::Level::Debug => "debug",
+        sandbox_log::Level::Info => "info",
+        sandbox_log::Level::Warn => "warn",
+        sandbox_log::Level::Error => "error",
+    };
+    wire::SandboxLogEntry {
+        timestamp: rfc3339_ms(e.at_ms),
+        message: e.message.clone(),
+        level,
+        fields: e.fields.clone(),
+    }
+}
+
+/// The one-line form of an entry: its message, then its fields.
+fn log_line(e: &sandbox_log::Entry) -> String {
+    std::iter::once(e.message.clone())
+        .chain(e.fields.iter().map(|(k, v)| format!("{k}={v}")))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// A query string the handler's type does not accept, as E2B's JSON error.
+fn bad_query(rejection: QueryRejection) -> ApiError {
+    ApiError::bad_request(rejection.body_text())
 }
 
 pub async fn templates(State(svc): State<Service>) -> ApiResult<Json<Vec<wire::Template>>> {

@@ -5,6 +5,7 @@ pub mod control;
 pub mod error;
 pub mod host_routing;
 pub mod proxy;
+pub mod request_span;
 pub mod secrets;
 pub mod wire;
 
@@ -33,6 +34,9 @@ pub fn router(svc: Arc<Sandboxes>, secrets: Arc<Secrets>, keys: Keys, exposure: 
         .route("/sandboxes/{id}/timeout", post(control::set_timeout))
         .route("/sandboxes/{id}/refreshes", post(control::refresh))
         .route("/sandboxes/{id}/metrics", get(control::metrics))
+        .route("/sandboxes/metrics", get(control::many_metrics))
+        .route("/sandboxes/{id}/logs", get(control::logs))
+        .route("/v2/sandboxes/{id}/logs", get(control::logs_v2))
         .route("/sandboxes/{id}/network", put(control::update_network))
         .route("/templates", get(control::templates))
         .route("/copse/pools", get(control::pools))
@@ -51,7 +55,11 @@ pub fn router(svc: Arc<Sandboxes>, secrets: Arc<Secrets>, keys: Keys, exposure: 
         .with_state(svc.clone());
     // The data-plane switch runs first: a request meant for a sandbox never
     // reaches the control plane, whatever its path.
-    control.layer(middleware::from_fn_with_state(svc, proxy::switch)).layer(Extension(exposure))
+    // Outermost: every line logged while serving a request names it.
+    control
+        .layer(middleware::from_fn_with_state(svc, proxy::switch))
+        .layer(Extension(exposure))
+        .layer(middleware::from_fn(request_span::request_span))
 }
 
 /// axum's own rejections (a body that is not the JSON a route expects, a

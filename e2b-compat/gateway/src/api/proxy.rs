@@ -38,6 +38,7 @@ pub async fn switch(State(svc): State<Arc<Sandboxes>>, request: Request, next: N
         }
         Target::ControlPlane => return next.run(request).await,
     };
+    tracing::Span::current().record("sandbox_id", record.id.as_str());
     if let Some(token) = request.headers().get(ACCESS_TOKEN_HEADER)
         && !copse_protocol::signature::equal(token.to_str().unwrap_or(""), &record.access_token)
     {
@@ -56,7 +57,42 @@ pub async fn switch(State(svc): State<Arc<Sandboxes>>, request: Request, next: N
         Ok(record) => record,
         Err(e) => return ApiError::from(e).into_response(),
     };
-    forward(&record, port, request).await
+    let call = envd_call(port, &request);
+    let response = forward(&record, port, request).await;
+    if let Some((what, fields)) = call {
+        svc.note_traffic(&record, &what, &fields, response.status().as_u16());
+    }
+    response
+}
+
+/// What the sandbox's log says of an envd call (processes started and
+/// signalled, filesystem operations, file transfers); `None` for the
+/// rest (process input and output streams, other ports' traffic), which
+/// would drown it.
+fn envd_call(host_port: Option<u16>, request: &Request) -> Option<(String, Vec<(&'static str, String)>)> {
+    let port = host_port.or_else(|| request.headers().get(SANDBOX_PORT_HEADER)?.to_str().ok()?.parse().ok());
+    if port.unwrap_or(AGENT_PORT) != AGENT_PORT {
+        return None;
+    }
+    let path = request.uri().path();
+    match path {
+        "/process.Process/Start" => Some(("process started".into(), Vec::new())),
+        "/process.Process/SendSignal" => Some(("process signalled".into(), Vec::new())),
+        "/files" => {
+            let file = request
+                .uri()
+                .query()
+                .and_then(|q| url::form_urlencoded::parse(q.as_bytes()).find(|(k, _)| k == "path"))
+                .map(|(_, v)| v.into_owned())
+                .unwrap_or_default();
+            let what = if request.method() == Method::GET { "file downloaded" } else { "file uploaded" };
+            Some((what.into(), vec![("path", file)]))
+        }
+        _ => path
+            .strip_prefix("/filesystem.Filesystem/")
+            .filter(|op| op.len() <= 32 && op.bytes().all(|b| b.is_ascii_alphanumeric()))
+            .map(|op| (format!("filesystem {op}"), Vec::new())),
+    }
 }
 
 /// Whether a sandbox that does not allow public traffic lets this request

@@ -238,6 +238,73 @@ pub struct SandboxMetric {
     pub disk_total: u64,
 }
 
+/// Query of `GET /sandboxes/{id}/metrics`: Unix seconds.
+#[derive(Debug, Default, Deserialize)]
+pub struct MetricsQuery {
+    pub start: Option<i64>,
+    pub end: Option<i64>,
+}
+
+/// Query of `GET /sandboxes/metrics`: comma-separated ids.
+#[derive(Debug, Default, Deserialize)]
+pub struct ManyMetricsQuery {
+    pub sandbox_ids: Option<String>,
+}
+
+/// Reply to `GET /sandboxes/metrics`: the newest sample per sandbox id.
+#[derive(Debug, Serialize)]
+pub struct SandboxesWithMetrics {
+    pub sandboxes: std::collections::BTreeMap<String, SandboxMetric>,
+}
+
+/// Query of the older `GET /sandboxes/{id}/logs`.
+#[derive(Debug, Default, Deserialize)]
+pub struct LogsQuery {
+    /// Unix milliseconds.
+    pub start: Option<i64>,
+    pub limit: Option<usize>,
+}
+
+/// Query of `GET /v2/sandboxes/{id}/logs`.
+#[derive(Debug, Default, Deserialize)]
+pub struct LogsV2Query {
+    /// Unix milliseconds.
+    pub cursor: Option<i64>,
+    pub limit: Option<usize>,
+    /// `forward` (the default) or `backward`.
+    pub direction: Option<String>,
+    /// The least severe level returned: debug, info, warn, error.
+    pub level: Option<String>,
+    pub search: Option<String>,
+}
+
+/// One line of the older logs reply.
+#[derive(Debug, Serialize)]
+pub struct SandboxLog {
+    pub timestamp: String,
+    pub line: String,
+}
+
+#[derive(Debug, Serialize)]
+pub struct SandboxLogEntry {
+    pub timestamp: String,
+    pub message: String,
+    pub level: &'static str,
+    pub fields: std::collections::BTreeMap<String, String>,
+}
+
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SandboxLogs {
+    pub logs: Vec<SandboxLog>,
+    pub log_entries: Vec<SandboxLogEntry>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct SandboxLogsV2 {
+    pub logs: Vec<SandboxLogEntry>,
+}
+
 #[derive(Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Template {

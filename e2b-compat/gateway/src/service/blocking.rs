@@ -16,6 +16,10 @@ impl Sandboxes {
         call: impl FnOnce(&dyn Substrate) -> anyhow::Result<T> + Send + 'static,
     ) -> Result<T> {
         let substrate = self.substrate.clone();
-        Ok(tokio::task::spawn_blocking(move || call(substrate.as_ref())).await.map_err(anyhow::Error::from)??)
+        // The substrate's own log lines keep the request's (or sandbox's) span.
+        let span = tracing::Span::current();
+        Ok(tokio::task::spawn_blocking(move || span.in_scope(|| call(substrate.as_ref())))
+            .await
+            .map_err(anyhow::Error::from)??)
     }
 }

@@ -14,6 +14,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use copse_substrate::{Policy, SandboxNetwork};
+use tracing::Instrument;
 
 use super::Sandboxes;
 use crate::model::{
@@ -21,6 +22,7 @@ use crate::model::{
 };
 use crate::network::NetworkRequest;
 use crate::pool::Booted;
+use crate::telemetry::Source;
 use crate::{agent_link, services, templates};
 
 #[derive(Debug, Default)]
@@ -66,6 +68,16 @@ impl Network {
 
 impl Sandboxes {
     pub async fn create(&self, request: CreateRequest) -> Result<(SandboxRecord, Timings)> {
+        let started = Instant::now();
+        let template = request.template.clone();
+        let mut source = Source::Boot;
+        let result = self.create_for(request, &mut source).await;
+        self.observe_create(&template, source, &result, started.elapsed());
+        result
+    }
+
+    /// `source`: where the sandbox came from, once known.
+    async fn create_for(&self, request: CreateRequest, source: &mut Source) -> Result<(SandboxRecord, Timings)> {
         let timeout = validate_timeout(request.timeout_s.unwrap_or(DEFAULT_TIMEOUT_S))?;
         let policy = request.network.policy()?;
         let started = Instant::now();
@@ -74,16 +86,21 @@ impl Sandboxes {
         let booted = if let Some(snapshot) = self.store.snapshot(&request.template)? {
             template = snapshot.template.clone();
             agent_token = snapshot.agent_token.clone();
+            *source = Source::Snapshot;
             let network = Network::New(policy.clone());
             self.boot_from(new_id(), &snapshot.template, Some(snapshot.key), network, snapshot.memory).await?
         } else {
             match self.take_pooled(&request.template, &policy).await {
-                Some(booted) => booted,
+                Some(booted) => {
+                    *source = Source::Pool;
+                    booted
+                }
                 None => self.boot(&request.template, &policy).await?,
             }
         };
         let boot = started.elapsed();
         let Booted { id, placement, agent_socket, network } = booted;
+        tracing::Span::current().record("sandbox_id", id.as_str());
         let network = match self.with_policy(&id, network, &policy).await {
             Ok(network) => network,
             Err(e) => {
@@ -155,6 +172,20 @@ impl Sandboxes {
         network: Network,
         restored: bool,
     ) -> Result<Booted> {
+        // Lines logged while it boots name it, whoever asked (a create, a
+        // fork's child, a pool's refill).
+        let span = tracing::info_span!("sandbox", sandbox_id = %id);
+        self.boot_sandbox(id, template, snapshot, network, restored).instrument(span).await
+    }
+
+    async fn boot_sandbox(
+        &self,
+        id: String,
+        template: &str,
+        snapshot: Option<String>,
+        network: Network,
+        restored: bool,
+    ) -> Result<Booted> {
         let allocated = matches!(network, Network::New(_));
         let network = match network {
             Network::Kept(network) => Some(network),
@@ -166,7 +197,15 @@ impl Sandboxes {
             }
         };
         let spec = self.spec(&id, template, snapshot, network);
+        let attaching = spec.network.is_some();
+        let started = Instant::now();
         let created = self.blocking(move |s| s.create(&spec).map(|p| (p, spec))).await;
+        if restored {
+            self.observe_checkpoint(true, created.is_ok(), started.elapsed());
+        }
+        if attaching {
+            self.observe_network(true, created.is_ok());
+        }
         let (placement, spec) = created.inspect_err(|_| release(&id))?;
         let booted = Booted { id, placement, agent_socket: spec.agent_socket, network: spec.network };
         if let Err(e) = self.start_service(template, &booted.agent_socket, restored).await {

@@ -2,29 +2,41 @@
 //! if they asked for that at create) and ones whose init died on its own.
 //! `crate::reaper` calls these on its ticks.
 
+use tracing::Instrument;
+
 use super::Sandboxes;
 use crate::model::now_ms;
+use crate::telemetry::{self, KillReason};
 
 impl Sandboxes {
     /// Kills (or, if asked at create, pauses) expired sandboxes.
     pub async fn reap(&self) -> anyhow::Result<()> {
-        for id in self.store.expired(now_ms())? {
-            let auto_pause = self.store.get(&id)?.map(|r| (r.auto_pause, r.auto_pause_memory));
-            let outcome = match auto_pause {
-                Some((true, memory)) => {
-                    tracing::info!("sandbox {id} timed out; pausing it");
-                    self.pause(&id, memory).await
-                }
-                _ => {
-                    tracing::info!("sandbox {id} timed out");
-                    self.kill(&id).await
-                }
-            };
-            if let Err(e) = outcome {
-                tracing::error!("expiring sandbox {id}: {e:#}");
-                if auto_pause.is_some_and(|(pause, _)| pause) {
-                    self.kill(&id).await.ok();
-                }
+        let expired = self.store.expired(now_ms())?;
+        telemetry::metrics().reaper_queue.set(expired.len() as i64);
+        for id in expired {
+            let span = tracing::info_span!("sandbox", sandbox_id = %id);
+            self.expire(&id).instrument(span).await?;
+        }
+        Ok(())
+    }
+
+    /// Kills (or pauses) one expired sandbox.
+    async fn expire(&self, id: &str) -> anyhow::Result<()> {
+        let auto_pause = self.store.get(id)?.map(|r| (r.auto_pause, r.auto_pause_memory));
+        let outcome = match auto_pause {
+            Some((true, memory)) => {
+                tracing::info!("sandbox {id} timed out; pausing it");
+                self.pause(id, memory).await
+            }
+            _ => {
+                tracing::info!("sandbox {id} timed out");
+                self.end(id, KillReason::Timeout).await
+            }
+        };
+        if let Err(e) = outcome {
+            tracing::error!("expiring sandbox {id}: {e:#}");
+            if auto_pause.is_some_and(|(pause, _)| pause) {
+                self.end(id, KillReason::Timeout).await.ok();
             }
         }
         Ok(())
@@ -37,8 +49,13 @@ impl Sandboxes {
             let Some(_quiet) = self.transitions.try_lock(&record.id) else { continue };
             let Some(record) = self.store.get(&record.id)? else { continue };
             if !record.has_no_processes() && !self.substrate.is_alive(&record.id, &record.placement) {
-                tracing::warn!("sandbox {} died on its own; cleaning up", record.id);
-                self.kill(&record.id).await.ok();
+                let span = tracing::info_span!("sandbox", sandbox_id = %record.id);
+                async {
+                    tracing::warn!("sandbox {} died on its own; cleaning up", record.id);
+                    self.end(&record.id, KillReason::Died).await.ok();
+                }
+                .instrument(span)
+                .await;
             }
         }
         Ok(())

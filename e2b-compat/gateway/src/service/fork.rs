@@ -43,6 +43,19 @@ impl Sandboxes {
         timeout_s: i64,
         memory: bool,
     ) -> Result<Vec<Result<SandboxRecord>>> {
+        let result = self.fork_now(id, count, max, timeout_s, memory).await;
+        self.observe_fork(id, memory, &result);
+        result
+    }
+
+    async fn fork_now(
+        &self,
+        id: &str,
+        count: u32,
+        max: u32,
+        timeout_s: i64,
+        memory: bool,
+    ) -> Result<Vec<Result<SandboxRecord>>> {
         if !(1..=max).contains(&count) {
             return Err(SandboxError::Invalid(format!("count must be between 1 and {max}, got {count}")));
         }

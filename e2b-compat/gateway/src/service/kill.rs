@@ -3,25 +3,44 @@
 
 use super::Sandboxes;
 use crate::model::{Result, SandboxError};
+use crate::telemetry::KillReason;
 
 impl Sandboxes {
     pub async fn kill(&self, id: &str) -> Result<()> {
+        self.end(id, KillReason::Request).await
+    }
+
+    /// Ends sandbox `id`, counted and logged under `reason`.
+    pub(super) async fn end(&self, id: &str, reason: KillReason) -> Result<()> {
+        let result = self.destroy_record(id).await;
+        self.observe_kill(id, reason, &result);
+        result
+    }
+
+    async fn destroy_record(&self, id: &str) -> Result<()> {
         let Some(record) = self.store.get(id)? else {
             return Err(SandboxError::NotFound(id.to_string()));
         };
         let owned = id.to_string();
+        let attached = record.network.is_some() && !record.has_no_processes();
         let files = record.paused.and_then(|p| p.files_only);
-        self.blocking(move |s| {
-            s.destroy(&owned)?;
-            match files {
-                Some(key) => s.delete_snapshot(&key),
-                None => Ok(()),
-            }
-        })
-        .await?;
+        let destroyed = self
+            .blocking(move |s| {
+                s.destroy(&owned)?;
+                match files {
+                    Some(key) => s.delete_snapshot(&key),
+                    None => Ok(()),
+                }
+            })
+            .await;
+        if attached {
+            self.observe_network(false, destroyed.is_ok());
+        }
+        destroyed?;
         self.addresses.release(id);
         self.store.remove(id)?;
         self.cpu_samples.forget(id);
+        self.metric_history.forget(id);
         self.transitions.forget(id);
         Ok(())
     }

@@ -13,6 +13,7 @@ mod expiry;
 mod fork;
 mod kill;
 mod metrics;
+mod observe;
 mod pause;
 mod pools;
 mod recover;
@@ -55,6 +56,10 @@ pub struct Sandboxes {
     pools: Vec<Arc<WarmPool>>,
     /// The last CPU reading per sandbox, to turn CPU time into a percentage.
     cpu_samples: metrics::CpuSamples,
+    /// A bounded ring of metric samples per sandbox (`get_metrics(start, end)`).
+    metric_history: metrics::History,
+    /// Each sandbox's own log (E2B's sandbox logs); see `observe.rs`.
+    sandbox_log: crate::sandbox_log::SandboxLog,
     /// One state change (pause, resume, rollback) at a time per sandbox.
     transitions: transitions::Transitions,
     addresses: Addresses,
@@ -79,6 +84,8 @@ impl Sandboxes {
                 .map(|(t, size)| WarmPool::new(t.clone(), *size))
                 .collect(),
             cpu_samples: Default::default(),
+            metric_history: Default::default(),
+            sandbox_log: crate::sandbox_log::SandboxLog::disabled(),
             transitions: Default::default(),
             addresses: Addresses::new(None),
         }
@@ -94,6 +101,12 @@ impl Sandboxes {
     /// Every sandbox's disk quota from now on.
     pub fn with_disk_mb(mut self, disk_mb: u64) -> Self {
         self.limits.disk_mb = disk_mb;
+        self
+    }
+
+    /// Keeps each sandbox's log (lifecycle and forwarded envd calls) there.
+    pub fn with_sandbox_log(mut self, log: crate::sandbox_log::SandboxLog) -> Self {
+        self.sandbox_log = log;
         self
     }
 

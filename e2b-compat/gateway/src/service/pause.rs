@@ -17,6 +17,12 @@ impl Sandboxes {
     /// Pauses a running sandbox. `memory`: keep its processes frozen in
     /// place; otherwise keep only its files and stop its processes.
     pub async fn pause(&self, id: &str, memory: bool) -> Result<()> {
+        let result = self.pause_now(id, memory).await;
+        self.observe_pause(id, memory, &result);
+        result
+    }
+
+    async fn pause_now(&self, id: &str, memory: bool) -> Result<()> {
         let _transition = self.transitions.lock(id).await;
         let mut record = self.get(id)?;
         if record.state == State::Paused {
@@ -58,14 +64,23 @@ impl Sandboxes {
             Some(t) => validate_timeout(t)? * 1000,
             None => paused.remaining_ms.max(1000),
         };
+        let resumed = self.resume_paused(record, &paused, memory, lifetime).await;
+        self.observe_resume(id, &resumed);
+        Ok((resumed?, Connected::Resumed))
+    }
+
+    async fn resume_paused(
+        &self,
+        record: SandboxRecord,
+        paused: &Paused,
+        memory: Option<bool>,
+        lifetime: i64,
+    ) -> Result<SandboxRecord> {
+        let id = record.id.clone();
         let mut record = match (&paused.files_only, memory) {
             (None, Some(false)) => self.restart_from_own_files(record).await?,
             (None, _) => {
-                self.blocking({
-                    let id = id.to_string();
-                    move |s| s.resume(&id)
-                })
-                .await?;
+                self.blocking(move |s| s.resume(&id)).await?;
                 record
             }
             (Some(key), _) => self.reboot_from(record, key).await?,
@@ -74,7 +89,7 @@ impl Sandboxes {
         record.state = State::Running;
         record.end_at_ms = now_ms() + lifetime;
         self.store.put(&record)?;
-        Ok((record, Connected::Resumed))
+        Ok(record)
     }
 
     /// E2B's pre-connect resume: only a paused sandbox may be resumed.
@@ -140,14 +155,20 @@ impl Sandboxes {
     /// processes; returns the snapshot's key.
     async fn stash_files(&self, id: &str) -> Result<String> {
         let key = snapshot_key();
-        self.blocking({
-            let (id, key) = (id.to_string(), key.clone());
-            move |s| {
-                s.snapshot(&id, &key, false)?;
-                s.destroy(&id)
-            }
-        })
-        .await?;
+        let attached = self.get(id).is_ok_and(|r| r.network.is_some());
+        let stashed = self
+            .blocking({
+                let (id, key) = (id.to_string(), key.clone());
+                move |s| {
+                    s.snapshot(&id, &key, false)?;
+                    s.destroy(&id)
+                }
+            })
+            .await;
+        if attached {
+            self.observe_network(false, stashed.is_ok());
+        }
+        stashed?;
         Ok(key)
     }
 }

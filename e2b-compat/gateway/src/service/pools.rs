@@ -15,7 +15,7 @@ use std::time::Duration;
 use copse_substrate::Policy;
 
 use super::Sandboxes;
-use crate::pool::Booted;
+use crate::pool::{Booted, WarmPool};
 use crate::{services, templates};
 
 /// The policy pooled sandboxes are booted under: what an empty create body
@@ -74,6 +74,14 @@ impl Sandboxes {
     /// run under a policy other than `policy` (see the module header).
     pub(super) async fn take_pooled(&self, template: &str, policy: &Policy) -> Option<Booted> {
         let pool = self.pools.iter().find(|p| p.template == template)?;
+        let taken = self.take_from(pool, template, policy).await;
+        let m = crate::telemetry::metrics();
+        let family = if taken.is_some() { &m.pool_hits } else { &m.pool_misses };
+        family.get_or_create(&crate::telemetry::TemplateLabels { template: template.to_string() }).inc();
+        taken
+    }
+
+    async fn take_from(&self, pool: &WarmPool, template: &str, policy: &Policy) -> Option<Booted> {
         if templates::service(template).is_some() && *policy != *POOL_POLICY {
             return None;
         }

@@ -17,6 +17,12 @@ impl Sandboxes {
         name: Option<String>,
         memory: Option<bool>,
     ) -> Result<SnapshotRecord> {
+        let result = self.snapshot_now(id, name, memory).await;
+        self.observe_snapshot(id, memory.unwrap_or(false), &result);
+        result
+    }
+
+    async fn snapshot_now(&self, id: &str, name: Option<String>, memory: Option<bool>) -> Result<SnapshotRecord> {
         let record = self.get(id)?;
         // E2B's default is "full"; where memory cannot be kept, an
         // unspecified mode gets the filesystem (docs/lifecycle.md).
@@ -84,9 +90,14 @@ impl Sandboxes {
         key: &str,
         memory: bool,
     ) -> Result<copse_substrate::SnapshotInfo> {
-        let take = || {
+        let take = || async {
             let (id, key) = (record.id.clone(), key.to_string());
-            self.blocking(move |s| s.snapshot(&id, &key, memory))
+            let started = std::time::Instant::now();
+            let taken = self.blocking(move |s| s.snapshot(&id, &key, memory)).await;
+            if memory {
+                self.observe_checkpoint(false, taken.is_ok(), started.elapsed());
+            }
+            taken
         };
         if !memory {
             return take().await;
