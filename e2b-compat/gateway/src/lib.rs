@@ -21,4 +21,5 @@ pub mod services;
 pub mod snapshot_file;
 pub mod store;
 pub mod templates;
+pub mod tenancy;
 pub mod tls;

@@ -1,4 +1,4 @@
-//! The gateway's model: the records it keeps (sandboxes, snapshots), their
+//! The gateway's model: the records it keeps (sandboxes, snapshots, teams, keys), their
 //! states and rules, id and clock helpers, the error every service verb
 //! answers with, and the [`Store`] trait that persists the records.
 //!
@@ -10,13 +10,17 @@
 mod clock;
 mod error;
 mod ids;
+mod key;
 mod sandbox;
 mod snapshot;
 mod store;
+mod team;
 
 pub use clock::now_ms;
 pub use error::{Result, SandboxError};
 pub use ids::{new_id, new_token, snapshot_key};
+pub use key::KeyRecord;
 pub use sandbox::{DEFAULT_TIMEOUT_S, ENVD_VERSION, MAX_TIMEOUT_S, Paused, SandboxRecord, State, validate_timeout};
 pub use snapshot::{SnapshotRecord, validate_snapshot_name};
 pub use store::Store;
+pub use team::{Caller, DEFAULT_TEAM, DEFAULTS_ROW, Quotas, Team, default_team, validate_team_name};

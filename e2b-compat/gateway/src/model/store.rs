@@ -2,8 +2,10 @@
 //! service sees only this trait; `store::sqlite` is today's implementation,
 //! and another (say PostgreSQL) is one more `impl Store`.
 
+use super::key::KeyRecord;
 use super::sandbox::SandboxRecord;
 use super::snapshot::SnapshotRecord;
+use super::team::Team;
 
 pub trait Store: Send + Sync {
     /// Inserts or replaces the sandbox's record.
@@ -16,10 +18,26 @@ pub trait Store: Send + Sync {
     /// Whether there was a record to remove.
     fn remove(&self, id: &str) -> anyhow::Result<bool>;
 
-    /// Inserts or replaces the snapshot's record.
+    /// Inserts or replaces the snapshot's record (its id is unique within
+    /// its team).
     fn put_snapshot(&self, record: &SnapshotRecord) -> anyhow::Result<()>;
-    fn snapshot(&self, id: &str) -> anyhow::Result<Option<SnapshotRecord>>;
-    /// Every snapshot, ordered by id.
+    fn snapshot(&self, team: &str, id: &str) -> anyhow::Result<Option<SnapshotRecord>>;
+    /// Every snapshot of every team, ordered by team, then id.
     fn snapshots(&self) -> anyhow::Result<Vec<SnapshotRecord>>;
-    fn remove_snapshot(&self, id: &str) -> anyhow::Result<bool>;
+    fn remove_snapshot(&self, team: &str, id: &str) -> anyhow::Result<bool>;
+
+    /// Inserts or replaces the team's record.
+    fn put_team(&self, team: &Team) -> anyhow::Result<()>;
+    fn teams(&self) -> anyhow::Result<Vec<Team>>;
+    /// Inserts or replaces the key's record (by hash).
+    fn put_key(&self, key: &KeyRecord) -> anyhow::Result<()>;
+    fn keys(&self) -> anyhow::Result<Vec<KeyRecord>>;
+    /// Removes the keys whose prefix starts with `prefix`, if exactly one
+    /// does; the removed key, `None` if none did.
+    fn revoke_key(&self, prefix: &str) -> anyhow::Result<Option<KeyRecord>>;
+    /// Records when each key (by hash) was last used.
+    fn keys_used(&self, used: &[(String, i64)]) -> anyhow::Result<()>;
+    /// A number that changes whenever another process changed the
+    /// database (the CLI adding a key while the gateway runs).
+    fn changes_elsewhere(&self) -> anyhow::Result<i64>;
 }

@@ -3,7 +3,7 @@
 //! `crate::reaper` calls these on its ticks.
 
 use super::Sandboxes;
-use crate::model::now_ms;
+use crate::model::{Caller, now_ms};
 
 impl Sandboxes {
     /// Kills (or, if asked at create, pauses) expired sandboxes.
@@ -13,17 +13,17 @@ impl Sandboxes {
             let outcome = match auto_pause {
                 Some((true, memory)) => {
                     tracing::info!("sandbox {id} timed out; pausing it");
-                    self.pause(&id, memory).await
+                    self.pause(&Caller::operator(), &id, memory).await
                 }
                 _ => {
                     tracing::info!("sandbox {id} timed out");
-                    self.kill(&id).await
+                    self.kill(&Caller::operator(), &id).await
                 }
             };
             if let Err(e) = outcome {
                 tracing::error!("expiring sandbox {id}: {e:#}");
                 if auto_pause.is_some_and(|(pause, _)| pause) {
-                    self.kill(&id).await.ok();
+                    self.kill(&Caller::operator(), &id).await.ok();
                 }
             }
         }
@@ -38,7 +38,7 @@ impl Sandboxes {
             let Some(record) = self.store.get(&record.id)? else { continue };
             if !record.has_no_processes() && !self.substrate.is_alive(&record.id, &record.placement) {
                 tracing::warn!("sandbox {} died on its own; cleaning up", record.id);
-                self.kill(&record.id).await.ok();
+                self.kill(&Caller::operator(), &record.id).await.ok();
             }
         }
         Ok(())

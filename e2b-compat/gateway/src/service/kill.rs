@@ -2,13 +2,11 @@
 //! caller (discard).
 
 use super::Sandboxes;
-use crate::model::{Result, SandboxError};
+use crate::model::{Caller, Result};
 
 impl Sandboxes {
-    pub async fn kill(&self, id: &str) -> Result<()> {
-        let Some(record) = self.store.get(id)? else {
-            return Err(SandboxError::NotFound(id.to_string()));
-        };
+    pub async fn kill(&self, caller: &Caller, id: &str) -> Result<()> {
+        let record = self.get(caller, id)?;
         let owned = id.to_string();
         let files = record.paused.and_then(|p| p.files_only);
         self.blocking(move |s| {

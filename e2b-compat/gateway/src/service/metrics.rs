@@ -6,7 +6,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use super::Sandboxes;
-use crate::model::{Result, now_ms};
+use crate::model::{Caller, Result, now_ms};
 
 #[derive(Debug, Clone, Copy)]
 pub struct Metric {
@@ -37,8 +37,8 @@ impl CpuSamples {
 impl Sandboxes {
     /// Resource use now; `None` for a sandbox paused without memory, which
     /// has nothing running to measure.
-    pub async fn metrics(&self, id: &str) -> Result<Option<Metric>> {
-        let record = self.get(id)?;
+    pub async fn metrics(&self, caller: &Caller, id: &str) -> Result<Option<Metric>> {
+        let record = self.get(caller, id)?;
         if record.has_no_processes() {
             return Ok(None);
         }

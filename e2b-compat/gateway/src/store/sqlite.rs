@@ -2,7 +2,8 @@
 //! gateway knows which sandboxes to re-adopt and which resources to clean.
 //!
 //! Each sandbox is one row: its id, its expiry (indexed for the reaper) and
-//! the whole record as JSON, so new fields need no migration.
+//! the whole record as JSON, so new fields need no migration. Snapshots are
+//! keyed by team and id (names are per team), teams by name, keys by hash.
 
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -11,7 +12,7 @@ use std::sync::Mutex;
 use anyhow::Context;
 use rusqlite::{Connection, OptionalExtension, params};
 
-use crate::model::{SandboxRecord, SnapshotRecord, Store};
+use crate::model::{DEFAULT_TEAM, KeyRecord, SandboxRecord, SnapshotRecord, Store, Team};
 
 pub struct SqliteStore {
     conn: Mutex<Connection>,
@@ -42,8 +43,32 @@ impl SqliteStore {
              CREATE TABLE IF NOT EXISTS snapshots (
                  id TEXT PRIMARY KEY,
                  record TEXT NOT NULL
+             );
+             CREATE TABLE IF NOT EXISTS team_snapshots (
+                 team TEXT NOT NULL,
+                 id TEXT NOT NULL,
+                 record TEXT NOT NULL,
+                 PRIMARY KEY (team, id)
+             );
+             CREATE TABLE IF NOT EXISTS teams (
+                 name TEXT PRIMARY KEY,
+                 record TEXT NOT NULL
+             );
+             CREATE TABLE IF NOT EXISTS keys (
+                 hash TEXT PRIMARY KEY,
+                 prefix TEXT NOT NULL,
+                 record TEXT NOT NULL
              );",
         )?;
+        // Snapshots from before teams were the default team's; moved in one
+        // transaction, so a crash leaves them in one table or the other.
+        conn.execute_batch(&format!(
+            "BEGIN IMMEDIATE;
+             INSERT OR IGNORE INTO team_snapshots (team, id, record)
+                 SELECT '{DEFAULT_TEAM}', id, record FROM snapshots;
+             DELETE FROM snapshots;
+             COMMIT;"
+        ))?;
         Ok(Self { conn: Mutex::new(conn) })
     }
 
@@ -117,30 +142,102 @@ impl Store for SqliteStore {
     fn put_snapshot(&self, record: &SnapshotRecord) -> anyhow::Result<()> {
         let json = serde_json::to_string(record)?;
         self.lock().execute(
-            "INSERT INTO snapshots (id, record) VALUES (?1, ?2)
-             ON CONFLICT(id) DO UPDATE SET record = excluded.record",
-            params![record.id, json],
+            "INSERT INTO team_snapshots (team, id, record) VALUES (?1, ?2, ?3)
+             ON CONFLICT(team, id) DO UPDATE SET record = excluded.record",
+            params![record.team, record.id, json],
         )?;
         Ok(())
     }
 
-    fn snapshot(&self, id: &str) -> anyhow::Result<Option<SnapshotRecord>> {
+    fn snapshot(&self, team: &str, id: &str) -> anyhow::Result<Option<SnapshotRecord>> {
         let json: Option<String> = self
             .lock()
-            .query_row("SELECT record FROM snapshots WHERE id = ?1", params![id], |row| row.get(0))
+            .query_row("SELECT record FROM team_snapshots WHERE team = ?1 AND id = ?2", params![team, id], |row| {
+                row.get(0)
+            })
             .optional()?;
         json.map(|j| serde_json::from_str(&j).context("corrupt snapshot record")).transpose()
     }
 
     fn snapshots(&self) -> anyhow::Result<Vec<SnapshotRecord>> {
-        let conn = self.lock();
-        let mut stmt = conn.prepare("SELECT record FROM snapshots ORDER BY id")?;
-        let rows = stmt.query_map([], |row| row.get::<_, String>(0))?;
-        rows.map(|r| Ok(serde_json::from_str(&r?)?)).collect()
+        self.records("SELECT record FROM team_snapshots ORDER BY team, id")
     }
 
-    fn remove_snapshot(&self, id: &str) -> anyhow::Result<bool> {
-        Ok(self.lock().execute("DELETE FROM snapshots WHERE id = ?1", params![id])? > 0)
+    fn remove_snapshot(&self, team: &str, id: &str) -> anyhow::Result<bool> {
+        Ok(self.lock().execute("DELETE FROM team_snapshots WHERE team = ?1 AND id = ?2", params![team, id])? > 0)
+    }
+
+    fn put_team(&self, team: &Team) -> anyhow::Result<()> {
+        let json = serde_json::to_string(team)?;
+        self.lock().execute(
+            "INSERT INTO teams (name, record) VALUES (?1, ?2)
+             ON CONFLICT(name) DO UPDATE SET record = excluded.record",
+            params![team.name, json],
+        )?;
+        Ok(())
+    }
+
+    fn teams(&self) -> anyhow::Result<Vec<Team>> {
+        self.records("SELECT record FROM teams ORDER BY name")
+    }
+
+    fn put_key(&self, key: &KeyRecord) -> anyhow::Result<()> {
+        let json = serde_json::to_string(key)?;
+        self.lock().execute(
+            "INSERT INTO keys (hash, prefix, record) VALUES (?1, ?2, ?3)
+             ON CONFLICT(hash) DO UPDATE SET prefix = excluded.prefix, record = excluded.record",
+            params![key.hash, key.prefix, json],
+        )?;
+        Ok(())
+    }
+
+    fn keys(&self) -> anyhow::Result<Vec<KeyRecord>> {
+        self.records("SELECT record FROM keys ORDER BY prefix")
+    }
+
+    fn revoke_key(&self, prefix: &str) -> anyhow::Result<Option<KeyRecord>> {
+        let mut conn = self.lock();
+        let tx = conn.transaction()?;
+        let matching: Vec<(String, String)> = {
+            let mut stmt = tx.prepare("SELECT hash, record FROM keys WHERE substr(prefix, 1, length(?1)) = ?1")?;
+            let rows = stmt.query_map(params![prefix], |row| Ok((row.get(0)?, row.get(1)?)))?;
+            rows.collect::<Result<_, _>>()?
+        };
+        let (hash, json) = match matching.as_slice() {
+            [] => return Ok(None),
+            [one] => one.clone(),
+            many => anyhow::bail!("{} keys start with {prefix:?}; give more of the prefix", many.len()),
+        };
+        tx.execute("DELETE FROM keys WHERE hash = ?1", params![hash])?;
+        tx.commit()?;
+        Ok(Some(serde_json::from_str(&json).context("corrupt key record")?))
+    }
+
+    fn keys_used(&self, used: &[(String, i64)]) -> anyhow::Result<()> {
+        let mut conn = self.lock();
+        let tx = conn.transaction()?;
+        for (hash, at_ms) in used {
+            // A key revoked meanwhile stays revoked: only existing rows change.
+            tx.execute(
+                "UPDATE keys SET record = json_set(record, '$.last_used_ms', ?2) WHERE hash = ?1",
+                params![hash, at_ms],
+            )?;
+        }
+        tx.commit()?;
+        Ok(())
+    }
+
+    fn changes_elsewhere(&self) -> anyhow::Result<i64> {
+        Ok(self.lock().pragma_query_value(None, "data_version", |row| row.get(0))?)
+    }
+}
+
+impl SqliteStore {
+    fn records<T: serde::de::DeserializeOwned>(&self, sql: &str) -> anyhow::Result<Vec<T>> {
+        let conn = self.lock();
+        let mut stmt = conn.prepare(sql)?;
+        let rows = stmt.query_map([], |row| row.get::<_, String>(0))?;
+        rows.map(|r| Ok(serde_json::from_str(&r?)?)).collect()
     }
 }
 
@@ -172,6 +269,68 @@ mod tests {
         for file in [db.clone(), sidecar(&db, "-wal"), sidecar(&db, "-shm")] {
             assert_eq!(mode(&file), 0o600, "{}", file.display());
         }
+    }
+
+    fn key(hash: &str, prefix: &str, team: &str) -> KeyRecord {
+        KeyRecord {
+            hash: hash.into(),
+            prefix: prefix.into(),
+            team: team.into(),
+            label: String::new(),
+            admin: false,
+            created_at_ms: 1,
+            last_used_ms: None,
+        }
+    }
+
+    #[test]
+    fn snapshot_names_are_per_team_and_old_rows_become_the_default_teams() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("copse.db");
+        {
+            // A database from before teams: the old table only.
+            let conn = Connection::open(&db).unwrap();
+            conn.execute_batch("CREATE TABLE snapshots (id TEXT PRIMARY KEY, record TEXT NOT NULL);").unwrap();
+            conn.execute("INSERT INTO snapshots VALUES ('s1', ?1)", params![snapshot_json().to_string()]).unwrap();
+        }
+        let store = SqliteStore::open(&db).unwrap();
+        let old = store.snapshot(DEFAULT_TEAM, "s1").unwrap().expect("migrated");
+        assert_eq!(old.team, DEFAULT_TEAM);
+        let mut theirs = old.clone();
+        theirs.team = "acme".into();
+        theirs.key = "other".into();
+        store.put_snapshot(&theirs).unwrap();
+        assert_eq!(store.snapshot("acme", "s1").unwrap().unwrap().key, "other");
+        assert_eq!(store.snapshot(DEFAULT_TEAM, "s1").unwrap().unwrap().key, "k");
+        assert!(store.snapshot("nobody", "s1").unwrap().is_none());
+        assert_eq!(store.snapshots().unwrap().len(), 2);
+        assert!(store.remove_snapshot("acme", "s1").unwrap());
+        assert!(store.snapshot(DEFAULT_TEAM, "s1").unwrap().is_some());
+        // Opening again migrates nothing twice.
+        drop(store);
+        assert_eq!(SqliteStore::open(&db).unwrap().snapshots().unwrap().len(), 1);
+    }
+
+    #[test]
+    fn keys_are_revoked_by_an_unambiguous_prefix_and_other_connections_are_noticed() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("copse.db");
+        let gateway = SqliteStore::open(&db).unwrap();
+        let before = gateway.changes_elsewhere().unwrap();
+        let cli = SqliteStore::open(&db).unwrap();
+        cli.put_key(&key("sha256:aa", "e2b_abc1", "acme")).unwrap();
+        cli.put_key(&key("sha256:bb", "e2b_abc2", "acme")).unwrap();
+        assert_ne!(gateway.changes_elsewhere().unwrap(), before, "the CLI's write is visible");
+        assert_eq!(gateway.keys().unwrap().len(), 2);
+        gateway.keys_used(&[("sha256:aa".into(), 42)]).unwrap();
+        assert_eq!(cli.keys().unwrap()[0].last_used_ms, Some(42));
+        assert!(cli.revoke_key("e2b_abc").is_err(), "ambiguous");
+        assert!(cli.revoke_key("e2b_zzz").unwrap().is_none());
+        assert_eq!(cli.revoke_key("e2b_abc2").unwrap().unwrap().hash, "sha256:bb");
+        assert_eq!(gateway.keys().unwrap().len(), 1);
+        let team = Team { name: "acme".into(), quotas: Default::default(), created_at_ms: 0 };
+        cli.put_team(&team).unwrap();
+        assert_eq!(gateway.teams().unwrap(), vec![team]);
     }
 
     fn snapshot_json() -> serde_json::Value {
