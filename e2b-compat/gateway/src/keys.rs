@@ -6,10 +6,13 @@
 //! Sources, the first that yields keys wins:
 //! 1. `COPSE_API_KEY`: comma-separated keys (or `sha256:<hex>` hashes);
 //! 2. the keys file `DATA_DIR/api-keys`: one `sha256:<hex>` per line, then
-//!    optionally a label copse ignores today (teams will use it). Plain keys
+//!    optionally a label copse ignores. Plain keys
 //!    written by older versions are accepted and converted in place;
 //! 3. on loopback only: a fresh key, written once to
 //!    `DATA_DIR/generated-api-key` (0600) with its hash in the keys file.
+//!
+//! These keys are the default team's (see `tenancy/`); keys made with
+//! `copse keys create` live in the store, hashed the same way.
 //!
 //! Keys are SHA-256 hashed without a salt or a slow KDF: generated keys
 //! carry 160 random bits and chosen ones need at least [`MIN_KEY_LEN`]
@@ -239,9 +242,15 @@ pub fn generated_key(data_dir: &Path) -> anyhow::Result<String> {
     text.lines().map(str::trim).find(|l| !l.is_empty()).map(String::from).context("the generated key's file is empty")
 }
 
-fn generate_key() -> String {
+/// A new random key, `e2b_` and 40 hex digits (160 bits).
+pub fn generate_key() -> String {
     let bytes: [u8; 20] = rand::rng().random();
     format!("e2b_{}", bytes.iter().map(|b| format!("{b:02x}")).collect::<String>())
+}
+
+/// How the store and the keys file keep `key`: `sha256:<hex>`.
+pub fn hash_line(key: &str) -> String {
+    KeyHash::of(key).to_line()
 }
 
 /// Replaces `path` with `text`, readable by its owner only (also while

@@ -23,5 +23,6 @@ pub mod snapshot_file;
 pub mod store;
 pub mod telemetry;
 pub mod templates;
+pub mod tenancy;
 pub mod tls;
 pub mod vault;

@@ -10,6 +10,8 @@ use copse_gateway::config::{self, Config};
 use copse_gateway::telemetry::logging::{self, LogFormat};
 use copse_gateway::{serve, server};
 
+mod accounts_cli;
+
 #[derive(Parser)]
 #[command(name = "copse", version, about = "Self-hosted sandboxes behind the E2B API")]
 struct Cli {
@@ -106,12 +108,22 @@ enum Command {
         #[command(subcommand)]
         command: TemplateCommand,
     },
-    /// List running sandboxes.
+    /// API keys: each acts for a team (see README, "Teams, keys and quotas").
+    Keys {
+        #[command(subcommand)]
+        command: accounts_cli::KeysCommand,
+    },
+    /// Teams' limits.
+    Teams {
+        #[command(subcommand)]
+        command: accounts_cli::TeamsCommand,
+    },
     /// Filesystem snapshots: list, and move them between hosts as files.
     Snapshot {
         #[command(subcommand)]
         command: SnapshotCommand,
     },
+    /// List running sandboxes.
     Ls {
         #[command(flatten)]
         remote: Remote,
@@ -211,6 +223,9 @@ enum SnapshotCommand {
     Export {
         id: String,
         file: PathBuf,
+        /// The team whose snapshot it is.
+        #[arg(long, default_value = copse_gateway::model::DEFAULT_TEAM)]
+        team: String,
         #[command(flatten)]
         paths: Paths,
     },
@@ -219,6 +234,9 @@ enum SnapshotCommand {
         file: PathBuf,
         #[arg(long)]
         name: Option<String>,
+        /// The team the snapshot will belong to.
+        #[arg(long, default_value = copse_gateway::model::DEFAULT_TEAM)]
+        team: String,
         #[command(flatten)]
         paths: Paths,
     },
@@ -296,6 +314,8 @@ fn main() -> anyhow::Result<()> {
             );
             Ok(())
         }
+        Command::Keys { command } => accounts_cli::keys(command),
+        Command::Teams { command } => accounts_cli::teams(command),
         Command::Ls { remote } => client::ls(&remote.api_url, &api_key(&remote)?),
         Command::Kill { id, remote } => client::kill(&remote.api_url, &api_key(&remote)?, &id),
         Command::Version => {
@@ -321,7 +341,7 @@ fn snapshot(command: SnapshotCommand) -> anyhow::Result<()> {
             }
             Ok(())
         }
-        SnapshotCommand::Export { id, file, paths } => {
+        SnapshotCommand::Export { id, file, team, paths } => {
             let (store, substrate) = open(paths)?;
             let mut out: Box<dyn std::io::Write> = if file.as_os_str() == "-" {
                 Box::new(BufWriter::new(std::io::stdout().lock()))
@@ -330,11 +350,11 @@ fn snapshot(command: SnapshotCommand) -> anyhow::Result<()> {
                     std::fs::File::create(&file).with_context(|| format!("creating {}", file.display()))?,
                 ))
             };
-            snapshot_file::export(&store, substrate.as_ref(), &id, &mut out)?;
+            snapshot_file::export(&store, substrate.as_ref(), &team, &id, &mut out)?;
             eprintln!("exported snapshot {id}");
             Ok(())
         }
-        SnapshotCommand::Import { file, name, paths } => {
+        SnapshotCommand::Import { file, name, team, paths } => {
             let (store, substrate) = open(paths)?;
             let mut input: Box<dyn std::io::BufRead> = if file.as_os_str() == "-" {
                 Box::new(BufReader::new(std::io::stdin().lock()))
@@ -343,7 +363,7 @@ fn snapshot(command: SnapshotCommand) -> anyhow::Result<()> {
                     std::fs::File::open(&file).with_context(|| format!("opening {}", file.display()))?,
                 ))
             };
-            let record = snapshot_file::import(&store, substrate.as_ref(), &mut input, name)?;
+            let record = snapshot_file::import(&store, substrate.as_ref(), &team, &mut input, name)?;
             println!("imported snapshot {} (template {})", record.id, record.template);
             Ok(())
         }

@@ -10,9 +10,11 @@ use copse_substrate::{Substrate, Support};
 use crate::api::{self, Exposure};
 use crate::config::{self, Config};
 use crate::keys::{ApiKeys, Origin};
+use crate::model::Caller;
 use crate::progress::Reporter;
 use crate::service::{Sandboxes, Secrets};
 use crate::store::{Indexed, SqliteStore};
+use crate::tenancy::Directory;
 use crate::vault::Vault;
 use crate::{reaper, serve, telemetry, tls};
 
@@ -93,17 +95,23 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         .await??;
     }
     let (store, access_tokens) = Indexed::new(Box::new(open_store(&config)?))?;
+    // Its own connection: `data_version` then moves when anyone else,
+    // the CLI among them, changes keys or teams.
+    let directory = Directory::open(Box::new(open_store(&config)?), keys.clone())?;
+    let usage = store.usage();
     let svc = Arc::new(
         Sandboxes::new(substrate.clone(), Box::new(store), config.run_dir(), &config.pools)
             .with_network(config.network.as_ref())
             .with_disk_mb(config.disk_mb)
-            .with_sandbox_log(crate::sandbox_log::SandboxLog::open(config.sandbox_logs())?),
+            .with_sandbox_log(crate::sandbox_log::SandboxLog::open(config.sandbox_logs())?)
+            .with_tenancy(usage, directory.clone()),
     );
     let recovery = svc.recover().await?;
     if !recovery.adopted.is_empty() || !recovery.removed.is_empty() {
         tracing::info!(adopted = ?recovery.adopted, removed = ?recovery.removed, "recovered sandboxes from the previous run");
     }
     let reaper = reaper::spawn(&svc);
+    let refresher = directory.spawn_refresher();
     let pools = svc.spawn_pools();
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
@@ -120,7 +128,8 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let exposure = Exposure { domain: config.domain.as_deref().map(|d| d.trim_end_matches('.').to_ascii_lowercase()) };
     print_usage(addr, &exposure, tls.is_some(), keys.origin(), substrate.name());
     let secrets = Arc::new(Secrets::new(Arc::new(open_store(&config)?), vault));
-    let app = api::router(svc.clone(), secrets, keys, exposure).layer(axum::Extension(access_tokens));
+    let gate = api::Gate { directory, rates: Default::default() };
+    let app = api::router(svc.clone(), secrets, gate, exposure).layer(axum::Extension(access_tokens));
     let keep_sandboxes = config.keep_sandboxes;
     let (stopping_tx, stopping_rx) = tokio::sync::oneshot::channel::<()>();
     let stop = {
@@ -132,6 +141,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             if let Some(metrics) = metrics {
                 metrics.abort();
             }
+            refresher.abort();
 
             // Sandboxes go first: their command streams are the responses
             // graceful shutdown would otherwise wait on for ever.
@@ -203,9 +213,9 @@ const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
 /// Running sandboxes die with the gateway (unless kept on purpose); paused
 /// ones are durable by definition and wait for the next start.
 async fn kill_all(svc: &Sandboxes) {
-    let Ok(records) = svc.list(&Default::default()) else { return };
+    let Ok(records) = svc.list(&Caller::operator(), &Default::default()) else { return };
     for record in records.into_iter().filter(|r| r.paused.is_none()) {
-        if let Err(e) = svc.kill(&record.id).await {
+        if let Err(e) = svc.kill(&Caller::operator(), &record.id).await {
             tracing::error!("killing {} on shutdown: {e:#}", record.id);
         }
     }

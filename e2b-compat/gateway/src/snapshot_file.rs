@@ -7,12 +7,19 @@ use std::io::{BufRead, Read, Write};
 use anyhow::{Context, bail};
 use copse_substrate::Substrate;
 
-use crate::model::{SnapshotRecord, Store, now_ms, snapshot_key};
+use crate::model::{SnapshotRecord, Store, now_ms, snapshot_key, validate_snapshot_name, validate_team_name};
 
 const MAGIC: &str = "copse-snapshot 1";
 
-pub fn export(store: &dyn Store, substrate: &dyn Substrate, id: &str, out: &mut dyn Write) -> anyhow::Result<()> {
-    let record = store.snapshot(id)?.with_context(|| format!("snapshot {id} not found"))?;
+/// Writes `team`'s snapshot `id` to `out`.
+pub fn export(
+    store: &dyn Store,
+    substrate: &dyn Substrate,
+    team: &str,
+    id: &str,
+    out: &mut dyn Write,
+) -> anyhow::Result<()> {
+    let record = store.snapshot(team, id)?.with_context(|| format!("snapshot {id} of team {team} not found"))?;
     writeln!(out, "{MAGIC}")?;
     writeln!(out, "{}", serde_json::to_string(&record)?)?;
     substrate.export_snapshot(&record.key, out)?;
@@ -20,11 +27,13 @@ pub fn export(store: &dyn Store, substrate: &dyn Substrate, id: &str, out: &mut 
     Ok(())
 }
 
-/// Reads an export; the snapshot keeps its name unless `name` is given. An
-/// existing snapshot of that name is refused, not overwritten.
+/// Reads an export into `team`; the snapshot keeps its name unless `name`
+/// is given. An existing snapshot of that name is refused, not overwritten,
+/// and so is a template's name.
 pub fn import(
     store: &dyn Store,
     substrate: &dyn Substrate,
+    team: &str,
     input: &mut dyn BufRead,
     name: Option<String>,
 ) -> anyhow::Result<SnapshotRecord> {
@@ -40,10 +49,17 @@ pub fn import(
         record.names = vec![name.clone()];
         record.id = name;
     }
-    if store.snapshot(&record.id)?.is_some() {
+    validate_team_name(team)?;
+    validate_snapshot_name(&record.id)?;
+    record.team = team.to_string();
+    let templates = substrate.templates()?;
+    if templates.iter().any(|t| t.name == record.id) {
+        bail!("{} is a template's name; import the snapshot under another with --name", record.id);
+    }
+    if store.snapshot(team, &record.id)?.is_some() {
         bail!("a snapshot named {} exists already; import it under another name with --name", record.id);
     }
-    if !substrate.templates()?.iter().any(|t| t.name == record.template) {
+    if !templates.iter().any(|t| t.name == record.template) {
         bail!("snapshot {} needs template {}, which is not built on this host", record.id, record.template);
     }
     record.key = snapshot_key();

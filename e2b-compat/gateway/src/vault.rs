@@ -248,6 +248,7 @@ mod tests {
     fn record(vault: &Vault, id: &str, values: &[&str]) -> SecretRecord {
         let mut record = SecretRecord {
             id: id.into(),
+            team: crate::model::DEFAULT_TEAM.into(),
             name: format!("name-{id}"),
             metadata: Default::default(),
             created_at_ms: 0,

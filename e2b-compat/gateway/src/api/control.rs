@@ -18,6 +18,7 @@ use crate::model::{self, SandboxRecord, SnapshotRecord};
 use crate::network::NetworkRequest;
 use crate::sandbox_log;
 use crate::service::{self, Connected, CreateRequest, ListFilter, Sandboxes};
+use crate::tenancy::Principal;
 
 pub type Service = Arc<Sandboxes>;
 type ApiResult<T> = Result<T, ApiError>;
@@ -30,6 +31,7 @@ const DEFAULT_PAGE: usize = 100;
 
 pub async fn create(
     State(svc): State<Service>,
+    Extension(who): Extension<Principal>,
     Extension(exposure): Extension<Exposure>,
     body: Option<Json<wire::NewSandbox>>,
 ) -> ApiResult<Response> {
@@ -48,7 +50,7 @@ pub async fn create(
         auto_resume: body.auto_resume.is_some_and(|a| a.enabled),
     };
     let started = std::time::Instant::now();
-    let (record, timings) = svc.create(request).await?;
+    let (record, timings) = svc.create(&who.caller, request).await?;
     let timing = format!(
         "boot;dur={:.3}, handover;dur={:.3}, total;dur={:.3}",
         timings.boot.as_secs_f64() * 1e3,
@@ -61,12 +63,13 @@ pub async fn create(
 
 pub async fn connect(
     State(svc): State<Service>,
+    Extension(who): Extension<Principal>,
     Extension(exposure): Extension<Exposure>,
     Path(id): Path<String>,
     body: Option<Json<wire::ConnectBody>>,
 ) -> ApiResult<Response> {
     let body = body.map(|Json(b)| b).unwrap_or_default();
-    let (record, how) = svc.connect(&id, body.timeout, body.memory).await?;
+    let (record, how) = svc.connect(&who.caller, &id, body.timeout, body.memory).await?;
     let status = match how {
         Connected::AlreadyRunning => StatusCode::OK,
         Connected::Resumed => StatusCode::CREATED,
@@ -77,40 +80,44 @@ pub async fn connect(
 /// The pre-connect way to resume; E2B still serves it.
 pub async fn resume(
     State(svc): State<Service>,
+    Extension(who): Extension<Principal>,
     Extension(exposure): Extension<Exposure>,
     Path(id): Path<String>,
     body: Option<Json<wire::ConnectBody>>,
 ) -> ApiResult<Response> {
     let body = body.map(|Json(b)| b).unwrap_or_default();
-    let record = svc.resume(&id, body.timeout, body.memory).await?;
+    let record = svc.resume(&who.caller, &id, body.timeout, body.memory).await?;
     Ok((StatusCode::CREATED, Json(sandbox(&record, &exposure))).into_response())
 }
 
 pub async fn pause(
     State(svc): State<Service>,
+    Extension(who): Extension<Principal>,
     Path(id): Path<String>,
     body: Option<Json<wire::PauseBody>>,
 ) -> ApiResult<StatusCode> {
     let memory = body.and_then(|Json(b)| b.memory).unwrap_or(true);
-    svc.pause(&id, memory).await?;
+    svc.pause(&who.caller, &id, memory).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
 pub async fn create_snapshot(
     State(svc): State<Service>,
+    Extension(who): Extension<Principal>,
     Path(id): Path<String>,
     body: Option<Json<wire::SnapshotRequest>>,
 ) -> ApiResult<Response> {
     let body = body.map(|Json(b)| b).unwrap_or_default();
-    let snapshot = svc.create_snapshot(&id, body.name, body.memory).await?;
+    let snapshot = svc.create_snapshot(&who.caller, &id, body.name, body.memory).await?;
     Ok((StatusCode::CREATED, Json(snapshot_info(&snapshot))).into_response())
 }
 
 pub async fn list_snapshots(
     State(svc): State<Service>,
+    Extension(who): Extension<Principal>,
     Query(query): Query<wire::SnapshotsQuery>,
 ) -> ApiResult<Response> {
-    let all = svc.snapshots(query.sandbox_id.as_deref(), query.name.as_deref())?;
+    let all = svc.snapshots(&who.caller, query.sandbox_id.as_deref(), query.name.as_deref())?;
     let (page, next) = paginate(&all, |s| &s.id, query.limit, query.next_token.as_deref());
     let body: Vec<wire::SnapshotInfo> = page.iter().map(snapshot_info).collect();
     Ok((next_token_header(next), Json(body)).into_response())
@@ -118,33 +125,41 @@ pub async fn list_snapshots(
 
 /// `DELETE /templates/{id}`: how the SDK deletes a snapshot. Built
 /// templates are not deletable through the API.
-pub async fn delete_template(State(svc): State<Service>, Path(id): Path<String>) -> ApiResult<StatusCode> {
-    svc.delete_snapshot(&id).await?;
+pub async fn delete_template(
+    State(svc): State<Service>,
+    Extension(who): Extension<Principal>,
+    Path(id): Path<String>,
+) -> ApiResult<StatusCode> {
+    svc.delete_snapshot(&who.caller, &id).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
 pub async fn fork(
     State(svc): State<Service>,
+    Extension(who): Extension<Principal>,
     Extension(exposure): Extension<Exposure>,
     Path(id): Path<String>,
     body: Option<Json<wire::ForkRequest>>,
 ) -> ApiResult<Response> {
     // E2B's API gives forks 15 s unless the request says otherwise.
-    children(svc, &exposure, id, body, service::MAX_FORKS, 15, true).await
+    children(svc, &who, &exposure, id, body, service::MAX_FORKS, 15, true).await
 }
 
 /// copse's clone (CubeSandbox's name for it): a fork with a larger count.
 pub async fn clone(
     State(svc): State<Service>,
+    Extension(who): Extension<Principal>,
     Extension(exposure): Extension<Exposure>,
     Path(id): Path<String>,
     body: Option<Json<wire::ForkRequest>>,
 ) -> ApiResult<Response> {
-    children(svc, &exposure, id, body, service::MAX_CLONES, model::DEFAULT_TIMEOUT_S, false).await
+    children(svc, &who, &exposure, id, body, service::MAX_CLONES, model::DEFAULT_TIMEOUT_S, false).await
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn children(
     svc: Service,
+    who: &Principal,
     exposure: &Exposure,
     id: String,
     body: Option<Json<wire::ForkRequest>>,
@@ -154,8 +169,8 @@ async fn children(
 ) -> ApiResult<Response> {
     let body = body.map(|Json(b)| b).unwrap_or_default();
     let timeout = body.timeout.unwrap_or(default_timeout_s);
-    let memory = svc.fork_memory(&id, body.memory, memory_by_default)?;
-    let results = svc.fork(&id, body.count.unwrap_or(1), max, timeout, memory).await?;
+    let memory = svc.fork_memory(&who.caller, &id, body.memory, memory_by_default)?;
+    let results = svc.fork(&who.caller, &id, body.count.unwrap_or(1), max, timeout, memory).await?;
     let body: Vec<wire::ForkResult> = results
         .into_iter()
         .map(|r| match r {
@@ -175,16 +190,21 @@ async fn children(
 /// copse's rollback: the sandbox's files go back to one of its snapshots.
 pub async fn rollback(
     State(svc): State<Service>,
+    Extension(who): Extension<Principal>,
     Extension(exposure): Extension<Exposure>,
     Path(id): Path<String>,
     body: Option<Json<wire::RollbackRequest>>,
 ) -> ApiResult<Json<wire::Sandbox>> {
     let snapshot =
         body.and_then(|Json(b)| b.snapshot_id).ok_or_else(|| ApiError::bad_request("missing 'snapshotID'"))?;
-    Ok(Json(sandbox(&svc.rollback(&id, &snapshot).await?, &exposure)))
+    Ok(Json(sandbox(&svc.rollback(&who.caller, &id, &snapshot).await?, &exposure)))
 }
 
-pub async fn list(State(svc): State<Service>, Query(query): Query<wire::ListQuery>) -> ApiResult<Response> {
+pub async fn list(
+    State(svc): State<Service>,
+    Extension(who): Extension<Principal>,
+    Query(query): Query<wire::ListQuery>,
+) -> ApiResult<Response> {
     let mut filter = ListFilter {
         metadata: query.metadata.as_deref().map(wire::decode_metadata_filter).unwrap_or_default(),
         template: query.template.clone(),
@@ -197,7 +217,7 @@ pub async fn list(State(svc): State<Service>, Query(query): Query<wire::ListQuer
             other => return Err(ApiError::bad_request(format!("unknown state filter '{other}'"))),
         });
     }
-    let all = svc.list(&filter)?;
+    let all = svc.list(&who.caller, &filter)?;
     let (page, next) = paginate(&all, |r| &r.id, query.limit, query.next_token.as_deref());
     let page: Vec<wire::ListedSandbox> = page.iter().map(listed).collect();
     Ok((next_token_header(next), Json(page)).into_response())
@@ -233,10 +253,11 @@ pub(super) fn next_token_header(next: Option<String>) -> HeaderMap {
 
 pub async fn detail(
     State(svc): State<Service>,
+    Extension(who): Extension<Principal>,
     Extension(exposure): Extension<Exposure>,
     Path(id): Path<String>,
 ) -> ApiResult<Json<wire::SandboxDetail>> {
-    let record = svc.get(&id)?;
+    let record = svc.get(&who.caller, &id)?;
     Ok(Json(wire::SandboxDetail {
         listed: listed(&record),
         envd_access_token: record.access_token.clone(),
@@ -252,12 +273,13 @@ pub async fn detail(
 /// `PUT /sandboxes/{id}/network`: replaces the egress rules as a whole.
 pub async fn update_network(
     State(svc): State<Service>,
+    Extension(who): Extension<Principal>,
     Path(id): Path<String>,
     body: Option<Json<wire::NetworkConfig>>,
 ) -> ApiResult<StatusCode> {
     let Json(body) = body.ok_or_else(|| ApiError::bad_request("request body must be a JSON object"))?;
     refuse_unsupported(body.unsupported())?;
-    svc.update_network(&id, network_request(body.allow_internet_access, Some(body))).await?;
+    svc.update_network(&who.caller, &id, network_request(body.allow_internet_access, Some(body))).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -281,28 +303,34 @@ fn network_request(allow_internet_access: Option<bool>, network: Option<wire::Ne
     }
 }
 
-pub async fn kill(State(svc): State<Service>, Path(id): Path<String>) -> ApiResult<StatusCode> {
-    svc.kill(&id).await?;
+pub async fn kill(
+    State(svc): State<Service>,
+    Extension(who): Extension<Principal>,
+    Path(id): Path<String>,
+) -> ApiResult<StatusCode> {
+    svc.kill(&who.caller, &id).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
 pub async fn set_timeout(
     State(svc): State<Service>,
+    Extension(who): Extension<Principal>,
     Path(id): Path<String>,
     body: Option<Json<wire::TimeoutBody>>,
 ) -> ApiResult<StatusCode> {
     let timeout = body.and_then(|Json(b)| b.timeout).ok_or_else(|| ApiError::bad_request("missing 'timeout'"))?;
-    svc.set_timeout(&id, timeout)?;
+    svc.set_timeout(&who.caller, &id, timeout)?;
     Ok(StatusCode::NO_CONTENT)
 }
 
 pub async fn refresh(
     State(svc): State<Service>,
+    Extension(who): Extension<Principal>,
     Path(id): Path<String>,
     body: Option<Json<wire::RefreshBody>>,
 ) -> ApiResult<StatusCode> {
     let duration = body.and_then(|Json(b)| b.duration).unwrap_or(model::DEFAULT_TIMEOUT_S);
-    svc.extend(&id, Some(duration))?;
+    svc.extend(&who.caller, &id, Some(duration))?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -310,11 +338,12 @@ pub async fn refresh(
 /// (Unix seconds; default the sandbox's start and now).
 pub async fn metrics(
     State(svc): State<Service>,
+    Extension(who): Extension<Principal>,
     Path(id): Path<String>,
     query: Result<Query<wire::MetricsQuery>, QueryRejection>,
 ) -> ApiResult<Json<Vec<wire::SandboxMetric>>> {
     let Query(query) = query.map_err(bad_query)?;
-    let series = svc.metrics_between(&id, query.start, query.end).await?;
+    let series = svc.metrics_between(&who.caller, &id, query.start, query.end).await?;
     Ok(Json(series.iter().map(sandbox_metric).collect()))
 }
 
@@ -325,6 +354,7 @@ const MAX_METRICS_IDS: usize = 100;
 /// (sandboxes that do not exist or do not run are left out).
 pub async fn many_metrics(
     State(svc): State<Service>,
+    Extension(who): Extension<Principal>,
     query: Result<Query<wire::ManyMetricsQuery>, QueryRejection>,
 ) -> ApiResult<Json<wire::SandboxesWithMetrics>> {
     let Query(query) = query.map_err(bad_query)?;
@@ -347,7 +377,7 @@ pub async fn many_metrics(
             ids.len()
         )));
     }
-    let latest = svc.latest_metrics(&ids).await?;
+    let latest = svc.latest_metrics(&who.caller, &ids).await?;
     Ok(Json(wire::SandboxesWithMetrics {
         sandboxes: latest.into_iter().map(|(id, m)| (id, sandbox_metric(&m))).collect(),
     }))
@@ -375,12 +405,13 @@ const MAX_LOG_SEARCH: usize = 256;
 /// forward from `start` (Unix ms), as lines and as structured entries.
 pub async fn logs(
     State(svc): State<Service>,
+    Extension(who): Extension<Principal>,
     Path(id): Path<String>,
     query: Result<Query<wire::LogsQuery>, QueryRejection>,
 ) -> ApiResult<Json<wire::SandboxLogs>> {
     let Query(query) = query.map_err(bad_query)?;
     let query = sandbox_log::Query { cursor_ms: query.start, limit: page_limit(query.limit)?, ..Default::default() };
-    let entries = svc.sandbox_logs(&id, &query)?;
+    let entries = svc.sandbox_logs(&who.caller, &id, &query)?;
     Ok(Json(wire::SandboxLogs {
         logs: entries.iter().map(|e| wire::SandboxLog { timestamp: rfc3339_ms(e.at_ms), line: log_line(e) }).collect(),
         log_entries: entries.iter().map(log_entry).collect(),
@@ -391,6 +422,7 @@ pub async fn logs(
 /// or backward (newest first), at `level` or above, matching `search`.
 pub async fn logs_v2(
     State(svc): State<Service>,
+    Extension(who): Extension<Principal>,
     Path(id): Path<String>,
     query: Result<Query<wire::LogsV2Query>, QueryRejection>,
 ) -> ApiResult<Json<wire::SandboxLogsV2>> {
@@ -422,7 +454,7 @@ pub async fn logs_v2(
         min_level,
         search: query.search,
     };
-    let entries = svc.sandbox_logs(&id, &query)?;
+    let entries = svc.sandbox_logs(&who.caller, &id, &query)?;
     Ok(Json(wire::SandboxLogsV2 { logs: entries.iter().map(log_entry).collect() }))
 }
 

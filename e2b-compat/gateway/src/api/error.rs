@@ -42,6 +42,7 @@ impl From<SandboxError> for ApiError {
     fn from(err: SandboxError) -> Self {
         let status = match &err {
             SandboxError::NotFound(_) | SandboxError::SnapshotNotFound(_) => StatusCode::NOT_FOUND,
+            SandboxError::QuotaExceeded(_) => StatusCode::TOO_MANY_REQUESTS,
             SandboxError::Conflict(_) => StatusCode::CONFLICT,
             SandboxError::UnknownTemplate { .. } | SandboxError::Invalid(_) => StatusCode::BAD_REQUEST,
             SandboxError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
@@ -68,6 +69,16 @@ impl From<SecretError> for ApiError {
         }
         Self::new(status, format!("{err:#}"))
     }
+}
+
+/// E2B's 429 for a key over its team's request rate; `Retry-After` in
+/// whole seconds, rounded up so a client that waits that long gets through.
+pub fn rate_limited(per_second: u64, wait: std::time::Duration) -> Response {
+    let message = format!("rate limit of {per_second} requests per second per API key exceeded (requests-per-second)");
+    let mut response = ApiError::new(StatusCode::TOO_MANY_REQUESTS, message).into_response();
+    let seconds = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
+    response.headers_mut().insert("retry-after", HeaderValue::from(seconds.max(1)));
+    response
 }
 
 /// E2B's status for a substrate's refusal: E2B answers a feature a sandbox

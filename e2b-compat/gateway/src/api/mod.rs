@@ -19,12 +19,18 @@ use axum::routing::{delete, get, post, put};
 use axum::{Extension, Router};
 
 use crate::service::{Sandboxes, Secrets};
+use crate::tenancy::{Directory, Principal, RateLimiter};
 use error::ApiError;
 pub use host_routing::Exposure;
 
-pub use crate::keys::ApiKeys as Keys;
+/// Who may call the control plane, and how often.
+#[derive(Clone)]
+pub struct Gate {
+    pub directory: Arc<Directory>,
+    pub rates: Arc<RateLimiter>,
+}
 
-pub fn router(svc: Arc<Sandboxes>, secrets: Arc<Secrets>, keys: Keys, exposure: Exposure) -> Router {
+pub fn router(svc: Arc<Sandboxes>, secrets: Arc<Secrets>, gate: Gate, exposure: Exposure) -> Router {
     let control = Router::new()
         .route("/v2/sandboxes", post(control::create).get(control::list))
         .route("/sandboxes", post(control::create).get(control::list))
@@ -50,7 +56,7 @@ pub fn router(svc: Arc<Sandboxes>, secrets: Arc<Secrets>, keys: Keys, exposure: 
         .route("/copse/sandboxes/{id}/rollback", post(control::rollback))
         .merge(secrets::routes(secrets))
         .fallback(control::no_route)
-        .route_layer(middleware::from_fn_with_state(keys, require_api_key))
+        .route_layer(middleware::from_fn_with_state(gate, require_api_key))
         .layer(middleware::map_response(json_errors))
         .with_state(svc.clone());
     // The data-plane switch runs first: a request meant for a sandbox never
@@ -79,11 +85,23 @@ async fn json_errors(response: Response) -> Response {
     ApiError::new(status, String::from_utf8_lossy(&text).trim().to_string()).into_response()
 }
 
-async fn require_api_key(State(keys): State<Keys>, request: Request, next: Next) -> Response {
-    let presented = request.headers().get("x-api-key").and_then(|v| v.to_str().ok());
-    match presented {
-        Some(key) if keys.accepts(key) => next.run(request).await,
-        Some(_) => ApiError::new(StatusCode::UNAUTHORIZED, "invalid API key").into_response(),
-        None => ApiError::new(StatusCode::UNAUTHORIZED, "missing X-API-KEY header").into_response(),
+/// Finds the key's team (handlers take it as `Extension<Principal>`) and
+/// holds the key to its team's request rate.
+async fn require_api_key(State(gate): State<Gate>, mut request: Request, next: Next) -> Response {
+    let Some(presented) = request.headers().get("x-api-key").and_then(|v| v.to_str().ok()) else {
+        return ApiError::new(StatusCode::UNAUTHORIZED, "missing X-API-KEY header").into_response();
+    };
+    let Some(principal) = gate.directory.authenticate(presented) else {
+        return ApiError::new(StatusCode::UNAUTHORIZED, "invalid API key").into_response();
+    };
+    if let Some(per_second) = gate.directory.quotas(&principal.caller.team).requests_per_second
+        && let Err(wait) = gate.rates.check(&principal.key, per_second)
+    {
+        return error::rate_limited(per_second, wait);
     }
+    request.extensions_mut().insert(principal);
+    next.run(request).await
 }
+
+/// The team a handler acts for.
+pub type Caller = Extension<Principal>;

@@ -7,6 +7,12 @@
 //! `allowPublicTraffic: false` answers on its ports only requests carrying
 //! its traffic token. Bodies stream both ways and WebSocket
 //! upgrades are spliced through.
+//!
+//! The data plane carries no API key: a sandbox's access token is what
+//! admits a caller. A request that names a sandbox but carries another
+//! sandbox's token (say, another team's), or a signed link another
+//! sandbox's token signed, is answered as if the sandbox did not exist,
+//! so a token never confirms what else lives on the gateway.
 
 use std::sync::Arc;
 
@@ -19,7 +25,7 @@ use axum::response::{IntoResponse, Response};
 use super::error::ApiError;
 use super::host_routing::Exposure;
 use crate::agent_link;
-use crate::model::SandboxRecord;
+use crate::model::{Caller, SandboxRecord};
 use crate::service::Sandboxes;
 use crate::store::{AccessTokens, SignedLink};
 
@@ -39,10 +45,8 @@ pub async fn switch(State(svc): State<Arc<Sandboxes>>, request: Request, next: N
         Target::ControlPlane => return next.run(request).await,
     };
     tracing::Span::current().record("sandbox_id", record.id.as_str());
-    if let Some(token) = request.headers().get(ACCESS_TOKEN_HEADER)
-        && !copse_protocol::signature::equal(token.to_str().unwrap_or(""), &record.access_token)
-    {
-        return ApiError::new(StatusCode::UNAUTHORIZED, "invalid access token for this sandbox").into_response();
+    if !own_credentials(&record, &request) {
+        return not_found(&record.id);
     }
     if !traffic_allowed(record.traffic_access_token.as_deref(), port, request.headers()) {
         return ApiError::new(
@@ -111,6 +115,19 @@ fn traffic_allowed(expected: Option<&str>, host_port: Option<u16>, headers: &Hea
     copse_protocol::signature::equal(given, expected)
 }
 
+/// Whether the credentials the request carries, if any, are the named
+/// sandbox's own: its access token, or a link signed with it.
+fn own_credentials(record: &SandboxRecord, request: &Request) -> bool {
+    if let Some(token) = request.headers().get(ACCESS_TOKEN_HEADER) {
+        return copse_protocol::signature::equal(token.to_str().unwrap_or(""), &record.access_token);
+    }
+    let claims = if request.uri().path() == "/files" { LinkClaims::of(request) } else { None };
+    match (claims, request.extensions().get::<Arc<AccessTokens>>()) {
+        (Some(claims), Some(tokens)) => tokens.signer_of(&claims.link()).is_some_and(|signer| signer == record.id),
+        _ => true,
+    }
+}
+
 enum Target {
     /// The sandbox, and the port its host name gave (the port header
     /// names it otherwise).
@@ -124,13 +141,13 @@ enum Target {
 fn target(svc: &Sandboxes, request: &Request) -> Target {
     let exposure = request.extensions().get::<Exposure>();
     if let Some(address) = exposure.and_then(|e| e.sandbox_address(request)) {
-        return match svc.get(&address.sandbox_id) {
+        return match svc.get(&Caller::operator(), &address.sandbox_id) {
             Ok(record) => Target::Sandbox(Box::new(record), Some(address.port)),
             Err(_) => Target::Missing(address.sandbox_id),
         };
     }
     if let Some(id) = request.headers().get(SANDBOX_ID_HEADER).and_then(|v| v.to_str().ok()) {
-        return match svc.get(id) {
+        return match svc.get(&Caller::operator(), id) {
             Ok(record) => Target::Sandbox(Box::new(record), None),
             Err(_) => Target::Missing(id.to_string()),
         };
@@ -148,29 +165,54 @@ fn target(svc: &Sandboxes, request: &Request) -> Target {
 /// reading the store). The agent verifies the signature again. `None`: not
 /// a signed link.
 fn signed_link_owner(svc: &Sandboxes, request: &Request) -> Option<Target> {
-    let query = request.uri().query()?;
-    let (mut path, mut username, mut signature, mut expiration) = (String::new(), String::new(), None, None);
-    for (key, value) in url::form_urlencoded::parse(query.as_bytes()) {
-        match key.as_ref() {
-            "path" => path = value.into_owned(),
-            "username" => username = value.into_owned(),
-            "signature" => signature = Some(value.into_owned()),
-            // As the agent reads it: a negative expiration is 0.
-            "signature_expiration" => expiration = value.parse::<i64>().ok().map(|e| e.max(0) as u64),
-            _ => {}
-        }
-    }
-    let signature = signature?;
+    let claims = LinkClaims::of(request)?;
     let refused = || Some(Target::BadSignature);
-    if expiration.is_some_and(|exp| exp < unix_now()) {
+    if claims.expiration.is_some_and(|exp| exp < unix_now()) {
         return refused();
     }
-    let operation = if request.method() == Method::GET { "read" } else { "write" };
-    let link = SignedLink { path: &path, operation, username: &username, expiration, signature: &signature };
     let tokens = request.extensions().get::<Arc<AccessTokens>>()?;
-    match tokens.signer_of(&link).map(|id| svc.get(&id)) {
+    match tokens.signer_of(&claims.link()).map(|id| svc.get(&Caller::operator(), &id)) {
         Some(Ok(record)) => Some(Target::Sandbox(Box::new(record), None)),
         _ => refused(),
+    }
+}
+
+/// A signed `/files` link's query, as the agent reads it.
+struct LinkClaims {
+    path: String,
+    username: String,
+    operation: &'static str,
+    expiration: Option<u64>,
+    signature: String,
+}
+
+impl LinkClaims {
+    /// `None`: the request carries no signature.
+    fn of(request: &Request) -> Option<Self> {
+        let query = request.uri().query()?;
+        let (mut path, mut username, mut signature, mut expiration) = (String::new(), String::new(), None, None);
+        for (key, value) in url::form_urlencoded::parse(query.as_bytes()) {
+            match key.as_ref() {
+                "path" => path = value.into_owned(),
+                "username" => username = value.into_owned(),
+                "signature" => signature = Some(value.into_owned()),
+                // As the agent reads it: a negative expiration is 0.
+                "signature_expiration" => expiration = value.parse::<i64>().ok().map(|e| e.max(0) as u64),
+                _ => {}
+            }
+        }
+        let operation = if request.method() == Method::GET { "read" } else { "write" };
+        Some(Self { path, username, operation, expiration, signature: signature? })
+    }
+
+    fn link(&self) -> SignedLink<'_> {
+        SignedLink {
+            path: &self.path,
+            operation: self.operation,
+            username: &self.username,
+            expiration: self.expiration,
+            signature: &self.signature,
+        }
     }
 }
 

@@ -3,18 +3,19 @@
 
 use std::sync::Arc;
 
-use axum::Json;
 use axum::Router;
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use axum::{Extension, Json};
 
 use super::control::{next_token_header, paginate, rfc3339_ms};
 use super::error::ApiError;
 use super::wire;
 use crate::model::{SecretError, SecretRecord};
 use crate::service::Secrets;
+use crate::tenancy::Principal;
 
 type ApiResult<T> = Result<T, ApiError>;
 
@@ -25,35 +26,54 @@ pub fn routes<S>(secrets: Arc<Secrets>) -> Router<S> {
         .with_state(secrets)
 }
 
-async fn create(State(secrets): State<Arc<Secrets>>, body: Option<Json<wire::NewSecret>>) -> ApiResult<Response> {
+async fn create(
+    State(secrets): State<Arc<Secrets>>,
+    Extension(who): Extension<Principal>,
+    body: Option<Json<wire::NewSecret>>,
+) -> ApiResult<Response> {
     let Json(body) = body.ok_or_else(|| ApiError::bad_request("request body must be {name, value[, metadata]}"))?;
-    let record = blocking(move || secrets.create(&body.name, &body.value, body.metadata.unwrap_or_default())).await?;
+    let record =
+        blocking(move || secrets.create(&who.caller, &body.name, &body.value, body.metadata.unwrap_or_default()))
+            .await?;
     Ok((StatusCode::CREATED, Json(info(&record))).into_response())
 }
 
 async fn update(
     State(secrets): State<Arc<Secrets>>,
+    Extension(who): Extension<Principal>,
     Path(id): Path<String>,
     body: Option<Json<wire::SecretUpdate>>,
 ) -> ApiResult<Json<wire::SecretInfo>> {
     let Json(body) = body.ok_or_else(|| ApiError::bad_request("request body must be {value[, metadata]}"))?;
-    let record = blocking(move || secrets.update(&id, &body.value, body.metadata)).await?;
+    let record = blocking(move || secrets.update(&who.caller, &id, &body.value, body.metadata)).await?;
     Ok(Json(info(&record)))
 }
 
-async fn detail(State(secrets): State<Arc<Secrets>>, Path(id): Path<String>) -> ApiResult<Json<wire::SecretInfo>> {
-    Ok(Json(info(&blocking(move || secrets.get(&id)).await?)))
+async fn detail(
+    State(secrets): State<Arc<Secrets>>,
+    Extension(who): Extension<Principal>,
+    Path(id): Path<String>,
+) -> ApiResult<Json<wire::SecretInfo>> {
+    Ok(Json(info(&blocking(move || secrets.get(&who.caller, &id)).await?)))
 }
 
-async fn list(State(secrets): State<Arc<Secrets>>, Query(query): Query<wire::SecretsQuery>) -> ApiResult<Response> {
-    let all = blocking(move || secrets.list()).await?;
+async fn list(
+    State(secrets): State<Arc<Secrets>>,
+    Extension(who): Extension<Principal>,
+    Query(query): Query<wire::SecretsQuery>,
+) -> ApiResult<Response> {
+    let all = blocking(move || secrets.list(&who.caller)).await?;
     let (page, next) = paginate(&all, |r| &r.id, query.limit, query.next_token.as_deref());
     let page: Vec<wire::SecretInfo> = page.iter().map(info).collect();
     Ok((next_token_header(next), Json(page)).into_response())
 }
 
-async fn delete(State(secrets): State<Arc<Secrets>>, Path(id): Path<String>) -> ApiResult<StatusCode> {
-    blocking(move || secrets.delete(&id)).await?;
+async fn delete(
+    State(secrets): State<Arc<Secrets>>,
+    Extension(who): Extension<Principal>,
+    Path(id): Path<String>,
+) -> ApiResult<StatusCode> {
+    blocking(move || secrets.delete(&who.caller, &id)).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 

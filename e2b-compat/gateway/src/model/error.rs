@@ -12,6 +12,9 @@ pub enum SandboxError {
     /// The sandbox is not in a state that allows the operation (E2B's 409).
     #[error("{0}")]
     Conflict(String),
+    /// A team limit would be passed (E2B's 429); the message names it.
+    #[error("{0}")]
+    QuotaExceeded(String),
     #[error("snapshot {0} not found")]
     SnapshotNotFound(String),
     /// This host lacks something the operation needs (E2B's 503); the

@@ -1,4 +1,5 @@
-//! The gateway's model: the records it keeps (sandboxes, snapshots, secrets), their
+//! The gateway's model: the records it keeps (sandboxes, snapshots, secrets,
+//! teams, keys), their
 //! states and rules, id and clock helpers, the error every service verb
 //! answers with, and the [`Store`] trait that persists the records.
 //!
@@ -10,14 +11,17 @@
 mod clock;
 mod error;
 mod ids;
+mod key;
 mod sandbox;
 mod secret;
 mod snapshot;
 mod store;
+mod team;
 
 pub use clock::now_ms;
 pub use error::{Result, SandboxError};
 pub use ids::{new_id, new_token, snapshot_key};
+pub use key::KeyRecord;
 pub use sandbox::{DEFAULT_TIMEOUT_S, ENVD_VERSION, MAX_TIMEOUT_S, Paused, SandboxRecord, State, validate_timeout};
 pub use secret::{
     KEPT_VERSIONS, MAX_VALUE_BYTES, SealedValue, SealedVersion, SecretError, SecretRecord, validate_secret_metadata,
@@ -25,3 +29,4 @@ pub use secret::{
 };
 pub use snapshot::{SnapshotRecord, validate_snapshot_name};
 pub use store::{SecretStore, Store};
+pub use team::{Caller, DEFAULT_TEAM, DEFAULTS_ROW, Quotas, Team, default_team, validate_team_name};

@@ -9,6 +9,7 @@ use copse_substrate::{Limits, Placement, SandboxNetwork};
 use serde::{Deserialize, Serialize};
 
 use super::error::{Result, SandboxError};
+use super::team::default_team;
 
 /// The envd version copse's agent implements (every SDK feature gate on).
 pub const ENVD_VERSION: &str = "0.6.4";
@@ -26,6 +27,10 @@ pub enum State {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct SandboxRecord {
     pub id: String,
+    /// The team that created it; records older than teams are the default
+    /// team's.
+    #[serde(default = "default_team")]
+    pub team: String,
     pub template: String,
     pub access_token: String,
     /// Set when the sandbox does not allow public traffic: requests to its

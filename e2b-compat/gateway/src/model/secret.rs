@@ -6,6 +6,8 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use super::team::default_team;
+
 /// Older versions' sealed values kept beside the current one, so a record
 /// updated in a loop does not grow without bound. Version numbers keep
 /// counting past it.
@@ -20,6 +22,9 @@ const MAX_METADATA_BYTES: usize = 1024;
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct SecretRecord {
     pub id: String,
+    /// Names are unique within a team; other teams never see the record.
+    #[serde(default = "default_team")]
+    pub team: String,
     pub name: String,
     #[serde(default)]
     pub metadata: BTreeMap<String, String>,
@@ -118,6 +123,7 @@ mod tests {
     fn versions_count_on_while_only_the_newest_are_kept() {
         let mut record = SecretRecord {
             id: "s".into(),
+            team: "t".into(),
             name: "n".into(),
             metadata: BTreeMap::new(),
             created_at_ms: 0,

@@ -3,12 +3,16 @@
 use serde::{Deserialize, Serialize};
 
 use super::error::{Result, SandboxError};
+use super::team::default_team;
 
 /// The public id and names the SDK sees, and the substrate's own key for
 /// the snapshot's files.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct SnapshotRecord {
+    /// Unique within its team: names are namespaced per team.
     pub id: String,
+    #[serde(default = "default_team")]
+    pub team: String,
     pub names: Vec<String>,
     pub key: String,
     pub template: String,

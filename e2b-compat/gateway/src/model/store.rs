@@ -2,9 +2,11 @@
 //! service sees only this trait; `store::sqlite` is today's implementation,
 //! and another (say PostgreSQL) is one more `impl Store`.
 
+use super::key::KeyRecord;
 use super::sandbox::SandboxRecord;
 use super::secret::SecretRecord;
 use super::snapshot::SnapshotRecord;
+use super::team::Team;
 
 pub trait Store: Send + Sync {
     /// Inserts or replaces the sandbox's record.
@@ -17,24 +19,40 @@ pub trait Store: Send + Sync {
     /// Whether there was a record to remove.
     fn remove(&self, id: &str) -> anyhow::Result<bool>;
 
-    /// Inserts or replaces the snapshot's record.
+    /// Inserts or replaces the snapshot's record (its id is unique within
+    /// its team).
     fn put_snapshot(&self, record: &SnapshotRecord) -> anyhow::Result<()>;
-    fn snapshot(&self, id: &str) -> anyhow::Result<Option<SnapshotRecord>>;
-    /// Every snapshot, ordered by id.
+    fn snapshot(&self, team: &str, id: &str) -> anyhow::Result<Option<SnapshotRecord>>;
+    /// Every snapshot of every team, ordered by team, then id.
     fn snapshots(&self) -> anyhow::Result<Vec<SnapshotRecord>>;
-    fn remove_snapshot(&self, id: &str) -> anyhow::Result<bool>;
+    fn remove_snapshot(&self, team: &str, id: &str) -> anyhow::Result<bool>;
+
+    /// Inserts or replaces the team's record.
+    fn put_team(&self, team: &Team) -> anyhow::Result<()>;
+    fn teams(&self) -> anyhow::Result<Vec<Team>>;
+    /// Inserts or replaces the key's record (by hash).
+    fn put_key(&self, key: &KeyRecord) -> anyhow::Result<()>;
+    fn keys(&self) -> anyhow::Result<Vec<KeyRecord>>;
+    /// Removes the keys whose prefix starts with `prefix`, if exactly one
+    /// does; the removed key, `None` if none did.
+    fn revoke_key(&self, prefix: &str) -> anyhow::Result<Option<KeyRecord>>;
+    /// Records when each key (by hash) was last used.
+    fn keys_used(&self, used: &[(String, i64)]) -> anyhow::Result<()>;
+    /// A number that changes whenever another process changed the
+    /// database (the CLI adding a key while the gateway runs).
+    fn changes_elsewhere(&self) -> anyhow::Result<i64>;
 }
 
 /// Secrets: a trait of their own, so the sandbox service never sees them
 /// and the secrets service sees nothing else.
 pub trait SecretStore: Send + Sync {
-    /// False, and nothing written, when the name is taken.
+    /// False, and nothing written, when the name is taken in its team.
     fn insert_secret(&self, record: &SecretRecord) -> anyhow::Result<bool>;
     /// False when there is no record with this id any more.
     fn update_secret(&self, record: &SecretRecord) -> anyhow::Result<bool>;
     fn secret(&self, id: &str) -> anyhow::Result<Option<SecretRecord>>;
-    fn secret_named(&self, name: &str) -> anyhow::Result<Option<SecretRecord>>;
-    /// Every secret, ordered by id.
+    fn secret_named(&self, team: &str, name: &str) -> anyhow::Result<Option<SecretRecord>>;
+    /// Every team's secrets, ordered by id.
     fn secrets(&self) -> anyhow::Result<Vec<SecretRecord>>;
     fn remove_secret(&self, id: &str) -> anyhow::Result<bool>;
 }

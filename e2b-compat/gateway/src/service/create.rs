@@ -17,8 +17,9 @@ use copse_substrate::{Policy, SandboxNetwork};
 use tracing::Instrument;
 
 use super::Sandboxes;
+use super::quota::Kind;
 use crate::model::{
-    DEFAULT_TIMEOUT_S, Result, SandboxError, SandboxRecord, State, new_id, new_token, now_ms, validate_timeout,
+    Caller, DEFAULT_TIMEOUT_S, Result, SandboxError, SandboxRecord, State, new_id, new_token, now_ms, validate_timeout,
 };
 use crate::network::NetworkRequest;
 use crate::pool::Booted;
@@ -67,23 +68,32 @@ impl Network {
 }
 
 impl Sandboxes {
-    pub async fn create(&self, request: CreateRequest) -> Result<(SandboxRecord, Timings)> {
+    /// A new sandbox owned by `caller`'s team.
+    pub async fn create(&self, caller: &Caller, request: CreateRequest) -> Result<(SandboxRecord, Timings)> {
         let started = Instant::now();
         let template = request.template.clone();
         let mut source = Source::Boot;
-        let result = self.create_for(request, &mut source).await;
+        let result = self.create_for(caller, request, &mut source).await;
         self.observe_create(&template, source, &result, started.elapsed());
         result
     }
 
     /// `source`: where the sandbox came from, once known.
-    async fn create_for(&self, request: CreateRequest, source: &mut Source) -> Result<(SandboxRecord, Timings)> {
+    async fn create_for(
+        &self,
+        caller: &Caller,
+        request: CreateRequest,
+        source: &mut Source,
+    ) -> Result<(SandboxRecord, Timings)> {
         let timeout = validate_timeout(request.timeout_s.unwrap_or(DEFAULT_TIMEOUT_S))?;
+        self.quota.check_timeout(caller, &caller.team, timeout)?;
+        let _place = self.quota.reserve_for(caller, &caller.team, Kind::Running, 1, self.limits.disk_mb << 20)?;
         let policy = request.network.policy()?;
         let started = Instant::now();
         let mut template = request.template.clone();
         let mut agent_token = None;
-        let booted = if let Some(snapshot) = self.store.snapshot(&request.template)? {
+        // A team's snapshot names are its own; another team's are unknown.
+        let booted = if let Some(snapshot) = self.store.snapshot(&caller.team, &request.template)? {
             template = snapshot.template.clone();
             agent_token = snapshot.agent_token.clone();
             *source = Source::Snapshot;
@@ -111,6 +121,7 @@ impl Sandboxes {
         let now = now_ms();
         let record = SandboxRecord {
             id,
+            team: caller.team.clone(),
             template,
             access_token: new_token(),
             traffic_access_token: request.private_traffic.then(new_token),

@@ -5,15 +5,15 @@
 use copse_substrate::Policy;
 
 use super::Sandboxes;
-use crate::model::{Result, SandboxRecord};
+use crate::model::{Caller, Result, SandboxRecord};
 use crate::network::NetworkRequest;
 
 impl Sandboxes {
     /// Replaces the sandbox's egress policy (E2B's `update_network`). A
     /// sandbox paused without memory gets it when it resumes.
-    pub async fn update_network(&self, id: &str, request: NetworkRequest) -> Result<SandboxRecord> {
+    pub async fn update_network(&self, caller: &Caller, id: &str, request: NetworkRequest) -> Result<SandboxRecord> {
         let policy = request.policy()?;
-        let mut record = self.get(id)?;
+        let mut record = self.get(caller, id)?;
         let attached = !record.has_no_processes();
         // Without a network the sandbox has no egress at all, which every
         // policy admits; the policy is kept for when it is asked about.

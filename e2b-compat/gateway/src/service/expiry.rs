@@ -5,7 +5,7 @@
 use tracing::Instrument;
 
 use super::Sandboxes;
-use crate::model::now_ms;
+use crate::model::{Caller, now_ms};
 use crate::telemetry::{self, KillReason};
 
 impl Sandboxes {
@@ -26,7 +26,7 @@ impl Sandboxes {
         let outcome = match auto_pause {
             Some((true, memory)) => {
                 tracing::info!("sandbox {id} timed out; pausing it");
-                self.pause(id, memory).await
+                self.pause(&Caller::operator(), id, memory).await
             }
             _ => {
                 tracing::info!("sandbox {id} timed out");

@@ -11,8 +11,9 @@ use futures::future::join_all;
 
 use super::Sandboxes;
 use super::create::Network;
+use super::quota::Kind;
 use crate::model::{
-    Result, SandboxError, SandboxRecord, State, new_id, new_token, now_ms, snapshot_key, validate_timeout,
+    Caller, Result, SandboxError, SandboxRecord, State, new_id, new_token, now_ms, snapshot_key, validate_timeout,
 };
 
 /// E2B's bounds for one fork request.
@@ -26,8 +27,8 @@ impl Sandboxes {
     /// substrate cannot honour is an error, never a silent downgrade; with
     /// none, `default` applies where the substrate can (a substrate without
     /// memory snapshots forks files only, as docs/lifecycle.md says).
-    pub fn fork_memory(&self, id: &str, requested: Option<bool>, default: bool) -> Result<bool> {
-        let record = self.get(id)?;
+    pub fn fork_memory(&self, caller: &Caller, id: &str, requested: Option<bool>, default: bool) -> Result<bool> {
+        let record = self.get(caller, id)?;
         self.memory_wanted(&record.template, requested, default, "forks with memory")
     }
 
@@ -37,19 +38,21 @@ impl Sandboxes {
     /// child, in order.
     pub async fn fork(
         &self,
+        caller: &Caller,
         id: &str,
         count: u32,
         max: u32,
         timeout_s: i64,
         memory: bool,
     ) -> Result<Vec<Result<SandboxRecord>>> {
-        let result = self.fork_now(id, count, max, timeout_s, memory).await;
+        let result = self.fork_now(caller, id, count, max, timeout_s, memory).await;
         self.observe_fork(id, memory, &result);
         result
     }
 
     async fn fork_now(
         &self,
+        caller: &Caller,
         id: &str,
         count: u32,
         max: u32,
@@ -60,10 +63,15 @@ impl Sandboxes {
             return Err(SandboxError::Invalid(format!("count must be between 1 and {max}, got {count}")));
         }
         let timeout = validate_timeout(timeout_s)?;
-        let source = self.get(id)?;
+        let source = self.get(caller, id)?;
         if source.has_no_processes() {
             return Err(SandboxError::Conflict(format!("sandbox {id} is paused without memory; resume it first")));
         }
+        // Every child counts: a fork that does not fit is refused whole,
+        // before anything is snapshotted or booted.
+        self.quota.check_timeout(caller, &source.team, timeout)?;
+        let disk = source.limits.disk_mb << 20;
+        let _places = self.quota.reserve_for(caller, &source.team, Kind::Running, count.into(), disk)?;
         let key = snapshot_key();
         let memory = self.take_snapshot(&source, &key, memory).await?.memory;
         let children = join_all((0..count).map(|_| self.child_of(&source, &key, timeout, memory))).await;

@@ -2,18 +2,20 @@
 //! caller (discard).
 
 use super::Sandboxes;
-use crate::model::{Result, SandboxError};
+use crate::model::{Caller, Result, SandboxError};
 use crate::telemetry::KillReason;
 
 impl Sandboxes {
-    pub async fn kill(&self, id: &str) -> Result<()> {
+    pub async fn kill(&self, caller: &Caller, id: &str) -> Result<()> {
+        self.get(caller, id)?;
         self.end(id, KillReason::Request).await
     }
 
     /// Ends sandbox `id`, counted and logged under `reason`.
     pub(super) async fn end(&self, id: &str, reason: KillReason) -> Result<()> {
+        let team = self.store.get(id)?.map(|r| r.team);
         let result = self.destroy_record(id).await;
-        self.observe_kill(id, reason, &result);
+        self.observe_kill(id, team.as_deref(), reason, &result);
         result
     }
 

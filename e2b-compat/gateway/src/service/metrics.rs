@@ -8,7 +8,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use super::{ListFilter, Sandboxes};
-use crate::model::{Result, SandboxError, now_ms};
+use crate::model::{Caller, Result, SandboxError, now_ms};
 
 /// Samples kept per sandbox: an hour at the reaper's pace (one per 5 s).
 pub const HISTORY: usize = 720;
@@ -76,8 +76,8 @@ impl History {
 impl Sandboxes {
     /// Resource use now (also kept in the sandbox's history); `None` for a
     /// sandbox paused without memory, which has nothing running to measure.
-    pub async fn metrics(&self, id: &str) -> Result<Option<Metric>> {
-        let record = self.get(id)?;
+    pub async fn metrics(&self, caller: &Caller, id: &str) -> Result<Option<Metric>> {
+        let record = self.get(caller, id)?;
         if record.has_no_processes() {
             return Ok(None);
         }
@@ -108,33 +108,39 @@ impl Sandboxes {
     /// The sandbox's samples from `start_s` (default: its start) to `end_s`
     /// (default: now), Unix seconds, oldest first; the newest is at most
     /// [`FRESH`] old when the range reaches now.
-    pub async fn metrics_between(&self, id: &str, start_s: Option<i64>, end_s: Option<i64>) -> Result<Vec<Metric>> {
+    pub async fn metrics_between(
+        &self,
+        caller: &Caller,
+        id: &str,
+        start_s: Option<i64>,
+        end_s: Option<i64>,
+    ) -> Result<Vec<Metric>> {
         if let (Some(start), Some(end)) = (start_s, end_s)
             && start > end
         {
             return Err(SandboxError::Invalid(format!("start ({start}) is after end ({end})")));
         }
-        let record = self.get(id)?;
+        let record = self.get(caller, id)?;
         let start_ms = start_s.map_or(record.started_at_ms - 1000, |s| s.saturating_mul(1000));
         let end_ms = end_s.map_or(i64::MAX, |s| s.saturating_mul(1000).saturating_add(999));
         if end_ms >= now_ms() - FRESH.as_millis() as i64 && self.stale(id) {
-            self.metrics(id).await?;
+            self.metrics(caller, id).await?;
         }
         Ok(self.metric_history.between(id, start_ms, end_ms))
     }
 
     /// The newest sample of each of `ids` that exists and runs (taken now if
     /// it has none fresh); others are left out, as E2B does.
-    pub async fn latest_metrics(&self, ids: &[String]) -> Result<Vec<(String, Metric)>> {
+    pub async fn latest_metrics(&self, caller: &Caller, ids: &[String]) -> Result<Vec<(String, Metric)>> {
         let mut found = Vec::new();
         for id in ids {
             if self.stale(id) {
-                match self.metrics(id).await {
+                match self.metrics(caller, id).await {
                     Ok(_) | Err(SandboxError::NotFound(_)) => {}
                     Err(e) => tracing::warn!(sandbox_id = %id, "sampling metrics: {e:#}"),
                 }
             }
-            if self.store.get(id)?.is_some()
+            if self.store.get(id)?.is_some_and(|r| caller.sees(&r.team))
                 && let Some(metric) = self.metric_history.newest(id)
             {
                 found.push((id.clone(), metric));
@@ -145,11 +151,12 @@ impl Sandboxes {
 
     /// Samples every sandbox with processes (the reaper's tick).
     pub async fn sample_metrics(&self) -> anyhow::Result<()> {
-        for record in self.list(&ListFilter::default())? {
+        let operator = Caller::operator();
+        for record in self.list(&operator, &ListFilter::default())? {
             if record.has_no_processes() {
                 continue;
             }
-            match self.metrics(&record.id).await {
+            match self.metrics(&operator, &record.id).await {
                 Ok(_) | Err(SandboxError::NotFound(_)) => {}
                 Err(e) => tracing::debug!(sandbox_id = %record.id, "sampling metrics: {e:#}"),
             }

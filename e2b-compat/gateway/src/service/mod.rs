@@ -16,6 +16,7 @@ mod metrics;
 mod observe;
 mod pause;
 mod pools;
+mod quota;
 mod recover;
 mod rollback;
 mod secrets;
@@ -31,7 +32,7 @@ use std::sync::Arc;
 
 use copse_substrate::{Limits, SandboxNetwork, SandboxSpec, Substrate, TemplateInfo};
 
-use crate::model::{Result, SandboxError, SandboxRecord, State, Store, now_ms, validate_timeout};
+use crate::model::{Caller, Result, SandboxError, SandboxRecord, State, Store, now_ms, validate_timeout};
 use crate::network::Addresses;
 use crate::pool::WarmPool;
 
@@ -63,6 +64,7 @@ pub struct Sandboxes {
     /// One state change (pause, resume, rollback) at a time per sandbox.
     transitions: transitions::Transitions,
     addresses: Addresses,
+    quota: quota::Quota,
 }
 
 impl Sandboxes {
@@ -88,6 +90,7 @@ impl Sandboxes {
             sandbox_log: crate::sandbox_log::SandboxLog::disabled(),
             transitions: Default::default(),
             addresses: Addresses::new(None),
+            quota: Default::default(),
         }
     }
 
@@ -95,6 +98,13 @@ impl Sandboxes {
     /// until hand-out).
     pub fn with_network(mut self, network: Option<&copse_substrate::NetConfig>) -> Self {
         self.addresses = Addresses::new(network);
+        self
+    }
+
+    /// Team limits from `directory`, counted against `usage` (which the
+    /// store must keep: see `store::Indexed`).
+    pub fn with_tenancy(mut self, usage: Arc<crate::store::Usage>, directory: Arc<crate::tenancy::Directory>) -> Self {
+        self.quota = quota::Quota::new(usage, directory);
         self
     }
 
@@ -134,15 +144,21 @@ impl Sandboxes {
         }
     }
 
-    pub fn get(&self, id: &str) -> Result<SandboxRecord> {
-        self.store.get(id)?.ok_or_else(|| SandboxError::NotFound(id.to_string()))
+    /// The sandbox, if `caller` may see it; another team's is as missing
+    /// as one that never existed.
+    pub fn get(&self, caller: &Caller, id: &str) -> Result<SandboxRecord> {
+        self.store
+            .get(id)?
+            .filter(|record| caller.sees(&record.team))
+            .ok_or_else(|| SandboxError::NotFound(id.to_string()))
     }
 
-    pub fn list(&self, filter: &ListFilter) -> Result<Vec<SandboxRecord>> {
+    pub fn list(&self, caller: &Caller, filter: &ListFilter) -> Result<Vec<SandboxRecord>> {
         let mut records: Vec<SandboxRecord> = self
             .store
             .all()?
             .into_iter()
+            .filter(|r| caller.sees(&r.team))
             .filter(|r| filter.metadata.iter().all(|(k, v)| r.metadata.get(k) == Some(v)))
             .filter(|r| filter.states.is_empty() || filter.states.contains(&r.state))
             .filter(|r| filter.template.as_ref().is_none_or(|t| &r.template == t))
@@ -152,9 +168,10 @@ impl Sandboxes {
     }
 
     /// Sets the sandbox to expire `timeout_s` from now.
-    pub fn set_timeout(&self, id: &str, timeout_s: i64) -> Result<SandboxRecord> {
+    pub fn set_timeout(&self, caller: &Caller, id: &str, timeout_s: i64) -> Result<SandboxRecord> {
         let timeout = validate_timeout(timeout_s)?;
-        let mut record = self.get(id)?;
+        let mut record = self.get(caller, id)?;
+        self.quota.check_timeout(caller, &record.team, timeout)?;
         match &mut record.paused {
             // Paused, the clock is stopped; the new lifetime starts at resume.
             Some(paused) => paused.remaining_ms = timeout * 1000,
@@ -165,13 +182,15 @@ impl Sandboxes {
     }
 
     /// Connecting never shortens a running sandbox's life, only extends it.
-    pub fn extend(&self, id: &str, timeout_s: Option<i64>) -> Result<SandboxRecord> {
-        let mut record = self.get(id)?;
+    pub fn extend(&self, caller: &Caller, id: &str, timeout_s: Option<i64>) -> Result<SandboxRecord> {
+        let mut record = self.get(caller, id)?;
         if record.paused.is_some() {
             return Ok(record);
         }
         if let Some(timeout) = timeout_s {
-            let end = now_ms() + validate_timeout(timeout)? * 1000;
+            let timeout = validate_timeout(timeout)?;
+            self.quota.check_timeout(caller, &record.team, timeout)?;
+            let end = now_ms() + timeout * 1000;
             if end > record.end_at_ms {
                 record.end_at_ms = end;
                 self.store.put(&record)?;

@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use super::Sandboxes;
-use crate::model::{Result, SandboxError, SandboxRecord, now_ms};
+use crate::model::{Caller, DEFAULT_TEAM, Result, SandboxError, SandboxRecord, now_ms};
 use crate::sandbox_log::{self, Entry, Level};
 use crate::telemetry::{self, CreateLabels, KillLabels, KillReason, Kind, KindLabels, Outcome, OutcomeLabels, Source};
 
@@ -59,7 +59,9 @@ impl Sandboxes {
         }
     }
 
-    pub(super) fn observe_kill(&self, id: &str, reason: KillReason, result: &Result<()>) {
+    /// `team`: the ended sandbox's owner, kept in its log so that only that
+    /// team reads the log once the record is gone.
+    pub(super) fn observe_kill(&self, id: &str, team: Option<&str>, reason: KillReason, result: &Result<()>) {
         let outcome = Outcome::of(result);
         telemetry::metrics().kills.get_or_create(&KillLabels { reason, outcome }).inc();
         let why = match reason {
@@ -70,7 +72,8 @@ impl Sandboxes {
         match result {
             Ok(()) => {
                 telemetry::metrics().forget(id);
-                self.note(id, Level::Info, &format!("sandbox {why}"), &[]);
+                let fields: Vec<(&str, String)> = team.map(|t| ("team", t.to_string())).into_iter().collect();
+                self.note(id, Level::Info, &format!("sandbox {why}"), &fields);
             }
             Err(SandboxError::NotFound(_)) => {}
             Err(e) => self.note(id, Level::Error, "ending the sandbox failed", &[("error", format!("{e:#}"))]),
@@ -148,10 +151,23 @@ impl Sandboxes {
     /// A page of sandbox `id`'s log; a sandbox that ended keeps its log for
     /// a while (`sandbox_log::RETENTION`). Not found if it has neither a
     /// record nor a log.
-    pub fn sandbox_logs(&self, id: &str, query: &sandbox_log::Query) -> Result<Vec<Entry>> {
+    /// Only `caller`'s team reads it: while the sandbox lives its record
+    /// says whose it is, after that the team its end was logged with.
+    pub fn sandbox_logs(&self, caller: &Caller, id: &str, query: &sandbox_log::Query) -> Result<Vec<Entry>> {
+        let live = self.store.get(id)?;
+        if live.as_ref().is_some_and(|r| !caller.sees(&r.team)) {
+            return Err(SandboxError::NotFound(id.to_string()));
+        }
         match self.sandbox_log.read(id)? {
-            Some(entries) => Ok(sandbox_log::page(entries, query)),
-            None => self.get(id).map(|_| Vec::new()),
+            Some(entries) => {
+                let ended_team = entries.iter().rev().find_map(|e| e.fields.get("team")).map(String::as_str);
+                if live.is_none() && !caller.sees(ended_team.unwrap_or(DEFAULT_TEAM)) {
+                    return Err(SandboxError::NotFound(id.to_string()));
+                }
+                Ok(sandbox_log::page(entries, query))
+            }
+            None if live.is_some() => Ok(Vec::new()),
+            None => Err(SandboxError::NotFound(id.to_string())),
         }
     }
 

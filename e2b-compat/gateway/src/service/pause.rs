@@ -4,7 +4,10 @@
 
 use super::Sandboxes;
 use super::create::Network;
-use crate::model::{Paused, Result, SandboxError, SandboxRecord, State, now_ms, snapshot_key, validate_timeout};
+use super::quota::Kind;
+use crate::model::{
+    Caller, Paused, Result, SandboxError, SandboxRecord, State, now_ms, snapshot_key, validate_timeout,
+};
 
 /// How `connect` found the sandbox: E2B answers 200 and 201 respectively.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -16,18 +19,19 @@ pub enum Connected {
 impl Sandboxes {
     /// Pauses a running sandbox. `memory`: keep its processes frozen in
     /// place; otherwise keep only its files and stop its processes.
-    pub async fn pause(&self, id: &str, memory: bool) -> Result<()> {
-        let result = self.pause_now(id, memory).await;
+    pub async fn pause(&self, caller: &Caller, id: &str, memory: bool) -> Result<()> {
+        let result = self.pause_now(caller, id, memory).await;
         self.observe_pause(id, memory, &result);
         result
     }
 
-    async fn pause_now(&self, id: &str, memory: bool) -> Result<()> {
+    async fn pause_now(&self, caller: &Caller, id: &str, memory: bool) -> Result<()> {
         let _transition = self.transitions.lock(id).await;
-        let mut record = self.get(id)?;
+        let mut record = self.get(caller, id)?;
         if record.state == State::Paused {
             return Err(SandboxError::Conflict(format!("sandbox {id} is already paused")));
         }
+        let _place = self.quota.reserve_for(caller, &record.team, Kind::Paused, 1, 0)?;
         let files_only = if memory {
             self.blocking({
                 let id = id.to_string();
@@ -51,19 +55,25 @@ impl Sandboxes {
     /// files even if its memory was kept).
     pub async fn connect(
         &self,
+        caller: &Caller,
         id: &str,
         timeout_s: Option<i64>,
         memory: Option<bool>,
     ) -> Result<(SandboxRecord, Connected)> {
         let _transition = self.transitions.lock(id).await;
-        let record = self.get(id)?;
+        let record = self.get(caller, id)?;
         let Some(paused) = record.paused.clone() else {
-            return Ok((self.extend(id, timeout_s)?, Connected::AlreadyRunning));
+            return Ok((self.extend(caller, id, timeout_s)?, Connected::AlreadyRunning));
         };
         let lifetime = match timeout_s {
-            Some(t) => validate_timeout(t)? * 1000,
+            Some(t) => {
+                let t = validate_timeout(t)?;
+                self.quota.check_timeout(caller, &record.team, t)?;
+                t * 1000
+            }
             None => paused.remaining_ms.max(1000),
         };
+        let _place = self.quota.reserve_for(caller, &record.team, Kind::Running, 1, 0)?;
         let resumed = self.resume_paused(record, &paused, memory, lifetime).await;
         self.observe_resume(id, &resumed);
         Ok((resumed?, Connected::Resumed))
@@ -93,11 +103,17 @@ impl Sandboxes {
     }
 
     /// E2B's pre-connect resume: only a paused sandbox may be resumed.
-    pub async fn resume(&self, id: &str, timeout_s: Option<i64>, memory: Option<bool>) -> Result<SandboxRecord> {
-        if self.get(id)?.paused.is_none() {
+    pub async fn resume(
+        &self,
+        caller: &Caller,
+        id: &str,
+        timeout_s: Option<i64>,
+        memory: Option<bool>,
+    ) -> Result<SandboxRecord> {
+        if self.get(caller, id)?.paused.is_none() {
             return Err(SandboxError::Conflict(format!("sandbox {id} is not paused")));
         }
-        Ok(self.connect(id, timeout_s, memory).await?.0)
+        Ok(self.connect(caller, id, timeout_s, memory).await?.0)
     }
 
     /// Resumes a paused sandbox for traffic addressed to it, if it asked for
@@ -112,7 +128,8 @@ impl Sandboxes {
                 record.id
             )));
         }
-        Ok(self.connect(&record.id, None, None).await?.0)
+        // Resumed on its team's behalf, within its team's limits.
+        Ok(self.connect(&Caller::team(&record.team), &record.id, None, None).await?.0)
     }
 
     /// Boots the sandbox again, under its id, from the files in substrate
@@ -155,7 +172,7 @@ impl Sandboxes {
     /// processes; returns the snapshot's key.
     async fn stash_files(&self, id: &str) -> Result<String> {
         let key = snapshot_key();
-        let attached = self.get(id).is_ok_and(|r| r.network.is_some());
+        let attached = self.store.get(id).ok().flatten().is_some_and(|r| r.network.is_some());
         let stashed = self
             .blocking({
                 let (id, key) = (id.to_string(), key.clone());

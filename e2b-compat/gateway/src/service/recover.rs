@@ -42,7 +42,7 @@ impl Sandboxes {
         for row in &rows {
             if !on_host.iter().any(|s| s.id == row.key) {
                 tracing::warn!("snapshot {} lost its files; forgetting it", row.id);
-                self.store.remove_snapshot(&row.id)?;
+                self.store.remove_snapshot(&row.team, &row.id)?;
             }
         }
         let mut named: Vec<String> = rows.into_iter().map(|r| r.key).collect();

@@ -2,16 +2,18 @@
 //! processes restart; id, token and lifetime stay.
 
 use super::Sandboxes;
-use crate::model::{Result, SandboxError, SandboxRecord, State, now_ms};
+use crate::model::{Caller, Result, SandboxError, SandboxRecord, State, now_ms};
 
 impl Sandboxes {
     /// Puts the files of one of the sandbox's snapshots back in place and
     /// restarts its processes; id, token and lifetime stay.
-    pub async fn rollback(&self, id: &str, snapshot: &str) -> Result<SandboxRecord> {
+    pub async fn rollback(&self, caller: &Caller, id: &str, snapshot: &str) -> Result<SandboxRecord> {
         let transition = self.transitions.lock(id).await;
-        let mut record = self.get(id)?;
-        let snapshot =
-            self.store.snapshot(snapshot)?.ok_or_else(|| SandboxError::SnapshotNotFound(snapshot.to_string()))?;
+        let mut record = self.get(caller, id)?;
+        let snapshot = self
+            .store
+            .snapshot(&record.team, snapshot)?
+            .ok_or_else(|| SandboxError::SnapshotNotFound(snapshot.to_string()))?;
         if snapshot.template != record.template {
             return Err(SandboxError::Invalid(format!(
                 "snapshot {} is of template {}, sandbox {id} of {}",
@@ -40,7 +42,7 @@ impl Sandboxes {
         };
         drop(transition);
         if let Err(e) = ready {
-            self.kill(id).await.ok();
+            self.kill(&Caller::operator(), id).await.ok();
             return Err(e.into());
         }
         Ok(record)

@@ -4,8 +4,11 @@
 use copse_substrate::Support;
 
 use super::Sandboxes;
+use super::quota::Kind;
 use crate::agent_link;
-use crate::model::{Result, SandboxError, SandboxRecord, SnapshotRecord, now_ms, snapshot_key, validate_snapshot_name};
+use crate::model::{
+    Caller, Result, SandboxError, SandboxRecord, SnapshotRecord, now_ms, snapshot_key, validate_snapshot_name,
+};
 
 impl Sandboxes {
     /// A snapshot of a running (or frozen) sandbox, with its memory if
@@ -13,17 +16,24 @@ impl Sandboxes {
     /// snapshot of that name).
     pub async fn create_snapshot(
         &self,
+        caller: &Caller,
         id: &str,
         name: Option<String>,
         memory: Option<bool>,
     ) -> Result<SnapshotRecord> {
-        let result = self.snapshot_now(id, name, memory).await;
+        let result = self.snapshot_now(caller, id, name, memory).await;
         self.observe_snapshot(id, memory.unwrap_or(false), &result);
         result
     }
 
-    async fn snapshot_now(&self, id: &str, name: Option<String>, memory: Option<bool>) -> Result<SnapshotRecord> {
-        let record = self.get(id)?;
+    async fn snapshot_now(
+        &self,
+        caller: &Caller,
+        id: &str,
+        name: Option<String>,
+        memory: Option<bool>,
+    ) -> Result<SnapshotRecord> {
+        let record = self.get(caller, id)?;
         // E2B's default is "full"; where memory cannot be kept, an
         // unspecified mode gets the filesystem (docs/lifecycle.md).
         let memory = self.memory_wanted(&record.template, memory, true, "snapshots with memory (mode 'full')")?;
@@ -34,13 +44,27 @@ impl Sandboxes {
         }
         if let Some(name) = &name {
             validate_snapshot_name(name)?;
+            self.refuse_template_names(name).await?;
         }
+        let team = record.team.clone();
+        let replaced = match &name {
+            Some(name) => self.store.snapshot(&team, name)?,
+            None => None,
+        };
+        // Replacing a snapshot of the same name holds no more.
+        let _place = match replaced {
+            Some(_) => None,
+            None => self.quota.reserve_for(caller, &team, Kind::Snapshots, 1, 0)?,
+        };
+        self.quota.check_disk(caller, &team)?;
         let key = snapshot_key();
         let info = self.take_snapshot(&record, &key, memory).await?;
         let public = name.clone().unwrap_or_else(|| key.clone());
-        let replaced = self.store.snapshot(&public)?;
+        // Read again: another request may have taken the name meanwhile.
+        let replaced = self.store.snapshot(&team, &public)?;
         let snapshot = SnapshotRecord {
             id: public.clone(),
+            team,
             names: vec![public],
             key,
             template: info.template,
@@ -113,12 +137,24 @@ impl Sandboxes {
         }
     }
 
-    /// Snapshots, optionally only those taken of one sandbox, oldest first.
-    pub fn snapshots(&self, sandbox: Option<&str>, name: Option<&str>) -> Result<Vec<SnapshotRecord>> {
+    /// A snapshot name may not shadow a template: a create naming it must
+    /// keep meaning the template, for every team.
+    async fn refuse_template_names(&self, name: &str) -> Result<()> {
+        let builtin = crate::templates::recipes().into_iter().any(|r| r.name == name);
+        if builtin || self.templates().await?.iter().any(|t| t.name == name) {
+            return Err(SandboxError::Invalid(format!("snapshot name {name:?} is a template's name; choose another")));
+        }
+        Ok(())
+    }
+
+    /// The snapshots `caller` may see, optionally only those taken of one
+    /// sandbox, oldest first.
+    pub fn snapshots(&self, caller: &Caller, sandbox: Option<&str>, name: Option<&str>) -> Result<Vec<SnapshotRecord>> {
         let mut all: Vec<SnapshotRecord> = self
             .store
             .snapshots()?
             .into_iter()
+            .filter(|s| caller.sees(&s.team))
             .filter(|s| sandbox.is_none_or(|id| s.source_sandbox == id))
             .filter(|s| name.is_none_or(|n| s.names.iter().any(|x| x == n)))
             .collect();
@@ -127,9 +163,23 @@ impl Sandboxes {
     }
 
     /// Deletes a snapshot. Sandboxes created from it keep their files.
-    pub async fn delete_snapshot(&self, id: &str) -> Result<()> {
-        let snapshot = self.store.snapshot(id)?.ok_or_else(|| SandboxError::SnapshotNotFound(id.to_string()))?;
-        self.store.remove_snapshot(id)?;
+    pub async fn delete_snapshot(&self, caller: &Caller, id: &str) -> Result<()> {
+        let snapshot = self.snapshot(caller, id)?;
+        self.store.remove_snapshot(&snapshot.team, id)?;
         self.blocking(move |s| s.delete_snapshot(&snapshot.key)).await
+    }
+
+    /// The caller's own snapshot `id`; an admin's, else the first of that
+    /// id in any team.
+    pub(super) fn snapshot(&self, caller: &Caller, id: &str) -> Result<SnapshotRecord> {
+        if let Some(own) = self.store.snapshot(&caller.team, id)? {
+            return Ok(own);
+        }
+        if caller.admin
+            && let Some(any) = self.store.snapshots()?.into_iter().find(|s| s.id == id)
+        {
+            return Ok(any);
+        }
+        Err(SandboxError::SnapshotNotFound(id.to_string()))
     }
 }

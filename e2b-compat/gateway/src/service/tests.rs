@@ -17,10 +17,13 @@ use copse_substrate::{
 
 use super::pools::POOL_POLICY;
 use super::{CreateRequest, MAX_FORKS, Sandboxes};
+use crate::keys::ApiKeys;
+use crate::model::{Caller, DEFAULTS_ROW, Quotas, SandboxError, Store, Team};
 use crate::network::NetworkRequest;
 use crate::pool::Booted;
-use crate::store::SqliteStore;
+use crate::store::{Indexed, SqliteStore};
 use crate::templates::CODE_INTERPRETER;
+use crate::tenancy::Directory;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Event {
@@ -180,6 +183,71 @@ fn fixture(pools: &[(String, usize)]) -> Fixture {
     Fixture { svc, substrate, _dir: dir }
 }
 
+fn op() -> Caller {
+    Caller::operator()
+}
+
+/// A fixture whose store counts each team's holdings, with `quotas` as
+/// every team's limits.
+fn tenant_fixture(quotas: Quotas) -> Fixture {
+    let dir = tempfile::tempdir().unwrap();
+    let substrate = Arc::new(RecordingSubstrate::default());
+    let db = dir.path().join("copse.db");
+    let (store, _) = Indexed::new(Box::new(SqliteStore::open(&db).unwrap())).unwrap();
+    let settings = SqliteStore::open(&db).unwrap();
+    settings.put_team(&Team { name: DEFAULTS_ROW.into(), quotas, created_at_ms: 0 }).unwrap();
+    let directory = Directory::open(Box::new(settings), ApiKeys::new(["operator-key-0123456789abcdef"]).unwrap());
+    let usage = store.usage();
+    let svc = Sandboxes::new(substrate.clone(), Box::new(store), dir.path().to_path_buf(), &[])
+        .with_tenancy(usage, directory.unwrap());
+    Fixture { svc, substrate, _dir: dir }
+}
+
+#[tokio::test]
+async fn another_teams_sandboxes_and_snapshots_are_missing_not_forbidden() {
+    let f = tenant_fixture(Quotas::default());
+    let (a, b) = (Caller::team("a"), Caller::team("b"));
+    let (mine, _) = f.svc.create(&a, create_request("base", NetworkRequest::default())).await.unwrap();
+    assert_eq!(mine.team, "a");
+    assert!(matches!(f.svc.get(&b, &mine.id), Err(SandboxError::NotFound(_))));
+    assert!(matches!(f.svc.kill(&b, &mine.id).await, Err(SandboxError::NotFound(_))));
+    assert!(matches!(f.svc.pause(&b, &mine.id, true).await, Err(SandboxError::NotFound(_))));
+    assert!(matches!(f.svc.fork(&b, &mine.id, 1, MAX_FORKS, 60, false).await, Err(SandboxError::NotFound(_))));
+    assert!(matches!(f.svc.set_timeout(&b, &mine.id, 60), Err(SandboxError::NotFound(_))));
+    assert!(f.svc.list(&b, &Default::default()).unwrap().is_empty());
+    assert_eq!(f.svc.list(&op(), &Default::default()).unwrap().len(), 1, "an admin sees every team");
+    let snap = f.svc.create_snapshot(&a, &mine.id, Some("mine".into()), Some(false)).await.unwrap();
+    assert_eq!(snap.team, "a");
+    assert!(f.svc.snapshots(&b, None, None).unwrap().is_empty());
+    assert!(matches!(f.svc.delete_snapshot(&b, "mine").await, Err(SandboxError::SnapshotNotFound(_))));
+    // Team b's create naming a's snapshot finds no such template.
+    let err = f.svc.create(&b, create_request("mine", NetworkRequest::default())).await.unwrap_err();
+    assert!(matches!(err, SandboxError::UnknownTemplate { .. }), "{err:?}");
+    // Nor may a snapshot take a template's name.
+    let err = f.svc.create_snapshot(&a, &mine.id, Some("base".into()), Some(false)).await.unwrap_err();
+    assert!(matches!(err, SandboxError::Invalid(_)), "{err:?}");
+    f.svc.kill(&a, &mine.id).await.unwrap();
+}
+
+#[tokio::test]
+async fn a_fork_that_does_not_fit_is_refused_whole() {
+    let f = tenant_fixture(Quotas { max_sandboxes: Some(3), max_sandbox_timeout_s: Some(600), ..Default::default() });
+    let a = Caller::team("a");
+    let (source, _) = f.svc.create(&a, create_request("base", NetworkRequest::default())).await.unwrap();
+    let before = f.substrate.events().len();
+    let err = f.svc.fork(&a, &source.id, 3, MAX_FORKS, 60, false).await.unwrap_err();
+    assert!(matches!(&err, SandboxError::QuotaExceeded(m) if m.contains("limit of 3 running")), "{err:?}");
+    assert_eq!(f.substrate.events().len(), before, "nothing was booted or snapshotted");
+    let children = f.svc.fork(&a, &source.id, 2, MAX_FORKS, 60, false).await.unwrap();
+    assert!(children.iter().all(|c| c.is_ok()));
+    let err = f.svc.create(&a, create_request("base", NetworkRequest::default())).await.unwrap_err();
+    assert!(matches!(err, SandboxError::QuotaExceeded(_)), "{err:?}");
+    // Another team is not held to a's count; lifetimes are capped for all.
+    f.svc.create(&Caller::team("b"), create_request("base", NetworkRequest::default())).await.unwrap();
+    let long = CreateRequest { timeout_s: Some(601), ..create_request("base", NetworkRequest::default()) };
+    assert!(matches!(f.svc.create(&Caller::team("b"), long).await, Err(SandboxError::QuotaExceeded(_))));
+}
+
 fn air_gapped() -> NetworkRequest {
     NetworkRequest { allow_internet_access: Some(false), ..Default::default() }
 }
@@ -192,7 +260,7 @@ fn create_request(template: &str, network: NetworkRequest) -> CreateRequest {
 async fn a_cold_create_attaches_the_callers_policy_in_its_one_network_step() {
     let f = fixture(&[]);
     let policy = air_gapped().policy().unwrap();
-    let (record, _) = f.svc.create(create_request("base", air_gapped())).await.unwrap();
+    let (record, _) = f.svc.create(&op(), create_request("base", air_gapped())).await.unwrap();
     assert_eq!(f.substrate.events(), [Event::Attached { id: record.id.clone(), policy: policy.clone() }]);
     assert_eq!(record.network.unwrap().policy, policy);
     assert!(!record.allow_internet_access);
@@ -201,7 +269,7 @@ async fn a_cold_create_attaches_the_callers_policy_in_its_one_network_step() {
 #[tokio::test]
 async fn a_create_asking_for_nothing_gets_open_egress_in_one_step() {
     let f = fixture(&[]);
-    let (record, _) = f.svc.create(create_request("base", NetworkRequest::default())).await.unwrap();
+    let (record, _) = f.svc.create(&op(), create_request("base", NetworkRequest::default())).await.unwrap();
     assert_eq!(f.substrate.events(), [Event::Attached { id: record.id, policy: Policy::open() }]);
 }
 
@@ -209,8 +277,8 @@ async fn a_create_asking_for_nothing_gets_open_egress_in_one_step() {
 async fn fork_children_boot_under_their_sources_policy() {
     let f = fixture(&[]);
     let policy = air_gapped().policy().unwrap();
-    let (source, _) = f.svc.create(create_request("base", air_gapped())).await.unwrap();
-    let children = f.svc.fork(&source.id, 2, MAX_FORKS, 60, false).await.unwrap();
+    let (source, _) = f.svc.create(&op(), create_request("base", air_gapped())).await.unwrap();
+    let children = f.svc.fork(&op(), &source.id, 2, MAX_FORKS, 60, false).await.unwrap();
     let ids: Vec<String> = children.into_iter().map(|c| c.unwrap().id).collect();
     let events = f.substrate.events();
     assert!(!events.iter().any(|e| matches!(e, Event::Updated { .. })), "{events:?}");
@@ -226,7 +294,7 @@ async fn a_pooled_sandbox_without_a_service_is_updated_on_hand_out() {
     let pooled_id = pooled.id.clone();
     f.svc.pools[0].put(pooled);
     let policy = air_gapped().policy().unwrap();
-    let (record, _) = f.svc.create(create_request("base", air_gapped())).await.unwrap();
+    let (record, _) = f.svc.create(&op(), create_request("base", air_gapped())).await.unwrap();
     assert_eq!(record.id, pooled_id);
     assert_eq!(
         f.substrate.events(),

@@ -2,7 +2,8 @@
 //! gateway knows which sandboxes to re-adopt and which resources to clean.
 //!
 //! Each sandbox is one row: its id, its expiry (indexed for the reaper) and
-//! the whole record as JSON, so new fields need no migration.
+//! the whole record as JSON, so new fields need no migration. Snapshots are
+//! keyed by team and id (names are per team), teams by name, keys by hash.
 
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -12,7 +13,7 @@ use anyhow::Context;
 use rusqlite::{Connection, OptionalExtension, params};
 use serde::de::DeserializeOwned;
 
-use crate::model::{SandboxRecord, SecretRecord, SecretStore, SnapshotRecord, Store};
+use crate::model::{DEFAULT_TEAM, KeyRecord, SandboxRecord, SecretRecord, SecretStore, SnapshotRecord, Store, Team};
 
 pub struct SqliteStore {
     conn: Mutex<Connection>,
@@ -51,12 +52,52 @@ impl SqliteStore {
                  reason TEXT NOT NULL,
                  at_ms INTEGER NOT NULL
              );
-             CREATE TABLE IF NOT EXISTS secrets (
+             CREATE TABLE IF NOT EXISTS team_secrets (
                  id TEXT PRIMARY KEY,
-                 name TEXT NOT NULL UNIQUE,
+                 team TEXT NOT NULL,
+                 name TEXT NOT NULL,
+                 record TEXT NOT NULL,
+                 UNIQUE (team, name)
+             );
+             CREATE TABLE IF NOT EXISTS team_snapshots (
+                 team TEXT NOT NULL,
+                 id TEXT NOT NULL,
+                 record TEXT NOT NULL,
+                 PRIMARY KEY (team, id)
+             );
+             CREATE TABLE IF NOT EXISTS teams (
+                 name TEXT PRIMARY KEY,
+                 record TEXT NOT NULL
+             );
+             CREATE TABLE IF NOT EXISTS keys (
+                 hash TEXT PRIMARY KEY,
+                 prefix TEXT NOT NULL,
                  record TEXT NOT NULL
              );",
         )?;
+        // Snapshots from before teams were the default team's; moved in one
+        // transaction, so a crash leaves them in one table or the other.
+        conn.execute_batch(&format!(
+            "BEGIN IMMEDIATE;
+             INSERT OR IGNORE INTO team_snapshots (team, id, record)
+                 SELECT '{DEFAULT_TEAM}', id, record FROM snapshots;
+             DELETE FROM snapshots;
+             COMMIT;"
+        ))?;
+        // Secrets from before teams were one name space, the default team's.
+        let old_secrets: i64 =
+            conn.query_row("SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'secrets'", [], |r| {
+                r.get(0)
+            })?;
+        if old_secrets > 0 {
+            conn.execute_batch(&format!(
+                "BEGIN IMMEDIATE;
+                 INSERT OR IGNORE INTO team_secrets (id, team, name, record)
+                     SELECT id, '{DEFAULT_TEAM}', name, record FROM secrets;
+                 DROP TABLE secrets;
+                 COMMIT;"
+            ))?;
+        }
         Ok(Self { conn: Mutex::new(conn) })
     }
 
@@ -123,23 +164,102 @@ impl Store for SqliteStore {
     fn put_snapshot(&self, record: &SnapshotRecord) -> anyhow::Result<()> {
         let json = serde_json::to_string(record)?;
         self.lock().execute(
-            "INSERT INTO snapshots (id, record) VALUES (?1, ?2)
-             ON CONFLICT(id) DO UPDATE SET record = excluded.record",
-            params![record.id, json],
+            "INSERT INTO team_snapshots (team, id, record) VALUES (?1, ?2, ?3)
+             ON CONFLICT(team, id) DO UPDATE SET record = excluded.record",
+            params![record.team, record.id, json],
         )?;
         Ok(())
     }
 
-    fn snapshot(&self, id: &str) -> anyhow::Result<Option<SnapshotRecord>> {
-        decode_one(&self.lock(), Table::Snapshots, "id", id)
+    fn snapshot(&self, team: &str, id: &str) -> anyhow::Result<Option<SnapshotRecord>> {
+        let json: Option<String> = self
+            .lock()
+            .query_row("SELECT record FROM team_snapshots WHERE team = ?1 AND id = ?2", params![team, id], |row| {
+                row.get(0)
+            })
+            .optional()?;
+        json.map(|j| serde_json::from_str(&j).context("corrupt snapshot record")).transpose()
     }
 
     fn snapshots(&self) -> anyhow::Result<Vec<SnapshotRecord>> {
-        decode_all(&self.lock(), Table::Snapshots)
+        self.records("SELECT record FROM team_snapshots ORDER BY team, id")
     }
 
-    fn remove_snapshot(&self, id: &str) -> anyhow::Result<bool> {
-        Ok(self.lock().execute("DELETE FROM snapshots WHERE id = ?1", params![id])? > 0)
+    fn remove_snapshot(&self, team: &str, id: &str) -> anyhow::Result<bool> {
+        Ok(self.lock().execute("DELETE FROM team_snapshots WHERE team = ?1 AND id = ?2", params![team, id])? > 0)
+    }
+
+    fn put_team(&self, team: &Team) -> anyhow::Result<()> {
+        let json = serde_json::to_string(team)?;
+        self.lock().execute(
+            "INSERT INTO teams (name, record) VALUES (?1, ?2)
+             ON CONFLICT(name) DO UPDATE SET record = excluded.record",
+            params![team.name, json],
+        )?;
+        Ok(())
+    }
+
+    fn teams(&self) -> anyhow::Result<Vec<Team>> {
+        self.records("SELECT record FROM teams ORDER BY name")
+    }
+
+    fn put_key(&self, key: &KeyRecord) -> anyhow::Result<()> {
+        let json = serde_json::to_string(key)?;
+        self.lock().execute(
+            "INSERT INTO keys (hash, prefix, record) VALUES (?1, ?2, ?3)
+             ON CONFLICT(hash) DO UPDATE SET prefix = excluded.prefix, record = excluded.record",
+            params![key.hash, key.prefix, json],
+        )?;
+        Ok(())
+    }
+
+    fn keys(&self) -> anyhow::Result<Vec<KeyRecord>> {
+        self.records("SELECT record FROM keys ORDER BY prefix")
+    }
+
+    fn revoke_key(&self, prefix: &str) -> anyhow::Result<Option<KeyRecord>> {
+        let mut conn = self.lock();
+        let tx = conn.transaction()?;
+        let matching: Vec<(String, String)> = {
+            let mut stmt = tx.prepare("SELECT hash, record FROM keys WHERE substr(prefix, 1, length(?1)) = ?1")?;
+            let rows = stmt.query_map(params![prefix], |row| Ok((row.get(0)?, row.get(1)?)))?;
+            rows.collect::<Result<_, _>>()?
+        };
+        let (hash, json) = match matching.as_slice() {
+            [] => return Ok(None),
+            [one] => one.clone(),
+            many => anyhow::bail!("{} keys start with {prefix:?}; give more of the prefix", many.len()),
+        };
+        tx.execute("DELETE FROM keys WHERE hash = ?1", params![hash])?;
+        tx.commit()?;
+        Ok(Some(serde_json::from_str(&json).context("corrupt key record")?))
+    }
+
+    fn keys_used(&self, used: &[(String, i64)]) -> anyhow::Result<()> {
+        let mut conn = self.lock();
+        let tx = conn.transaction()?;
+        for (hash, at_ms) in used {
+            // A key revoked meanwhile stays revoked: only existing rows change.
+            tx.execute(
+                "UPDATE keys SET record = json_set(record, '$.last_used_ms', ?2) WHERE hash = ?1",
+                params![hash, at_ms],
+            )?;
+        }
+        tx.commit()?;
+        Ok(())
+    }
+
+    fn changes_elsewhere(&self) -> anyhow::Result<i64> {
+        Ok(self.lock().pragma_query_value(None, "data_version", |row| row.get(0))?)
+    }
+}
+
+impl SqliteStore {
+    fn records<T: serde::de::DeserializeOwned>(&self, sql: &str) -> anyhow::Result<Vec<T>> {
+        let conn = self.lock();
+        let mut stmt = conn.prepare(sql)?;
+        let rows = stmt.query_map([], |row| row.get::<_, String>(0))?;
+        rows.map(|r| Ok(serde_json::from_str(&r?)?)).collect()
     }
 }
 
@@ -148,15 +268,16 @@ impl SecretStore for SqliteStore {
         let json = serde_json::to_string(record)?;
         // The UNIQUE name decides between two creates racing for one name.
         let inserted = self.lock().execute(
-            "INSERT INTO secrets (id, name, record) VALUES (?1, ?2, ?3) ON CONFLICT DO NOTHING",
-            params![record.id, record.name, json],
+            "INSERT INTO team_secrets (id, team, name, record) VALUES (?1, ?2, ?3, ?4) ON CONFLICT DO NOTHING",
+            params![record.id, record.team, record.name, json],
         )?;
         Ok(inserted > 0)
     }
 
     fn update_secret(&self, record: &SecretRecord) -> anyhow::Result<bool> {
         let json = serde_json::to_string(record)?;
-        let updated = self.lock().execute("UPDATE secrets SET record = ?2 WHERE id = ?1", params![record.id, json])?;
+        let updated =
+            self.lock().execute("UPDATE team_secrets SET record = ?2 WHERE id = ?1", params![record.id, json])?;
         Ok(updated > 0)
     }
 
@@ -164,8 +285,17 @@ impl SecretStore for SqliteStore {
         decode_one(&self.lock(), Table::Secrets, "id", id)
     }
 
-    fn secret_named(&self, name: &str) -> anyhow::Result<Option<SecretRecord>> {
-        decode_one(&self.lock(), Table::Secrets, "name", name)
+    fn secret_named(&self, team: &str, name: &str) -> anyhow::Result<Option<SecretRecord>> {
+        let conn = self.lock();
+        let id: Option<String> = conn
+            .query_row("SELECT id FROM team_secrets WHERE team = ?1 AND name = ?2", params![team, name], |row| {
+                row.get(0)
+            })
+            .optional()?;
+        match id {
+            Some(id) => decode_one(&conn, Table::Secrets, "id", &id),
+            None => Ok(None),
+        }
     }
 
     fn secrets(&self) -> anyhow::Result<Vec<SecretRecord>> {
@@ -173,7 +303,7 @@ impl SecretStore for SqliteStore {
     }
 
     fn remove_secret(&self, id: &str) -> anyhow::Result<bool> {
-        Ok(self.lock().execute("DELETE FROM secrets WHERE id = ?1", params![id])? > 0)
+        Ok(self.lock().execute("DELETE FROM team_secrets WHERE id = ?1", params![id])? > 0)
     }
 }
 
@@ -181,7 +311,6 @@ impl SecretStore for SqliteStore {
 #[derive(Clone, Copy)]
 enum Table {
     Sandboxes,
-    Snapshots,
     Secrets,
 }
 
@@ -189,8 +318,7 @@ impl Table {
     fn name(self) -> &'static str {
         match self {
             Table::Sandboxes => "sandboxes",
-            Table::Snapshots => "snapshots",
-            Table::Secrets => "secrets",
+            Table::Secrets => "team_secrets",
         }
     }
 }
@@ -280,11 +408,24 @@ mod tests {
     fn secret(id: &str, name: &str) -> SecretRecord {
         SecretRecord {
             id: id.into(),
+            team: DEFAULT_TEAM.into(),
             name: name.into(),
             metadata: Default::default(),
             created_at_ms: 0,
             updated_at_ms: 0,
             versions: Vec::new(),
+        }
+    }
+
+    fn key(hash: &str, prefix: &str, team: &str) -> KeyRecord {
+        KeyRecord {
+            hash: hash.into(),
+            prefix: prefix.into(),
+            team: team.into(),
+            label: String::new(),
+            admin: false,
+            created_at_ms: 1,
+            last_used_ms: None,
         }
     }
 
@@ -294,30 +435,35 @@ mod tests {
         let store = SqliteStore::open(&dir.path().join("copse.db")).unwrap();
         assert!(store.insert_secret(&secret("a", "key")).unwrap());
         assert!(!store.insert_secret(&secret("b", "key")).unwrap());
-        assert_eq!(store.secret_named("key").unwrap().unwrap().id, "a");
+        assert_eq!(store.secret_named(DEFAULT_TEAM, "key").unwrap().unwrap().id, "a");
+        assert!(store.secret_named("acme", "key").unwrap().is_none());
+        let mut theirs = secret("t", "key");
+        theirs.team = "acme".into();
+        assert!(store.insert_secret(&theirs).unwrap(), "names are per team");
         assert!(store.secret("b").unwrap().is_none());
         assert!(!store.update_secret(&secret("b", "other")).unwrap());
         assert!(store.remove_secret("a").unwrap());
         assert!(store.insert_secret(&secret("b", "key")).unwrap());
-        assert_eq!(store.secrets().unwrap().len(), 1);
+        assert_eq!(store.secrets().unwrap().len(), 2);
     }
 
     #[test]
     fn an_unreadable_row_is_quarantined_and_the_rest_still_listed() {
         let dir = tempfile::tempdir().unwrap();
         let store = SqliteStore::open(&dir.path().join("copse.db")).unwrap();
-        store.put_snapshot(&serde_json::from_value(snapshot_json()).unwrap()).unwrap();
-        let mut other = snapshot_json();
-        other["id"] = "s2".into();
-        store.put_snapshot(&serde_json::from_value(other).unwrap()).unwrap();
-        store.lock().execute("UPDATE snapshots SET record = '{\"id\": 1' WHERE id = 's2'", []).unwrap();
         store.insert_secret(&secret("a", "key")).unwrap();
-        store.lock().execute("UPDATE secrets SET record = 'garbage' WHERE id = 'a'", []).unwrap();
+        store.insert_secret(&secret("c", "other")).unwrap();
+        store.lock().execute("UPDATE team_secrets SET record = 'garbage' WHERE id = 'a'", []).unwrap();
+        store
+            .lock()
+            .execute("INSERT INTO sandboxes (id, end_at_ms, record) VALUES ('x', 0, '{\"id\": 1')", [])
+            .unwrap();
 
-        let listed = store.snapshots().unwrap();
-        assert_eq!(listed.iter().map(|s| s.id.as_str()).collect::<Vec<_>>(), ["s1"]);
-        assert!(store.snapshot("s2").unwrap().is_none());
-        assert!(store.secret_named("key").unwrap().is_none());
+        assert!(store.all().unwrap().is_empty());
+        assert!(store.get("x").unwrap().is_none());
+        let listed = store.secrets().unwrap();
+        assert_eq!(listed.iter().map(|s| s.id.as_str()).collect::<Vec<_>>(), ["c"]);
+        assert!(store.secret_named(DEFAULT_TEAM, "key").unwrap().is_none());
         let quarantined: Vec<(String, String, String)> = store
             .lock()
             .prepare("SELECT kind, id, record FROM quarantine ORDER BY kind")
@@ -327,11 +473,61 @@ mod tests {
             .collect::<Result<_, _>>()
             .unwrap();
         assert_eq!(quarantined.len(), 2);
-        assert_eq!((quarantined[0].0.as_str(), quarantined[0].1.as_str()), ("secrets", "a"));
-        assert_eq!(quarantined[0].2, "garbage");
-        assert_eq!((quarantined[1].0.as_str(), quarantined[1].1.as_str()), ("snapshots", "s2"));
+        assert_eq!((quarantined[0].0.as_str(), quarantined[0].1.as_str()), ("sandboxes", "x"));
+        assert_eq!((quarantined[1].0.as_str(), quarantined[1].1.as_str()), ("team_secrets", "a"));
+        assert_eq!(quarantined[1].2, "garbage");
         // The name is free again.
         assert!(store.insert_secret(&secret("b", "key")).unwrap());
+    }
+
+    #[test]
+    fn snapshot_names_are_per_team_and_old_rows_become_the_default_teams() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("copse.db");
+        {
+            // A database from before teams: the old table only.
+            let conn = Connection::open(&db).unwrap();
+            conn.execute_batch("CREATE TABLE snapshots (id TEXT PRIMARY KEY, record TEXT NOT NULL);").unwrap();
+            conn.execute("INSERT INTO snapshots VALUES ('s1', ?1)", params![snapshot_json().to_string()]).unwrap();
+        }
+        let store = SqliteStore::open(&db).unwrap();
+        let old = store.snapshot(DEFAULT_TEAM, "s1").unwrap().expect("migrated");
+        assert_eq!(old.team, DEFAULT_TEAM);
+        let mut theirs = old.clone();
+        theirs.team = "acme".into();
+        theirs.key = "other".into();
+        store.put_snapshot(&theirs).unwrap();
+        assert_eq!(store.snapshot("acme", "s1").unwrap().unwrap().key, "other");
+        assert_eq!(store.snapshot(DEFAULT_TEAM, "s1").unwrap().unwrap().key, "k");
+        assert!(store.snapshot("nobody", "s1").unwrap().is_none());
+        assert_eq!(store.snapshots().unwrap().len(), 2);
+        assert!(store.remove_snapshot("acme", "s1").unwrap());
+        assert!(store.snapshot(DEFAULT_TEAM, "s1").unwrap().is_some());
+        // Opening again migrates nothing twice.
+        drop(store);
+        assert_eq!(SqliteStore::open(&db).unwrap().snapshots().unwrap().len(), 1);
+    }
+
+    #[test]
+    fn keys_are_revoked_by_an_unambiguous_prefix_and_other_connections_are_noticed() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("copse.db");
+        let gateway = SqliteStore::open(&db).unwrap();
+        let before = gateway.changes_elsewhere().unwrap();
+        let cli = SqliteStore::open(&db).unwrap();
+        cli.put_key(&key("sha256:aa", "e2b_abc1", "acme")).unwrap();
+        cli.put_key(&key("sha256:bb", "e2b_abc2", "acme")).unwrap();
+        assert_ne!(gateway.changes_elsewhere().unwrap(), before, "the CLI's write is visible");
+        assert_eq!(gateway.keys().unwrap().len(), 2);
+        gateway.keys_used(&[("sha256:aa".into(), 42)]).unwrap();
+        assert_eq!(cli.keys().unwrap()[0].last_used_ms, Some(42));
+        assert!(cli.revoke_key("e2b_abc").is_err(), "ambiguous");
+        assert!(cli.revoke_key("e2b_zzz").unwrap().is_none());
+        assert_eq!(cli.revoke_key("e2b_abc2").unwrap().unwrap().hash, "sha256:bb");
+        assert_eq!(gateway.keys().unwrap().len(), 1);
+        let team = Team { name: "acme".into(), quotas: Default::default(), created_at_ms: 0 };
+        cli.put_team(&team).unwrap();
+        assert_eq!(gateway.teams().unwrap(), vec![team]);
     }
 
     fn snapshot_json() -> serde_json::Value {

@@ -1,5 +1,5 @@
-//! Every sandbox's access token in memory, kept in step with the store it
-//! wraps. A signed `/files` link names no sandbox (with `E2B_SANDBOX_URL`
+//! Every sandbox's access token (and, in `usage.rs`, what each team holds)
+//! in memory, kept in step with the store it wraps. A signed `/files` link names no sandbox (with `E2B_SANDBOX_URL`
 //! the SDK sends it to one URL for all), so its owner is whichever token
 //! produced its signature; looking here costs one hash per sandbox and
 //! neither reads nor locks the store, so a flood of bogus links does not
@@ -10,7 +10,8 @@ use std::sync::{Arc, RwLock};
 
 use copse_protocol::signature::{self, Signer};
 
-use crate::model::{SandboxRecord, SnapshotRecord, Store};
+use super::usage::Usage;
+use crate::model::{KeyRecord, SandboxRecord, SnapshotRecord, Store, Team};
 
 /// The sandbox id for each access token's owner.
 #[derive(Default)]
@@ -55,20 +56,32 @@ impl AccessTokens {
     }
 }
 
-/// A [`Store`] that keeps [`AccessTokens`] up to date with its sandboxes.
+/// A [`Store`] that keeps [`AccessTokens`] and [`Usage`] up to date with
+/// its records.
 pub struct Indexed {
     inner: Box<dyn Store>,
     tokens: Arc<AccessTokens>,
+    usage: Arc<Usage>,
 }
 
 impl Indexed {
     /// Wraps `inner`, indexing the sandboxes it already holds.
     pub fn new(inner: Box<dyn Store>) -> anyhow::Result<(Self, Arc<AccessTokens>)> {
         let tokens = Arc::new(AccessTokens::default());
+        let usage = Arc::new(Usage::default());
         for record in inner.all()? {
             tokens.set(&record.id, &record.access_token);
+            usage.sandbox(&record);
         }
-        Ok((Self { inner, tokens: tokens.clone() }, tokens))
+        for snapshot in inner.snapshots()? {
+            usage.snapshot(&snapshot);
+        }
+        Ok((Self { inner, tokens: tokens.clone(), usage }, tokens))
+    }
+
+    /// What each team holds, as this store's records say.
+    pub fn usage(&self) -> Arc<Usage> {
+        self.usage.clone()
     }
 }
 
@@ -76,6 +89,7 @@ impl Store for Indexed {
     fn put(&self, record: &SandboxRecord) -> anyhow::Result<()> {
         self.inner.put(record)?;
         self.tokens.set(&record.id, &record.access_token);
+        self.usage.sandbox(record);
         Ok(())
     }
 
@@ -94,23 +108,56 @@ impl Store for Indexed {
     fn remove(&self, id: &str) -> anyhow::Result<bool> {
         let removed = self.inner.remove(id)?;
         self.tokens.forget(id);
+        self.usage.sandbox_gone(id);
         Ok(removed)
     }
 
     fn put_snapshot(&self, record: &SnapshotRecord) -> anyhow::Result<()> {
-        self.inner.put_snapshot(record)
+        self.inner.put_snapshot(record)?;
+        self.usage.snapshot(record);
+        Ok(())
     }
 
-    fn snapshot(&self, id: &str) -> anyhow::Result<Option<SnapshotRecord>> {
-        self.inner.snapshot(id)
+    fn snapshot(&self, team: &str, id: &str) -> anyhow::Result<Option<SnapshotRecord>> {
+        self.inner.snapshot(team, id)
     }
 
     fn snapshots(&self) -> anyhow::Result<Vec<SnapshotRecord>> {
         self.inner.snapshots()
     }
 
-    fn remove_snapshot(&self, id: &str) -> anyhow::Result<bool> {
-        self.inner.remove_snapshot(id)
+    fn remove_snapshot(&self, team: &str, id: &str) -> anyhow::Result<bool> {
+        let removed = self.inner.remove_snapshot(team, id)?;
+        self.usage.snapshot_gone(team, id);
+        Ok(removed)
+    }
+
+    fn put_team(&self, team: &Team) -> anyhow::Result<()> {
+        self.inner.put_team(team)
+    }
+
+    fn teams(&self) -> anyhow::Result<Vec<Team>> {
+        self.inner.teams()
+    }
+
+    fn put_key(&self, key: &KeyRecord) -> anyhow::Result<()> {
+        self.inner.put_key(key)
+    }
+
+    fn keys(&self) -> anyhow::Result<Vec<KeyRecord>> {
+        self.inner.keys()
+    }
+
+    fn revoke_key(&self, prefix: &str) -> anyhow::Result<Option<KeyRecord>> {
+        self.inner.revoke_key(prefix)
+    }
+
+    fn keys_used(&self, used: &[(String, i64)]) -> anyhow::Result<()> {
+        self.inner.keys_used(used)
+    }
+
+    fn changes_elsewhere(&self) -> anyhow::Result<i64> {
+        self.inner.changes_elsewhere()
     }
 }
 
@@ -128,6 +175,34 @@ mod tests {
         });
         json["limits"] = serde_json::to_value(copse_substrate::Limits::default()).unwrap();
         serde_json::from_value(json).unwrap()
+    }
+
+    #[test]
+    fn each_teams_holdings_follow_its_records() {
+        let dir = tempfile::tempdir().unwrap();
+        let sqlite = SqliteStore::open(&dir.path().join("copse.db")).unwrap();
+        sqlite.put(&record("old", "t")).unwrap();
+        let (store, _) = Indexed::new(Box::new(sqlite)).unwrap();
+        let usage = store.usage();
+        let disk = copse_substrate::Limits::default().disk_mb << 20;
+        assert_eq!(usage.of("default").running, 1, "records already stored are counted");
+        let mut theirs = record("a1", "t");
+        theirs.team = "acme".into();
+        store.put(&theirs).unwrap();
+        theirs.state = crate::model::State::Paused;
+        store.put(&theirs).unwrap();
+        let snapshot: SnapshotRecord = serde_json::from_value(serde_json::json!({
+            "id": "s", "team": "acme", "names": [], "key": "k", "template": "base",
+            "source_sandbox": "a1", "created_at_ms": 0, "size_bytes": 10
+        }))
+        .unwrap();
+        store.put_snapshot(&snapshot).unwrap();
+        let acme = usage.of("acme");
+        assert_eq!((acme.running, acme.paused, acme.snapshots, acme.disk_bytes), (0, 1, 1, disk + 10));
+        store.remove("a1").unwrap();
+        store.remove_snapshot("acme", "s").unwrap();
+        assert_eq!(usage.of("acme"), Default::default());
+        assert_eq!(usage.of("default").running, 1);
     }
 
     fn link<'a>(signature: &'a str, expiration: Option<u64>) -> SignedLink<'a> {

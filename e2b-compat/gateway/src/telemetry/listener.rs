@@ -14,6 +14,7 @@ use axum::routing::get;
 
 use super::{StateLabels, TemplateLabels, metrics};
 use crate::api::error::ApiError;
+use crate::model::Caller;
 use crate::service::{ListFilter, Sandboxes};
 
 /// Binds `addr` and serves `/metrics` until the task is aborted.
@@ -49,7 +50,7 @@ fn refresh(svc: &Sandboxes) -> anyhow::Result<()> {
         m.pool_ready.get_or_create(&labels).set(ready as i64);
         m.pool_target.get_or_create(&labels).set(target as i64);
     }
-    let records = svc.list(&ListFilter::default())?;
+    let records = svc.list(&Caller::operator(), &ListFilter::default())?;
     let mut counts = std::collections::HashMap::<StateLabels, i64>::new();
     for record in &records {
         let state = match record.state {

@@ -1,0 +1,127 @@
+//! A team: who owns sandboxes and snapshots, and the limits it works
+//! under. Every key belongs to one team; the keys of `COPSE_API_KEY` and
+//! the keys file belong to [`DEFAULT_TEAM`].
+
+use serde::{Deserialize, Serialize};
+
+use super::error::{Result, SandboxError};
+
+/// The team of the operator's own keys, and of every record written before
+/// teams existed.
+pub const DEFAULT_TEAM: &str = "default";
+/// The row holding the quotas of teams that set none of their own; not a
+/// valid team name, so no team can take it.
+pub const DEFAULTS_ROW: &str = "*";
+
+pub fn default_team() -> String {
+    DEFAULT_TEAM.to_string()
+}
+
+/// Team names go into log lines and CLI tables: short and plain.
+pub fn validate_team_name(name: &str) -> Result<()> {
+    let ok =
+        !name.is_empty() && name.len() <= 64 && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
+    if ok {
+        Ok(())
+    } else {
+        Err(SandboxError::Invalid(format!("invalid team name {name:?}: use letters, digits, - and _ (at most 64)")))
+    }
+}
+
+/// Limits of one team; `None` leaves the limit to the defaults row (and
+/// there, unlimited).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Quotas {
+    /// Running sandboxes at once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_sandboxes: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_paused: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_snapshots: Option<u64>,
+    /// Disk quotas of its sandboxes plus the size of its snapshots, in GiB.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_disk_gb: Option<u64>,
+    /// Longest lifetime one create, connect or timeout change may ask for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_sandbox_timeout_s: Option<u64>,
+    /// Requests per second each of its keys may make (a burst of as many).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requests_per_second: Option<u64>,
+}
+
+impl Quotas {
+    /// Each limit this one leaves unset taken from `defaults`.
+    pub fn or(self, defaults: Quotas) -> Quotas {
+        Quotas {
+            max_sandboxes: self.max_sandboxes.or(defaults.max_sandboxes),
+            max_paused: self.max_paused.or(defaults.max_paused),
+            max_snapshots: self.max_snapshots.or(defaults.max_snapshots),
+            max_disk_gb: self.max_disk_gb.or(defaults.max_disk_gb),
+            max_sandbox_timeout_s: self.max_sandbox_timeout_s.or(defaults.max_sandbox_timeout_s),
+            requests_per_second: self.requests_per_second.or(defaults.requests_per_second),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Team {
+    pub name: String,
+    #[serde(default)]
+    pub quotas: Quotas,
+    pub created_at_ms: i64,
+}
+
+/// Who is asking: the team a request's key belongs to, or an operator's
+/// admin key, which sees and acts on every team's records.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Caller {
+    pub team: String,
+    pub admin: bool,
+}
+
+impl Caller {
+    pub fn team(team: &str) -> Self {
+        Self { team: team.to_string(), admin: false }
+    }
+
+    /// The gateway itself (reaper, pools, shutdown): every record.
+    pub fn operator() -> Self {
+        Self { team: DEFAULT_TEAM.to_string(), admin: true }
+    }
+
+    /// Whether a record of `team` is visible to this caller. Records of
+    /// other teams are answered as missing, never as forbidden: a caller
+    /// learns nothing of what other teams hold.
+    pub fn sees(&self, team: &str) -> bool {
+        self.admin || self.team == team
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn team_names_are_plain() {
+        assert!(validate_team_name("acme-2_x").is_ok());
+        for bad in ["", "a b", "../x", "*", "a/b", &"x".repeat(65)] {
+            assert!(validate_team_name(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn a_teams_own_limits_win_over_the_defaults() {
+        let own = Quotas { max_sandboxes: Some(2), ..Default::default() };
+        let defaults = Quotas { max_sandboxes: Some(9), max_paused: Some(1), ..Default::default() };
+        let merged = own.or(defaults);
+        assert_eq!((merged.max_sandboxes, merged.max_paused, merged.max_snapshots), (Some(2), Some(1), None));
+    }
+
+    #[test]
+    fn only_admins_see_across_teams() {
+        assert!(Caller::team("a").sees("a"));
+        assert!(!Caller::team("a").sees("b"));
+        assert!(Caller { team: "a".into(), admin: true }.sees("b"));
+    }
+}

@@ -1,0 +1,76 @@
+//! What each team holds, in memory, kept in step with the store by
+//! [`super::Indexed`]: quota checks on the create path count here, never by
+//! reading the store.
+
+use std::collections::HashMap;
+use std::sync::RwLock;
+
+use crate::model::{SandboxRecord, SnapshotRecord, State};
+
+/// One team's holdings.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct TeamUsage {
+    pub running: u64,
+    pub paused: u64,
+    pub snapshots: u64,
+    /// Disk quotas of its sandboxes plus the size of its snapshots.
+    pub disk_bytes: u64,
+}
+
+struct Held {
+    team: String,
+    state: State,
+    disk_bytes: u64,
+}
+
+#[derive(Default)]
+pub struct Usage {
+    sandboxes: RwLock<HashMap<String, Held>>,
+    /// (team, id) → size.
+    snapshots: RwLock<HashMap<(String, String), u64>>,
+}
+
+impl Usage {
+    pub fn of(&self, team: &str) -> TeamUsage {
+        let mut usage = TeamUsage::default();
+        for held in read(&self.sandboxes).values().filter(|h| h.team == team) {
+            match held.state {
+                State::Running => usage.running += 1,
+                State::Paused => usage.paused += 1,
+            }
+            usage.disk_bytes += held.disk_bytes;
+        }
+        for ((owner, _), size) in read(&self.snapshots).iter() {
+            if owner == team {
+                usage.snapshots += 1;
+                usage.disk_bytes += size;
+            }
+        }
+        usage
+    }
+
+    pub(super) fn sandbox(&self, record: &SandboxRecord) {
+        let held = Held { team: record.team.clone(), state: record.state, disk_bytes: record.limits.disk_mb << 20 };
+        write(&self.sandboxes).insert(record.id.clone(), held);
+    }
+
+    pub(super) fn sandbox_gone(&self, id: &str) {
+        write(&self.sandboxes).remove(id);
+    }
+
+    pub(super) fn snapshot(&self, record: &SnapshotRecord) {
+        write(&self.snapshots).insert((record.team.clone(), record.id.clone()), record.size_bytes);
+    }
+
+    pub(super) fn snapshot_gone(&self, team: &str, id: &str) {
+        write(&self.snapshots).remove(&(team.to_string(), id.to_string()));
+    }
+}
+
+fn read<T>(lock: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
+    lock.read().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+fn write<T>(lock: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
+    lock.write().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
