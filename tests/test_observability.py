@@ -76,6 +76,16 @@ def api(gw, path: str, key: str | None = API_KEY) -> tuple[int, object]:
         return e.code, json.loads(e.read() or b"null")
 
 
+def api_post(gw, path: str, body: dict) -> tuple[int, object]:
+    request = urllib.request.Request(f"{gw.url}{path}", data=json.dumps(body).encode(), method="POST",
+                                     headers={"X-API-KEY": API_KEY, "Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return response.status, json.loads(response.read() or b"null")
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"null")
+
+
 def client(gw) -> ApiClient:
     return ApiClient(ConnectionConfig(**gw.env))
 
@@ -119,6 +129,46 @@ def test_metrics_move_by_exactly_what_was_done(observed):
     finally:
         a.kill()
     assert value(scrape(observed), "copse_sandboxes", template="base", state="running") == 0
+
+
+def test_checkpoints_and_restores_are_timed(observed):
+    """A snapshot with memory is a CRIU dump; a sandbox made from it, a
+    restore: each is counted in its histogram, with the snapshot and the
+    create that used it."""
+    before = scrape(observed)
+    sbx = Sandbox.create(template="base", timeout=120, **observed.env)
+    try:
+        snap = sbx.create_snapshot()
+        child = Sandbox.create(template=snap.snapshot_id, timeout=60, **observed.env)
+        child.kill()
+        Sandbox.delete_snapshot(snap.snapshot_id, **observed.env)
+    finally:
+        sbx.kill()
+    after = scrape(observed)
+
+    def moved(name, **labels):
+        return value(after, name, **labels) - value(before, name, **labels)
+
+    assert moved("copse_snapshots_total", kind="memory", outcome="ok") == 1
+    assert moved("copse_checkpoint_dump_seconds_count", outcome="ok") == 1
+    assert moved("copse_checkpoint_restore_seconds_count", outcome="ok") == 1
+    assert moved("copse_sandbox_creates_total", template="base", source="snapshot", outcome="ok") == 1
+    assert moved("copse_sandbox_kills_total", reason="request", outcome="ok") == 2
+
+
+def test_a_callers_template_name_never_becomes_a_label(observed):
+    """Each label value is a series kept for the gateway's life: creates of
+    made-up templates are counted under `unknown`, or a caller could grow
+    `/metrics` (and the gateway's memory) without bound."""
+    before = scrape(observed)
+    for i in range(3):
+        status, body = api_post(observed, "/v2/sandboxes", {"templateID": f"made-up-{i}-{time.time_ns()}"})
+        assert status == 400 and body["code"] == 400, body
+    after = scrape(observed)
+    unknown = dict(template="unknown", source="boot", outcome="error")
+    assert value(after, "copse_sandbox_creates_total", **unknown) - value(
+        before, "copse_sandbox_creates_total", **unknown) == 3
+    assert not [key for key in after if "made-up" in repr(key)]
 
 
 def test_metrics_are_never_served_on_the_public_listener(observed):

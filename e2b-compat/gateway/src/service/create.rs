@@ -41,6 +41,15 @@ pub struct CreateRequest {
     pub private_traffic: bool,
 }
 
+/// Where a created sandbox came from, for its metrics and log. `template`
+/// is set only once the template is known to exist: a label must never
+/// take a caller's arbitrary string (each would be a new series, held for
+/// ever).
+pub(super) struct Origin {
+    pub(super) source: Source,
+    pub(super) template: Option<String>,
+}
+
 /// Where a create spent its time, for the `Server-Timing` header.
 #[derive(Debug, Clone, Copy)]
 pub struct Timings {
@@ -71,19 +80,18 @@ impl Sandboxes {
     /// A new sandbox owned by `caller`'s team.
     pub async fn create(&self, caller: &Caller, request: CreateRequest) -> Result<(SandboxRecord, Timings)> {
         let started = Instant::now();
-        let template = request.template.clone();
-        let mut source = Source::Boot;
-        let result = self.create_for(caller, request, &mut source).await;
-        self.observe_create(&template, source, &result, started.elapsed());
+        let mut origin = Origin { source: Source::Boot, template: None };
+        let result = self.create_for(caller, request, &mut origin).await;
+        self.observe_create(&origin, &result, started.elapsed());
         result
     }
 
-    /// `source`: where the sandbox came from, once known.
+    /// `origin`: where the sandbox came from, filled in as it is known.
     async fn create_for(
         &self,
         caller: &Caller,
         request: CreateRequest,
-        source: &mut Source,
+        origin: &mut Origin,
     ) -> Result<(SandboxRecord, Timings)> {
         let timeout = validate_timeout(request.timeout_s.unwrap_or(DEFAULT_TIMEOUT_S))?;
         self.quota.check_timeout(caller, &caller.team, timeout)?;
@@ -96,16 +104,20 @@ impl Sandboxes {
         let booted = if let Some(snapshot) = self.store.snapshot(&caller.team, &request.template)? {
             template = snapshot.template.clone();
             agent_token = snapshot.agent_token.clone();
-            *source = Source::Snapshot;
+            *origin = Origin { source: Source::Snapshot, template: Some(snapshot.template.clone()) };
             let network = Network::New(policy.clone());
             self.boot_from(new_id(), &snapshot.template, Some(snapshot.key), network, snapshot.memory).await?
         } else {
             match self.take_pooled(&request.template, &policy).await {
                 Some(booted) => {
-                    *source = Source::Pool;
+                    *origin = Origin { source: Source::Pool, template: Some(request.template.clone()) };
                     booted
                 }
-                None => self.boot(&request.template, &policy).await?,
+                None => {
+                    self.check_template(&request.template).await?;
+                    origin.template = Some(request.template.clone());
+                    self.boot_from(new_id(), &request.template, None, Network::New(policy.clone()), false).await?
+                }
             }
         };
         let boot = started.elapsed();

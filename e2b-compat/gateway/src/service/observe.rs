@@ -26,13 +26,13 @@ impl Sandboxes {
 
     pub(super) fn observe_create(
         &self,
-        template: &str,
-        source: Source,
+        origin: &super::create::Origin,
         result: &Result<(SandboxRecord, super::Timings)>,
         took: Duration,
     ) {
         let m = telemetry::metrics();
-        let outcome = Outcome::of(result);
+        let (source, outcome) = (origin.source, Outcome::of(result));
+        let template = origin.template.as_deref().unwrap_or("unknown");
         m.creates.get_or_create(&CreateLabels { template: template.to_string(), source, outcome }).inc();
         match result {
             Ok((record, timings)) => {
