@@ -807,3 +807,48 @@ def test_a_secret_value_is_stored_sealed_and_reaches_no_log(gateway):
     keyring = data_dir / "secrets.keyring"
     assert stat.S_IMODE(keyring.stat().st_mode) == 0o600
     Secret.destroy(name)
+# -- teams ---------------------------------------------------------------------
+
+
+def test_another_sandboxs_token_or_signed_link_opens_nothing_and_confirms_nothing(gateway):
+    """Team b holds its own sandbox's access token and signed links, and
+    knows (somehow) the id of team a's sandbox. Presented against a's
+    sandbox, they read and write nothing, and the answer is the one a
+    sandbox that does not exist gets: no confirmation that it does."""
+    from test_tenancy import new_key, new_team
+
+    a, b = new_key(new_team("ha")), new_key(new_team("hb"))
+    theirs = Sandbox.create(timeout=120, api_key=a)
+    mine = Sandbox.create(timeout=120, api_key=b)
+    try:
+        theirs.files.write("/home/user/secret.txt", "team a's secret")
+        mine.files.write("/home/user/secret.txt", "team b's own")
+
+        def data_plane(sandbox_id, method="GET", url=None, token=None, **kwargs):
+            headers = {"E2b-Sandbox-Id": sandbox_id, "E2b-Sandbox-Port": "49983"}
+            if token:
+                headers["X-Access-Token"] = token
+            url = url or f"{gateway.url}/files?path=/home/user/secret.txt&username=user"
+            return httpx.request(method, url, headers=headers, timeout=30, **kwargs)
+
+        missing = data_plane("a" * 20, token=mine._envd_access_token)
+        assert missing.status_code == 502 and "was not found" in missing.json()["message"]
+        read = data_plane(theirs.sandbox_id, token=mine._envd_access_token)
+        assert (read.status_code, read.json()["code"]) == (502, 502), read.text
+        assert read.json()["message"] == missing.json()["message"].replace("a" * 20, theirs.sandbox_id)
+        assert "secret" not in read.text
+        upload = f"{gateway.url}/files?path=/home/user/planted.txt&username=user"
+        wrote = data_plane(theirs.sandbox_id, "POST", upload, mine._envd_access_token, files={"file": b"x"})
+        assert wrote.status_code == 502, wrote.text
+        assert not theirs.files.exists("/home/user/planted.txt")
+
+        # A link team b's sandbox signed, pointed at team a's sandbox.
+        link = mine.download_url("/home/user/secret.txt")
+        assert httpx.get(link, timeout=30).text == "team b's own"
+        aimed = data_plane(theirs.sandbox_id, url=link)
+        assert aimed.status_code == 502 and "secret" not in aimed.text, aimed.text
+        # The owner's own token still works.
+        assert data_plane(theirs.sandbox_id, token=theirs._envd_access_token).text == "team a's secret"
+    finally:
+        theirs.kill()
+        mine.kill()

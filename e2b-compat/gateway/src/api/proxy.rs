@@ -11,8 +11,9 @@
 //! The data plane carries no API key: a sandbox's access token is what
 //! admits a caller. A request that names a sandbox but carries another
 //! sandbox's token (say, another team's), or a signed link another
-//! sandbox's token signed, is answered as if the sandbox did not exist,
-//! so a token never confirms what else lives on the gateway.
+//! sandbox's token signed, is answered as if the sandbox did not exist:
+//! holding one sandbox's token never confirms what else lives on the
+//! gateway.
 
 use std::sync::Arc;
 
@@ -45,8 +46,12 @@ pub async fn switch(State(svc): State<Arc<Sandboxes>>, request: Request, next: N
         Target::ControlPlane => return next.run(request).await,
     };
     tracing::Span::current().record("sandbox_id", record.id.as_str());
-    if !own_credentials(&record, &request) {
-        return not_found(&record.id);
+    match credentials(&record, &request) {
+        Credentials::Foreign => return not_found(&record.id),
+        Credentials::Wrong => {
+            return ApiError::new(StatusCode::UNAUTHORIZED, "invalid access token for this sandbox").into_response();
+        }
+        Credentials::OwnOrNone => {}
     }
     if !traffic_allowed(record.traffic_access_token.as_deref(), port, request.headers()) {
         return ApiError::new(
@@ -115,16 +120,37 @@ fn traffic_allowed(expected: Option<&str>, host_port: Option<u16>, headers: &Hea
     copse_protocol::signature::equal(given, expected)
 }
 
-/// Whether the credentials the request carries, if any, are the named
-/// sandbox's own: its access token, or a link signed with it.
-fn own_credentials(record: &SandboxRecord, request: &Request) -> bool {
+enum Credentials {
+    /// The sandbox's own token or link, or none (the agent judges).
+    OwnOrNone,
+    /// Another live sandbox's token or link.
+    Foreign,
+    /// A token that is no sandbox's.
+    Wrong,
+}
+
+/// Whose credentials the request carries: the named sandbox's own (its
+/// access token, or a link signed with it), another sandbox's, or nobody's.
+fn credentials(record: &SandboxRecord, request: &Request) -> Credentials {
+    let tokens = request.extensions().get::<Arc<AccessTokens>>();
     if let Some(token) = request.headers().get(ACCESS_TOKEN_HEADER) {
-        return copse_protocol::signature::equal(token.to_str().unwrap_or(""), &record.access_token);
+        let token = token.to_str().unwrap_or("");
+        if copse_protocol::signature::equal(token, &record.access_token) {
+            return Credentials::OwnOrNone;
+        }
+        return match tokens.and_then(|t| t.holder_of(token)) {
+            Some(_) => Credentials::Foreign,
+            None => Credentials::Wrong,
+        };
     }
     let claims = if request.uri().path() == "/files" { LinkClaims::of(request) } else { None };
-    match (claims, request.extensions().get::<Arc<AccessTokens>>()) {
-        (Some(claims), Some(tokens)) => tokens.signer_of(&claims.link()).is_some_and(|signer| signer == record.id),
-        _ => true,
+    match (claims, tokens) {
+        (Some(claims), Some(tokens)) => match tokens.signer_of(&claims.link()) {
+            Some(signer) if signer != record.id => Credentials::Foreign,
+            // A signature no sandbox made: the agent refuses it.
+            _ => Credentials::OwnOrNone,
+        },
+        _ => Credentials::OwnOrNone,
     }
 }
 

@@ -38,9 +38,10 @@ pub trait Store: Send + Sync {
     fn revoke_key(&self, prefix: &str) -> anyhow::Result<Option<KeyRecord>>;
     /// Records when each key (by hash) was last used.
     fn keys_used(&self, used: &[(String, i64)]) -> anyhow::Result<()>;
-    /// A number that changes whenever another process changed the
-    /// database (the CLI adding a key while the gateway runs).
-    fn changes_elsewhere(&self) -> anyhow::Result<i64>;
+    /// A number that changes whenever a key or team is added, changed or
+    /// removed, by this process or another (the CLI, while the gateway
+    /// runs); reading it is one small query.
+    fn tenancy_generation(&self) -> anyhow::Result<i64>;
 }
 
 /// Secrets: a trait of their own, so the sandbox service never sees them

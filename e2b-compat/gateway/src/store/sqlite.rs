@@ -73,6 +73,10 @@ impl SqliteStore {
                  hash TEXT PRIMARY KEY,
                  prefix TEXT NOT NULL,
                  record TEXT NOT NULL
+             );
+             CREATE TABLE IF NOT EXISTS generations (
+                 name TEXT PRIMARY KEY,
+                 value INTEGER NOT NULL
              );",
         )?;
         // Snapshots from before teams were the default team's; moved in one
@@ -108,9 +112,15 @@ impl SqliteStore {
 }
 
 /// Makes `path` readable by its owner only, creating it (already private,
-/// so it is never readable by others) if `create`.
+/// so it is never readable by others) if `create` and it is missing.
+///
+/// An existing database is never opened here: closing any descriptor of a
+/// file drops every POSIX lock this process holds on it, so a second
+/// connection's open (the gateway keeps two) would strip the first of its
+/// locks, and another process (the CLI) could then checkpoint and reset
+/// the WAL under it, corrupting the database.
 fn private_file(path: &Path, create: bool) -> anyhow::Result<()> {
-    if create {
+    if create && std::fs::symlink_metadata(path).is_err() {
         std::fs::OpenOptions::new()
             .write(true)
             .create(true)
@@ -191,11 +201,15 @@ impl Store for SqliteStore {
 
     fn put_team(&self, team: &Team) -> anyhow::Result<()> {
         let json = serde_json::to_string(team)?;
-        self.lock().execute(
+        let mut conn = self.lock();
+        let tx = conn.transaction()?;
+        tx.execute(
             "INSERT INTO teams (name, record) VALUES (?1, ?2)
              ON CONFLICT(name) DO UPDATE SET record = excluded.record",
             params![team.name, json],
         )?;
+        bump_tenancy(&tx)?;
+        tx.commit()?;
         Ok(())
     }
 
@@ -205,11 +219,15 @@ impl Store for SqliteStore {
 
     fn put_key(&self, key: &KeyRecord) -> anyhow::Result<()> {
         let json = serde_json::to_string(key)?;
-        self.lock().execute(
+        let mut conn = self.lock();
+        let tx = conn.transaction()?;
+        tx.execute(
             "INSERT INTO keys (hash, prefix, record) VALUES (?1, ?2, ?3)
              ON CONFLICT(hash) DO UPDATE SET prefix = excluded.prefix, record = excluded.record",
             params![key.hash, key.prefix, json],
         )?;
+        bump_tenancy(&tx)?;
+        tx.commit()?;
         Ok(())
     }
 
@@ -231,6 +249,7 @@ impl Store for SqliteStore {
             many => anyhow::bail!("{} keys start with {prefix:?}; give more of the prefix", many.len()),
         };
         tx.execute("DELETE FROM keys WHERE hash = ?1", params![hash])?;
+        bump_tenancy(&tx)?;
         tx.commit()?;
         Ok(Some(serde_json::from_str(&json).context("corrupt key record")?))
     }
@@ -249,9 +268,23 @@ impl Store for SqliteStore {
         Ok(())
     }
 
-    fn changes_elsewhere(&self) -> anyhow::Result<i64> {
-        Ok(self.lock().pragma_query_value(None, "data_version", |row| row.get(0))?)
+    fn tenancy_generation(&self) -> anyhow::Result<i64> {
+        let value = self
+            .lock()
+            .query_row("SELECT value FROM generations WHERE name = 'tenancy'", [], |row| row.get(0))
+            .optional()?;
+        Ok(value.unwrap_or(0))
     }
+}
+
+/// Marks keys or teams changed, in the transaction that changes them.
+fn bump_tenancy(tx: &rusqlite::Transaction) -> anyhow::Result<()> {
+    tx.execute(
+        "INSERT INTO generations (name, value) VALUES ('tenancy', 1)
+         ON CONFLICT(name) DO UPDATE SET value = value + 1",
+        [],
+    )?;
+    Ok(())
 }
 
 impl SqliteStore {
@@ -513,13 +546,15 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let db = dir.path().join("copse.db");
         let gateway = SqliteStore::open(&db).unwrap();
-        let before = gateway.changes_elsewhere().unwrap();
+        let before = gateway.tenancy_generation().unwrap();
         let cli = SqliteStore::open(&db).unwrap();
         cli.put_key(&key("sha256:aa", "e2b_abc1", "acme")).unwrap();
         cli.put_key(&key("sha256:bb", "e2b_abc2", "acme")).unwrap();
-        assert_ne!(gateway.changes_elsewhere().unwrap(), before, "the CLI's write is visible");
-        assert_eq!(gateway.keys().unwrap().len(), 2);
+        let after = gateway.tenancy_generation().unwrap();
+        assert_ne!(after, before, "the CLI's write is visible");
         gateway.keys_used(&[("sha256:aa".into(), 42)]).unwrap();
+        assert_eq!(gateway.tenancy_generation().unwrap(), after, "use is no change to reload for");
+        assert_eq!(gateway.keys().unwrap().len(), 2);
         assert_eq!(cli.keys().unwrap()[0].last_used_ms, Some(42));
         assert!(cli.revoke_key("e2b_abc").is_err(), "ambiguous");
         assert!(cli.revoke_key("e2b_zzz").unwrap().is_none());

@@ -44,6 +44,13 @@ impl AccessTokens {
             .map(|(id, _)| id.clone())
     }
 
+    /// The sandbox whose access token `token` is, if any; each compared in
+    /// constant time.
+    pub fn holder_of(&self, token: &str) -> Option<String> {
+        let tokens = self.by_sandbox.read().unwrap_or_else(|poisoned| poisoned.into_inner());
+        tokens.iter().find(|(_, t)| signature::equal(t, token)).map(|(id, _)| id.clone())
+    }
+
     fn set(&self, id: &str, token: &str) {
         let mut tokens = self.by_sandbox.write().unwrap_or_else(|poisoned| poisoned.into_inner());
         if tokens.get(id).is_none_or(|t| t != token) {
@@ -156,8 +163,8 @@ impl Store for Indexed {
         self.inner.keys_used(used)
     }
 
-    fn changes_elsewhere(&self) -> anyhow::Result<i64> {
-        self.inner.changes_elsewhere()
+    fn tenancy_generation(&self) -> anyhow::Result<i64> {
+        self.inner.tenancy_generation()
     }
 }
 
@@ -223,7 +230,10 @@ mod tests {
             assert_eq!(tokens.signer_of(&link(&signature, Some(10))), None);
             assert_eq!(tokens.signer_of(&SignedLink { operation: "write", ..link(&signature, Some(9)) }), None);
         }
+        assert_eq!(tokens.holder_of("token-new").as_deref(), Some("new"));
+        assert_eq!(tokens.holder_of("token-none"), None);
         store.remove("old").unwrap();
+        assert_eq!(tokens.holder_of("token-old"), None);
         let signature = signature::sign("/home/user/a.txt", "read", "user", "token-old", None);
         assert_eq!(tokens.signer_of(&link(&signature, None)), None);
         assert_eq!(tokens.signer_of(&link("v1_garbage", None)), None);

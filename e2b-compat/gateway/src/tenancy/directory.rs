@@ -1,8 +1,8 @@
 //! Keys and teams, in memory. `copse keys create` writes to the database
-//! while the gateway runs; the directory notices through SQLite's
-//! `data_version` (which moves when another connection commits): at once
-//! when an unknown key is presented, and within [`REFRESH`] for a revoked
-//! key or a changed limit. A known key costs one hash and one map lookup.
+//! while the gateway runs; the directory notices through the store's
+//! tenancy generation (bumped in the transaction of every key or team
+//! change): at once when an unknown key is presented, and within
+//! [`REFRESH`] for a revoked key or a changed limit. A known key costs one hash and one map lookup.
 //! The map is keyed by the key's SHA-256, so a lookup's timing depends on
 //! a hash an attacker cannot steer towards a real key.
 
@@ -43,8 +43,8 @@ pub struct Directory {
 }
 
 impl Directory {
-    /// `store`: its own connection to the database, so changes made by any
-    /// other (the CLI's) are seen.
+    /// `store`: its own connection to the database, so its reads never wait
+    /// on the service's.
     pub fn open(store: Box<dyn Store>, operator_keys: ApiKeys) -> anyhow::Result<Arc<Self>> {
         let directory = Self { store, operator_keys, known: Default::default(), used: Default::default() };
         directory.reload()?;
@@ -60,8 +60,8 @@ impl Directory {
         if self.operator_keys.accepts(presented) {
             return Some(Principal { caller: Caller::team(DEFAULT_TEAM), key: hash.into() });
         }
-        // A key made a moment ago by the CLI: look again if the database
-        // changed since the last load.
+        // A key made a moment ago by the CLI: look again if keys changed
+        // since the last load.
         if let Err(e) = self.refresh() {
             tracing::warn!("reloading API keys: {e:#}");
         }
@@ -80,10 +80,9 @@ impl Directory {
         known.quotas.get(team).copied().unwrap_or_default().or(known.defaults)
     }
 
-    /// Reloads keys and teams if another connection changed the database,
-    /// and records when keys were last used.
+    /// Reloads keys and teams if they changed since the last load.
     pub fn refresh(&self) -> anyhow::Result<()> {
-        let version = self.store.changes_elsewhere()?;
+        let version = self.store.tenancy_generation()?;
         if read(&self.known).version != Some(version) {
             self.reload()?;
         }
@@ -93,7 +92,7 @@ impl Directory {
     fn reload(&self) -> anyhow::Result<()> {
         // Read the version first: a change landing during the reload moves
         // it again, so the next refresh reloads once more.
-        let version = self.store.changes_elsewhere()?;
+        let version = self.store.tenancy_generation()?;
         let mut fresh = Known { version: Some(version), ..Default::default() };
         for key in self.store.keys()? {
             let principal = Principal {
