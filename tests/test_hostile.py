@@ -793,8 +793,6 @@ def test_code_as_user_cannot_read_trace_or_signal_the_code_interpreter(gateway):
     sbx = CodeInterpreter.create(timeout=120)
     try:
         pid = _interpreter_pid(sbx)
-        owner = sbx.commands.run(f"stat -c %U /proc/{pid}", user="root").stdout.strip()
-        assert owner == "copse-interp", owner
         probe = (
             f"import os, signal\n"
             f"for what, attempt in [('environ', lambda: open('/proc/{pid}/environ', 'rb').read()),\n"
@@ -814,6 +812,8 @@ def test_code_as_user_cannot_read_trace_or_signal_the_code_interpreter(gateway):
         sbx.files.write("/home/user/probe.py", probe)
         out = sbx.commands.run("python3 /home/user/probe.py", user="user").stdout
         assert "reached" not in out, out
+        owner = sbx.commands.run(f"stat -c %U /proc/{pid}", user="root").stdout.strip()
+        assert owner == "copse-interp", owner
     finally:
         sbx.kill()
 

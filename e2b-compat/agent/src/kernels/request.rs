@@ -40,7 +40,8 @@ impl KernelRequest {
         if request.argv.iter().any(nul) || request.cwd.to_string_lossy().contains('\0') {
             return Err("argv and cwd must not contain NUL".into());
         }
-        if let Some(k) = request.env.iter().find(|(k, v)| k.is_empty() || k.contains('=') || nul(k) || nul(v)).map(|e| e.0)
+        if let Some(k) =
+            request.env.iter().find(|(k, v)| k.is_empty() || k.contains('=') || nul(k) || nul(v)).map(|e| e.0)
         {
             return Err(format!("invalid environment variable name {k:?}"));
         }
