@@ -141,15 +141,7 @@ fn start(state: &SharedState, request: KernelRequest, fds: Vec<OwnedFd>) -> Resu
     let user = state.user(None)?;
     let (cmd, args) = request.argv.split_first().expect("parse checked argv");
     let env = environment(&user, &request.cwd, &state.settings().env_vars, &request.env);
-    let plan = SpawnPlan {
-        cmd: cmd.clone(),
-        args: args.to_vec(),
-        env,
-        cwd: request.cwd,
-        user,
-        stdin: true,
-        pty: None,
-    };
+    let plan = SpawnPlan { cmd: cmd.clone(), args: args.to_vec(), env, cwd: request.cwd, user, stdin: true, pty: None };
     state.launcher.spawn_attached(&plan, stdio).map_err(|e| format!("starting {cmd}: {e}"))
 }
 
@@ -177,6 +169,121 @@ async fn reply(writer: &mut OwnedWriteHalf, message: serde_json::Value) -> io::R
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::io::{BufRead, Read, Write};
+    use std::os::unix::net::UnixStream as StdStream;
+
+    use crate::AgentConfig;
+    use crate::state::AgentState;
+
+    /// An agent state whose passwd gives `copse-interp` the uid `interp`
+    /// and `user` our own ids (so no switch is needed to run as it).
+    fn state(interp: u32) -> (tempfile::TempDir, SharedState) {
+        let dir = tempfile::tempdir().unwrap();
+        let etc = dir.path().join("etc");
+        std::fs::create_dir_all(&etc).unwrap();
+        // SAFETY: getters without arguments.
+        let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
+        let passwd = format!("user:x:{uid}:{gid}::/tmp:/bin/sh\n{INTERPRETER_USER}:x:{interp}:{interp}::/:/bin/sh\n");
+        std::fs::write(etc.join("passwd"), passwd).unwrap();
+        std::fs::write(etc.join("group"), format!("user:x:{gid}:\n")).unwrap();
+        let config = AgentConfig { etc_dir: etc, confine: false, ..AgentConfig::default() };
+        (dir, AgentState::new(config).unwrap())
+    }
+
+    /// Serves one connection of a socket pair; returns the client's end.
+    fn connect(state: SharedState) -> StdStream {
+        let (client, server) = StdStream::pair().unwrap();
+        server.set_nonblocking(true).unwrap();
+        let server = UnixStream::from_std(server).unwrap();
+        tokio::spawn(async move { connection(server, state).await });
+        client
+    }
+
+    fn ask(client: &StdStream, argv: &[&str], fds: &[std::os::fd::RawFd]) -> serde_json::Value {
+        let line = json!({"argv": argv, "cwd": "/", "env": {"GREETING": "hi"}}).to_string() + "\n";
+        let iov = [std::io::IoSlice::new(line.as_bytes())];
+        let cmsg = [nix::sys::socket::ControlMessage::ScmRights(fds)];
+        use std::os::fd::AsRawFd;
+        let _ =
+            nix::sys::socket::sendmsg::<()>(client.as_raw_fd(), &iov, &cmsg, nix::sys::socket::MsgFlags::empty(), None);
+        read_line(client)
+    }
+
+    fn read_line(client: &StdStream) -> serde_json::Value {
+        let mut line = String::new();
+        std::io::BufReader::new(client).read_line(&mut line).unwrap();
+        serde_json::from_str(&line).unwrap_or(serde_json::Value::Null)
+    }
+
+    fn pipe() -> (std::fs::File, std::fs::File) {
+        let (r, w) = nix::unistd::pipe().unwrap();
+        (r.into(), w.into())
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_interpreters_account_starts_a_kernel_with_its_pipes_and_hears_its_end() {
+        use std::os::fd::AsRawFd;
+        // SAFETY: a getter without arguments.
+        let (_dir, state) = state(unsafe { libc::geteuid() });
+        let client = connect(state);
+        let ((in_r, mut in_w), (mut out_r, out_w)) = (pipe(), pipe());
+        let client = tokio::task::spawn_blocking(move || {
+            let started = ask(
+                &client,
+                &["/bin/sh", "-c", "read x; echo \"$x $GREETING $USER\""],
+                &[in_r.as_raw_fd(), out_w.as_raw_fd(), out_w.as_raw_fd()],
+            );
+            assert!(started["pid"].as_u64().is_some(), "{started}");
+            drop((in_r, out_w));
+            in_w.write_all(b"kernel\n").unwrap();
+            let mut out = String::new();
+            out_r.read_to_string(&mut out).unwrap();
+            assert_eq!(out, "kernel hi user\n");
+            assert_eq!(read_line(&client), json!({"exit": 0}));
+        });
+        client.await.unwrap();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn anyone_else_is_refused_and_nothing_starts() {
+        use std::os::fd::AsRawFd;
+        // SAFETY: a getter without arguments.
+        let other = unsafe { libc::geteuid() } + 4242;
+        let (dir, state) = state(other);
+        let marker = dir.path().join("started");
+        let client = connect(state);
+        let (r, w) = pipe();
+        let answer = tokio::task::spawn_blocking(move || {
+            let touch = format!("touch {}", marker.display());
+            let answer = ask(&client, &["/bin/sh", "-c", &touch], &[r.as_raw_fd(), w.as_raw_fd(), w.as_raw_fd()]);
+            (answer, marker.exists())
+        })
+        .await
+        .unwrap();
+        assert!(answer.0["error"].as_str().unwrap().contains(INTERPRETER_USER), "{}", answer.0);
+        assert!(!answer.1);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_kernel_dies_with_its_connection() {
+        use std::os::fd::AsRawFd;
+        // SAFETY: a getter without arguments.
+        let (_dir, state) = state(unsafe { libc::geteuid() });
+        let client = connect(state);
+        let ((in_r, _in_w), (mut out_r, out_w)) = (pipe(), pipe());
+        tokio::task::spawn_blocking(move || {
+            let started =
+                ask(&client, &["/bin/sleep", "600"], &[in_r.as_raw_fd(), out_w.as_raw_fd(), out_w.as_raw_fd()]);
+            assert!(started["pid"].as_u64().is_some(), "{started}");
+            drop((in_r, out_w));
+            drop(client);
+            // EOF once the kernel, the last holder of the pipe's write end, is gone.
+            let mut rest = Vec::new();
+            out_r.read_to_end(&mut rest).unwrap();
+        })
+        .await
+        .unwrap();
+    }
 
     #[test]
     fn only_interrupt_terminate_and_kill_pass() {
