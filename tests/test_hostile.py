@@ -887,6 +887,12 @@ def test_run_code_still_runs_as_user_in_every_language(gateway):
         assert "".join(bash.logs.stdout).split() == ["user", "/home/user", "/home/user"], bash
         js = sbx.run_code("require('os').userInfo().username", language="javascript")
         assert js.text.strip("'\"") == "user", js
+        # A directory private to user, which the interpreter's account cannot
+        # enter, still serves as a context's cwd: the kernel starts as user.
+        sbx.commands.run("mkdir -p /home/user/private/work && chmod 700 /home/user/private", user="user")
+        context = sbx.create_code_context(cwd="/home/user/private/work")
+        here = sbx.run_code("import os; os.getcwd()", context=context)
+        assert here.text == "/home/user/private/work", here
     finally:
         sbx.kill()
 

@@ -108,6 +108,7 @@ import shlex
 import shutil
 import signal
 import socket
+import stat
 import struct
 import subprocess
 import sys
@@ -494,7 +495,7 @@ class AgentKernelProcess:
             reply = {"error": f"no answer from the agent: {e}"}
         if "pid" not in reply:
             self.close()
-            raise RuntimeError(f"the agent did not start the kernel: {reply.get('error', 'no answer')}")
+            raise BadRequest(f"the kernel did not start: {reply.get('error', 'no answer from the agent')}")
         self.pid = reply["pid"]
         sock.settimeout(None)
         threading.Thread(target=self._watch, daemon=True, name=f"kernel-{self.pid}").start()
@@ -1229,6 +1230,20 @@ CONTEXT_CLASSES = {"python": PythonContext, "bash": BashContext, "javascript": J
                    "typescript": TypeScriptContext}
 
 
+def check_cwd(cwd):
+    """Refuses a cwd that is surely not a directory. One this server may not
+    look into (a private directory of the user's) is left to the kernel's
+    start, which runs as that user."""
+    try:
+        if not stat.S_ISDIR(os.stat(cwd).st_mode):
+            raise BadRequest(f"cwd {cwd!r} is not a directory")
+    except (FileNotFoundError, NotADirectoryError):
+        raise BadRequest(f"cwd {cwd!r} is not a directory")
+    except PermissionError:
+        if CONFIG.kernels == "local":
+            raise BadRequest(f"cwd {cwd!r} is not accessible")
+
+
 class Registry:
     def __init__(self):
         self.lock = threading.Lock()
@@ -1239,8 +1254,10 @@ class Registry:
 
     def create(self, language, cwd):
         check_language(language)
-        if not os.path.isdir(cwd):
-            raise BadRequest(f"cwd {cwd!r} is not a directory")
+        # Relative to the default directory, as it was to this server's own
+        # when it ran in the user's home.
+        cwd = os.path.join(CONFIG.default_cwd, cwd)
+        check_cwd(cwd)
         ctx = CONTEXT_CLASSES[language](cwd)
         ctx.start()
         with self.lock:
