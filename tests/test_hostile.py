@@ -852,3 +852,183 @@ def test_another_sandboxs_token_or_signed_link_opens_nothing_and_confirms_nothin
     finally:
         theirs.kill()
         mine.kill()
+
+
+# --- The code interpreter under its own account; i386 system calls ---------
+# The interpreter serves port 49999 as `copse-interp`; its kernels are
+# started by the agent as `user` (e2b-compat/agent/src/kernels/), so code run
+# as `user` can neither reach into the server nor stand in for it.
+
+
+def _interpreter_pid(sbx) -> int:
+    out = sbx.commands.run("pgrep -o -f 'copse_interpreter.py --port 49999'", user="root").stdout
+    return int(out.split()[0])
+
+
+def test_code_as_user_cannot_read_trace_or_signal_the_code_interpreter(gateway):
+    """Code run through run_code (and any command as `user`) cannot read the
+    interpreter's environment or descriptors, nor signal it: it belongs to
+    another account."""
+    from e2b_code_interpreter import Sandbox as CodeInterpreter
+
+    sbx = CodeInterpreter.create(timeout=120)
+    try:
+        pid = _interpreter_pid(sbx)
+        probe = (
+            f"import os, signal\n"
+            f"for what, attempt in [('environ', lambda: open('/proc/{pid}/environ', 'rb').read()),\n"
+            f"                      ('fds', lambda: os.listdir('/proc/{pid}/fd')),\n"
+            f"                      ('signal', lambda: os.kill({pid}, 0))]:\n"
+            f"    try:\n"
+            f"        attempt()\n"
+            f"        print(what, 'reached')\n"
+            f"    except OSError as e:\n"
+            f"        print(what, 'refused', e.errno)\n"
+        )
+        execution = sbx.run_code(probe)
+        out = "".join(execution.logs.stdout)
+        assert execution.error is None, execution.error
+        for what in ("environ", "fds", "signal"):
+            assert f"{what} refused" in out, out
+        sbx.files.write("/home/user/probe.py", probe)
+        out = sbx.commands.run("python3 /home/user/probe.py", user="user").stdout
+        assert "reached" not in out, out
+        owner = sbx.commands.run(f"stat -c %U /proc/{pid}", user="root").stdout.strip()
+        assert owner == "copse-interp", owner
+    finally:
+        sbx.kill()
+
+
+def test_code_as_user_cannot_take_over_the_interpreters_port(gateway):
+    """Code as `user` tries to kill the interpreter and bind 49999 itself
+    (every way Linux offers) to answer the next run_code; it can do
+    neither, and the next run_code reaches the real interpreter."""
+    from e2b_code_interpreter import Sandbox as CodeInterpreter
+
+    sbx = CodeInterpreter.create(timeout=120)
+    try:
+        pid = _interpreter_pid(sbx)
+        impostor = (
+            "import http.server, os, signal, socket, sys, time\n"
+            "try:\n"
+            f"    os.kill({pid}, signal.SIGKILL)\n"
+            "    print('killed', flush=True)\n"
+            "except OSError as e:\n"
+            "    print('kill refused', e.errno, flush=True)\n"
+            "time.sleep(0.5)\n"
+            "class Fake(http.server.BaseHTTPRequestHandler):\n"
+            "    def do_POST(self):\n"
+            "        body = b'{\"type\": \"stdout\", \"text\": \"impostor\"}\\n'\n"
+            "        self.send_response(200); self.send_header('content-length', str(len(body)))\n"
+            "        self.end_headers(); self.wfile.write(body)\n"
+            "    do_GET = do_POST\n"
+            "for host in ('127.0.0.1', '0.0.0.0'):\n"
+            "    for reuse in (socket.SO_REUSEADDR, socket.SO_REUSEPORT):\n"
+            "        s = socket.socket()\n"
+            "        s.setsockopt(socket.SOL_SOCKET, reuse, 1)\n"
+            "        try:\n"
+            "            s.bind((host, 49999)); s.listen(8)\n"
+            "        except OSError as e:\n"
+            "            print('bind refused', host, e.errno, flush=True)\n"
+            "            s.close()\n"
+            "            continue\n"
+            "        print('bound', host, flush=True)\n"
+            "        server = http.server.HTTPServer((host, 49999), Fake, bind_and_activate=False)\n"
+            "        server.socket = s\n"
+            "        server.serve_forever()\n"
+        )
+        sbx.files.write("/home/user/impostor.py", impostor)
+        sbx.commands.run("python3 /home/user/impostor.py > /tmp/impostor.log 2>&1", user="user", background=True)
+        deadline = time.time() + 20
+        log = ""
+        while time.time() < deadline:
+            log = sbx.files.read("/tmp/impostor.log") if sbx.files.exists("/tmp/impostor.log") else ""
+            if "bound" in log or log.count("bind refused") == 4:
+                break
+            time.sleep(0.2)
+        assert "kill refused 1" in log, log
+        assert log.count("bind refused") == 4 and "bound" not in log, log
+        execution = sbx.run_code("6 * 7")
+        assert execution.text == "42", execution
+        assert _interpreter_pid(sbx) == pid
+    finally:
+        sbx.kill()
+
+
+def test_run_code_still_runs_as_user_in_every_language(gateway):
+    """The interpreter's own account never reaches the code: Python, bash and
+    JavaScript cells run as `user`, with its home and environment."""
+    from e2b_code_interpreter import Sandbox as CodeInterpreter
+
+    sbx = CodeInterpreter.create(timeout=120)
+    try:
+        python = sbx.run_code("import getpass, os; print(getpass.getuser(), os.getcwd(), os.environ['HOME'])")
+        assert "".join(python.logs.stdout).split() == ["user", "/home/user", "/home/user"], python
+        bash = sbx.run_code("whoami; echo $HOME; pwd", language="bash")
+        assert "".join(bash.logs.stdout).split() == ["user", "/home/user", "/home/user"], bash
+        js = sbx.run_code("require('os').userInfo().username", language="javascript")
+        assert js.text.strip("'\"") == "user", js
+        # A directory private to user, which the interpreter's account cannot
+        # enter, still serves as a context's cwd: the kernel starts as user.
+        sbx.commands.run("mkdir -p /home/user/private/work && chmod 700 /home/user/private", user="user")
+        context = sbx.create_code_context(cwd="/home/user/private/work")
+        here = sbx.run_code("import os; os.getcwd()", context=context)
+        assert here.text == "/home/user/private/work", here
+    finally:
+        sbx.kill()
+
+
+def test_the_kernel_socket_serves_the_interpreters_account_alone(gateway):
+    """The agent's kernel socket starts processes as `user` for the
+    interpreter; `user` itself (or root) asking there with its own pipes is
+    refused and nothing is started."""
+    sbx = Sandbox.create(timeout=60)
+    try:
+        script = (
+            "import json, os, socket\n"
+            "s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)\n"
+            "try:\n"
+            "    s.connect('\\0copse-agent-kernels')\n"
+            "except OSError as e:\n"
+            "    print('no socket', e.errno); raise SystemExit\n"
+            "r, w = os.pipe()\n"
+            "req = json.dumps({'argv': ['/usr/bin/touch', '/tmp/started'], 'cwd': '/'}).encode() + b'\\n'\n"
+            "try:\n"
+            "    socket.send_fds(s, [req], [r, w, w])\n"
+            "except OSError as e:\n"
+            "    print('send failed', e.errno)  # refused before it was read\n"
+            "print('answer', s.makefile().readline().strip())\n"
+        )
+        for user in ("user", "root"):
+            sbx.files.write("/tmp/ask.py", script, user="root")
+            out = sbx.commands.run("python3 /tmp/ask.py", user=user).stdout
+            assert "answer" in out and '"error"' in out and "copse-interp" in out, (user, out)
+        assert not sbx.files.exists("/tmp/started")
+    finally:
+        sbx.kill()
+
+
+def test_i386_system_calls_are_refused(gateway):
+    """int 0x80 from a 64-bit process enters the kernel as an i386 call
+    (AUDIT_ARCH_I386), with its own numbers and none of the x86-64 filter's
+    checks; the filter's architecture check kills the caller instead. (The
+    same stub returns getpid() on an unconfined host.)"""
+    sbx = Sandbox.create(timeout=60)
+    try:
+        script = (
+            "import ctypes, mmap, os\n"
+            "code = bytes([0xb8, 20, 0, 0, 0, 0xcd, 0x80, 0xc3])  # mov eax, 20 (i386 getpid); int 0x80; ret\n"
+            "buf = mmap.mmap(-1, mmap.PAGESIZE, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)\n"
+            "buf.write(code)\n"
+            "stub = ctypes.CFUNCTYPE(ctypes.c_int)(ctypes.addressof(ctypes.c_char.from_buffer(buf)))\n"
+            "print('ready', flush=True)\n"
+            "print('i386 getpid', stub(), 'pid', os.getpid(), flush=True)\n"
+        )
+        sbx.files.write("/tmp/i386.py", script, user="root")
+        for user in ("user", "root"):
+            out = sbx.commands.run("python3 /tmp/i386.py; echo status=$?", user=user).stdout
+            assert "ready" in out, (user, out)
+            assert "i386 getpid" not in out, (user, out)
+            assert "status=159" in out, (user, out)  # 128 + SIGSYS
+    finally:
+        sbx.kill()

@@ -94,7 +94,6 @@ Logs go to stderr. Bad input never takes the server down: it gets a 400 JSON
 
 import argparse
 import codecs
-import concurrent.futures
 import datetime
 import http.client
 import http.server
@@ -109,9 +108,10 @@ import shlex
 import shutil
 import signal
 import socket
+import stat
+import struct
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import traceback
@@ -139,8 +139,9 @@ CONFIG = argparse.Namespace(
     envd_url="http://127.0.0.1:49983",
     require_caller=True,
     default_cwd=DEFAULT_CWD,
-    # Private directory for kernel connection files and IPC sockets.
-    runtime_dir=None,
+    # "agent": kernels are started by the agent as the sandbox's user;
+    # "local": by this server, as itself.
+    kernels="agent",
 )
 
 
@@ -395,30 +396,216 @@ class Context:
     # restore_call_envs().
 
 
-# KernelManager calls all run on this one thread (see the module docstring).
-_KM_THREAD = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="kernel-manager")
+# ---------------------------------------------------------------------------
+# Kernel processes
 
 
-def km_call(fn, *args, **kwargs):
-    return _KM_THREAD.submit(fn, *args, **kwargs).result()
+# Where the agent serves kernel requests (copse_protocol::kernels).
+AGENT_KERNEL_SOCKET = "\0copse-agent-kernels" if sys.platform.startswith("linux") else "/var/run/copse-agent-kernels.sock"
+PYTHON_KERNEL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "copse_python_kernel.py")
 
 
-def runtime_dir():
-    if CONFIG.runtime_dir is None:
-        CONFIG.runtime_dir = tempfile.mkdtemp(prefix="copse-interpreter-")
-    return CONFIG.runtime_dir
+class LocalKernelProcess:
+    """A kernel this server started itself (``--kernels local``: outside a
+    sandbox). The interface every context uses: ``stdin``/``stdout``/
+    ``stderr`` (pipes or None), ``poll()``, ``wait()``, ``signal()`` (to the
+    kernel's process group), ``kill()``, ``close()``."""
+
+    def __init__(self, argv, cwd, env, pipes):
+        self.popen = subprocess.Popen(
+            argv,
+            stdin=subprocess.PIPE if pipes else subprocess.DEVNULL,
+            stdout=subprocess.PIPE if pipes else None,
+            stderr=subprocess.PIPE if pipes else None,
+            cwd=cwd,
+            env=dict(os.environ, **env),
+            start_new_session=True,
+            bufsize=0,
+        )
+        self.stdin, self.stdout, self.stderr = self.popen.stdin, self.popen.stdout, self.popen.stderr
+
+    def poll(self):
+        return self.popen.poll()
+
+    def wait(self, timeout=None):
+        return self.popen.wait(timeout)
+
+    def signal(self, signum):
+        try:
+            os.killpg(self.popen.pid, signum)
+        except OSError as e:
+            log.debug("signal %d to kernel %d: %s", signum, self.popen.pid, e)
+
+    def kill(self):
+        self.signal(signal.SIGKILL)
+
+    def close(self):
+        pass
+
+
+class AgentKernelProcess:
+    """A kernel the agent started as the sandbox's user. This server runs
+    under an account of its own and cannot switch users, so it asks the
+    agent on its kernel socket, which serves only this account (by the
+    connection's peer credentials). One connection is one kernel: a JSON
+    request carrying the kernel's stdin, stdout and stderr as descriptors,
+    then ``{"signal": N}`` lines from here, and the kernel's end from there.
+    Closing the connection kills the kernel."""
+
+    def __init__(self, argv, cwd, env, pipes):
+        self.returncode = None
+        self._ended = threading.Event()
+        self._send_lock = threading.Lock()
+        self.stdin = self.stdout = self.stderr = None
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        child = []
+        try:
+            sock.settimeout(KERNEL_START_TIMEOUT)
+            sock.connect(AGENT_KERNEL_SOCKET)
+            check_agent_peer(sock)
+            if pipes:
+                r0, w0 = os.pipe()
+                r1, w1 = os.pipe()
+                r2, w2 = os.pipe()
+                child = [r0, w1, w2]
+                self.stdin = os.fdopen(w0, "wb", buffering=0)
+                self.stdout = os.fdopen(r1, "rb", buffering=0)
+                self.stderr = os.fdopen(r2, "rb", buffering=0)
+                fds = child
+            else:
+                # Its output goes where this server's log goes.
+                child = [os.open(os.devnull, os.O_RDONLY)]
+                fds = [child[0], 2, 2]
+            payload = (json.dumps({"argv": argv, "cwd": cwd, "env": env}) + "\n").encode("utf-8")
+            sent = socket.send_fds(sock, [payload], fds)
+            if sent < len(payload):
+                sock.sendall(payload[sent:])
+        except BaseException:
+            sock.close()
+            self._close_pipes()
+            raise
+        finally:
+            for fd in child:
+                os.close(fd)
+        self.sock = sock
+        self.replies = sock.makefile("rb")
+        try:
+            reply = json.loads(self.replies.readline() or b"{}")
+        except (OSError, ValueError) as e:
+            reply = {"error": f"no answer from the agent: {e}"}
+        if "pid" not in reply:
+            self.close()
+            raise BadRequest(f"the kernel did not start: {reply.get('error', 'no answer from the agent')}")
+        self.pid = reply["pid"]
+        sock.settimeout(None)
+        threading.Thread(target=self._watch, daemon=True, name=f"kernel-{self.pid}").start()
+
+    def _watch(self):
+        """Waits for the agent's word that the kernel ended (or for the
+        connection to drop, which means the same)."""
+        code = -signal.SIGKILL
+        try:
+            line = self.replies.readline()
+            if line:
+                end = json.loads(line)
+                code = end["exit"] if "exit" in end else -int(end.get("signal", signal.SIGKILL))
+        except (OSError, ValueError):
+            pass
+        self.returncode = code
+        self._ended.set()
+
+    def poll(self):
+        return self.returncode if self._ended.is_set() else None
+
+    def wait(self, timeout=None):
+        if not self._ended.wait(timeout):
+            raise subprocess.TimeoutExpired(f"kernel {self.pid}", timeout)
+        return self.returncode
+
+    def signal(self, signum):
+        line = (json.dumps({"signal": int(signum)}) + "\n").encode()
+        try:
+            with self._send_lock:
+                self.sock.sendall(line)
+        except OSError as e:
+            log.debug("signal %d to kernel %d: %s", signum, self.pid, e)
+
+    def kill(self):
+        self.signal(signal.SIGKILL)
+
+    def close(self):
+        """Drops the connection (the agent kills the kernel if it still
+        runs) and this side's pipe ends."""
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except (OSError, AttributeError):
+            pass
+        for f in (getattr(self, "replies", None), getattr(self, "sock", None)):
+            try:
+                if f is not None:
+                    f.close()
+            except OSError:
+                pass
+        self._close_pipes()
+
+    def _close_pipes(self):
+        for pipe in (self.stdin, self.stdout, self.stderr):
+            try:
+                if pipe is not None:
+                    pipe.close()
+            except OSError:
+                pass
+
+
+def check_agent_peer(sock):
+    """The kernel socket must be the agent's (root in the sandbox): nothing
+    else may hear what this server sends there."""
+    if not hasattr(socket, "SO_PEERCRED"):
+        return  # a path in a root-owned directory (not run on FreeBSD)
+    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("iII"))
+    _, uid, _ = struct.unpack("iII", creds)
+    if uid != 0:
+        raise RuntimeError(f"the kernel socket's owner is uid {uid}, not the agent")
+
+
+def spawn_kernel(argv, cwd, env, pipes):
+    """Starts a kernel process as the sandbox's user, in a session of its
+    own. ``env`` is what the kernel needs beyond the user's environment."""
+    cls = AgentKernelProcess if CONFIG.kernels == "agent" else LocalKernelProcess
+    return cls(argv, cwd, env, pipes)
 
 
 def kernel_env():
-    env = dict(os.environ)
+    env = {}
     # matplotlib figures come back as PNG display_data without any setup.
     env["MPLBACKEND"] = "module://matplotlib_inline.backend_inline"
     # Quiets debugpy's frozen-modules warning under Python 3.11.
     env.setdefault("PYDEVD_DISABLE_FILE_VALIDATION", "1")
     env.setdefault("PAGER", "cat")
-    for key in ("JPY_PARENT_PID", "JPY_SESSION_NAME"):
-        env.pop(key, None)
     return env
+
+
+def kernel_connection():
+    """Addresses and signing key for a new Python kernel. On Linux the
+    sockets are abstract unix names (no files, nothing for anyone to
+    replace, no TCP port for the port relay to expose); elsewhere TCP on
+    the loopback (not run on FreeBSD). Either way messages are signed with a
+    fresh key."""
+    if sys.platform.startswith("linux"):
+        transport, ip = "ipc", f"@copse-kernel-{uuid.uuid4().hex}"
+        ports = [1, 2, 3, 4, 5]
+    else:
+        transport, ip = "tcp", "127.0.0.1"
+        ports = []
+        for _ in range(5):
+            with socket.socket() as probe:
+                probe.bind((ip, 0))
+                ports.append(probe.getsockname()[1])
+    names = ("shell_port", "iopub_port", "stdin_port", "control_port", "hb_port")
+    info = dict(zip(names, ports))
+    info.update(transport=transport, ip=ip, key=uuid.uuid4().hex + uuid.uuid4().hex,
+                signature_scheme="hmac-sha256")
+    return info
 
 
 # Run silently in each new kernel: turns off ANSI colours (tracebacks are
@@ -437,7 +624,7 @@ class PythonContext(Context):
 
     def __init__(self, cwd):
         super().__init__(cwd)
-        self.km = None
+        self.proc = None
         self.session = None
         self.zctx = None
         self.shell = None
@@ -448,34 +635,24 @@ class PythonContext(Context):
 
     def start(self):
         import zmq
-        from jupyter_client.manager import KernelManager
         from jupyter_client.session import Session
 
         t0 = time.monotonic()
-        # IPC transport: the kernel's sockets are files in a private
-        # directory, not TCP ports that anything in the sandbox could see.
-        base = os.path.join(runtime_dir(), f"kernel-{uuid.uuid4().hex[:12]}")
-        km = KernelManager(kernel_name="python3", transport="ipc", ip=base)
-        km.connection_file = base + ".json"
-        km_call(
-            km.start_kernel,
-            cwd=self.cwd,
-            env=kernel_env(),
-            extra_arguments=["--InteractiveShell.colors=NoColor", "--HistoryManager.enabled=False"],
+        info = kernel_connection()
+        env = kernel_env()
+        env["COPSE_KERNEL_CONNECTION"] = json.dumps(info)
+        self.proc = spawn_kernel(
+            [sys.executable, PYTHON_KERNEL, "--InteractiveShell.colors=NoColor", "--HistoryManager.enabled=False"],
+            self.cwd, env, pipes=False,
         )
-        self.km = km
         self.dead = False
         try:
-            info = km.get_connection_info()
-            self.session = Session(
-                key=info["key"] if isinstance(info["key"], bytes) else info["key"].encode(),
-                signature_scheme=info.get("signature_scheme", "hmac-sha256"),
-                username="copse",
-            )
+            self.session = Session(key=info["key"].encode(), signature_scheme=info["signature_scheme"],
+                                   username="copse")
             self.zctx = zmq.Context()
 
             def url(port):
-                if info.get("transport", "tcp") == "tcp":
+                if info["transport"] == "tcp":
                     return f"tcp://{info['ip']}:{port}"
                 return f"{info['transport']}://{info['ip']}-{port}"
 
@@ -530,13 +707,10 @@ class PythonContext(Context):
                         iopub_ok = True
 
     def _alive(self):
-        try:
-            return self.km is not None and km_call(self.km.is_alive)
-        except Exception:
-            return False
+        return self.proc is not None and self.proc.poll() is None
 
     def needs_restart(self):
-        return self.dead or self.km is None
+        return self.dead or self.proc is None
 
     def shutdown(self):
         for sock in (self.shell, self.iopub):
@@ -552,16 +726,14 @@ class PythonContext(Context):
             except Exception:
                 pass
             self.zctx = None
-        km, self.km = self.km, None
-        if km is not None:
+        proc, self.proc = self.proc, None
+        if proc is not None:
+            proc.kill()
             try:
-                km_call(km.shutdown_kernel, now=True)
-            except Exception as e:
-                log.warning("context %s: kernel shutdown: %s", self.id, e)
-            try:
-                km_call(km.cleanup_resources)
-            except Exception:
-                pass
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                log.warning("context %s: kernel did not exit after SIGKILL", self.id)
+            proc.close()
 
     def restart_locked(self):
         self.shutdown()
@@ -569,18 +741,14 @@ class PythonContext(Context):
         self.start()
 
     def force_stop(self):
-        km = self.km
-        if km is not None:
-            try:
-                km_call(km.shutdown_kernel, now=True)
-            except Exception as e:
-                log.warning("context %s: kill: %s", self.id, e)
+        proc = self.proc
+        if proc is not None:
+            proc.kill()
 
     def interrupt(self):
-        try:
-            km_call(self.km.interrupt_kernel)
-        except Exception as e:
-            log.warning("context %s: interrupt failed: %s", self.id, e)
+        proc = self.proc
+        if proc is not None:
+            proc.signal(signal.SIGINT)
 
     # -- executions ----------------------------------------------------------
 
@@ -772,17 +940,15 @@ class BashContext(Context):
         self.proc = None
         self.queue = None
         self.token = None
-        self.tmpdir = None
+        # What the kernel put after the status in its last stdout sentinel.
+        self.payload = ""
         self.count = 0
         self.dead = False
 
     def start(self):
         bash = shutil.which("bash") or "/bin/bash"
-        self.tmpdir = tempfile.mkdtemp(prefix="bash-", dir=runtime_dir())
         self.token = f"__COPSE_{uuid.uuid4().hex}__"
-        env = dict(os.environ)
-        env.update(PS1="", PS2="", PS0="", PAGER="cat")
-        env.pop("PROMPT_COMMAND", None)
+        env = {"PS1": "", "PS2": "", "PS0": "", "PAGER": "cat"}
         self._spawn([bash, "--norc", "--noprofile", "--noediting", "-i"], env)
         setup = "set +H +o history; unset HISTFILE PROMPT_COMMAND; PS1=''; PS2=''; PS0=''"
         try:
@@ -799,16 +965,7 @@ class BashContext(Context):
     def _spawn(self, argv, env):
         """Starts the context's process in a session of its own (interrupts
         go to its group), with a reader thread per output pipe."""
-        self.proc = subprocess.Popen(
-            argv,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            cwd=self.cwd,
-            env=env,
-            start_new_session=True,
-            bufsize=0,
-        )
+        self.proc = spawn_kernel(argv, self.cwd, env, pipes=True)
         self.queue = queue.Queue()
         self.dead = False
         for name, pipe in (("stdout", self.proc.stdout), ("stderr", self.proc.stderr)):
@@ -877,8 +1034,9 @@ class BashContext(Context):
                             if end < 0:
                                 pending[name] = buf  # the status has not arrived yet
                                 continue
+                            status_text, _, self.payload = buf[idx + len(tok):end].partition(" ")
                             try:
-                                status = int(buf[idx + len(tok):end].strip() or "0")
+                                status = int(status_text.strip() or "0")
                             except ValueError:
                                 status = 1
                         emit(name, buf[:idx])
@@ -912,18 +1070,12 @@ class BashContext(Context):
         return status
 
     def interrupt(self):
-        try:
-            os.killpg(self.proc.pid, signal.SIGINT)
-        except OSError as e:
-            log.warning("context %s: interrupt failed: %s", self.id, e)
+        self.proc.signal(signal.SIGINT)
 
     def force_stop(self):
         proc = self.proc
         if proc is not None:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except OSError:
-                pass
+            proc.kill()
 
     def needs_restart(self):
         return self.dead or self.proc is None or self.proc.poll() is not None
@@ -931,10 +1083,7 @@ class BashContext(Context):
     def shutdown(self):
         proc, self.proc = self.proc, None
         if proc is not None:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except OSError:
-                pass
+            proc.kill()
             for pipe in (proc.stdin, proc.stdout, proc.stderr):
                 try:
                     pipe.close()
@@ -944,9 +1093,7 @@ class BashContext(Context):
                 proc.wait(timeout=5)
             except subprocess.TimeoutExpired:
                 pass
-        if self.tmpdir:
-            shutil.rmtree(self.tmpdir, ignore_errors=True)
-            self.tmpdir = None
+            proc.close()
 
     def restart_locked(self):
         self.shutdown()
@@ -997,20 +1144,16 @@ class BashContext(Context):
     def run_cell(self, code, sink):
         if not self._begin_cell(sink):
             return
-        path = os.path.join(self.tmpdir, f"cell-{self.count}.sh")
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(code)
-            if not code.endswith("\n"):
-                f.write("\n")
-        try:
-            # Two lines: an interrupt abandons the first, never the second.
-            self._send(f"source {shlex.quote(path)} </dev/null\n" + self._sentinel_line("$?"))
-            status = self._collect(sink)
-        finally:
-            try:
-                os.unlink(path)
-            except OSError:
-                pass
+        # The cell travels on bash's stdin as a quoted here-document (no file:
+        # this server's files are not the user's to read, nor the reverse),
+        # which `source` reads whole before it runs any of it, so the cell's
+        # commands find their stdin at its end, as with </dev/null.
+        delimiter = f"__COPSE_CELL_{uuid.uuid4().hex}__"
+        if not code.endswith("\n"):
+            code += "\n"
+        # Two commands: an interrupt abandons the first, never the second.
+        self._send(f"source /dev/stdin <<'{delimiter}'\n{code}{delimiter}\n" + self._sentinel_line("$?"))
+        status = self._collect(sink)
         if status:
             sink.try_emit({"type": "error", "name": "", "value": str(status), "traceback": ""})
 
@@ -1031,10 +1174,8 @@ class JavaScriptContext(BashContext):
     kernel_args = ()
 
     def start(self):
-        self.tmpdir = tempfile.mkdtemp(prefix="js-", dir=runtime_dir())
         self.token = f"__COPSE_{uuid.uuid4().hex}__"
-        self.result_file = os.path.join(self.tmpdir, "result.json")
-        env = dict(os.environ, COPSE_KERNEL_TOKEN=self.token, COPSE_KERNEL_RESULT=self.result_file, PAGER="cat")
+        env = {"COPSE_KERNEL_TOKEN": self.token, "PAGER": "cat"}
         self._spawn([shutil.which("node") or "node", JS_KERNEL, *self.kernel_args], env)
         try:
             self._command({"op": "env", "envs": {}})
@@ -1062,16 +1203,14 @@ class JavaScriptContext(BashContext):
     def run_cell(self, code, sink):
         if not self._begin_cell(sink):
             return
-        try:
-            os.unlink(self.result_file)
-        except OSError:
-            pass
+        self.payload = ""
         if self._command({"op": "run", "code": code}, sink) is None:
             return  # the kernel died or was killed; already reported
         try:
-            with open(self.result_file, encoding="utf-8") as f:
-                outcome = json.load(f)
-        except (OSError, ValueError):
+            outcome = json.loads(self.payload)
+            if not isinstance(outcome, dict):
+                raise ValueError("not an object")
+        except ValueError:
             sink.try_emit(unexpected_end_error("The kernel left no result"))
             return
         if "error" in outcome:
@@ -1091,6 +1230,20 @@ CONTEXT_CLASSES = {"python": PythonContext, "bash": BashContext, "javascript": J
                    "typescript": TypeScriptContext}
 
 
+def check_cwd(cwd):
+    """Refuses a cwd that is surely not a directory. One this server may not
+    look into (a private directory of the user's) is left to the kernel's
+    start, which runs as that user."""
+    try:
+        if not stat.S_ISDIR(os.stat(cwd).st_mode):
+            raise BadRequest(f"cwd {cwd!r} is not a directory")
+    except (FileNotFoundError, NotADirectoryError):
+        raise BadRequest(f"cwd {cwd!r} is not a directory")
+    except PermissionError:
+        if CONFIG.kernels == "local":
+            raise BadRequest(f"cwd {cwd!r} is not accessible")
+
+
 class Registry:
     def __init__(self):
         self.lock = threading.Lock()
@@ -1101,8 +1254,10 @@ class Registry:
 
     def create(self, language, cwd):
         check_language(language)
-        if not os.path.isdir(cwd):
-            raise BadRequest(f"cwd {cwd!r} is not a directory")
+        # Relative to the default directory, as it was to this server's own
+        # when it ran in the user's home.
+        cwd = os.path.join(CONFIG.default_cwd, cwd)
+        check_cwd(cwd)
         ctx = CONTEXT_CLASSES[language](cwd)
         ctx.start()
         with self.lock:
@@ -1427,6 +1582,9 @@ def main(argv=None):
                              "variables; empty to skip")
     parser.add_argument("--no-auth", action="store_true",
                         help="serve callers the agent did not vouch for (outside a sandbox only)")
+    parser.add_argument("--kernels", choices=("agent", "local"), default="agent",
+                        help="who starts kernels: the sandbox's agent, as the sandbox's user, or this "
+                             "server, as itself (outside a sandbox only)")
     parser.add_argument("--keepalive", type=float, default=KEEPALIVE_SECONDS,
                         help="seconds of silence before a keepalive line")
     parser.add_argument("--interrupt-grace", type=float, default=INTERRUPT_GRACE_SECONDS,
@@ -1440,6 +1598,7 @@ def main(argv=None):
     CONFIG.interrupt_grace = args.interrupt_grace
     CONFIG.envd_url = args.envd_url
     CONFIG.require_caller = not args.no_auth
+    CONFIG.kernels = args.kernels
     CONFIG.default_cwd = resolve_default_cwd(args.default_cwd)
     # debugpy (imported by ipykernel) warns about frozen modules otherwise.
     os.environ.setdefault("PYDEVD_DISABLE_FILE_VALIDATION", "1")
@@ -1449,7 +1608,6 @@ def main(argv=None):
         except KeyError:
             pass
 
-    runtime_dir()
     server = Server((args.host, args.port), Handler)
     log.info("listening on %s:%d", args.host, args.port)
     threading.Thread(target=server.serve_forever, name="http", daemon=True).start()
@@ -1461,8 +1619,6 @@ def main(argv=None):
         except OSError:
             pass
         REGISTRY.shutdown_all()
-        if CONFIG.runtime_dir:
-            shutil.rmtree(CONFIG.runtime_dir, ignore_errors=True)
         os._exit(0)
 
     signal.signal(signal.SIGTERM, stop)

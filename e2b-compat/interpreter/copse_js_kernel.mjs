@@ -9,22 +9,21 @@
 // with the `typescript` module first.
 //
 // Protocol: one JSON command per line on stdin. After each command the
-// kernel writes TOKEN plus a status (0, or 1 for an error) and a newline on
-// stdout, and TOKEN on stderr, so the reader knows both streams are
-// drained; a cell's result or error is written to RESULT_FILE first.
+// kernel writes TOKEN plus a status (0, or 1 for an error) on stdout, then,
+// for a cell, a space and its result or error as one line of JSON, then a
+// newline; and TOKEN on stderr, so the reader knows both streams are
+// drained. (No result file: the server and the kernel run as different
+// users and share no directory.)
 // `console.log` and friends write to stdout and stderr unchanged.
 
 import repl from 'node:repl'
 import { PassThrough } from 'node:stream'
-import { writeFileSync } from 'node:fs'
 import { createRequire } from 'node:module'
 import readline from 'node:readline'
 import util from 'node:util'
 
 const token = process.env.COPSE_KERNEL_TOKEN
-const resultFile = process.env.COPSE_KERNEL_RESULT
 delete process.env.COPSE_KERNEL_TOKEN
-delete process.env.COPSE_KERNEL_RESULT
 const typescript = process.argv.includes('--typescript')
 
 const server = repl.start({
@@ -130,20 +129,26 @@ async function run(command) {
   }
 }
 
-function report(outcome) {
-  writeFileSync(resultFile, JSON.stringify(outcome))
-  return outcome.error ? 1 : 0
+// The outcome of the command being run, sent after its status.
+let outcome = null
+
+function report(result) {
+  outcome = result
+  return result.error ? 1 : 0
 }
 
 const lines = readline.createInterface({ input: process.stdin, terminal: false })
 for await (const line of lines) {
   let status
+  outcome = null
   try {
     status = await run(JSON.parse(line))
   } catch (error) {
     status = report({ error: { name: 'KernelError', value: String(error), traceback: '' } })
   }
-  process.stdout.write(`${token}${status}\n`)
+  // JSON.stringify escapes every newline, so the outcome is one line.
+  const payload = outcome === null ? '' : ` ${JSON.stringify(outcome)}`
+  process.stdout.write(`${token}${status}${payload}\n`)
   process.stderr.write(token)
 }
 process.exit(0)

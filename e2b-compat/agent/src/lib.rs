@@ -22,6 +22,8 @@
 //!   list, move, watch, metadata.
 //! - `transfer`: `GET`/`POST /files`, raw file transfer streamed to and
 //!   from disk.
+//! - `kernels`: starts the code interpreter's kernels as the sandbox's
+//!   user, for the interpreter's account alone (peer credentials).
 //! - `ports`: relays traffic for other sandbox ports to its loopback.
 //! - `paths`, `users`: path resolution and sandbox users as envd does them.
 //! - `state`: settings `/init` can change, shared by every handler.
@@ -32,6 +34,7 @@ pub mod connect;
 mod drain;
 pub mod filesystem;
 pub mod guest;
+pub mod kernels;
 pub mod paths;
 pub mod ports;
 pub mod process;
@@ -67,6 +70,9 @@ pub struct AgentConfig {
     /// call `/envs` there). The token guards it like the socket, but for
     /// `/envs` (`auth::require_token`).
     pub loopback_port: Option<u16>,
+    /// Serve the code interpreter's kernel socket (`kernels`): inside a
+    /// sandbox only.
+    pub kernels: bool,
 }
 
 impl Default for AgentConfig {
@@ -78,6 +84,7 @@ impl Default for AgentConfig {
             etc_dir: PathBuf::from("/etc"),
             confine: true,
             loopback_port: None,
+            kernels: false,
         }
     }
 }
@@ -120,9 +127,12 @@ pub fn serve_blocking_with(
     let runtime =
         tokio::runtime::Builder::new_multi_thread().worker_threads(2).max_blocking_threads(16).enable_all().build()?;
     runtime.block_on(async move {
-        let loopback_port = config.loopback_port;
+        let (loopback_port, kernels) = (config.loopback_port, config.kernels);
         let state = AgentState::new(config)?;
         started(state.clone());
+        if kernels {
+            tokio::spawn(kernels::serve(kernels::bind()?, state.clone()));
+        }
         serve_state(listener, state, loopback_port).await
     })
 }

@@ -92,7 +92,11 @@ fn main() -> anyhow::Result<()> {
 
 /// The substrate sets the sandbox up and hands over the agent's socket.
 fn boot(init: bool) -> anyhow::Result<()> {
-    let config = AgentConfig { loopback_port: Some(copse_protocol::headers::AGENT_PORT), ..AgentConfig::default() };
+    let config = AgentConfig {
+        loopback_port: Some(copse_protocol::headers::AGENT_PORT),
+        kernels: true,
+        ..AgentConfig::default()
+    };
     let serve = |listener| copse_agent::serve_blocking(listener, config);
     if init { copse_jailer::init_agent(serve) } else { copse_jailer::boot_agent(serve) }
 }

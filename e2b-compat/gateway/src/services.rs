@@ -1,5 +1,6 @@
 //! Starting a template's service (e.g. the code interpreter) inside a
-//! freshly booted sandbox, through the agent like any user command, and
+//! freshly booted sandbox, through the agent like any command (as the
+//! service's own account), and
 //! waiting until it answers — so whoever gets the sandbox can use it at once.
 
 use std::path::Path;
@@ -27,7 +28,7 @@ pub async fn start(agent_socket: &Path, service: &Service) -> anyhow::Result<()>
 /// `Process.Start` as a background command: once the agent reports the
 /// process started, the stream is dropped and the process lives on.
 async fn launch(agent_socket: &Path, service: &Service) -> anyhow::Result<()> {
-    let start = StartProcess::shell("/bin/bash", &service.command).cwd("/home/user").tag(SERVICE_TAG);
+    let start = StartProcess::shell("/bin/bash", &service.command).cwd("/").user(service.user).tag(SERVICE_TAG);
     let request = start.request(AGENT_HOST)?.map(Body::new);
     let response = agent_link::send(agent_socket, request).await?;
     if !response.status().is_success() {

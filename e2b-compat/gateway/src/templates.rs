@@ -1,6 +1,7 @@
 //! The templates copse offers out of the box, named as E2B names them, and
 //! what runs in each sandbox beside the agent.
 
+use copse_protocol::kernels::INTERPRETER_USER;
 use copse_substrate::template::{PackageSystem, Recipe, builtin, write_file_script};
 
 pub const CODE_INTERPRETER: &str = "code-interpreter-v1";
@@ -10,14 +11,20 @@ const INTERPRETER_PATH: &str = "/opt/copse/copse_interpreter.py";
 /// Its JavaScript/TypeScript kernel, which it finds beside itself.
 const JS_KERNEL_SOURCE: &str = include_str!("../../interpreter/copse_js_kernel.mjs");
 const JS_KERNEL_PATH: &str = "/opt/copse/copse_js_kernel.mjs";
+/// Its Python kernel (ipykernel, started with the connection it is given).
+const PYTHON_KERNEL_SOURCE: &str = include_str!("../../interpreter/copse_python_kernel.py");
+const PYTHON_KERNEL_PATH: &str = "/opt/copse/copse_python_kernel.py";
 /// The SDK reaches the code interpreter on this sandbox port.
 pub const INTERPRETER_PORT: u16 = 49999;
 
-/// A long-running service a template starts in every sandbox, as its
-/// unprivileged user, before the sandbox is handed to anyone.
+/// A long-running service a template starts in every sandbox, as an
+/// unprivileged account of its own, before the sandbox is handed to anyone.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Service {
     pub command: String,
+    /// Not `user`: code running as `user` must not be able to signal it,
+    /// trace it, read its files or take its port.
+    pub user: &'static str,
     pub port: u16,
     /// Answers 2xx once the service is ready.
     pub health_path: &'static str,
@@ -53,15 +60,30 @@ pub fn recipes() -> Vec<Recipe> {
         post_install: vec![
             write_file_script(INTERPRETER_PATH, INTERPRETER_SOURCE.trim_end(), "0644"),
             write_file_script(JS_KERNEL_PATH, JS_KERNEL_SOURCE.trim_end(), "0644"),
+            write_file_script(PYTHON_KERNEL_PATH, PYTHON_KERNEL_SOURCE.trim_end(), "0644"),
+            add_account_script(INTERPRETER_USER),
         ],
         backend: base.backend,
     });
     recipes
 }
 
+/// A system account with no home and no login shell, by whichever tool the
+/// root has (`useradd` on Debian, `pw` on FreeBSD; POSIX sh for both).
+fn add_account_script(name: &str) -> String {
+    format!(
+        "id {name} >/dev/null 2>&1 || if command -v useradd >/dev/null 2>&1; then \
+         useradd --system --user-group --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin {name}; \
+         else pw useradd -n {name} -d /nonexistent -s /usr/sbin/nologin -c 'copse code interpreter'; fi"
+    )
+}
+
 pub fn service(template: &str) -> Option<Service> {
     (template == CODE_INTERPRETER).then(|| Service {
-        command: format!("exec python3 {INTERPRETER_PATH} --port {INTERPRETER_PORT}"),
+        // -I: nothing from the environment, the working directory or a user
+        // site directory gets into the interpreter's imports.
+        command: format!("exec python3 -I {INTERPRETER_PATH} --port {INTERPRETER_PORT}"),
+        user: INTERPRETER_USER,
         port: INTERPRETER_PORT,
         health_path: "/health",
     })
@@ -79,7 +101,9 @@ mod tests {
         assert!(base.packages.iter().all(|p| ci.packages.contains(p)));
         assert!(ci.post_install[0].contains(INTERPRETER_PATH));
         assert!(ci.post_install[1].contains(JS_KERNEL_PATH));
-        assert!(service(CODE_INTERPRETER).is_some());
+        assert!(ci.post_install[2].contains(PYTHON_KERNEL_PATH));
+        assert!(ci.post_install[3].contains("useradd --system") && ci.post_install[3].contains(INTERPRETER_USER));
+        assert_eq!(service(CODE_INTERPRETER).unwrap().user, INTERPRETER_USER);
         assert!(service("base").is_none());
     }
 }

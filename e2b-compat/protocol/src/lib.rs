@@ -9,6 +9,7 @@
 //! - [`signature`]: E2B's `v1_` signatures of pre-signed `/files` URLs.
 //! - [`error`]: what can go wrong talking to an agent.
 //! - [`headers`]: header names and the agent's port.
+//! - [`kernels`]: where the code interpreter asks the agent for kernels.
 //! - [`upgrade`]: splicing `Upgrade:` connections across one proxy hop.
 //! - [`process`]: the client side of `process.Process/Start`: the request,
 //!   the typed event stream, the collected output.
@@ -24,6 +25,7 @@ pub mod envelope;
 pub mod error;
 pub mod headers;
 pub mod json;
+pub mod kernels;
 pub mod process;
 pub mod signature;
 pub mod upgrade;

@@ -24,6 +24,10 @@ pub struct StartProcess {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tag: Option<String>,
     pub stdin: bool,
+    /// Runs as this user (envd takes it from `Authorization: Basic`, not
+    /// from the message); the agent's default user when `None`.
+    #[serde(skip)]
+    pub user: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
@@ -38,7 +42,7 @@ impl StartProcess {
     /// `cmd` with `args`, as the default user, in the default directory.
     pub fn new(cmd: impl Into<String>, args: impl IntoIterator<Item = impl Into<String>>) -> Self {
         let process = ProcessConfig { cmd: cmd.into(), args: args.into_iter().map(Into::into).collect(), cwd: None };
-        Self { process, tag: None, stdin: false }
+        Self { process, tag: None, stdin: false, user: None }
     }
 
     /// `shell -c script`.
@@ -56,11 +60,22 @@ impl StartProcess {
         self
     }
 
+    pub fn user(mut self, user: impl Into<String>) -> Self {
+        self.user = Some(user.into());
+        self
+    }
+
     /// The HTTP request for this call with `Host: host`; callers going
     /// through the gateway add its routing and token headers.
     pub fn request(&self, host: &str) -> Result<Request<Full<Bytes>>, Error> {
+        use base64::Engine as _;
         let message = serde_json::to_vec(self)?;
-        Ok(Request::post(START_PATH)
+        let mut request = Request::post(START_PATH);
+        if let Some(user) = &self.user {
+            let credentials = base64::engine::general_purpose::STANDARD.encode(format!("{user}:"));
+            request = request.header(hyper::header::AUTHORIZATION, format!("Basic {credentials}"));
+        }
+        Ok(request
             .header(hyper::header::HOST, host)
             .header(hyper::header::CONTENT_TYPE, headers::CONTENT_TYPE_STREAM)
             .header(headers::CONNECT_PROTOCOL_VERSION, headers::CONNECT_PROTOCOL_VERSION_1)
@@ -299,6 +314,13 @@ mod tests {
         assert!(matches!(ProcessStream::new(Chunked::new(&failed, 64)).output().await, Err(Error::Rpc { .. })));
     }
 
+    #[test]
+    fn a_named_user_travels_as_basic_credentials() {
+        let request = StartProcess::new("true", [""; 0]).user("copse-interp").request("agent").unwrap();
+        // base64("copse-interp:")
+        assert_eq!(request.headers()["authorization"], "Basic Y29wc2UtaW50ZXJwOg==");
+    }
+
     #[tokio::test]
     async fn the_request_is_one_envelope_with_the_start_message() {
         let start = StartProcess::shell("/bin/bash", "sleep 1").cwd("/home/user").tag("svc");
@@ -308,6 +330,7 @@ mod tests {
         assert_eq!(request.headers()["host"], "agent");
         assert_eq!(request.headers()["content-type"], "application/connect+json");
         assert_eq!(request.headers()["connect-protocol-version"], "1");
+        assert!(request.headers().get("authorization").is_none());
         let body = request.into_body().collect().await.unwrap().to_bytes();
         let mut decoder = EnvelopeDecoder::default();
         decoder.push(&body);

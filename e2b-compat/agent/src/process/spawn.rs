@@ -4,6 +4,7 @@
 
 use std::collections::HashMap;
 use std::io;
+use std::os::fd::OwnedFd;
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::sync::Arc;
@@ -94,30 +95,7 @@ impl Launcher {
                 .process_group(0);
         }
 
-        let ids = self.identity_switch(&plan.user)?;
-        let confinement = self.confinement.clone();
-        let new_session = plan.pty.is_some();
-        // SAFETY: the hook only makes system calls on data prepared above
-        // (no allocation, no locks), as required between fork and exec.
-        unsafe {
-            cmd.pre_exec(move || {
-                if new_session {
-                    // A terminal process leads its own session with the pty
-                    // as controlling terminal (job control, ^C, SIGWINCH).
-                    check(libc::setsid())?;
-                    check(libc::ioctl(0, libc::TIOCSCTTY as _, 0))?;
-                }
-                if let Some((uid, gid, groups)) = &ids {
-                    check(libc::setgroups(groups.len() as _, groups.as_ptr()))?;
-                    check(libc::setgid(*gid))?;
-                    check(libc::setuid(*uid))?;
-                }
-                if let Some(c) = &confinement {
-                    c.apply()?;
-                }
-                Ok(())
-            });
-        }
+        self.confine(&mut cmd, &plan.user, if plan.pty.is_some() { Session::WithTerminal } else { Session::Inherit })?;
 
         let mut child = cmd.spawn()?;
         // Our copies of the slave ends live in `cmd`; drop them so the master
@@ -132,6 +110,60 @@ impl Launcher {
             },
         };
         Ok(Spawned { child, io })
+    }
+
+    /// Starts `plan` on descriptors the caller provides (stdin, stdout,
+    /// stderr), leading a new session, so a signal to its group reaches
+    /// everything it runs in the foreground. The caller reaps it.
+    pub fn spawn_attached(&self, plan: &SpawnPlan, stdio: [OwnedFd; 3]) -> io::Result<Child> {
+        let [stdin, stdout, stderr] = stdio;
+        let mut cmd = Command::new(&plan.cmd);
+        cmd.args(&plan.args)
+            .env_clear()
+            .envs(&plan.env)
+            .current_dir(&plan.cwd)
+            .kill_on_drop(false)
+            .stdin(Stdio::from(stdin))
+            .stdout(Stdio::from(stdout))
+            .stderr(Stdio::from(stderr));
+        self.confine(&mut cmd, &plan.user, Session::New)?;
+        cmd.spawn()
+    }
+
+    /// Between fork and exec: the session, the switch to `user`, the
+    /// sandbox confinement.
+    fn confine(&self, cmd: &mut Command, user: &User, session: Session) -> io::Result<()> {
+        let ids = self.identity_switch(user)?;
+        let confinement = self.confinement.clone();
+        // SAFETY: the hook only makes system calls on data prepared above
+        // (no allocation, no locks), as required between fork and exec.
+        unsafe {
+            cmd.pre_exec(move || {
+                match session {
+                    Session::Inherit => {}
+                    Session::New => {
+                        check(libc::setsid())?;
+                    }
+                    Session::WithTerminal => {
+                        // A terminal process leads its own session with the
+                        // pty as controlling terminal (job control, ^C,
+                        // SIGWINCH).
+                        check(libc::setsid())?;
+                        check(libc::ioctl(0, libc::TIOCSCTTY as _, 0))?;
+                    }
+                }
+                if let Some((uid, gid, groups)) = &ids {
+                    check(libc::setgroups(groups.len() as _, groups.as_ptr()))?;
+                    check(libc::setgid(*gid))?;
+                    check(libc::setuid(*uid))?;
+                }
+                if let Some(c) = &confinement {
+                    c.apply()?;
+                }
+                Ok(())
+            });
+        }
+        Ok(())
     }
 
     /// The ids to switch to in the child, or `None` to stay as we are. As
@@ -151,6 +183,17 @@ impl Launcher {
             format!("cannot run as '{}': the agent is not running as root", user.name),
         ))
     }
+}
+
+/// What a child does about its session before exec.
+#[derive(Debug, Clone, Copy)]
+enum Session {
+    /// Stays in the agent's (pipes: `process_group(0)` gives it a group).
+    Inherit,
+    /// Leads a new one, without a terminal.
+    New,
+    /// Leads a new one with its stdin, a pty, as controlling terminal.
+    WithTerminal,
 }
 
 fn check(rc: libc::c_int) -> io::Result<()> {

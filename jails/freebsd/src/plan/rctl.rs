@@ -25,6 +25,11 @@ pub fn rules(id: &str, limits: &Limits) -> Vec<String> {
         format!("maxproc:deny={}", limits.pids),
         format!("openfiles:deny={OPENFILES}"),
         format!("writebps:throttle={WRITEBPS}"),
+        // No core files: a dump would carry the process's memory (tokens
+        // included) into the jail's disk, as Linux's RLIMIT_CORE 0/0
+        // prevents. Enforced by the kernel whatever the jail's root sets
+        // with ulimit (not run on FreeBSD).
+        "coredumpsize:deny=0".to_string(),
     ]
     .into_iter()
     .map(|r| format!("{subject}:{r}"))
@@ -108,6 +113,7 @@ mod tests {
                 "/usr/bin/rctl -a jail:copse-i3k2m9x:maxproc:deny=256",
                 "/usr/bin/rctl -a jail:copse-i3k2m9x:openfiles:deny=16384",
                 "/usr/bin/rctl -a jail:copse-i3k2m9x:writebps:throttle=134217728",
+                "/usr/bin/rctl -a jail:copse-i3k2m9x:coredumpsize:deny=0",
             ]
         );
         assert_eq!(remove_all("i3k2m9x").to_string(), "/usr/bin/rctl -r jail:copse-i3k2m9x");

@@ -98,6 +98,20 @@ mod tests {
         }
     }
 
+    /// Linux masks host state in /proc and /sys; a jail gets neither: no
+    /// procfs, linprocfs, linsysfs or fdescfs is mounted in it, and with
+    /// `allow.nomount` its root cannot mount one (not run on FreeBSD).
+    #[test]
+    fn no_process_or_kernel_filesystem_is_mounted_in_a_jail() {
+        let plan = render(&create(&layout(), &spec(), &zfs::Origin::template(&layout(), "base", 77)));
+        for fs in ["procfs", "linprocfs", "linsysfs", "fdescfs", "tmpfs -o ", "nullfs -o rw"] {
+            assert!(!plan.contains(fs), "{fs} in the create plan:\n{plan}");
+        }
+        let mounts: Vec<&str> = plan.lines().filter(|l| l.contains("/sbin/mount ")).collect();
+        assert_eq!(mounts.len(), 2, "devfs and the read-only agent directory only: {mounts:?}");
+        assert!(plan.contains("allow.nomount") && plan.contains("enforce_statfs=2"));
+    }
+
     #[test]
     fn create_plan_golden() {
         assert_golden(
@@ -116,6 +130,7 @@ run /usr/bin/rctl -a jail:copse-i3k2m9x:pcpu:deny=100
 run /usr/bin/rctl -a jail:copse-i3k2m9x:maxproc:deny=128
 run /usr/bin/rctl -a jail:copse-i3k2m9x:openfiles:deny=16384
 run /usr/bin/rctl -a jail:copse-i3k2m9x:writebps:throttle=134217728
+run /usr/bin/rctl -a jail:copse-i3k2m9x:coredumpsize:deny=0
 run /usr/bin/env -i /usr/sbin/jexec copse-i3k2m9x /sbin/ifconfig lo0 inet 127.0.0.1/8 up
 listen /var/run/copse/i3k2m9x.sock
 start jail=copse-i3k2m9x cwd=/ fd3=/var/run/copse/i3k2m9x.sock PATH=/sbin:/bin:/usr/sbin:/usr/bin:/usr/local/sbin:/usr/local/bin HOME=/root /.copse/copse-agent boot
