@@ -1032,3 +1032,138 @@ def test_i386_system_calls_are_refused(gateway):
             assert "status=159" in out, (user, out)  # 128 + SIGSYS
     finally:
         sbx.kill()
+
+
+# Sandbox ids on the host (docs/userns.md): uid/gid 0-65535 in every
+# sandbox are host ids R..R+65535, in a user namespace owned by a host uid
+# of the sandbox's own.
+ID_BASE = 1 << 31
+NS_GET_OWNER_UID = 0xB704
+
+
+def test_sandbox_root_is_an_unprivileged_host_id(gateway):
+    """The sandbox's uid and gid maps put its root at R, not host root."""
+    sbx = Sandbox.create(timeout=60)
+    try:
+        out = sbx.commands.run("cat /proc/self/uid_map /proc/self/gid_map; id -u", user="root").stdout
+        maps = [line.split() for line in out.splitlines()[:2]]
+        assert maps == [["0", str(ID_BASE), "65536"]] * 2, out
+        assert out.splitlines()[2] == "0", out
+    finally:
+        sbx.kill()
+
+
+def test_files_sandbox_root_makes_belong_to_its_host_range(gateway):
+    """A file and a setuid-root file written by sandbox root are, in its
+    upper dir on the host, owned by R: the setuid file is no host-root
+    setuid binary."""
+    sbx = Sandbox.create(timeout=60)
+    try:
+        sbx.commands.run("echo hi > /root/plain && cp /bin/true /root/suid && chmod 4755 /root/suid", user="root")
+        upper = DATA_DIR / "disk" / sbx.sandbox_id / "upper" / "root"
+        plain, suid = (upper / "plain").lstat(), (upper / "suid").lstat()
+        assert (plain.st_uid, plain.st_gid) == (ID_BASE, ID_BASE)
+        assert (suid.st_uid, suid.st_gid) == (ID_BASE, ID_BASE)
+        assert suid.st_mode & stat.S_ISUID, oct(suid.st_mode)
+        # Inside, they are root's as ever.
+        out = sbx.commands.run("stat -c '%u %g %a' /root/plain /root/suid", user="root").stdout.split("\n")
+        assert out[:2] == ["0 0 644", "0 0 4755"], out
+    finally:
+        sbx.kill()
+
+
+def _host_pid_of(token: str) -> int:
+    for entry in pathlib.Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if token.encode() in (entry / "cmdline").read_bytes():
+                    return int(entry.name)
+            except OSError:
+                continue
+    raise AssertionError(f"no host process runs {token}")
+
+
+def _userns_owner(pid: int) -> int:
+    import array
+    import fcntl
+
+    fd = os.open(f"/proc/{pid}/ns/user", os.O_RDONLY)
+    try:
+        buf = array.array("I", [0])
+        fcntl.ioctl(fd, NS_GET_OWNER_UID, buf)
+        return buf[0]
+    finally:
+        os.close(fd)
+
+
+def test_each_sandbox_has_a_user_namespace_owner_of_its_own(gateway):
+    """The kernel charges per-user counts to a user namespace's owner: two
+    sandboxes' namespaces have distinct owners, neither host root nor a
+    sandbox's own ids."""
+    first, second = Sandbox.create(timeout=60), Sandbox.create(timeout=60)
+    try:
+        owners = []
+        for sbx in (first, second):
+            token = f"copse-owner-probe-{sbx.sandbox_id}"
+            sbx.commands.run(f"exec -a {token} sleep 600", user="root", background=True)
+            deadline = time.monotonic() + 10
+            while True:
+                try:
+                    owners.append(_userns_owner(_host_pid_of(token)))
+                    break
+                except AssertionError:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.2)
+        assert 0 not in owners, owners
+        assert owners[0] != owners[1], owners
+        for owner in owners:
+            assert not ID_BASE <= owner < ID_BASE + 65536, owners
+    finally:
+        first.kill()
+        second.kill()
+
+
+def test_inotify_exhaustion_in_one_sandbox_leaves_watch_dir_working_in_another(gateway):
+    """Sandbox root opens inotify instances until the kernel refuses; the
+    refusal counts against its own namespace's owner, so another
+    sandbox's agent can still watch a directory."""
+    greedy, neighbour = Sandbox.create(timeout=60), Sandbox.create(timeout=60)
+    try:
+        script = (
+            "import ctypes, time\n"
+            "libc = ctypes.CDLL(None, use_errno=True)\n"
+            "fds = []\n"
+            "while len(fds) < 100000:\n"
+            "    fd = libc.inotify_init1(0)\n"
+            "    if fd < 0:\n"
+            "        break\n"
+            "    fds.append(fd)\n"
+            "open('/root/held', 'w').write(f'{len(fds)} {ctypes.get_errno()}')\n"
+            "time.sleep(60)\n"
+        )
+        greedy.files.write("/root/greedy.py", script, user="root")
+        greedy.commands.run("python3 /root/greedy.py", user="root", background=True)
+        deadline = time.monotonic() + 20
+        while not greedy.files.exists("/root/held", user="root"):
+            assert time.monotonic() < deadline, "the greedy process never reported"
+            time.sleep(0.2)
+        held, errno = greedy.files.read("/root/held", user="root").split()
+        # EMFILE below the descriptor limit: the per-user limit refused.
+        limit = int(pathlib.Path("/proc/sys/fs/inotify/max_user_instances").read_text())
+        assert errno == "24" and int(held) <= limit, f"{held} instances, then errno {errno}"
+
+        events = []
+        handle = neighbour.files.watch_dir("/home/user")
+        try:
+            neighbour.files.write("/home/user/seen", "x")
+            deadline = time.monotonic() + 10
+            while not any(e.name == "seen" for e in events) and time.monotonic() < deadline:
+                events.extend(handle.get_new_events())
+                time.sleep(0.2)
+        finally:
+            handle.stop()
+        assert any(e.name == "seen" for e in events), events
+    finally:
+        greedy.kill()
+        neighbour.kill()

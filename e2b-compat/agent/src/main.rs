@@ -47,6 +47,10 @@ enum Command {
         #[arg(long, hide = true)]
         init: bool,
     },
+    /// CRIU's action script when the substrate restores a sandbox (the
+    /// host side; CRIU runs it as host root).
+    #[command(hide = true)]
+    CriuAction,
 }
 
 /// Settings shared by the modes that start the agent themselves.
@@ -87,6 +91,7 @@ fn main() -> anyhow::Result<()> {
             copse_agent::guest::run(GuestOptions { listen, console, nic }, agent.config())
         }
         Command::Boot { init } => boot(init),
+        Command::CriuAction => copse_jailer::criu_action(),
     }
 }
 

@@ -15,10 +15,6 @@ pub const SOCKET_MOUNT: &str = ".copse/run";
 pub const AGENT_NAME: &str = "copse-agent";
 pub const SOCKET_NAME: &str = "agent.sock";
 
-/// Linux: the descriptor on which a restore hands CRIU the network
-/// namespace it made (CRIU's `--inherit-fd fd[N]:…`).
-pub const NETNS_FD: i32 = 4;
-
 /// FreeBSD: the descriptor on which the agent finds its listening socket
 /// when the backend starts it inside the jail.
 pub const AGENT_SOCKET_FD: i32 = 3;

@@ -48,6 +48,19 @@ pub fn boot_agent(serve: impl FnOnce(std::os::unix::net::UnixListener) -> anyhow
     }
 }
 
+/// Entry point of `copse-agent criu-action`: CRIU's action script for a
+/// sandbox's restore (Linux only; see `linux::boot::criu_action`).
+pub fn criu_action() -> anyhow::Result<()> {
+    #[cfg(target_os = "linux")]
+    {
+        linux::boot::criu_action()
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        anyhow::bail!("criu-action runs only on Linux")
+    }
+}
+
 /// Entry point of `copse-agent boot --init`: the sandbox's init once it runs
 /// from the agent binary inside the sandbox (Linux only; see
 /// `linux::boot`). Never returns.

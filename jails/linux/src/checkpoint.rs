@@ -8,8 +8,13 @@
 //! files inside the sandbox. Three things stay outside the image on purpose:
 //! - the agent binary's and socket's directories, declared external mounts
 //!   and mapped to the new sandbox's own on restore;
-//! - the network namespace: the restored tree joins a fresh one, which the
-//!   substrate then plugs into the sandbox network under the new address;
+//! - the network namespace's configuration: it belongs to the sandbox's user
+//!   namespace like every other (CRIU dumps only such trees, and restoring
+//!   established TCP connections needs `CAP_NET_ADMIN` over it), but CRIU
+//!   saves and restores none of it (`--empty-ns net`): the restored tree
+//!   gets an empty one, which the action script (`copse-agent criu-action`)
+//!   prepares and the substrate then plugs into the sandbox network under
+//!   the new address;
 //! - cgroups: the restored tree inherits the new sandbox's, which the restore
 //!   helper joins before starting CRIU.
 //!
@@ -24,13 +29,17 @@ use std::process::Command;
 
 use anyhow::{Context, bail};
 
-use copse_jailer::handoff::{AGENT_MOUNT, NETNS_FD, SOCKET_MOUNT};
+use copse_jailer::handoff::{AGENT_MOUNT, SOCKET_MOUNT};
+use copse_jailer::linux::boot::{DEVICES, device_mounts};
 
 /// Keys naming the external mounts in an image.
 const AGENT_KEY: &str = "copse-agent";
 const SOCKET_KEY: &str = "copse-run";
-/// Key naming the external network namespace in an image.
-const NET_KEY: &str = "copse-net";
+/// Key naming a host device node's mounts in an image (every mount of one
+/// device shares it: see `copse_jailer::linux::boot::device_mounts`).
+fn device_key(device: &str) -> String {
+    format!("copse-dev-{device}")
+}
 /// Oldest CRIU major version that works on current kernels.
 const MIN_MAJOR: u32 = 4;
 
@@ -84,14 +93,12 @@ impl Criu {
 
     /// Checkpoints the tree under `init` into `images`, leaving it running
     /// (or frozen, if its cgroup was frozen). `freezer` is the sandbox's
-    /// freezer cgroup directory, `netns_inode` its network namespace's.
+    /// freezer cgroup directory.
     /// CRIU's own log goes to the gateway's log, not into the error.
-    pub fn dump(&self, init: i32, images: &Path, freezer: &Path, netns_inode: u64) -> anyhow::Result<()> {
+    pub fn dump(&self, init: i32, images: &Path, freezer: &Path) -> anyhow::Result<()> {
         std::fs::create_dir_all(images).with_context(|| format!("creating {}", images.display()))?;
-        let output = Command::new(&self.binary)
-            .args(dump_args(init, images, freezer, netns_inode))
-            .output()
-            .context("running criu dump")?;
+        let output =
+            Command::new(&self.binary).args(dump_args(init, images, freezer)).output().context("running criu dump")?;
         if !output.status.success() {
             tracing::error!(log = %log_tail(&images.join("dump.log")), "criu dump failed");
             bail!("CRIU could not checkpoint the sandbox's processes (its log is in the gateway's log)");
@@ -114,7 +121,7 @@ fn first_line(output: &std::process::Output) -> String {
 /// (ptrace alone would wait forever on frozen tasks); established TCP
 /// connections (a code interpreter's kernel talks to its broker over
 /// loopback) are kept with the kernel's repair mode.
-pub fn dump_args(init: i32, images: &Path, freezer: &Path, netns_inode: u64) -> Vec<String> {
+pub fn dump_args(init: i32, images: &Path, freezer: &Path) -> Vec<String> {
     let mut args: Vec<String> = vec![
         "dump".into(),
         "--tree".into(),
@@ -135,46 +142,68 @@ pub fn dump_args(init: i32, images: &Path, freezer: &Path, netns_inode: u64) -> 
         // through libnftables: no iptables on the host, no host rule touched.
         "--network-lock".into(),
         "nftables".into(),
+        "--empty-ns".into(),
+        "net".into(),
     ];
-    for external in [
-        format!("mnt[/{AGENT_MOUNT}]:{AGENT_KEY}"),
-        format!("mnt[/{SOCKET_MOUNT}]:{SOCKET_KEY}"),
-        format!("net[{netns_inode}]:{NET_KEY}"),
-    ] {
+    let devices = device_mounts().map(|(path, device)| format!("mnt[/{path}]:{}", device_key(device)));
+    for external in [format!("mnt[/{AGENT_MOUNT}]:{AGENT_KEY}"), format!("mnt[/{SOCKET_MOUNT}]:{SOCKET_KEY}")]
+        .into_iter()
+        .chain(devices)
+    {
         args.push("--external".into());
         args.push(external);
     }
     args
 }
 
-/// `criu restore` arguments for a tree restored under `root` (the new
-/// sandbox's merged overlay, mounted by the restore helper), with the
-/// external mounts mapped to `agent_dir` and `socket_dir` and the network
-/// namespace taken from [`NETNS_FD`]. The restored init's host pid is
-/// written to `pidfile`; CRIU detaches once the tree runs.
-pub fn restore_args(images: &Path, root: &Path, agent_dir: &Path, socket_dir: &Path, pidfile: &Path) -> Vec<String> {
+/// Where a restore finds things on the host: see [`restore_args`].
+pub struct RestorePaths<'a> {
+    pub images: &'a Path,
+    /// The new sandbox's merged overlay, mounted by the restore helper.
+    pub root: &'a Path,
+    pub agent_dir: &'a Path,
+    pub socket_dir: &'a Path,
+    /// Where CRIU writes the restored init's host pid; its directory is
+    /// CRIU's work directory.
+    pub pidfile: &'a Path,
+    /// An executable running `copse-agent criu-action`.
+    pub action_script: &'a Path,
+}
+
+/// `criu restore` arguments for a tree restored under `paths.root`, with the
+/// external mounts mapped to the agent's and socket's directories and an
+/// empty network namespace prepared by the action script. CRIU detaches
+/// once the tree runs.
+pub fn restore_args(paths: &RestorePaths<'_>) -> Vec<String> {
     let mut args: Vec<String> = vec![
         "restore".into(),
         "--images-dir".into(),
-        images.display().to_string(),
+        paths.images.display().to_string(),
         "--work-dir".into(),
-        pidfile.parent().unwrap_or(Path::new("/")).display().to_string(),
+        paths.pidfile.parent().unwrap_or(Path::new("/")).display().to_string(),
         "--log-file".into(),
         "restore.log".into(),
         "--root".into(),
-        root.display().to_string(),
+        paths.root.display().to_string(),
         "--restore-detached".into(),
         "--pidfile".into(),
-        pidfile.display().to_string(),
+        paths.pidfile.display().to_string(),
         "--manage-cgroups=ignore".into(),
         "--tcp-established".into(),
         "--file-locks".into(),
         "--link-remap".into(),
-        "--inherit-fd".into(),
-        format!("fd[{NETNS_FD}]:{NET_KEY}"),
+        "--empty-ns".into(),
+        "net".into(),
+        "--action-script".into(),
+        paths.action_script.display().to_string(),
     ];
-    for external in
-        [format!("mnt[{AGENT_KEY}]:{}", agent_dir.display()), format!("mnt[{SOCKET_KEY}]:{}", socket_dir.display())]
+    let devices = DEVICES.iter().map(|device| format!("mnt[{}]:/dev/{device}", device_key(device)));
+    for external in [
+        format!("mnt[{AGENT_KEY}]:{}", paths.agent_dir.display()),
+        format!("mnt[{SOCKET_KEY}]:{}", paths.socket_dir.display()),
+    ]
+    .into_iter()
+    .chain(devices)
     {
         args.push("--external".into());
         args.push(external);
@@ -209,7 +238,7 @@ mod tests {
 
     #[test]
     fn dump_keeps_the_source_running_and_names_every_external() {
-        let args = dump_args(42, Path::new("/s/ckpt/x"), Path::new("/sys/fs/cgroup/freezer/copse-1/a"), 4026532000);
+        let args = dump_args(42, Path::new("/s/ckpt/x"), Path::new("/sys/fs/cgroup/freezer/copse-1/a"));
         let text = args.join(" ");
         assert!(text.starts_with("dump --tree 42 --images-dir /s/ckpt/x "), "{text}");
         for part in [
@@ -219,30 +248,38 @@ mod tests {
             "--network-lock nftables",
             "--external mnt[/.copse/bin]:copse-agent",
             "--external mnt[/.copse/run]:copse-run",
-            "--external net[4026532000]:copse-net",
+            "--empty-ns net",
+            "--external mnt[/dev/null]:copse-dev-null",
+            "--external mnt[/proc/kcore]:copse-dev-null",
+            "--external mnt[/dev/urandom]:copse-dev-urandom",
         ] {
             assert!(text.contains(part), "{part} missing from {text}");
         }
+        assert!(!text.contains("net["), "the network namespace is the sandbox's own, not external: {text}");
     }
 
     #[test]
     fn restore_maps_every_external_to_the_new_sandbox() {
-        let args = restore_args(
-            Path::new("/s/ckpt/x"),
-            Path::new("/s/sandboxes/b/root"),
-            Path::new("/s/agent"),
-            Path::new("/s/sandboxes/b/run"),
-            Path::new("/s/sandboxes/b/restore/init.pid"),
-        );
+        let args = restore_args(&RestorePaths {
+            images: Path::new("/s/ckpt/x"),
+            root: Path::new("/run/copse-stage/root"),
+            agent_dir: Path::new("/run/copse-stage/bin"),
+            socket_dir: Path::new("/run/copse-stage/run"),
+            pidfile: Path::new("/s/sandboxes/b/restore/init.pid"),
+            action_script: Path::new("/s/criu-action"),
+        });
         let text = args.join(" ");
         for part in [
-            "--root /s/sandboxes/b/root",
+            "--root /run/copse-stage/root",
             "--restore-detached",
             "--pidfile /s/sandboxes/b/restore/init.pid",
             "--work-dir /s/sandboxes/b/restore",
-            "--inherit-fd fd[4]:copse-net",
-            "--external mnt[copse-agent]:/s/agent",
-            "--external mnt[copse-run]:/s/sandboxes/b/run",
+            "--empty-ns net",
+            "--action-script /s/criu-action",
+            "--external mnt[copse-agent]:/run/copse-stage/bin",
+            "--external mnt[copse-run]:/run/copse-stage/run",
+            "--external mnt[copse-dev-null]:/dev/null",
+            "--external mnt[copse-dev-tty]:/dev/tty",
         ] {
             assert!(text.contains(part), "{part} missing from {text}");
         }

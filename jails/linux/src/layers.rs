@@ -41,6 +41,10 @@ struct SnapshotFile {
     #[serde(flatten)]
     base: Base,
     size_bytes: u64,
+    /// In an export only: the host id its layers' sandbox ids start at
+    /// (absent: 0, an export from before user namespaces).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    id_base: Option<u32>,
 }
 
 pub struct LayerStore {
@@ -116,7 +120,7 @@ impl LayerStore {
         let mut layers = vec![layer];
         layers.extend(below.layers.iter().cloned());
         let size_bytes = layers.iter().map(|l| super::rootfs::tree_size(&self.layer_dir(l))).sum();
-        let file = SnapshotFile { base: Base { template: below.template.clone(), layers }, size_bytes };
+        let file = SnapshotFile { base: Base { template: below.template.clone(), layers }, size_bytes, id_base: None };
         write_json(&self.snapshot_file(id), &file)?;
         Ok(info(id, &file))
     }
@@ -180,8 +184,10 @@ impl LayerStore {
     /// One tar stream: `snapshot.json` (template, layers), the memory
     /// `checkpoint` directory if there is one, then each layer, with the
     /// xattrs and device nodes overlay relies on.
-    pub fn export(&self, id: &str, checkpoint: Option<&Path>, out: &mut dyn Write) -> anyhow::Result<()> {
-        let file = self.read(id)?.with_context(|| format!("snapshot {id} not found"))?;
+    /// `id_base` is recorded, so an importer with another shifts the layers.
+    pub fn export(&self, id: &str, checkpoint: Option<&Path>, id_base: u32, out: &mut dyn Write) -> anyhow::Result<()> {
+        let mut file = self.read(id)?.with_context(|| format!("snapshot {id} not found"))?;
+        file.id_base = Some(id_base);
         let staging = tempdir_in(&self.state_dir, "export")?;
         let result = (|| {
             write_json(&staging.join("snapshot.json"), &file)?;
@@ -209,8 +215,16 @@ impl LayerStore {
 
     /// Reads an [`Self::export`] stream into snapshot `id`, and its memory
     /// checkpoint (if any) into `checkpoint`. Layers get new names here, so
-    /// imports never collide with layers already present.
-    pub fn import(&self, id: &str, checkpoint: &Path, input: &mut dyn Read) -> anyhow::Result<SnapshotInfo> {
+    /// imports never collide with layers already present. Layers exported
+    /// with another id base than `id_base` are shifted to it, and their
+    /// memory is dropped (its images map the other base's ids).
+    pub fn import(
+        &self,
+        id: &str,
+        checkpoint: &Path,
+        id_base: u32,
+        input: &mut dyn Read,
+    ) -> anyhow::Result<SnapshotInfo> {
         let staging = tempdir_in(&self.state_dir, "import")?;
         let result = (|| {
             let mut child = Command::new("tar")
@@ -230,6 +244,14 @@ impl LayerStore {
             }
             let bytes = fs::read(staging.join("snapshot.json")).context("the export has no snapshot.json")?;
             let mut file: SnapshotFile = serde_json::from_slice(&bytes).context("corrupt snapshot.json")?;
+            let exported_base = file.id_base.take().unwrap_or(0);
+            let same_ids = exported_base == id_base;
+            for layer in &file.base.layers {
+                copse_substrate::template::validate_name(layer).map_err(copse_substrate::SubstrateError::Invalid)?;
+                if !same_ids && staging.join(layer).is_dir() {
+                    crate::ids::shift_tree(&staging.join(layer), exported_base, id_base)?;
+                }
+            }
             let _guard = self.guard();
             let mut renamed = Vec::new();
             for layer in &file.base.layers {
@@ -240,7 +262,7 @@ impl LayerStore {
                 renamed.push(name);
             }
             file.base.layers = renamed;
-            let memory = staging.join(CHECKPOINT).is_dir();
+            let memory = same_ids && staging.join(CHECKPOINT).is_dir();
             if memory {
                 fs::create_dir_all(checkpoint.parent().unwrap_or(Path::new("/")))?;
                 fs::rename(staging.join(CHECKPOINT), checkpoint).context("keeping the memory checkpoint")?;
@@ -388,13 +410,13 @@ mod tests {
         let u = upper(dir.path(), "u", &[("d/f.txt", "payload")]);
         store.capture("s1", &u, &Base { template: "base".into(), layers: vec![] }).unwrap();
         let mut stream = Vec::new();
-        store.export("s1", None, &mut stream).unwrap();
+        store.export("s1", None, 7, &mut stream).unwrap();
 
         let (_other_dir, other) = self::store();
-        let imported = other.import("moved", Path::new("/nonexistent/ckpt"), &mut stream.as_slice()).unwrap();
+        let imported = other.import("moved", Path::new("/nonexistent/ckpt"), 7, &mut stream.as_slice()).unwrap();
         assert_eq!(imported.template, "base");
         let base = other.get("moved").unwrap().unwrap();
         assert_eq!(fs::read_to_string(other.layer_dir(&base.layers[0]).join("d/f.txt")).unwrap(), "payload");
-        assert!(other.import("bad", Path::new("/nonexistent/ckpt"), &mut &b"not a tar"[..]).is_err());
+        assert!(other.import("bad", Path::new("/nonexistent/ckpt"), 7, &mut &b"not a tar"[..]).is_err());
     }
 }

@@ -7,9 +7,14 @@
 //!
 //! Host layout under the state directory:
 //! - `templates/<name>/rootfs`: read-only lower layers (see [`rootfs`]);
-//! - `sandboxes/<id>/root`: where each sandbox's root is mounted;
+//! - `sandboxes/<id>/owner`: the host uid owning the sandbox's user
+//!   namespace (see [`ids`]);
 //! - `disk/<id>/{upper,work}`: each sandbox's private layer, a btrfs
-//!   subvolume limited to the sandbox's `disk_mb` (see [`disk`]);
+//!   subvolume limited to the sandbox's `disk_mb` (see [`disk`]), owned by
+//!   the sandbox's root (host uid [`ids::BASE`]);
+//! - `id-base`: the host id every file a sandbox sees is shifted by
+//!   (see [`ids::migrate`]);
+//! - `criu-action`: CRIU's action script for restores (see [`checkpoint`]);
 //! - `sandboxes/<id>/run/agent.sock`: the agent's socket, bound from inside
 //!   the sandbox on this directory (mounted there at `/.copse/run`); the
 //!   gateway's socket path (`run/<id>.sock`) is a symlink to it, and the
@@ -21,9 +26,10 @@
 //!   at `/.copse/bin`, so its processes run from a file inside the sandbox;
 //! - cgroup `copse-<hash of the state dir>/<id>` in every hierarchy.
 //!
-//! Mounts exist only inside each sandbox's mount namespace, with one
-//! exception made once per state directory and kept: the btrfs file system
-//! at `disk/` (see [`disk`]).
+//! Mounts exist only inside each sandbox's mount namespace (or the private
+//! one its boot or restore makes on the host stage, `/run/copse/stage`),
+//! with one exception made once per state directory and kept: the btrfs
+//! file system at `disk/` (see [`disk`]).
 
 #![cfg(target_os = "linux")]
 
@@ -31,6 +37,7 @@ pub mod agent_socket;
 pub mod cgroup;
 pub mod checkpoint;
 pub mod disk;
+pub mod ids;
 pub mod layers;
 pub mod rootfs;
 
@@ -42,7 +49,7 @@ use std::process::{Command, Stdio};
 use anyhow::{Context, bail};
 
 use cgroup::{Cgroups, Hierarchy};
-use checkpoint::Criu;
+use checkpoint::{Criu, RestorePaths};
 use copse_jailer::handoff::{AGENT_NAME, SOCKET_NAME};
 use copse_jailer::linux::boot::{BootPlan, Launch, RestorePlan};
 use copse_substrate::{
@@ -70,6 +77,7 @@ pub struct LinuxSubstrate {
     templates: TemplateStore,
     layers: LayerStore,
     cgroups: Cgroups,
+    owners: ids::Owners,
     network: Option<copse_cubenet::linux::HostNetwork>,
 }
 
@@ -80,6 +88,7 @@ impl LinuxSubstrate {
         for dir in [&sandboxes, &run] {
             fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         }
+        ids::migrate(state_dir).context("moving the state directory's files into the sandbox id range")?;
         let agent_dir = state_dir.join("agent");
         // Template builds need no agent, so they can run while it compiles;
         // booting a sandbox without one fails in `launch`.
@@ -103,6 +112,7 @@ impl LinuxSubstrate {
             templates: TemplateStore::new(state_dir),
             layers: LayerStore::open(state_dir)?,
             cgroups: Cgroups::new(Hierarchy::detect()?, state_dir),
+            owners: ids::Owners::new(Path::new(ids::OWNERS_DIR)),
             network: None,
         })
     }
@@ -132,7 +142,7 @@ impl LinuxSubstrate {
         }
     }
 
-    fn boot_plan(&self, spec: &SandboxSpec, base: &Base) -> BootPlan {
+    fn boot_plan(&self, spec: &SandboxSpec, base: &Base, stage: PathBuf, owner: u32) -> BootPlan {
         let dir = self.sandbox_dir(&spec.id);
         let volume = self.volume(&spec.id);
         let mut lowers: Vec<PathBuf> = base.layers.iter().map(|l| self.layers.layer_dir(l)).collect();
@@ -142,10 +152,32 @@ impl LinuxSubstrate {
             lowers,
             upper: volume.join("upper"),
             work: volume.join("work"),
-            root: dir.join("root"),
+            stage,
             cgroup_procs: self.cgroups.procs_files(&spec.id),
             agent_dir: self.agent_dir.clone(),
             socket_dir: dir.join("run"),
+            ids: ids::map(owner),
+        }
+    }
+
+    /// Who holds an owner uid claimed for sandbox `id`.
+    fn owner_holder(&self, id: &str) -> String {
+        format!("{}:{id}", self.state_dir.display())
+    }
+
+    /// Claims the owner of sandbox `id`'s user namespace, recorded in its
+    /// directory so that [`Self::destroy`] gives it back.
+    fn claim_owner(&self, id: &str) -> anyhow::Result<u32> {
+        let owner = self.owners.claim(&self.owner_holder(id))?;
+        let path = self.sandbox_dir(id).join("owner");
+        fs::write(&path, owner.to_string()).with_context(|| format!("writing {}", path.display()))?;
+        Ok(owner)
+    }
+
+    fn release_owner(&self, id: &str) {
+        let recorded = fs::read_to_string(self.sandbox_dir(id).join("owner")).ok();
+        if let Some(owner) = recorded.and_then(|s| s.trim().parse().ok()) {
+            self.owners.release(owner, &self.owner_holder(id));
         }
     }
 
@@ -166,11 +198,16 @@ impl LinuxSubstrate {
         if self.templates.get(&base.template).is_none() {
             return Err(SubstrateError::NotFound(format!("template {} is not built", base.template)).into());
         }
-        let plan = self.boot_plan(spec, &base);
+        let owner = self.claim_owner(&spec.id)?;
+        let plan = self.boot_plan(spec, &base, ids::ensure_stage()?, owner);
         // Before anything is written in it: the limit holds from the first byte.
         self.disk()?.create(&spec.id, spec.limits.disk_mb)?;
-        for dir in [&plan.upper, &plan.work, &plan.root, &plan.socket_dir] {
+        for dir in [&plan.upper, &plan.work, &plan.socket_dir] {
             fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+            // The sandbox's root writes there (the overlay's root directory
+            // is the upper directory's; the agent binds its socket).
+            std::os::unix::fs::lchown(dir, Some(ids::BASE), Some(ids::BASE))
+                .with_context(|| format!("handing {} to the sandbox's root", dir.display()))?;
         }
         self.cgroups.create(&spec.id, &spec.limits)?;
         link_socket(&plan.socket_dir, &spec.agent_socket)?;
@@ -239,12 +276,10 @@ impl LinuxSubstrate {
 
     /// Checkpoints a frozen sandbox's processes as `snapshot_id`.
     fn dump(&self, id: &str, snapshot_id: &str) -> anyhow::Result<()> {
-        use std::os::unix::fs::MetadataExt;
         let criu = self.criu()?;
         let init = self.init_pid(id)?;
-        let netns = fs::metadata(format!("/proc/{init}/ns/net")).context("reading init's network namespace")?.ino();
         let images = self.checkpoint_dir(snapshot_id);
-        let dumped = criu.dump(init, &images, &self.cgroups.freezer_dir(id), netns);
+        let dumped = criu.dump(init, &images, &self.cgroups.freezer_dir(id));
         if dumped.is_err() {
             let _ = fs::remove_dir_all(&images);
         }
@@ -260,7 +295,15 @@ impl LinuxSubstrate {
         fs::create_dir_all(&work_dir).with_context(|| format!("creating {}", work_dir.display()))?;
         let pidfile = work_dir.join("init.pid");
         let images = self.checkpoint_dir(snapshot_id);
-        let args = checkpoint::restore_args(&images, &sandbox.root, &self.agent_dir, &sandbox.socket_dir, &pidfile);
+        let action_script = self.criu_action_script()?;
+        let args = checkpoint::restore_args(&RestorePaths {
+            images: &images,
+            root: &sandbox.stage_root(),
+            agent_dir: &sandbox.stage_agent(),
+            socket_dir: &sandbox.stage_socket(),
+            pidfile: &pidfile,
+            action_script: &action_script,
+        });
         let hostname = sandbox.hostname.clone();
         self.launch(&Launch::Restore(RestorePlan { sandbox, criu, args })).map_err(|e| {
             let log = checkpoint::log_tail(&work_dir.join("restore.log"));
@@ -279,6 +322,24 @@ impl LinuxSubstrate {
         set_hostname(pid, &hostname)?;
         let init_start = process_start_time(pid).context("init vanished right after restore")?;
         Ok(Placement { init_pid: pid, init_start })
+    }
+
+    /// CRIU runs its action script by path, without arguments: a script
+    /// that runs the installed agent's `criu-action`.
+    fn criu_action_script(&self) -> anyhow::Result<PathBuf> {
+        use std::os::unix::fs::PermissionsExt;
+        let agent = self.agent_dir.join(AGENT_NAME);
+        let agent =
+            agent.to_str().filter(|a| !a.contains('\'')).context("the state directory's path cannot be quoted")?;
+        let script = self.state_dir.join("criu-action");
+        let text = format!("#!/bin/sh\nexec '{agent}' criu-action\n");
+        if fs::read_to_string(&script).ok().as_deref() != Some(text.as_str()) {
+            let partial = self.state_dir.join(".criu-action.partial");
+            fs::write(&partial, &text).with_context(|| format!("writing {}", partial.display()))?;
+            fs::set_permissions(&partial, fs::Permissions::from_mode(0o700))?;
+            fs::rename(&partial, &script).with_context(|| format!("installing {}", script.display()))?;
+        }
+        Ok(script)
     }
 
     /// Deletes the sandbox's writable layer, and with it its quota.
@@ -353,6 +414,7 @@ impl Substrate for LinuxSubstrate {
         }
         self.cgroups.destroy(id)?;
         self.remove_volume(id)?;
+        self.release_owner(id);
         let dir = self.sandbox_dir(id);
         let stacked = self.base(id).is_ok_and(|b| !b.layers.is_empty());
         match fs::remove_dir_all(&dir) {
@@ -461,12 +523,12 @@ impl Substrate for LinuxSubstrate {
 
     fn export_snapshot(&self, snapshot_id: &str, out: &mut dyn std::io::Write) -> anyhow::Result<()> {
         let checkpoint = self.checkpoint_dir(snapshot_id);
-        self.layers.export(snapshot_id, checkpoint.is_dir().then_some(checkpoint.as_path()), out)
+        self.layers.export(snapshot_id, checkpoint.is_dir().then_some(checkpoint.as_path()), ids::BASE, out)
     }
 
     fn import_snapshot(&self, snapshot_id: &str, input: &mut dyn std::io::Read) -> anyhow::Result<SnapshotInfo> {
         copse_substrate::template::validate_name(snapshot_id).map_err(SubstrateError::Invalid)?;
-        self.layers.import(snapshot_id, &self.checkpoint_dir(snapshot_id), input)
+        self.layers.import(snapshot_id, &self.checkpoint_dir(snapshot_id), ids::BASE, input)
     }
 
     fn recover(&self, known: &[(String, Placement)]) -> anyhow::Result<Recovery> {

@@ -78,6 +78,10 @@ impl TemplateStore {
             progress(&format!("[{}/{}] {}", i + 1, plan.len(), step.describe()));
             run_streaming(step, progress).with_context(|| format!("template {}: {}", recipe.name, step.describe()))?;
         }
+        // Built as host root; used by sandboxes whose root is host uid BASE.
+        progress(&format!("moving the files' owners into the sandbox id range (+{})", crate::ids::BASE));
+        crate::ids::shift_tree(&rootfs, 0, crate::ids::BASE)
+            .with_context(|| format!("template {}: shifting owners", recipe.name))?;
         let info = TemplateInfo {
             name: recipe.name.clone(),
             built_at: SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),

@@ -3,10 +3,16 @@
 //!
 //! The Linux substrate (`copse-namespaces`) computes a [`BootPlan`] and starts `copse-agent boot` with it
 //! on standard input. That process (fresh, single-threaded) joins the
-//! sandbox's cgroup, unshares every namespace, and forks the sandbox's init.
-//! Init makes itself a session leader, builds the root filesystem inside its
-//! private mount namespace (so no mount is ever visible on the host, and all
-//! of them vanish with the namespace), pivots into it, and re-executes the
+//! sandbox's cgroup and, still host root, mounts the overlay root and the
+//! agent's and socket's directories on the stage (see [`BootPlan::stage`]) in
+//! a private mount namespace of its own. It then creates the sandbox's user
+//! namespace with the per-sandbox owner uid as its euid (see [`IdMap`]),
+//! has a helper that stayed host root write the id maps, becomes root of
+//! that namespace, unshares every other namespace inside it, and forks the
+//! sandbox's init. Init makes itself a session leader, builds the root
+//! filesystem inside its private mount namespace (so no mount is ever
+//! visible on the host, and all of them vanish with the namespace), pivots
+//! into it, and re-executes the
 //! agent binary from inside the sandbox (`copse-agent boot --init`, see
 //! [`run_init`]). That second stage binds the agent's socket on the
 //! sandbox's socket directory, forks the agent, and reaps orphans until the
@@ -27,12 +33,11 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, bail};
 use nix::mount::{MntFlags, MsFlags, mount, umount2};
 use nix::sched::{CloneFlags, unshare};
-use nix::sys::stat::{Mode, SFlag, makedev, mknod};
 use nix::sys::wait::{WaitStatus, waitpid};
 use nix::unistd::{ForkResult, Pid, chdir, fork, pivot_root, sethostname};
 use serde::{Deserialize, Serialize};
 
-use crate::handoff::{AGENT_MOUNT, AGENT_NAME, NETNS_FD, SOCKET_MOUNT, SOCKET_NAME};
+use crate::handoff::{AGENT_MOUNT, AGENT_NAME, SOCKET_MOUNT, SOCKET_NAME};
 
 /// The fd on which the second stage of init finds the readiness pipe.
 const REPORT_FD: i32 = 3;
@@ -46,14 +51,47 @@ pub struct BootPlan {
     /// The sandbox's private writable layer and overlayfs scratch space.
     pub upper: PathBuf,
     pub work: PathBuf,
-    /// Empty directory the merged root is mounted on, inside the namespace.
-    pub root: PathBuf,
+    /// Host directory holding the empty mount points [`STAGE_ROOT`],
+    /// [`STAGE_AGENT`] and [`STAGE_SOCKET`], each mounted only in a private
+    /// mount namespace (so every sandbox shares them). Unlike the state
+    /// directory (0700 host root), the sandbox's user namespace can reach
+    /// it: whatever it mounts must be found there by path from inside.
+    pub stage: PathBuf,
     /// `cgroup.procs` files to join before unsharing.
     pub cgroup_procs: Vec<PathBuf>,
     /// Host directory holding the agent binary, shared by every sandbox.
     pub agent_dir: PathBuf,
     /// Host directory for this sandbox's agent socket.
     pub socket_dir: PathBuf,
+    pub ids: IdMap,
+}
+
+/// Names of the mount points under [`BootPlan::stage`].
+pub const STAGE_ROOT: &str = "root";
+pub const STAGE_AGENT: &str = "bin";
+pub const STAGE_SOCKET: &str = "run";
+
+/// How a sandbox's ids map to the host's. Every sandbox maps its ids
+/// 0..[`IdMap::RANGE`] to the same host range `base..` (so layers move
+/// between sandboxes unchanged), while its user namespace is owned by a
+/// host uid of its own, `owner`: the kernel charges per-user counts
+/// (inotify instances, user namespaces, ...) of everything inside the
+/// namespace to its owner too, so one sandbox cannot use up another's or
+/// host root's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IdMap {
+    pub base: u32,
+    pub owner: u32,
+}
+
+impl IdMap {
+    /// Ids a sandbox has: uid and gid 0..65535, as on a classic system.
+    pub const RANGE: u32 = 65536;
+
+    /// The line written to `uid_map` and `gid_map`.
+    pub fn map_line(&self) -> String {
+        format!("0 {} {}", self.base, Self::RANGE)
+    }
 }
 
 /// What `copse-agent boot` is asked to do, read from its standard input.
@@ -65,9 +103,11 @@ pub enum Launch {
 }
 
 /// A sandbox restored from a memory checkpoint: the restore helper joins the
-/// sandbox's cgroups, takes a private mount namespace holding the overlay
-/// root and a fresh network namespace, and runs CRIU there. `sandbox` is
-/// the plan the sandbox would boot with; its root, layers and cgroups apply.
+/// sandbox's cgroups, takes a private mount namespace holding the stage (as
+/// a boot does), and runs CRIU there, which recreates the user namespace
+/// (owned by the plan's owner uid: `CRIU_USERNS_OWNER`, see
+/// `patches/criu/userns-owner.patch`) and every namespace inside it. `sandbox` is
+/// the plan the sandbox would boot with; its stage, layers, ids and cgroups apply.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RestorePlan {
     pub sandbox: BootPlan,
@@ -84,11 +124,22 @@ impl BootPlan {
             self.work.display()
         )
     }
+
+    pub fn stage_root(&self) -> PathBuf {
+        self.stage.join(STAGE_ROOT)
+    }
+
+    pub fn stage_agent(&self) -> PathBuf {
+        self.stage.join(STAGE_AGENT)
+    }
+
+    pub fn stage_socket(&self) -> PathBuf {
+        self.stage.join(STAGE_SOCKET)
+    }
 }
 
-/// Character devices a sandbox gets in its private /dev: (name, major, minor).
-pub const DEVICES: &[(&str, u64, u64)] =
-    &[("null", 1, 3), ("zero", 1, 5), ("full", 1, 7), ("random", 1, 8), ("urandom", 1, 9), ("tty", 5, 0)];
+/// Character devices a sandbox gets in its private /dev, bound from the host's.
+pub const DEVICES: &[&str] = &["null", "zero", "full", "random", "urandom", "tty"];
 
 /// /proc files that would let uid 0 in the sandbox reach the host kernel;
 /// made read-only (the sandbox has no capability to remount them).
@@ -97,20 +148,24 @@ pub const PROC_READ_ONLY: &[&str] = &["sys", "sysrq-trigger", "irq", "bus", "fs"
 /// tmpfs, paths from the root: at least runc's default masked paths, since
 /// each leaks host kernel state (memory, keys, timers usable for side
 /// channels, hardware) or lets root poke at firmware and power limits.
-pub const MASKED: &[&str] = &[
-    "proc/acpi",
-    "proc/asound",
+pub const MASKED_FILES: &[&str] = &[
     "proc/interrupts",
     "proc/kcore",
     "proc/keys",
     "proc/latency_stats",
     "proc/sched_debug",
-    "proc/scsi",
     "proc/timer_list",
     "proc/timer_stats",
-    "sys/devices/virtual/powercap",
-    "sys/firmware",
 ];
+pub const MASKED_DIRS: &[&str] =
+    &["proc/acpi", "proc/asound", "proc/scsi", "sys/devices/virtual/powercap", "sys/firmware"];
+
+/// Every mount of a host device node a sandbox may have: (its path from the
+/// root, the device's name in the host's /dev). CRIU must be told about
+/// them (external mounts): their file system's root is not in the sandbox.
+pub fn device_mounts() -> impl Iterator<Item = (String, &'static str)> {
+    DEVICES.iter().map(|d| (format!("dev/{d}"), *d)).chain(MASKED_FILES.iter().map(|f| (f.to_string(), "null")))
+}
 
 /// Entry point of `copse-agent boot`. Never returns: the process exits with
 /// 0 once init reported a ready sandbox, 1 otherwise.
@@ -145,27 +200,138 @@ fn join_cgroups(procs_files: &[PathBuf]) -> anyhow::Result<()> {
 fn restore(plan: &RestorePlan) -> anyhow::Result<()> {
     let sandbox = &plan.sandbox;
     join_cgroups(&sandbox.cgroup_procs)?;
-    unshare(CloneFlags::CLONE_NEWNS | CloneFlags::CLONE_NEWNET).context("unsharing namespaces")?;
-    let none: Option<&str> = None;
-    mount(none, "/", none, MsFlags::MS_REC | MsFlags::MS_PRIVATE, none).context("making / private")?;
-    let options = sandbox.overlay_options();
-    mount(Some("overlay"), &sandbox.root, Some("overlay"), MsFlags::empty(), Some(options.as_str()))
-        .context("mounting the overlay root")?;
-    loopback_up().context("bringing up lo")?;
-    // Sockets the checkpoint holds may be bound to the source sandbox's
-    // address, which this namespace only gets after the restore.
-    fs::write("/proc/sys/net/ipv4/ip_nonlocal_bind", "1").context("allowing non-local binds")?;
-    let netns = fs::File::open("/proc/self/ns/net").context("opening the new network namespace")?;
-    // SAFETY: dup2 onto a descriptor number this process does not use; the
-    // copy is not close-on-exec, so CRIU inherits it.
-    crate::syscall::check(unsafe { libc::dup2(netns.as_raw_fd(), NETNS_FD) })
-        .context("passing on the network namespace")?;
-    let error = std::process::Command::new(&plan.criu).args(&plan.args).exec();
+    mount_stage(sandbox)?;
+    let error = std::process::Command::new(&plan.criu)
+        .args(&plan.args)
+        .env("CRIU_USERNS_OWNER", sandbox.ids.owner.to_string())
+        .exec();
     Err(error).with_context(|| format!("executing {}", plan.criu.display()))
+}
+
+/// In a private mount namespace of this process, as host root: the overlay
+/// root and the agent's and socket's directories on the stage. They are
+/// mounted here because the sandbox's ids cannot traverse the state
+/// directory; the copies the sandbox's mount namespace gets are locked
+/// to it (it cannot unmount them to see what they cover, nor make the
+/// agent's directory writable).
+fn mount_stage(plan: &BootPlan) -> anyhow::Result<()> {
+    let none: Option<&str> = None;
+    unshare(CloneFlags::CLONE_NEWNS).context("unsharing the mount namespace")?;
+    mount(none, "/", none, MsFlags::MS_REC | MsFlags::MS_PRIVATE, none).context("making / private")?;
+    mount(
+        Some("overlay"),
+        &plan.stage_root(),
+        Some("overlay"),
+        MsFlags::empty(),
+        Some(plan.overlay_options().as_str()),
+    )
+    .context("mounting the overlay root")?;
+    let agent = plan.stage_agent();
+    mount(Some(&plan.agent_dir), &agent, none, MsFlags::MS_BIND, none).context("mounting the agent directory")?;
+    let read_only = MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
+    mount(none, &agent, none, MsFlags::MS_BIND | MsFlags::MS_REMOUNT | read_only, none)
+        .context("making the agent directory read-only")?;
+    let sockets = plan.stage_socket();
+    mount(Some(&plan.socket_dir), &sockets, none, MsFlags::MS_BIND, none).context("mounting the socket directory")?;
+    mount(none, &sockets, none, MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_NOSUID | MsFlags::MS_NODEV, none)
+        .context("restricting the socket directory")?;
+    Ok(())
+}
+
+/// Moves this process into a new user namespace owned by `ids.owner`, with
+/// `ids`' maps, as its root. The maps are written by a child that stays
+/// host root: the full range can only be mapped by a writer privileged over
+/// the parent namespace, and `setgroups` stays `allow`, as CRIU restores it
+/// (every group a sandbox process can hold is in the sandbox's range).
+fn enter_user_namespace(ids: &IdMap) -> anyhow::Result<()> {
+    // Host root's supplementary groups have no name inside.
+    nix::unistd::setgroups(&[]).context("dropping supplementary groups")?;
+    let (go_rx, go_tx) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).context("creating a pipe")?;
+    let parent = std::process::id();
+    // SAFETY: this process is single-threaded (a fresh exec of the agent).
+    let writer = match unsafe { fork() }.context("forking the id map writer")? {
+        ForkResult::Child => {
+            drop(go_tx);
+            let mut byte = [0u8; 1];
+            let code = match fs::File::from(go_rx).read_exact(&mut byte) {
+                Ok(()) => match write_maps(parent, ids) {
+                    Ok(()) => 0,
+                    Err(e) => {
+                        eprintln!("copse boot: {e:#}");
+                        1
+                    }
+                },
+                Err(_) => 1,
+            };
+            // SAFETY: leave without running this process's exit handlers twice.
+            unsafe { libc::_exit(code) }
+        }
+        ForkResult::Parent { child } => child,
+    };
+    drop(go_rx);
+    let owner = nix::unistd::Uid::from_raw(ids.owner);
+    let created = nix::unistd::setresuid(owner, owner, owner)
+        .context("taking the owner uid")
+        .and_then(|()| unshare(CloneFlags::CLONE_NEWUSER).context("creating the user namespace"));
+    if created.is_ok() {
+        fs::File::from(go_tx).write_all(b"x").context("starting the id map writer")?;
+    } else {
+        drop(go_tx);
+    }
+    let written = waitpid(writer, None).context("waiting for the id map writer")?;
+    created?;
+    if written != WaitStatus::Exited(writer, 0) {
+        bail!("writing the id maps failed: {written:?}");
+    }
+    let root = nix::unistd::Gid::from_raw(0);
+    nix::unistd::setresgid(root, root, root).context("becoming group root in the user namespace")?;
+    let root = nix::unistd::Uid::from_raw(0);
+    nix::unistd::setresuid(root, root, root).context("becoming root in the user namespace")?;
+    // The uid changes made this process undumpable: its /proc files (and its
+    // children's until they exec) would belong to host root.
+    // SAFETY: prctl with integer arguments.
+    crate::syscall::check(unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 1, 0, 0, 0) }).context("PR_SET_DUMPABLE")?;
+    Ok(())
+}
+
+fn write_maps(pid: u32, ids: &IdMap) -> anyhow::Result<()> {
+    let line = ids.map_line();
+    for file in ["uid_map", "gid_map"] {
+        let path = format!("/proc/{pid}/{file}");
+        fs::write(&path, &line).with_context(|| format!("writing {path}"))?;
+    }
+    Ok(())
+}
+
+/// CRIU's action script for a restore into a user namespace (`copse-agent
+/// criu-action`, run as host root): the network namespace CRIU creates for
+/// the restored tree (`--empty-ns net`) gets `lo` up and non-local binds,
+/// before any socket is restored into it (sockets of the checkpoint may be
+/// bound to the source sandbox's address, which this namespace only gets
+/// after the restore). Other actions need nothing.
+pub fn criu_action() -> anyhow::Result<()> {
+    if std::env::var("CRTOOLS_SCRIPT_ACTION").as_deref() != Ok("setup-namespaces") {
+        return Ok(());
+    }
+    let pid: u32 = std::env::var("CRTOOLS_INIT_PID")
+        .context("CRTOOLS_INIT_PID is not set")?
+        .parse()
+        .context("CRTOOLS_INIT_PID is not a pid")?;
+    let netns = fs::File::open(format!("/proc/{pid}/ns/net")).context("opening the restored network namespace")?;
+    nix::sched::setns(&netns, CloneFlags::CLONE_NEWNET).context("entering the restored network namespace")?;
+    loopback_up().context("bringing up lo")?;
+    // /proc/sys/net shows the namespace of the process that opens it.
+    fs::write("/proc/sys/net/ipv4/ip_nonlocal_bind", "1").context("allowing non-local binds")?;
+    Ok(())
 }
 
 fn boot(plan: &BootPlan) -> anyhow::Result<()> {
     join_cgroups(&plan.cgroup_procs)?;
+    mount_stage(plan)?;
+    enter_user_namespace(&plan.ids)?;
+    // Inside the user namespace, so that it owns them all: CRIU dumps only
+    // trees whose namespaces belong to their user namespace, and restores
+    // them so.
     unshare(
         CloneFlags::CLONE_NEWNS
             | CloneFlags::CLONE_NEWUTS
@@ -251,6 +417,10 @@ pub fn run_init(serve: impl FnOnce(UnixListener) -> anyhow::Result<()>) -> ! {
     // No process the agent starts may hold the readiness pipe.
     // SAFETY: fcntl on an fd this process owns.
     let _ = unsafe { libc::fcntl(REPORT_FD, libc::F_SETFD, libc::FD_CLOEXEC) };
+    if let Err(e) = crate::linux::confine::keep_agent_capabilities() {
+        let _ = write!(report, "limiting the agent's capabilities: {e}");
+        std::process::exit(1)
+    }
     let socket = Path::new("/").join(SOCKET_MOUNT).join(SOCKET_NAME);
     let _ = fs::remove_file(&socket);
     let listener = match UnixListener::bind(&socket) {
@@ -300,29 +470,35 @@ fn reap_until(agent: Pid) -> i32 {
     }
 }
 
-/// Hides each [`MASKED`] path that exists on this kernel.
+/// Hides each [`MASKED_FILES`] and [`MASKED_DIRS`] path that exists on this kernel.
 fn mask(root: &Path, null: &Path) -> anyhow::Result<()> {
     let none: Option<&str> = None;
-    for name in MASKED {
-        let path = root.join(name);
-        let Ok(meta) = fs::symlink_metadata(&path) else { continue };
-        if meta.is_dir() {
+    for name in MASKED_DIRS {
+        if root.join(name).is_dir() {
             let flags = MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
-            mount(Some("tmpfs"), &path, Some("tmpfs"), flags, Some("mode=555"))
-        } else {
-            mount(Some(null), &path, none, MsFlags::MS_BIND, none)
+            mount(Some("tmpfs"), &root.join(name), Some("tmpfs"), flags, Some("mode=555"))
+                .with_context(|| format!("masking /{name}"))?;
         }
-        .with_context(|| format!("masking /{name}"))?;
+    }
+    for name in MASKED_FILES {
+        if fs::symlink_metadata(root.join(name)).is_ok_and(|m| m.is_file()) {
+            mount(Some(null), &root.join(name), none, MsFlags::MS_BIND, none)
+                .with_context(|| format!("masking /{name}"))?;
+        }
     }
     Ok(())
 }
 
 fn build_root(plan: &BootPlan) -> anyhow::Result<()> {
     let none: Option<&str> = None;
-    mount(none, "/", none, MsFlags::MS_REC | MsFlags::MS_PRIVATE, none).context("making / private")?;
-    mount(Some("overlay"), &plan.root, Some("overlay"), MsFlags::empty(), Some(plan.overlay_options().as_str()))
-        .context("mounting the overlay root")?;
-    let root = plan.root.as_path();
+    // The overlay came from the host's mount namespace, so it is locked here
+    // and pivot_root refuses it; a bind of it onto itself is this
+    // namespace's own mount. Everything below is relative to it.
+    let stage_root = plan.stage_root();
+    mount(Some(&stage_root), &stage_root, none, MsFlags::MS_BIND | MsFlags::MS_REC, none)
+        .context("binding the root onto itself")?;
+    chdir(&stage_root).context("entering the new root")?;
+    let root = Path::new(".");
     let nosuid_nodev_noexec = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
 
     let proc_dir = ensure_dir(root, "proc")?;
@@ -341,13 +517,14 @@ fn build_root(plan: &BootPlan) -> anyhow::Result<()> {
     let dev = ensure_dir(root, "dev")?;
     mount(Some("tmpfs"), &dev, Some("tmpfs"), MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC, Some("mode=755,size=1m"))
         .context("mounting /dev")?;
-    for (name, major, minor) in DEVICES {
+    // No device node can be made in a user namespace: the host's own are
+    // bound in (a device's permissions are its driver's, not the node's).
+    for name in DEVICES {
         let node = dev.join(name);
-        mknod(&node, SFlag::S_IFCHR, Mode::from_bits_truncate(0o666), makedev(*major, *minor))
-            .with_context(|| format!("creating /dev/{name}"))?;
-        // mknod applies the umask; every user must be able to use these.
-        fs::set_permissions(&node, std::os::unix::fs::PermissionsExt::from_mode(0o666))
-            .with_context(|| format!("opening up /dev/{name}"))?;
+        // (Also declared to CRIU: see `device_mounts`.)
+        fs::File::create(&node).with_context(|| format!("creating /dev/{name}"))?;
+        let host = Path::new("/dev").join(name);
+        mount(Some(&host), &node, none, MsFlags::MS_BIND, none).with_context(|| format!("binding /dev/{name}"))?;
     }
     mask(root, &dev.join("null"))?;
     for (link, target) in [
@@ -372,16 +549,15 @@ fn build_root(plan: &BootPlan) -> anyhow::Result<()> {
     mount(Some("shm"), &shm, Some("tmpfs"), nosuid_nodev_noexec, Some("mode=1777,size=64m"))
         .context("mounting /dev/shm")?;
 
+    // Read-only, nosuid and nodev since the host mounted them (locked).
     let agent = ensure_dir(root, AGENT_MOUNT)?;
-    mount(Some(&plan.agent_dir), &agent, none, MsFlags::MS_BIND, none).context("mounting the agent directory")?;
-    mount(none, &agent, none, MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY | MsFlags::MS_NOSUID, none)
-        .context("making the agent directory read-only")?;
+    mount(Some(&plan.stage_agent()), &agent, none, MsFlags::MS_BIND, none).context("mounting the agent directory")?;
     let sockets = ensure_dir(root, SOCKET_MOUNT)?;
-    mount(Some(&plan.socket_dir), &sockets, none, MsFlags::MS_BIND, none).context("mounting the socket directory")?;
+    mount(Some(&plan.stage_socket()), &sockets, none, MsFlags::MS_BIND, none)
+        .context("mounting the socket directory")?;
 
     // pivot_root(".", ".") stacks the old root under the new one; detaching
     // it leaves the sandbox with no path back to the host's tree.
-    chdir(root).context("entering the new root")?;
     pivot_root(".", ".").context("pivot_root")?;
     umount2(".", MntFlags::MNT_DETACH).context("detaching the host root")?;
     chdir("/").context("chdir /")?;
@@ -453,10 +629,11 @@ mod tests {
             lowers: vec!["/l/snap1".into(), "/t/rootfs".into()],
             upper: "/s/upper".into(),
             work: "/s/work".into(),
-            root: "/s/root".into(),
+            stage: "/run/copse-stage".into(),
             cgroup_procs: vec![],
             agent_dir: "/a".into(),
             socket_dir: "/s/run".into(),
+            ids: IdMap { base: 1 << 31, owner: 2_000_000 },
         };
         assert_eq!(plan.overlay_options(), "lowerdir=/l/snap1:/t/rootfs,upperdir=/s/upper,workdir=/s/work,volatile");
     }
@@ -468,11 +645,14 @@ mod tests {
             lowers: vec!["/a".into()],
             upper: "/b".into(),
             work: "/c".into(),
-            root: "/d".into(),
+            stage: "/run/copse-stage".into(),
             cgroup_procs: vec!["/sys/fs/cgroup/pids/copse/x/cgroup.procs".into()],
             agent_dir: "/state/agent".into(),
             socket_dir: "/state/sandboxes/x/run".into(),
+            ids: IdMap { base: 1 << 31, owner: 2_000_000 },
         };
+        assert_eq!(plan.ids.map_line(), "0 2147483648 65536");
+        assert_eq!(plan.stage_root(), Path::new("/run/copse-stage/root"));
         let text = serde_json::to_string(&plan).unwrap();
         assert_eq!(serde_json::from_str::<BootPlan>(&text).unwrap(), plan);
     }

@@ -397,6 +397,49 @@ fn prepend_head(program: &mut BpfProgram) {
 
 const CAP_SETPCAP: libc::c_int = 8;
 const LAST_CAP: libc::c_int = 63;
+
+/// What the agent (and init, which forks it) keep of the capabilities
+/// root of the sandbox's user namespace has: switching to a user's ids and
+/// acting on files for the files API as any user (chown, permission and
+/// owner overrides, keeping setgid bits on uploads), signalling any user's
+/// processes, and `CAP_SETPCAP`, which the processes it starts need to
+/// empty their bounding set (see [`Confinement::apply`]). Everything else
+/// (`CAP_NET_ADMIN` over the sandbox's own network namespace, `CAP_SYS_ADMIN`
+/// and mounts, `CAP_NET_RAW`, ...) goes.
+pub const AGENT_CAPABILITIES: &[libc::c_int] = &[
+    0, // CAP_CHOWN
+    1, // CAP_DAC_OVERRIDE
+    2, // CAP_DAC_READ_SEARCH
+    3, // CAP_FOWNER
+    4, // CAP_FSETID
+    5, // CAP_KILL
+    6, // CAP_SETGID
+    7, // CAP_SETUID
+    CAP_SETPCAP,
+];
+
+/// Limits this process (the sandbox's init, before it forks the agent) to
+/// [`AGENT_CAPABILITIES`]: bounding, permitted, effective and inheritable
+/// sets, and no ambient ones.
+pub fn keep_agent_capabilities() -> io::Result<()> {
+    for cap in 0..=LAST_CAP {
+        if !AGENT_CAPABILITIES.contains(&cap) {
+            // EINVAL past the kernel's last capability is expected.
+            // SAFETY: prctl with integer arguments only.
+            unsafe { libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0) };
+        }
+    }
+    // SAFETY: prctl with integer arguments only.
+    unsafe { libc::prctl(libc::PR_CAP_AMBIENT, libc::PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) };
+    let kept = AGENT_CAPABILITIES.iter().fold(0u32, |bits, cap| bits | 1 << cap);
+    let header = CapHeader { version: 0x2008_0522, pid: 0 };
+    let data = [
+        CapData { effective: kept, permitted: kept, inheritable: 0 },
+        CapData { effective: 0, permitted: 0, inheritable: 0 },
+    ];
+    // SAFETY: header and data are valid for capset's v3 layout.
+    check(unsafe { libc::syscall(libc::SYS_capset, &header, data.as_ptr()) as libc::c_int })
+}
 /// SECBIT_NOROOT | SECBIT_NOROOT_LOCKED | SECBIT_NO_SETUID_FIXUP(_LOCKED)
 /// | SECBIT_KEEP_CAPS_LOCKED: uid 0 gets no capabilities from exec.
 const SECURE_BITS: libc::c_ulong = 0x01 | 0x02 | 0x04 | 0x08 | 0x20;
