@@ -254,8 +254,8 @@ pub fn hash_line(key: &str) -> String {
 }
 
 /// Replaces `path` with `text`, readable by its owner only (also while
-/// being written).
-fn write_private(path: &Path, text: &str) -> anyhow::Result<()> {
+/// being written); a crash leaves the old file or the new one.
+pub(crate) fn write_private(path: &Path, text: &str) -> anyhow::Result<()> {
     let tmp = path.with_extension("tmp");
     let _ = std::fs::remove_file(&tmp);
     let mut file = std::fs::OpenOptions::new()
@@ -266,7 +266,11 @@ fn write_private(path: &Path, text: &str) -> anyhow::Result<()> {
         .with_context(|| format!("creating {}", tmp.display()))?;
     file.write_all(text.as_bytes())?;
     file.sync_all()?;
-    std::fs::rename(&tmp, path).with_context(|| format!("replacing {}", path.display()))
+    std::fs::rename(&tmp, path).with_context(|| format!("replacing {}", path.display()))?;
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::File::open(dir)?.sync_all()?;
+    }
+    Ok(())
 }
 
 fn restrict_to_owner(path: &Path) -> anyhow::Result<()> {

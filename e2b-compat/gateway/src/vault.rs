@@ -18,7 +18,6 @@
 
 use std::fmt::Write as _;
 use std::fs::File;
-use std::io::Write as _;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
@@ -210,28 +209,14 @@ fn unseal_with(key: &Key, context: &str, sealed: &SealedValue) -> anyhow::Result
     Ok(plaintext.to_vec())
 }
 
-/// Written whole next to the keyring and renamed over it (fsynced, then
-/// its directory), so a crash leaves the old keyring or the new one.
+/// Replaced whole (`keys::write_private`), so a crash leaves the old
+/// keyring or the new one.
 fn write_keyring(path: &Path, keys: &[Key]) -> anyhow::Result<()> {
     let mut text = String::from("# copse secrets keyring: the first key seals, the others open older values.\n");
     for key in keys {
         writeln!(text, "{} {}", key.id, hex(&key.bytes)).expect("writing to a String");
     }
-    let tmp = path.with_extension("keyring.new");
-    let _ = std::fs::remove_file(&tmp);
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(&tmp)
-        .with_context(|| format!("creating {}", tmp.display()))?;
-    file.write_all(text.as_bytes())?;
-    file.sync_all()?;
-    std::fs::rename(&tmp, path).with_context(|| format!("replacing {}", path.display()))?;
-    if let Some(dir) = path.parent() {
-        File::open(dir)?.sync_all()?;
-    }
-    Ok(())
+    crate::keys::write_private(path, &text)
 }
 
 fn hex(bytes: &[u8]) -> String {
