@@ -2,7 +2,7 @@
 //! caller (discard).
 
 use super::Sandboxes;
-use crate::model::{Caller, Result, SandboxError};
+use crate::model::{Caller, Result, SandboxError, SandboxRecord};
 use crate::telemetry::KillReason;
 
 impl Sandboxes {
@@ -13,16 +13,19 @@ impl Sandboxes {
 
     /// Ends sandbox `id`, counted and logged under `reason`.
     pub(super) async fn end(&self, id: &str, reason: KillReason) -> Result<()> {
-        let team = self.store.get(id)?.map(|r| r.team);
-        let result = self.destroy_record(id).await;
+        // One read: the record says both what to destroy and whose log it is.
+        let record = self.store.get(id)?;
+        let team = record.as_ref().map(|r| r.team.clone());
+        let result = match record {
+            Some(record) => self.destroy_record(record).await,
+            None => Err(SandboxError::NotFound(id.to_string())),
+        };
         self.observe_kill(id, team.as_deref(), reason, &result);
         result
     }
 
-    async fn destroy_record(&self, id: &str) -> Result<()> {
-        let Some(record) = self.store.get(id)? else {
-            return Err(SandboxError::NotFound(id.to_string()));
-        };
+    async fn destroy_record(&self, record: SandboxRecord) -> Result<()> {
+        let id = record.id.as_str();
         let owned = id.to_string();
         let attached = record.network.is_some() && !record.has_no_processes();
         let files = record.paused.and_then(|p| p.files_only);
