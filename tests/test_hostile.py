@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 from conftest import COPSE, DATA_DIR, free_port
-from e2b import InvalidArgumentException, Sandbox, SandboxException, Secret
+from e2b import CommandExitException, InvalidArgumentException, Sandbox, SandboxException, Secret
 
 
 class HostSocket:
@@ -1164,6 +1164,97 @@ def test_inotify_exhaustion_in_one_sandbox_leaves_watch_dir_working_in_another(g
         finally:
             handle.stop()
         assert any(e.name == "seen" for e in events), events
+    finally:
+        greedy.kill()
+        neighbour.kill()
+
+
+def _cgroup_value(controller: str, sandbox_id: str, knob: str) -> str:
+    """A knob of the sandbox's cgroup, v1 or v2, read on the host."""
+    root = pathlib.Path("/sys/fs/cgroup")
+    for path in [*root.glob(f"{controller}/copse-*/{sandbox_id}/{knob}"), *root.glob(f"copse-*/{sandbox_id}/{knob}")]:
+        return path.read_text().strip()
+    raise AssertionError(f"no {knob} for {sandbox_id}")
+
+
+def test_a_fork_bomb_stops_at_the_sandboxs_pid_limit_and_neighbours_still_start_processes(gateway):
+    """Sandbox root forks until the kernel refuses: the refusal comes from its
+    own cgroup's pids.max, not the host's pid space, and another sandbox (and
+    the attacker's own agent, once the bomb is gone) still runs commands."""
+    greedy, neighbour = Sandbox.create(timeout=120), Sandbox.create(timeout=120)
+    try:
+        limit = int(_cgroup_value("pids", greedy.sandbox_id, "pids.max"))
+        # The bomb holds its processes for 8 s, then kills them: while it
+        # holds them, nothing (not even the agent) starts a process in there.
+        script = (
+            "import os, signal, time\n"
+            "children = []\n"
+            "while len(children) < 100000:\n"
+            "    try:\n"
+            "        pid = os.fork()\n"
+            "    except OSError as e:\n"
+            "        open('/root/forked', 'w').write(f'{len(children)} {e.errno}')\n"
+            "        break\n"
+            "    if pid == 0:\n"
+            "        time.sleep(60)\n"
+            "        os._exit(0)\n"
+            "    children.append(pid)\n"
+            "time.sleep(8)\n"
+            "for pid in children:\n"
+            "    os.kill(pid, signal.SIGKILL)\n"
+        )
+        greedy.files.write("/root/bomb.py", script, user="root")
+        greedy.commands.run("python3 /root/bomb.py", user="root", background=True)
+        deadline = time.monotonic() + 60
+        while not greedy.files.exists("/root/forked", user="root"):
+            assert time.monotonic() < deadline, "the fork bomb never hit a limit"
+            time.sleep(0.5)
+        children, errno = greedy.files.read("/root/forked", user="root").split()
+        # EAGAIN from fork below the sandbox's own pids.max.
+        assert errno == "11" and int(children) < limit, f"{children} children, then errno {errno}, limit {limit}"
+        assert int(_cgroup_value("pids", greedy.sandbox_id, "pids.current")) <= limit
+
+        assert neighbour.commands.run("echo alive").stdout.strip() == "alive"
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                assert greedy.commands.run("echo alive", user="root").stdout.strip() == "alive"
+                break
+            except (CommandExitException, SandboxException):
+                assert time.monotonic() < deadline, "the attacker's own sandbox never recovered"
+                time.sleep(0.5)
+    finally:
+        greedy.kill()
+        neighbour.kill()
+
+
+def test_a_memory_hog_is_killed_inside_its_own_limit_and_nothing_else_is(gateway):
+    """Sandbox code allocates past the sandbox's memory limit: the kernel
+    kills the hog within the sandbox's cgroup; the sandbox's agent, a
+    neighbour sandbox and the gateway keep working."""
+    greedy, neighbour = Sandbox.create(timeout=120), Sandbox.create(timeout=120)
+    try:
+        try:
+            limit = int(_cgroup_value("memory", greedy.sandbox_id, "memory.limit_in_bytes"))
+        except AssertionError:
+            limit = int(_cgroup_value("memory", greedy.sandbox_id, "memory.max"))
+        hog = (
+            "python3 -c \"\n"
+            "blocks = []\n"
+            f"while len(blocks) < {2 * limit // (64 << 20) + 4}:\n"
+            "    blocks.append(bytearray(64 << 20))\n"
+            "print('survived', len(blocks))\n"
+            "\""
+        )
+        with pytest.raises(CommandExitException) as caught:
+            greedy.commands.run(hog, user="root", timeout=120)
+        # SIGKILL from the OOM killer (or a MemoryError if the allocator is refused first).
+        assert caught.value.error == "signal: killed" or "MemoryError" in caught.value.stderr, caught.value
+        assert "survived" not in caught.value.stdout
+
+        assert greedy.commands.run("echo alive", user="root").stdout.strip() == "alive"
+        assert neighbour.commands.run("echo alive").stdout.strip() == "alive"
+        assert any(s.sandbox_id == neighbour.sandbox_id for s in Sandbox.list().next_items())
     finally:
         greedy.kill()
         neighbour.kill()
