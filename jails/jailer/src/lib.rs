@@ -21,6 +21,7 @@ pub mod linux {
     pub mod boot;
     pub(crate) mod confine;
     pub(crate) mod credentials;
+    mod seccomp;
 }
 
 #[cfg(target_os = "freebsd")]

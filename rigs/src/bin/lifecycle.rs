@@ -90,7 +90,7 @@ struct Args {
     /// Timed samples per scenario.
     #[arg(long, default_value_t = 50)]
     samples: usize,
-    /// Concurrency levels (pause-resume, snapshot).
+    /// Concurrency levels (pause-resume, snapshot, from-snapshot).
     #[arg(long, value_delimiter = ',', default_values_t = [1usize, 10])]
     concurrency: Vec<usize>,
     /// Megabytes written before a snapshot (snapshot-dirty, from-snapshot).
@@ -191,7 +191,9 @@ async fn measure(args: &Args, api: &Api) -> anyhow::Result<Vec<Scenario>> {
         }
         Op::FromSnapshot => {
             for &mb in &args.dirty_mb {
-                out.push(from_snapshot(api, mb, args.samples.min(30)).await?);
+                for &cc in &args.concurrency {
+                    out.push(from_snapshot(api, mb, cc, args.samples.min(30).max(cc)).await?);
+                }
             }
         }
         Op::Rollback => out.push(rollback(api, args.samples.min(30)).await?),
@@ -277,7 +279,10 @@ async fn snapshots(api: &Api, name: &str, cc: usize, n: usize, mb: usize) -> any
     Ok(s)
 }
 
-async fn from_snapshot(api: &Api, mb: usize, n: usize) -> anyhow::Result<Scenario> {
+/// Sandboxes created from a snapshot with `mb` MB written before it was
+/// taken, `cc` at a time (each worker on its own connection), each read
+/// from once and killed.
+async fn from_snapshot(api: &Api, mb: usize, cc: usize, n: usize) -> anyhow::Result<Scenario> {
     let mut conn = Conn::open(api.addr).await?;
     let source = api.create(&mut conn, "base").await?;
     if mb > 0 {
@@ -286,22 +291,31 @@ async fn from_snapshot(api: &Api, mb: usize, n: usize) -> anyhow::Result<Scenari
     api.upload(&mut conn, &source, "/home/user/marker", Bytes::from_static(b"from the snapshot")).await?;
     let snap = api.snapshot(&mut conn, &source.id).await?;
     api.delete(&mut conn, &source.id).await?;
-    let mut rows = Vec::new();
-    for _ in 0..n {
-        let t0 = Instant::now();
-        let child = api.create(&mut conn, &snap).await?;
-        let create = ms(t0.elapsed());
-        let t1 = Instant::now();
-        let body = api.read(&mut conn, &child, "/home/user/marker").await?;
-        let read = ms(t1.elapsed());
-        if body.as_ref() != b"from the snapshot" {
-            bail!("sandbox from snapshot read {:?} from its marker", String::from_utf8_lossy(&body));
+    let per_worker = n.div_ceil(cc);
+    let snap_ref = &snap;
+    let workers = (0..cc).map(|_| async move {
+        let mut conn = Conn::open(api.addr).await?;
+        let mut rows = Vec::new();
+        for _ in 0..per_worker {
+            let t0 = Instant::now();
+            let child = api.create(&mut conn, snap_ref).await?;
+            let create = ms(t0.elapsed());
+            let t1 = Instant::now();
+            let body = api.read(&mut conn, &child, "/home/user/marker").await?;
+            let read = ms(t1.elapsed());
+            if body.as_ref() != b"from the snapshot" {
+                bail!("sandbox from snapshot read {:?} from its marker", String::from_utf8_lossy(&body));
+            }
+            rows.push([create, read, create + read]);
+            api.delete(&mut conn, &child.id).await?;
         }
-        rows.push([create, read, create + read]);
-        api.delete(&mut conn, &child.id).await?;
-    }
+        anyhow::Ok(rows)
+    });
+    let rows = collect(join_all(workers).await)?;
     api.expect(&mut conn, Method::DELETE, &format!("/templates/{snap}"), None, StatusCode::NO_CONTENT).await?;
-    let mut s = scenario(&format!("from-{mb}mb"), 1, &["create_ms", "first_read_ms", "total_ms"], &rows);
+    // At concurrency 1 the name earlier results (and the site) use.
+    let name = if cc == 1 { format!("from-{mb}mb") } else { format!("from-{mb}mb-c{cc}") };
+    let mut s = scenario(&name, cc, &["create_ms", "first_read_ms", "total_ms"], &rows);
     s.counters.insert("snapshot_dirty_mb".into(), json!(mb));
     Ok(s)
 }

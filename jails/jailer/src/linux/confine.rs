@@ -1,12 +1,7 @@
 //! Linux confinement: no core dumps, no capabilities, `no_new_privs`, and a
 //! seccomp allow-list for x86-64 (x32 and i386 system calls are refused).
 
-use std::collections::BTreeMap;
 use std::io;
-
-use seccompiler::{
-    BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter, SeccompRule, TargetArch,
-};
 
 use crate::syscall::check;
 
@@ -26,7 +21,7 @@ use crate::syscall::check;
 /// filter, no capability lets it reach another sandbox's, and since Linux 4.8
 /// seccomp re-checks a system call after a tracer rewrites it, so tracing
 /// cannot be used to slip past this filter.
-const ALLOWED: &[libc::c_long] = &[
+pub(crate) const ALLOWED: &[libc::c_long] = &[
     libc::SYS_accept,
     libc::SYS_accept4,
     libc::SYS_access,
@@ -313,47 +308,14 @@ const ALLOWED: &[libc::c_long] = &[
     libc::SYS_writev,
 ];
 
-/// System calls x32 numbers carry this bit; the x32 ABI is refused whole.
-const X32_SYSCALL_BIT: u32 = 0x4000_0000;
-
 /// A prepared confinement; see the module docs of `copse_jailer::confine`.
 pub struct Confinement {
-    filter: BpfProgram,
+    filter: Vec<libc::sock_filter>,
 }
 
 impl Confinement {
     pub fn new() -> io::Result<Self> {
-        let mut rules: BTreeMap<i64, Vec<SeccompRule>> = ALLOWED.iter().map(|nr| (*nr, Vec::new())).collect();
-        // clone(2) without any namespace flag; with one it would give the
-        // caller a fresh user namespace with full capabilities inside it.
-        let no_namespace_flag: Vec<SeccompCondition> = [
-            libc::CLONE_NEWUSER,
-            libc::CLONE_NEWNS,
-            libc::CLONE_NEWPID,
-            libc::CLONE_NEWNET,
-            libc::CLONE_NEWUTS,
-            libc::CLONE_NEWIPC,
-            libc::CLONE_NEWCGROUP,
-        ]
-        .iter()
-        .map(|flag| {
-            let flag = *flag as u64;
-            SeccompCondition::new(0, SeccompCmpArgLen::Qword, SeccompCmpOp::MaskedEq(flag), 0).map_err(io::Error::other)
-        })
-        .collect::<io::Result<_>>()?;
-        rules.insert(libc::SYS_clone, vec![SeccompRule::new(no_namespace_flag).map_err(io::Error::other)?]);
-        // clone3 passes its flags in memory that seccomp cannot inspect;
-        // ENOSYS makes libc fall back to clone(2), which is filtered above.
-        let filter = SeccompFilter::new(
-            rules,
-            SeccompAction::Errno(libc::EPERM as u32),
-            SeccompAction::Allow,
-            TargetArch::x86_64,
-        )
-        .map_err(io::Error::other)?;
-        let mut program: BpfProgram = filter.try_into().map_err(io::Error::other)?;
-        prepend_head(&mut program);
-        Ok(Self { filter: program })
+        Ok(Self { filter: super::seccomp::program(ALLOWED) })
     }
 
     /// No core dumps, drop every capability, forbid gaining new ones,
@@ -367,32 +329,13 @@ impl Confinement {
         drop_capabilities()?;
         // SAFETY: plain prctl with integer arguments.
         check(unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) })?;
-        seccompiler::apply_filter(&self.filter).map_err(io::Error::other)
+        let program = libc::sock_fprog { len: self.filter.len() as u16, filter: self.filter.as_ptr().cast_mut() };
+        // SAFETY: `program` points at the filter, which outlives the call;
+        // the kernel copies it.
+        check(unsafe {
+            libc::prctl(libc::PR_SET_SECCOMP, libc::SECCOMP_MODE_FILTER, &program as *const libc::sock_fprog)
+        })
     }
-}
-
-/// Ahead of the generated filter: any other architecture (i386 through
-/// `int 0x80`) falls through to seccompiler's check, which kills the
-/// process; x32 numbers fail with EPERM; `clone3` fails with ENOSYS.
-fn prepend_head(program: &mut BpfProgram) {
-    use seccompiler::sock_filter;
-    const BPF_LD_W_ABS: u16 = 0x20;
-    const BPF_JEQ_K: u16 = 0x15;
-    const BPF_JSET_K: u16 = 0x45;
-    const BPF_RET_K: u16 = 0x06;
-    const SECCOMP_RET_ERRNO: u32 = 0x0005_0000;
-    const AUDIT_ARCH_X86_64: u32 = 0xC000_003E;
-    // seccomp_data: nr at offset 0, arch at offset 4.
-    let head = [
-        sock_filter { code: BPF_LD_W_ABS, jt: 0, jf: 0, k: 4 },
-        sock_filter { code: BPF_JEQ_K, jt: 0, jf: 5, k: AUDIT_ARCH_X86_64 },
-        sock_filter { code: BPF_LD_W_ABS, jt: 0, jf: 0, k: 0 },
-        sock_filter { code: BPF_JSET_K, jt: 0, jf: 1, k: X32_SYSCALL_BIT },
-        sock_filter { code: BPF_RET_K, jt: 0, jf: 0, k: SECCOMP_RET_ERRNO | libc::EPERM as u32 },
-        sock_filter { code: BPF_JEQ_K, jt: 0, jf: 1, k: libc::SYS_clone3 as u32 },
-        sock_filter { code: BPF_RET_K, jt: 0, jf: 0, k: SECCOMP_RET_ERRNO | libc::ENOSYS as u32 },
-    ];
-    program.splice(0..0, head);
 }
 
 const CAP_SETPCAP: libc::c_int = 8;
