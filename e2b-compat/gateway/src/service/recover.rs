@@ -8,6 +8,9 @@ use super::Sandboxes;
 impl Sandboxes {
     /// Re-adopt what survived a gateway restart; destroy the rest.
     pub async fn recover(&self) -> anyhow::Result<copse_substrate::Recovery> {
+        // First the changes a crash cut short, so the records below say
+        // what the host holds (or should hold) again.
+        self.replay_journal().await?;
         let records = self.store.all()?;
         // A sandbox paused without memory has no processes to find; its
         // files live in a snapshot, reconciled below.
