@@ -18,6 +18,11 @@ impl Sandboxes {
             records.iter().filter(|r| !r.has_no_processes()).map(|r| (r.id.clone(), r.placement.clone())).collect();
         let recovery = self.blocking(move |s| s.recover(&known)).await?;
         for id in &recovery.removed {
+            // A sandbox paused on its files was not asked about: what was
+            // removed under its id is a boot a crash cut short, not it.
+            if records.iter().any(|r| &r.id == id && r.has_no_processes()) {
+                continue;
+            }
             self.store.remove(id)?;
         }
         // Sandboxes paused without memory have no interface now but keep
