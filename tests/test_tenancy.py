@@ -195,3 +195,34 @@ def test_a_key_over_its_request_rate_gets_429_with_retry_after(gateway):
     assert api(gateway, other, "GET", "/sandboxes").status_code == 200
     time.sleep(wait)
     assert api(gateway, key, "GET", "/sandboxes").status_code == 200
+
+
+def test_a_sandbox_paused_past_its_teams_retention_is_deleted_with_its_files(gateway):
+    team, other = new_team("ret"), new_team("keep")
+    copse("teams", "set", team, "--paused-retention", "3s")
+    key, other_key = new_key(team), new_key(other)
+    before = {p.stem for p in (DATA_DIR / "snapshots").glob("*.json")}
+    old = Sandbox.create(timeout=120, api_key=key)
+    files = Sandbox.create(timeout=120, api_key=key)
+    kept = Sandbox.create(timeout=120, api_key=other_key)
+    try:
+        old.pause()
+        files.pause(mode="filesystem")
+        kept.pause()
+        stash = {p.stem for p in (DATA_DIR / "snapshots").glob("*.json")} - before
+        assert len(stash) == 1, "a files-only pause keeps its files in a snapshot"
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and Sandbox.list(api_key=key).next_items():
+            time.sleep(0.5)
+        assert Sandbox.list(api_key=key).next_items() == [], "both paused sandboxes outlived the retention"
+        with pytest.raises(NotFoundException):
+            Sandbox.connect(old.sandbox_id, api_key=key)
+        assert not any((DATA_DIR / "snapshots" / f"{k}.json").exists() for k in stash), "its files went with it"
+        # Another team, without a retention, keeps its paused sandbox.
+        (info,) = Sandbox.list(api_key=other_key).next_items()
+        assert info.sandbox_id == kept.sandbox_id and info.state.value == "paused"
+        assert "paused-retention-s 3" in copse("teams", "list")
+    finally:
+        for k in (key, other_key):
+            for info in Sandbox.list(api_key=k).next_items():
+                Sandbox.kill(info.sandbox_id, api_key=k)

@@ -63,6 +63,10 @@ pub struct Limits {
     /// Requests per second each of the team's keys may send.
     #[arg(long)]
     requests_per_second: Option<u64>,
+    /// How long a sandbox may stay paused before it is deleted with its
+    /// files: 90s, 15m, 12h, 7d.
+    #[arg(long, value_parser = copse_gateway::model::parse_duration_s)]
+    paused_retention: Option<u64>,
 }
 
 #[derive(Subcommand)]
@@ -125,6 +129,7 @@ pub fn teams(command: TeamsCommand) -> anyhow::Result<()> {
                 max_disk_gb: limits.max_disk_gb,
                 max_sandbox_timeout_s: limits.max_sandbox_timeout,
                 requests_per_second: limits.requests_per_second,
+                paused_retention_s: limits.paused_retention,
             };
             let team = accounts::set_limits(&open(&dir)?, name.as_deref(), change)?;
             println!("{}", describe(&team.name, &team.quotas));
@@ -142,13 +147,14 @@ fn describe(name: &str, quotas: &Quotas) -> String {
     let name = if name == DEFAULTS_ROW { "(defaults)" } else { name };
     let limit = |v: Option<u64>| v.map(|v| v.to_string()).unwrap_or_else(|| "-".into());
     format!(
-        "{name:<16} sandboxes {} paused {} snapshots {} disk-gb {} timeout-s {} requests/s {}",
+        "{name:<16} sandboxes {} paused {} snapshots {} disk-gb {} timeout-s {} requests/s {} paused-retention-s {}",
         limit(quotas.max_sandboxes),
         limit(quotas.max_paused),
         limit(quotas.max_snapshots),
         limit(quotas.max_disk_gb),
         limit(quotas.max_sandbox_timeout_s),
-        limit(quotas.requests_per_second)
+        limit(quotas.requests_per_second),
+        limit(quotas.paused_retention_s)
     )
 }
 

@@ -97,6 +97,9 @@ enum Command {
         /// its own for the operator (off by default; never on --listen).
         #[arg(long, env = "COPSE_METRICS_LISTEN")]
         metrics_listen: Option<SocketAddr>,
+        /// For the crash test only: abort at the step COPSE_FAULT names.
+        #[arg(long, hide = true)]
+        debug_faults: bool,
     },
     /// Local TLS for domain mode.
     Tls {
@@ -141,6 +144,18 @@ enum Command {
     },
     /// Print the version and the substrate this build uses.
     Version,
+    /// Developer tools (the crash test's fault points).
+    #[command(hide = true)]
+    Debug {
+        #[command(subcommand)]
+        command: DebugCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum DebugCommand {
+    /// Every step `up --debug-faults` with COPSE_FAULT=POINT can abort at.
+    FaultPoints,
 }
 
 /// What one client address may hold open; see `serve::Limits`.
@@ -260,7 +275,11 @@ fn main() -> anyhow::Result<()> {
             disk_mb,
             limits,
             metrics_listen,
+            debug_faults,
         } => {
+            if debug_faults {
+                copse_gateway::fault::arm_from_env()?;
+            }
             let config = Config {
                 listen,
                 data_dir: paths.data_dir,
@@ -277,6 +296,12 @@ fn main() -> anyhow::Result<()> {
                 metrics_listen,
             };
             tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(server::run(config))
+        }
+        Command::Debug { command: DebugCommand::FaultPoints } => {
+            for point in copse_gateway::fault::POINTS {
+                println!("{point}");
+            }
+            Ok(())
         }
         Command::Tls { command: TlsCommand::Init { domain, out, data_dir } } => {
             let out = out.unwrap_or_else(|| data_dir.join("tls").join(domain.to_ascii_lowercase()));

@@ -1,5 +1,6 @@
 //! The reaper: a background task that ends expired sandboxes every tick,
-//! forgets dead ones every 2 s, samples every sandbox's metrics every 5 s,
+//! forgets dead ones and deletes those paused past their team's retention
+//! every 2 s, samples every sandbox's metrics every 5 s,
 //! re-resolves allowed host names every minute, and deletes the logs of
 //! sandboxes that ended long ago every hour. The verbs it calls are the service's (`service/expiry.rs`,
 //! `service/egress.rs`); this file is only their schedule.
@@ -31,6 +32,11 @@ pub fn spawn(svc: &Arc<Sandboxes>) -> tokio::task::JoinHandle<()> {
             tick += 1;
             if tick.is_multiple_of(DEAD_TICKS)
                 && let Err(e) = svc.reap_dead().await
+            {
+                tracing::error!("reaper: {e:#}");
+            }
+            if tick.is_multiple_of(DEAD_TICKS)
+                && let Err(e) = svc.reap_paused().await
             {
                 tracing::error!("reaper: {e:#}");
             }

@@ -104,7 +104,9 @@ impl LayerStore {
             Some(id) => self.get(id)?.with_context(|| format!("snapshot {id} not found"))?,
             None => Base { template: template.to_string(), layers: Vec::new() },
         };
-        write_json(&sandbox_dir.join("base.json"), &base)?;
+        // Not synced: it matters only while the sandbox runs, and a host
+        // crash ends every sandbox (this keeps fsyncs off the create path).
+        write_json_unsynced(&sandbox_dir.join("base.json"), &base)?;
         Ok(base)
     }
 
@@ -117,6 +119,7 @@ impl LayerStore {
         let staging = self.layers.join(format!(".staging-{layer}"));
         copy_tree(upper, &staging)?;
         fs::rename(&staging, self.layer_dir(&layer)).context("publishing the layer")?;
+        sync_dir(&self.layers)?;
         let mut layers = vec![layer];
         layers.extend(below.layers.iter().cloned());
         let size_bytes = layers.iter().map(|l| super::rootfs::tree_size(&self.layer_dir(l))).sum();
@@ -312,10 +315,25 @@ fn tempdir_in(parent: &Path, what: &str) -> anyhow::Result<PathBuf> {
     Ok(dir)
 }
 
+/// Atomically and durably: a crash (of the gateway or of the host) leaves
+/// the old file or the new one, never a torn or empty one.
 fn write_json(path: &Path, value: &impl Serialize) -> anyhow::Result<()> {
+    let tmp = path.with_extension("tmp");
+    let mut file = fs::File::create(&tmp).with_context(|| format!("writing {}", tmp.display()))?;
+    file.write_all(&serde_json::to_vec(value)?).with_context(|| format!("writing {}", tmp.display()))?;
+    file.sync_all().with_context(|| format!("syncing {}", tmp.display()))?;
+    fs::rename(&tmp, path).with_context(|| format!("writing {}", path.display()))?;
+    sync_dir(path.parent().unwrap_or(Path::new(".")))
+}
+
+fn write_json_unsynced(path: &Path, value: &impl Serialize) -> anyhow::Result<()> {
     let tmp = path.with_extension("tmp");
     fs::write(&tmp, serde_json::to_vec(value)?).with_context(|| format!("writing {}", tmp.display()))?;
     fs::rename(&tmp, path).with_context(|| format!("writing {}", path.display()))
+}
+
+fn sync_dir(dir: &Path) -> anyhow::Result<()> {
+    fs::File::open(dir).and_then(|d| d.sync_all()).with_context(|| format!("syncing {}", dir.display()))
 }
 
 /// `cp -a` keeps ownership, modes, times, device nodes and xattrs (overlay's

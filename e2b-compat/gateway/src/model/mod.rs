@@ -1,5 +1,5 @@
 //! The gateway's model: the records it keeps (sandboxes, snapshots, secrets,
-//! teams, keys), their
+//! teams, keys, journal intents), their
 //! states and rules, id and clock helpers, the error every service verb
 //! answers with, and the [`Store`] trait that persists the records.
 //!
@@ -11,6 +11,7 @@
 mod clock;
 mod error;
 mod ids;
+mod journal;
 mod key;
 mod sandbox;
 mod secret;
@@ -21,6 +22,7 @@ mod team;
 pub use clock::now_ms;
 pub use error::{Result, SandboxError};
 pub use ids::{new_id, new_token, snapshot_key};
+pub use journal::{Change, Intent};
 pub use key::KeyRecord;
 pub use sandbox::{DEFAULT_TIMEOUT_S, ENVD_VERSION, MAX_TIMEOUT_S, Paused, SandboxRecord, State, validate_timeout};
 pub use secret::{
@@ -29,4 +31,4 @@ pub use secret::{
 };
 pub use snapshot::{SnapshotRecord, validate_snapshot_name};
 pub use store::{SecretStore, Store};
-pub use team::{Caller, DEFAULT_TEAM, DEFAULTS_ROW, Quotas, Team, default_team, validate_team_name};
+pub use team::{Caller, DEFAULT_TEAM, DEFAULTS_ROW, Quotas, Team, default_team, parse_duration_s, validate_team_name};

@@ -71,6 +71,10 @@ pub struct Paused {
     /// it was paused without memory; its processes are gone and its files
     /// wait in the substrate snapshot `key` until it is resumed.
     pub files_only: Option<String>,
+    /// When it was paused, for the team's paused retention; records
+    /// paused before it was kept have none and are never reaped by it.
+    #[serde(default)]
+    pub paused_at_ms: Option<i64>,
 }
 
 fn yes() -> bool {

@@ -2,6 +2,7 @@
 //! service sees only this trait; `store::sqlite` is today's implementation,
 //! and another (say PostgreSQL) is one more `impl Store`.
 
+use super::journal::Intent;
 use super::key::KeyRecord;
 use super::sandbox::SandboxRecord;
 use super::secret::SecretRecord;
@@ -42,6 +43,13 @@ pub trait Store: Send + Sync {
     /// removed, by this process or another (the CLI, while the gateway
     /// runs); reading it is one small query.
     fn tenancy_generation(&self) -> anyhow::Result<i64>;
+
+    /// Writes an intent before the host is touched; it must outlive a
+    /// crash of this process once this returns.
+    fn put_intent(&self, intent: &Intent) -> anyhow::Result<()>;
+    /// Intents not yet cleared, in no particular order.
+    fn intents(&self) -> anyhow::Result<Vec<Intent>>;
+    fn remove_intent(&self, id: &str) -> anyhow::Result<()>;
 }
 
 /// Secrets: a trait of their own, so the sandbox service never sees them

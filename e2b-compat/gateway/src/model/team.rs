@@ -17,6 +17,24 @@ pub fn default_team() -> String {
     DEFAULT_TEAM.to_string()
 }
 
+/// A span of time as an operator writes it: `90`, `90s`, `15m`, `12h`,
+/// `7d`; in seconds.
+pub fn parse_duration_s(text: &str) -> std::result::Result<u64, String> {
+    let (digits, unit) = match text.find(|c: char| !c.is_ascii_digit()) {
+        Some(at) => text.split_at(at),
+        None => (text, "s"),
+    };
+    let scale = match unit {
+        "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        "d" => 86_400,
+        _ => return Err(format!("{text:?}: use a number with s, m, h or d (say 7d)")),
+    };
+    let n: u64 = digits.parse().map_err(|_| format!("{text:?}: use a number with s, m, h or d (say 7d)"))?;
+    n.checked_mul(scale).ok_or_else(|| format!("{text:?} is too long"))
+}
+
 /// Team names go into log lines and CLI tables: short and plain.
 pub fn validate_team_name(name: &str) -> Result<()> {
     let ok =
@@ -48,6 +66,10 @@ pub struct Quotas {
     /// Requests per second each of its keys may make (a burst of as many).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub requests_per_second: Option<u64>,
+    /// Seconds a sandbox may stay paused before it is deleted with its
+    /// files.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub paused_retention_s: Option<u64>,
 }
 
 impl Quotas {
@@ -60,6 +82,7 @@ impl Quotas {
             max_disk_gb: self.max_disk_gb.or(defaults.max_disk_gb),
             max_sandbox_timeout_s: self.max_sandbox_timeout_s.or(defaults.max_sandbox_timeout_s),
             requests_per_second: self.requests_per_second.or(defaults.requests_per_second),
+            paused_retention_s: self.paused_retention_s.or(defaults.paused_retention_s),
         }
     }
 }
@@ -116,6 +139,16 @@ mod tests {
         let defaults = Quotas { max_sandboxes: Some(9), max_paused: Some(1), ..Default::default() };
         let merged = own.or(defaults);
         assert_eq!((merged.max_sandboxes, merged.max_paused, merged.max_snapshots), (Some(2), Some(1), None));
+    }
+
+    #[test]
+    fn durations_take_a_unit_or_mean_seconds() {
+        assert_eq!(parse_duration_s("7d"), Ok(7 * 86_400));
+        assert_eq!(parse_duration_s("15m"), Ok(900));
+        assert_eq!(parse_duration_s("90"), Ok(90));
+        for bad in ["", "d", "7w", "-1s", "1.5h"] {
+            assert!(parse_duration_s(bad).is_err(), "{bad:?}");
+        }
     }
 
     #[test]

@@ -42,6 +42,34 @@ impl Sandboxes {
         Ok(())
     }
 
+    /// Deletes, with their files, sandboxes paused for longer than their
+    /// team's paused retention.
+    pub async fn reap_paused(&self) -> anyhow::Result<()> {
+        let now = now_ms();
+        for record in self.store.all()? {
+            let Some(paused_at) = record.paused.as_ref().and_then(|p| p.paused_at_ms) else { continue };
+            let Some(retention) = self.quota.paused_retention_ms(&record.team) else { continue };
+            if paused_at.saturating_add(retention) > now {
+                continue;
+            }
+            // A resume under way wins: checked again next time.
+            let Some(_quiet) = self.transitions.try_lock(&record.id) else { continue };
+            if self.store.get(&record.id)?.is_none_or(|r| r.paused.is_none()) {
+                continue;
+            }
+            let span = tracing::info_span!("sandbox", sandbox_id = %record.id);
+            async {
+                tracing::info!(team = %record.team, "sandbox {} outlived its team's paused retention; deleting it", record.id);
+                if let Err(e) = self.end(&record.id, KillReason::Retention).await {
+                    tracing::error!("deleting sandbox {} after its paused retention: {e:#}", record.id);
+                }
+            }
+            .instrument(span)
+            .await;
+        }
+        Ok(())
+    }
+
     /// Forgets sandboxes whose init died on its own.
     pub async fn reap_dead(&self) -> anyhow::Result<()> {
         for record in self.store.all()? {

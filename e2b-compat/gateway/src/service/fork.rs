@@ -12,8 +12,10 @@ use futures::future::join_all;
 use super::Sandboxes;
 use super::create::Network;
 use super::quota::Kind;
+use crate::fault;
 use crate::model::{
-    Caller, Result, SandboxError, SandboxRecord, State, new_id, new_token, now_ms, snapshot_key, validate_timeout,
+    Caller, Change, Result, SandboxError, SandboxRecord, State, new_id, new_token, now_ms, snapshot_key,
+    validate_timeout,
 };
 
 /// E2B's bounds for one fork request.
@@ -73,8 +75,11 @@ impl Sandboxes {
         let disk = source.limits.disk_mb << 20;
         let _places = self.quota.reserve_for(caller, &source.team, Kind::Running, count.into(), disk)?;
         let key = snapshot_key();
+        let _intent = self.journal(id, Change::Fork { key: key.clone() })?;
         let memory = self.take_snapshot(&source, &key, memory).await?.memory;
+        fault::point("fork:after-snapshot");
         let children = join_all((0..count).map(|_| self.child_of(&source, &key, timeout, memory))).await;
+        fault::point("fork:after-children");
         // Each child pinned the snapshot's layers at boot; the snapshot
         // itself was only the way to get there.
         self.blocking(move |s| s.delete_snapshot(&key)).await?;

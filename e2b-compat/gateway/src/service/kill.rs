@@ -2,7 +2,8 @@
 //! caller (discard).
 
 use super::Sandboxes;
-use crate::model::{Caller, Result, SandboxError, SandboxRecord};
+use crate::fault;
+use crate::model::{Caller, Change, Result, SandboxError, SandboxRecord};
 use crate::telemetry::KillReason;
 
 impl Sandboxes {
@@ -29,9 +30,11 @@ impl Sandboxes {
         let owned = id.to_string();
         let attached = record.network.is_some() && !record.has_no_processes();
         let files = record.paused.and_then(|p| p.files_only);
+        let _intent = self.journal(id, Change::Kill { files: files.clone() })?;
         let destroyed = self
             .blocking(move |s| {
                 s.destroy(&owned)?;
+                fault::point("kill:after-destroy");
                 match files {
                     Some(key) => s.delete_snapshot(&key),
                     None => Ok(()),
@@ -44,6 +47,7 @@ impl Sandboxes {
         destroyed?;
         self.addresses.release(id);
         self.store.remove(id)?;
+        fault::point("kill:after-record");
         self.cpu_samples.forget(id);
         self.metric_history.forget(id);
         self.transitions.forget(id);

@@ -11,6 +11,7 @@ mod create;
 mod egress;
 mod expiry;
 mod fork;
+mod journal;
 mod kill;
 mod metrics;
 mod observe;

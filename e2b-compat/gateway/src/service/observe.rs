@@ -68,6 +68,7 @@ impl Sandboxes {
             KillReason::Request => "killed",
             KillReason::Timeout => "ended: its timeout passed",
             KillReason::Died => "ended: its init died on its own",
+            KillReason::Retention => "deleted: paused longer than its team's paused retention",
         };
         match result {
             Ok(()) => {

@@ -5,8 +5,9 @@
 use super::Sandboxes;
 use super::create::Network;
 use super::quota::Kind;
+use crate::fault;
 use crate::model::{
-    Caller, Paused, Result, SandboxError, SandboxRecord, State, now_ms, snapshot_key, validate_timeout,
+    Caller, Change, Paused, Result, SandboxError, SandboxRecord, State, now_ms, snapshot_key, validate_timeout,
 };
 
 /// How `connect` found the sandbox: E2B answers 200 and 201 respectively.
@@ -32,21 +33,28 @@ impl Sandboxes {
             return Err(SandboxError::Conflict(format!("sandbox {id} is already paused")));
         }
         let _place = self.quota.reserve_for(caller, &record.team, Kind::Paused, 1, 0)?;
-        let files_only = if memory {
-            self.blocking({
-                let id = id.to_string();
-                move |s| s.pause(&id)
-            })
-            .await?;
-            None
-        } else {
-            Some(self.stash_files(id).await?)
-        };
-        record.paused = Some(Paused { remaining_ms: (record.end_at_ms - now_ms()).max(0), files_only });
+        let files = (!memory).then(snapshot_key);
+        let _intent = self.journal(id, Change::Pause { files: files.clone() })?;
+        fault::point("pause:journaled");
+        match &files {
+            None => {
+                self.blocking({
+                    let id = id.to_string();
+                    move |s| s.pause(&id)
+                })
+                .await?;
+                fault::point("pause:after-freeze");
+            }
+            Some(key) => self.stash_files(id, key, ["pause-files:after-snapshot", "pause-files:after-destroy"]).await?,
+        }
+        let now = now_ms();
+        record.paused =
+            Some(Paused { remaining_ms: (record.end_at_ms - now).max(0), files_only: files, paused_at_ms: Some(now) });
         record.state = State::Paused;
         // The clock stops while paused: a paused sandbox never expires.
         record.end_at_ms = i64::MAX;
         self.store.put(&record)?;
+        fault::point(if memory { "pause:after-record" } else { "pause-files:after-record" });
         Ok(())
     }
 
@@ -87,18 +95,34 @@ impl Sandboxes {
         lifetime: i64,
     ) -> Result<SandboxRecord> {
         let id = record.id.clone();
-        let mut record = match (&paused.files_only, memory) {
-            (None, Some(false)) => self.restart_from_own_files(record).await?,
+        // The files' snapshot is named before anything is touched, so a
+        // crash's recovery knows where they may be.
+        let restart = paused.files_only.is_none() && memory == Some(false);
+        let files = if restart { Some(snapshot_key()) } else { paused.files_only.clone() };
+        let _intent = self.journal(&id, Change::Resume { files: files.clone() })?;
+        let mut record = match (&files, restart) {
+            (Some(key), true) => self.restart_from_own_files(record, key).await?,
             (None, _) => {
                 self.blocking(move |s| s.resume(&id)).await?;
+                fault::point("resume:after-thaw");
                 record
             }
-            (Some(key), _) => self.reboot_from(record, key).await?,
+            (Some(key), false) => self.reboot_from(record, key).await?,
         };
         record.paused = None;
         record.state = State::Running;
         record.end_at_ms = now_ms() + lifetime;
         self.store.put(&record)?;
+        match files {
+            None => fault::point("resume:after-record"),
+            Some(key) => {
+                fault::point("resume-files:after-record");
+                // Only now, with the record saying it runs on them, are the
+                // kept files no longer needed.
+                self.blocking(move |s| s.delete_snapshot(&key)).await?;
+                fault::point("resume-files:after-delete");
+            }
+        }
         Ok(record)
     }
 
@@ -133,7 +157,8 @@ impl Sandboxes {
     }
 
     /// Boots the sandbox again, under its id, from the files in substrate
-    /// snapshot `key` (then dropped), and hands it back to its owner.
+    /// snapshot `key` (kept: the caller drops it once the record says the
+    /// sandbox runs), and hands it back to its owner.
     async fn reboot_from(&self, mut record: SandboxRecord, key: &str) -> Result<SandboxRecord> {
         let booted = self
             .boot_from(
@@ -144,48 +169,45 @@ impl Sandboxes {
                 false,
             )
             .await?;
+        fault::point("resume-files:after-boot");
         record.placement = booted.placement;
         if let Err(e) = self.hand_over(&record, None).await {
             self.destroy_quietly(&record.id).await;
             return Err(e.into());
         }
-        self.blocking({
-            let key = key.to_string();
-            move |s| s.delete_snapshot(&key)
-        })
-        .await?;
         Ok(record)
     }
 
-    async fn restart_from_own_files(&self, mut record: SandboxRecord) -> Result<SandboxRecord> {
-        let key = self.stash_files(&record.id).await?;
+    async fn restart_from_own_files(&self, mut record: SandboxRecord, key: &str) -> Result<SandboxRecord> {
+        self.stash_files(&record.id, key, ["restart:after-snapshot", "restart:after-destroy"]).await?;
         // Recorded before the reboot: if that fails, the sandbox stays
         // paused on its files instead of pointing at processes now gone.
         if let Some(paused) = record.paused.as_mut() {
-            paused.files_only = Some(key.clone());
+            paused.files_only = Some(key.to_string());
         }
         self.store.put(&record)?;
-        self.reboot_from(record, &key).await
+        self.reboot_from(record, key).await
     }
 
-    /// Keeps the sandbox's files in a new substrate snapshot and ends its
-    /// processes; returns the snapshot's key.
-    async fn stash_files(&self, id: &str) -> Result<String> {
-        let key = snapshot_key();
+    /// Keeps the sandbox's files in new substrate snapshot `key` and ends
+    /// its processes; `faults` are the fault points after each step.
+    async fn stash_files(&self, id: &str, key: &str, faults: [&'static str; 2]) -> Result<()> {
         let attached = self.store.get(id).ok().flatten().is_some_and(|r| r.network.is_some());
         let stashed = self
             .blocking({
-                let (id, key) = (id.to_string(), key.clone());
+                let (id, key) = (id.to_string(), key.to_string());
                 move |s| {
                     s.snapshot(&id, &key, false)?;
-                    s.destroy(&id)
+                    fault::point(faults[0]);
+                    s.destroy(&id)?;
+                    fault::point(faults[1]);
+                    Ok(())
                 }
             })
             .await;
         if attached {
             self.observe_network(false, stashed.is_ok());
         }
-        stashed?;
-        Ok(key)
+        stashed
     }
 }

@@ -139,6 +139,12 @@ impl Quota {
         Ok(Reservation { pending: self.pending.clone(), key: (team.to_string(), kind), places, disk })
     }
 
+    /// How long `team`'s sandboxes may stay paused, in ms; `None`: for
+    /// ever.
+    pub(super) fn paused_retention_ms(&self, team: &str) -> Option<i64> {
+        self.quotas(team).paused_retention_s.map(|s| i64::try_from(s.saturating_mul(1000)).unwrap_or(i64::MAX))
+    }
+
     /// Refuses a lifetime longer than the team may ask for (operators may).
     pub(super) fn check_timeout(&self, caller: &Caller, team: &str, timeout_s: i64) -> Result<()> {
         if caller.admin {

@@ -8,6 +8,9 @@ use super::Sandboxes;
 impl Sandboxes {
     /// Re-adopt what survived a gateway restart; destroy the rest.
     pub async fn recover(&self) -> anyhow::Result<copse_substrate::Recovery> {
+        // First the changes a crash cut short, so the records below say
+        // what the host holds (or should hold) again.
+        self.replay_journal().await?;
         let records = self.store.all()?;
         // A sandbox paused without memory has no processes to find; its
         // files live in a snapshot, reconciled below.
@@ -15,6 +18,11 @@ impl Sandboxes {
             records.iter().filter(|r| !r.has_no_processes()).map(|r| (r.id.clone(), r.placement.clone())).collect();
         let recovery = self.blocking(move |s| s.recover(&known)).await?;
         for id in &recovery.removed {
+            // A sandbox paused on its files was not asked about: what was
+            // removed under its id is a boot a crash cut short, not it.
+            if records.iter().any(|r| &r.id == id && r.has_no_processes()) {
+                continue;
+            }
             self.store.remove(id)?;
         }
         // Sandboxes paused without memory have no interface now but keep

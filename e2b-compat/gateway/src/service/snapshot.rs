@@ -6,8 +6,9 @@ use copse_substrate::Support;
 use super::Sandboxes;
 use super::quota::Kind;
 use crate::agent_link;
+use crate::fault;
 use crate::model::{
-    Caller, Result, SandboxError, SandboxRecord, SnapshotRecord, now_ms, snapshot_key, validate_snapshot_name,
+    Caller, Change, Result, SandboxError, SandboxRecord, SnapshotRecord, now_ms, snapshot_key, validate_snapshot_name,
 };
 
 impl Sandboxes {
@@ -58,7 +59,9 @@ impl Sandboxes {
         };
         self.quota.check_disk(caller, &team)?;
         let key = snapshot_key();
+        let _intent = self.journal(id, Change::Snapshot { key: key.clone() })?;
         let info = self.take_snapshot(&record, &key, memory).await?;
+        fault::point("snapshot:after-take");
         let public = name.clone().unwrap_or_else(|| key.clone());
         // Read again: another request may have taken the name meanwhile.
         let replaced = self.store.snapshot(&team, &public)?;
@@ -75,6 +78,7 @@ impl Sandboxes {
             agent_token: info.memory.then(|| record.access_token.clone()),
         };
         self.store.put_snapshot(&snapshot)?;
+        fault::point("snapshot:after-record");
         if let Some(old) = replaced {
             self.blocking(move |s| s.delete_snapshot(&old.key)).await?;
         }

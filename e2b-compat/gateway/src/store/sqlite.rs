@@ -13,7 +13,9 @@ use anyhow::Context;
 use rusqlite::{Connection, OptionalExtension, params};
 use serde::de::DeserializeOwned;
 
-use crate::model::{DEFAULT_TEAM, KeyRecord, SandboxRecord, SecretRecord, SecretStore, SnapshotRecord, Store, Team};
+use crate::model::{
+    DEFAULT_TEAM, Intent, KeyRecord, SandboxRecord, SecretRecord, SecretStore, SnapshotRecord, Store, Team,
+};
 
 pub struct SqliteStore {
     conn: Mutex<Connection>,
@@ -72,6 +74,10 @@ impl SqliteStore {
              CREATE TABLE IF NOT EXISTS keys (
                  hash TEXT PRIMARY KEY,
                  prefix TEXT NOT NULL,
+                 record TEXT NOT NULL
+             );
+             CREATE TABLE IF NOT EXISTS journal (
+                 id TEXT PRIMARY KEY,
                  record TEXT NOT NULL
              );
              CREATE TABLE IF NOT EXISTS generations (
@@ -275,6 +281,25 @@ impl Store for SqliteStore {
             .optional()?;
         Ok(value.unwrap_or(0))
     }
+
+    fn put_intent(&self, intent: &Intent) -> anyhow::Result<()> {
+        let json = serde_json::to_string(intent)?;
+        self.lock().execute(
+            "INSERT INTO journal (id, record) VALUES (?1, ?2)
+             ON CONFLICT(id) DO UPDATE SET record = excluded.record",
+            params![intent.id, json],
+        )?;
+        Ok(())
+    }
+
+    fn intents(&self) -> anyhow::Result<Vec<Intent>> {
+        decode_all(&self.lock(), Table::Journal)
+    }
+
+    fn remove_intent(&self, id: &str) -> anyhow::Result<()> {
+        self.lock().execute("DELETE FROM journal WHERE id = ?1", params![id])?;
+        Ok(())
+    }
 }
 
 /// Marks keys or teams changed, in the transaction that changes them.
@@ -345,6 +370,7 @@ impl SecretStore for SqliteStore {
 enum Table {
     Sandboxes,
     Secrets,
+    Journal,
 }
 
 impl Table {
@@ -352,6 +378,7 @@ impl Table {
         match self {
             Table::Sandboxes => "sandboxes",
             Table::Secrets => "team_secrets",
+            Table::Journal => "journal",
         }
     }
 }
@@ -478,6 +505,31 @@ mod tests {
         assert!(store.remove_secret("a").unwrap());
         assert!(store.insert_secret(&secret("b", "key")).unwrap());
         assert_eq!(store.secrets().unwrap().len(), 2);
+    }
+
+    #[test]
+    fn journal_intents_outlive_the_connection_until_cleared_and_a_torn_one_is_quarantined() {
+        use crate::model::{Change, Intent};
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("copse.db");
+        let intent = |id: &str| Intent {
+            id: id.into(),
+            sandbox: "s1".into(),
+            change: Change::Resume { files: Some("k1".into()) },
+            started_at_ms: 1,
+        };
+        {
+            let store = SqliteStore::open(&path).unwrap();
+            store.put_intent(&intent("a")).unwrap();
+            store.put_intent(&intent("b")).unwrap();
+            store.remove_intent("a").unwrap();
+            store.lock().execute("INSERT INTO journal (id, record) VALUES ('c', 'torn')", []).unwrap();
+        }
+        let store = SqliteStore::open(&path).unwrap();
+        assert_eq!(store.intents().unwrap(), [intent("b")]);
+        let kept: i64 =
+            store.lock().query_row("SELECT count(*) FROM quarantine WHERE kind = 'journal'", [], |r| r.get(0)).unwrap();
+        assert_eq!(kept, 1);
     }
 
     #[test]

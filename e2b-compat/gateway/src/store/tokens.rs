@@ -166,6 +166,18 @@ impl Store for Indexed {
     fn tenancy_generation(&self) -> anyhow::Result<i64> {
         self.inner.tenancy_generation()
     }
+
+    fn put_intent(&self, intent: &crate::model::Intent) -> anyhow::Result<()> {
+        self.inner.put_intent(intent)
+    }
+
+    fn intents(&self) -> anyhow::Result<Vec<crate::model::Intent>> {
+        self.inner.intents()
+    }
+
+    fn remove_intent(&self, id: &str) -> anyhow::Result<()> {
+        self.inner.remove_intent(id)
+    }
 }
 
 #[cfg(test)]

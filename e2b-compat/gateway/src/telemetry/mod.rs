@@ -71,6 +71,8 @@ pub enum KillReason {
     Timeout,
     /// Its init died on its own.
     Died,
+    /// It stayed paused longer than its team's paused retention.
+    Retention,
 }
 
 /// Whether a pause, snapshot or fork kept memory.
