@@ -8,6 +8,7 @@
 pub mod agent_link;
 pub mod api;
 pub mod config;
+pub mod images;
 pub mod keys;
 pub mod model;
 pub mod network;
