@@ -1258,3 +1258,63 @@ def test_a_memory_hog_is_killed_inside_its_own_limit_and_nothing_else_is(gateway
     finally:
         greedy.kill()
         neighbour.kill()
+
+
+def test_a_malicious_image_layer_cannot_write_outside_the_template_root(gateway, tmp_path):
+    """An image author's layer plants a symlink to a host directory and
+    writes through it, names a file by an absolute host path, climbs out
+    with `..`, and hard-links a host file: every write stays beneath the
+    template root, and the layers that cannot be applied there fail the
+    pull with no template left behind."""
+    import tarfile
+
+    from oci_registry import Registry, copse_pull, layer, member, oci_layout, push, remove_template
+
+    host_dir = tmp_path / "host"
+    host_dir.mkdir()
+    host_file = host_dir / "secret"
+    host_file.write_text("host\n")
+    registry = Registry(tmp_path)
+    names = [f"oci-evil-{n}-{os.getpid()}" for n in ("link", "climb", "hardlink")]
+    try:
+        images = {
+            "link": [
+                member("escape", kind=tarfile.SYMTYPE, link=str(host_dir)),
+                member("escape/planted", b"through the link\n"),
+                member(str(host_dir / "absolute"), b"by absolute name\n"),
+                member("secret-link", kind=tarfile.SYMTYPE, link=str(host_file)),
+                member("secret-link", b"replaces the link, never follows it\n"),
+            ],
+            "climb": [member("../../../../../../../.." + str(host_dir / "climbed"), b"climbed\n")],
+            "hardlink": [member("stolen", kind=tarfile.LNKTYPE, link=str(host_file))],
+        }
+        results = {}
+        for (kind, members), name in zip(images.items(), names):
+            layout = tmp_path / f"layout-{kind}"
+            oci_layout(layout, "1", [layer(members)])
+            push(layout, "1", registry, f"copse-test/evil-{kind}")
+            results[kind] = copse_pull(f"docker.io/copse-test/evil-{kind}:1", name, registry)
+
+        # Nothing reached the host directory, whatever the outcome.
+        assert sorted(p.name for p in host_dir.iterdir()) == ["secret"]
+        assert host_file.read_text() == "host\n" and host_file.stat().st_nlink == 1
+
+        # The symlink tricks land inside the root, as the sandbox sees them.
+        assert results["link"].returncode == 0, results["link"].stderr
+        rootfs = DATA_DIR / "templates" / names[0] / "rootfs"
+        inside = rootfs / str(host_dir).lstrip("/")
+        assert (inside / "planted").read_text() == "through the link\n"
+        assert (inside / "absolute").read_text() == "by absolute name\n"
+        assert (rootfs / "secret-link").read_text() == "replaces the link, never follows it\n"
+        assert not (rootfs / "secret-link").is_symlink()
+
+        # `..` and a hard link to a host file cannot be applied: refused.
+        assert results["climb"].returncode != 0 and "'..'" in results["climb"].stderr, results["climb"].stderr
+        assert results["hardlink"].returncode != 0, results["hardlink"].stderr
+        for name in names[1:]:
+            assert not (DATA_DIR / "templates" / name).exists()
+            assert not (DATA_DIR / "templates" / f".{name}.building").exists()
+    finally:
+        registry.close()
+        for name in names:
+            remove_template(name)

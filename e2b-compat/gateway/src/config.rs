@@ -31,6 +31,8 @@ pub struct Config {
     pub limits: crate::serve::Limits,
     /// The operator listener serving `/metrics`; `None`: no metrics served.
     pub metrics_listen: Option<SocketAddr>,
+    /// Registry mirrors and credentials for templates from images.
+    pub registries: copse_images::Registries,
 }
 
 #[derive(Debug, Clone)]

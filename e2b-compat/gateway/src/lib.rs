@@ -9,6 +9,7 @@ pub mod agent_link;
 pub mod api;
 pub mod config;
 pub mod fault;
+pub mod images;
 pub mod keys;
 pub mod model;
 pub mod network;

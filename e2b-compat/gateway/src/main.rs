@@ -100,6 +100,8 @@ enum Command {
         /// For the crash test only: abort at the step COPSE_FAULT names.
         #[arg(long, hide = true)]
         debug_faults: bool,
+        #[command(flatten)]
+        registry: RegistryArgs,
     },
     /// Local TLS for domain mode.
     Tls {
@@ -110,6 +112,11 @@ enum Command {
     Template {
         #[command(subcommand)]
         command: TemplateCommand,
+    },
+    /// Templates from OCI images.
+    Image {
+        #[command(subcommand)]
+        command: ImageCommand,
     },
     /// API keys: each acts for a team (see README, "Teams, keys and quotas").
     Keys {
@@ -218,6 +225,44 @@ enum TemplateCommand {
     },
 }
 
+/// Where images are pulled from.
+#[derive(clap::Args, Clone)]
+struct RegistryArgs {
+    /// Pull a registry's images from a mirror instead: REGISTRY=URL (e.g.
+    /// docker.io=http://127.0.0.1:5000); repeatable, or comma-separated in
+    /// the environment variable. Plain HTTP only for mirrors named here.
+    #[arg(long = "registry-mirror", env = "COPSE_REGISTRY_MIRROR", value_delimiter = ',')]
+    mirrors: Vec<String>,
+    /// Registry credentials in Docker's `auths` JSON format (default:
+    /// DATA_DIR/registry-auth.json when it exists).
+    #[arg(long, env = "COPSE_REGISTRY_AUTH_FILE")]
+    registry_auth_file: Option<PathBuf>,
+}
+
+impl RegistryArgs {
+    fn registries(&self, data_dir: &std::path::Path) -> anyhow::Result<copse_images::Registries> {
+        copse_gateway::images::registries(data_dir, &self.mirrors, self.registry_auth_file.as_deref())
+    }
+}
+
+#[derive(Subcommand)]
+enum ImageCommand {
+    /// Pull an image (through --registry-mirror) and make it a template
+    /// sandboxes can be created from: `Sandbox.create("NAME")`.
+    Pull {
+        /// An image reference, e.g. docker.io/library/debian:bookworm.
+        reference: String,
+        /// The template's name (default: the repository's last part and
+        /// the tag, e.g. debian-bookworm). Pulling again replaces it.
+        #[arg(long)]
+        name: Option<String>,
+        #[command(flatten)]
+        registry: RegistryArgs,
+        #[command(flatten)]
+        paths: Paths,
+    },
+}
+
 #[derive(Subcommand)]
 enum SecretsCommand {
     /// Re-seal every stored secret value under a new key and drop the old
@@ -276,10 +321,12 @@ fn main() -> anyhow::Result<()> {
             limits,
             metrics_listen,
             debug_faults,
+            registry,
         } => {
             if debug_faults {
                 copse_gateway::fault::arm_from_env()?;
             }
+            let registries = registry.registries(&paths.data_dir)?;
             let config = Config {
                 listen,
                 data_dir: paths.data_dir,
@@ -294,6 +341,7 @@ fn main() -> anyhow::Result<()> {
                 disk_mb,
                 limits: limits.limits(),
                 metrics_listen,
+                registries,
             };
             tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(server::run(config))
         }
@@ -326,6 +374,33 @@ fn main() -> anyhow::Result<()> {
             for t in substrate.templates()? {
                 println!("{:<24} {:<6} {:>8} MiB  built {}", t.name, t.backend, t.size_bytes >> 20, t.built_at);
             }
+            Ok(())
+        }
+        Command::Image { command: ImageCommand::Pull { reference, name, registry, paths } } => {
+            let name = name.unwrap_or_else(|| copse_gateway::images::default_name(&reference));
+            let registries = registry.registries(&paths.data_dir)?;
+            let config = local_config(paths)?;
+            let substrate = server::open_substrate(&config)?;
+            let reporter = copse_gateway::progress::Reporter::new(&format!("pulling {reference} as template {name}"));
+            let result = copse_gateway::images::pull_template(
+                substrate.as_ref(),
+                &config.data_dir,
+                &registries,
+                &reference,
+                &name,
+                &|line| reporter.line(line),
+            );
+            reporter.finish();
+            let (info, pulled) = result?;
+            println!(
+                "template {} from {} ({}): {} MiB, {} blob(s) downloaded, {} from the cache",
+                info.name,
+                pulled.reference,
+                pulled.digest,
+                info.size_bytes >> 20,
+                pulled.fetched,
+                pulled.cached
+            );
             Ok(())
         }
         Command::Snapshot { command } => snapshot(command),
@@ -410,6 +485,7 @@ fn local_config(paths: Paths) -> anyhow::Result<Config> {
         disk_mb: copse_substrate::Limits::default().disk_mb,
         limits: Default::default(),
         metrics_listen: None,
+        registries: Default::default(),
     })
 }
 

@@ -86,6 +86,10 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         config.agent_binary.display()
     );
     let substrate = open_substrate(&config)?;
+    for (registry, mirror) in config.registries.mirrors() {
+        let scheme = if mirror.plain_http { "http" } else { "https" };
+        tracing::info!("registry {registry} is pulled from the mirror {scheme}://{}", mirror.host);
+    }
     {
         let substrate = substrate.clone();
         tokio::task::spawn_blocking(move || {

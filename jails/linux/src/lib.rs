@@ -389,6 +389,16 @@ impl Substrate for LinuxSubstrate {
         self.templates.ensure(recipe, progress)
     }
 
+    fn import_template(
+        &self,
+        name: &str,
+        fingerprint: &str,
+        fill: &mut dyn FnMut(&std::path::Path) -> anyhow::Result<()>,
+        progress: Progress<'_>,
+    ) -> anyhow::Result<TemplateInfo> {
+        self.templates.import(name, fingerprint, fill, progress)
+    }
+
     fn create(&self, spec: &SandboxSpec) -> anyhow::Result<Placement> {
         copse_substrate::template::validate_name(&spec.id).map_err(SubstrateError::Invalid)?;
         let memory = spec.snapshot.as_deref().filter(|s| self.checkpoint_dir(s).is_dir());

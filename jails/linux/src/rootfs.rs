@@ -58,38 +58,78 @@ impl TemplateStore {
             }
             None => {}
         }
-        let final_dir = self.dir.join(&recipe.name);
-        let staging = self.dir.join(format!(".{}.building", recipe.name));
+        let recipe_fingerprint = recipe.fingerprint();
+        self.build(&recipe.name, &recipe_fingerprint, recipe.backend, progress, &mut |rootfs| {
+            fs::create_dir_all(&self.cache)?;
+            let plan = build_plan(recipe, rootfs, &self.cache, &mirror(), &suite());
+            for (i, step) in plan.iter().enumerate() {
+                progress(&format!("[{}/{}] {}", i + 1, plan.len(), step.describe()));
+                run_streaming(step, progress)
+                    .with_context(|| format!("template {}: {}", recipe.name, step.describe()))?;
+            }
+            Ok(())
+        })
+    }
+
+    /// A template whose root `fill` writes (an unpacked image) instead of
+    /// a recipe's build.
+    pub fn import(
+        &self,
+        name: &str,
+        fingerprint: &str,
+        fill: &mut dyn FnMut(&Path) -> anyhow::Result<()>,
+        progress: Progress<'_>,
+    ) -> anyhow::Result<TemplateInfo> {
+        validate_name(name).map_err(copse_substrate::SubstrateError::Invalid)?;
+        self.build(name, fingerprint, Default::default(), progress, &mut |rootfs| {
+            fs::create_dir(rootfs).with_context(|| format!("creating {}", rootfs.display()))?;
+            fill(rootfs)
+        })
+    }
+
+    /// Builds a template aside, moves its files' owners into the sandbox id
+    /// range and publishes it, moving an older one of that name aside.
+    fn build(
+        &self,
+        name: &str,
+        fingerprint: &str,
+        backend: copse_substrate::Backend,
+        progress: Progress<'_>,
+        fill: &mut dyn FnMut(&Path) -> anyhow::Result<()>,
+    ) -> anyhow::Result<TemplateInfo> {
+        let final_dir = self.dir.join(name);
+        let staging = self.dir.join(format!(".{name}.building"));
         // A rebuilt template's old root may still be the lower layer of
         // running sandboxes: it moves aside (mounts follow the rename)
         // rather than vanishing under them, and goes at the next rebuild.
-        let replaced = self.dir.join(format!(".{}.replaced", recipe.name));
+        let replaced = self.dir.join(format!(".{name}.replaced"));
         remove_tree(&staging)?;
+        fs::create_dir_all(&staging)?;
+        let rootfs = staging.join("rootfs");
+        let built = fill(&rootfs).and_then(|()| {
+            // Built as host root; used by sandboxes whose root is host uid BASE.
+            progress(&format!("moving the files' owners into the sandbox id range (+{})", crate::ids::BASE));
+            crate::ids::shift_tree(&rootfs, 0, crate::ids::BASE)
+                .with_context(|| format!("template {name}: shifting owners"))
+                .map(drop)
+        });
+        if let Err(e) = built {
+            // The template of that name, if any, is left as it was.
+            let _ = remove_tree(&staging);
+            return Err(e);
+        }
+        let info = TemplateInfo {
+            name: name.to_string(),
+            built_at: SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
+            size_bytes: tree_size(&rootfs),
+            backend,
+            recipe: fingerprint.to_string(),
+        };
+        fs::write(staging.join(INFO_FILE), serde_json::to_vec_pretty(&info)?)?;
         if final_dir.exists() {
             remove_tree(&replaced)?;
             fs::rename(&final_dir, &replaced).context("moving the outdated template aside")?;
         }
-        fs::create_dir_all(&staging)?;
-        fs::create_dir_all(&self.cache)?;
-        let rootfs = staging.join("rootfs");
-
-        let plan = build_plan(recipe, &rootfs, &self.cache, &mirror(), &suite());
-        for (i, step) in plan.iter().enumerate() {
-            progress(&format!("[{}/{}] {}", i + 1, plan.len(), step.describe()));
-            run_streaming(step, progress).with_context(|| format!("template {}: {}", recipe.name, step.describe()))?;
-        }
-        // Built as host root; used by sandboxes whose root is host uid BASE.
-        progress(&format!("moving the files' owners into the sandbox id range (+{})", crate::ids::BASE));
-        crate::ids::shift_tree(&rootfs, 0, crate::ids::BASE)
-            .with_context(|| format!("template {}: shifting owners", recipe.name))?;
-        let info = TemplateInfo {
-            name: recipe.name.clone(),
-            built_at: SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
-            size_bytes: tree_size(&rootfs),
-            backend: recipe.backend,
-            recipe: recipe.fingerprint(),
-        };
-        fs::write(staging.join(INFO_FILE), serde_json::to_vec_pretty(&info)?)?;
         fs::rename(&staging, &final_dir).context("publishing the template")?;
         progress(&format!("template {} ready ({} MiB)", info.name, info.size_bytes >> 20));
         Ok(info)

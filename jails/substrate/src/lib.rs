@@ -142,6 +142,25 @@ pub trait Substrate: Send + Sync + 'static {
     /// Build `recipe` unless a complete build exists. Reports progress lines.
     fn ensure_template(&self, recipe: &Recipe, progress: Progress<'_>) -> anyhow::Result<TemplateInfo>;
 
+    /// Make `name` a template from a root directory that `fill` writes (an
+    /// unpacked OCI image), replacing an earlier one of that name (sandboxes
+    /// still running on it keep it). `fingerprint` (the image's digest)
+    /// becomes the template's [`TemplateInfo::recipe`]. The directory is the
+    /// substrate's, empty, and `fill` must leave only the root in it.
+    fn import_template(
+        &self,
+        name: &str,
+        _fingerprint: &str,
+        _fill: &mut dyn FnMut(&std::path::Path) -> anyhow::Result<()>,
+        _progress: Progress<'_>,
+    ) -> anyhow::Result<TemplateInfo> {
+        Err(SubstrateError::Unsupported(format!(
+            "template {name}: the {} substrate cannot make templates from images yet",
+            self.name()
+        ))
+        .into())
+    }
+
     /// Boot a sandbox. On error nothing of it is left behind.
     fn create(&self, spec: &SandboxSpec) -> anyhow::Result<Placement>;
 

@@ -34,7 +34,8 @@ pub struct TemplateInfo {
     pub size_bytes: u64,
     #[serde(default)]
     pub backend: Backend,
-    /// The [`Recipe::fingerprint`] it was built from; empty for templates
+    /// The [`Recipe::fingerprint`] it was built from (for a template made
+    /// from an image, the image manifest's digest); empty for templates
     /// built before fingerprints existed.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub recipe: String,
