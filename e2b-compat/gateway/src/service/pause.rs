@@ -142,6 +142,7 @@ impl Sandboxes {
                 Some(key.to_string()),
                 Network::kept(record.network.clone()),
                 false,
+                &record.volume_mounts,
             )
             .await?;
         record.placement = booted.placement;

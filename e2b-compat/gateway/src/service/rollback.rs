@@ -20,7 +20,7 @@ impl Sandboxes {
                 snapshot.id, snapshot.template, record.template
             )));
         }
-        let spec = self.spec(id, &record.template, None, record.network.clone());
+        let spec = self.spec(id, &record.template, None, record.network.clone(), &record.volume_mounts);
         let leftover = record.paused.as_ref().and_then(|p| p.files_only.clone());
         let placement = self
             .blocking(move |s| {

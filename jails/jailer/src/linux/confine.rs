@@ -313,6 +313,9 @@ const ALLOWED: &[libc::c_long] = &[
     libc::SYS_writev,
 ];
 
+/// `BTRFS_IOC_SNAP_CREATE`, `BTRFS_IOC_SUBVOL_CREATE`, and their `_V2`s.
+const BTRFS_NEW_SUBVOLUME: [u32; 4] = [0x5000_9401, 0x5000_940E, 0x5000_9417, 0x5000_9418];
+
 /// System calls x32 numbers carry this bit; the x32 ABI is refused whole.
 const X32_SYSCALL_BIT: u32 = 0x4000_0000;
 
@@ -342,6 +345,18 @@ impl Confinement {
         })
         .collect::<io::Result<_>>()?;
         rules.insert(libc::SYS_clone, vec![SeccompRule::new(no_namespace_flag).map_err(io::Error::other)?]);
+        // ioctl(2) but the btrfs calls that make a subvolume or snapshot:
+        // a volume is a btrfs subvolume bound straight into the sandbox
+        // (not behind overlayfs, which passes no btrfs ioctl), and a new
+        // subvolume in it would have its own, unlimited, quota group.
+        let no_new_subvolume: Vec<SeccompCondition> = BTRFS_NEW_SUBVOLUME
+            .iter()
+            .map(|cmd| {
+                SeccompCondition::new(1, SeccompCmpArgLen::Dword, SeccompCmpOp::Ne, u64::from(*cmd))
+                    .map_err(io::Error::other)
+            })
+            .collect::<io::Result<_>>()?;
+        rules.insert(libc::SYS_ioctl, vec![SeccompRule::new(no_new_subvolume).map_err(io::Error::other)?]);
         // clone3 passes its flags in memory that seccomp cannot inspect;
         // ENOSYS makes libc fall back to clone(2), which is filtered above.
         let filter = SeccompFilter::new(
