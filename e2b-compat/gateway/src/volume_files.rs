@@ -251,6 +251,8 @@ impl VolumeFiles {
         Ok(())
     }
 
+    // `mode_t` is 32 bits on Linux, 16 on FreeBSD: the cast is needed there.
+    #[allow(clippy::unnecessary_cast)]
     fn entry(&self, dir: &OwnedFd, name: &str, path: &str, stat: &FileStat) -> Entry {
         let kind = match SFlag::from_bits_truncate(stat.st_mode) & SFlag::S_IFMT {
             SFlag::S_IFREG => Kind::File,
@@ -269,9 +271,9 @@ impl VolumeFiles {
             mode: (stat.st_mode as u32) & 0o7777,
             uid: self.sandbox_id(stat.st_uid),
             gid: self.sandbox_id(stat.st_gid),
-            atime: stat.st_atime as i64,
-            mtime: stat.st_mtime as i64,
-            ctime: stat.st_ctime as i64,
+            atime: stat.st_atime,
+            mtime: stat.st_mtime,
+            ctime: stat.st_ctime,
             target,
         }
     }
