@@ -252,3 +252,18 @@ def test_another_team_neither_sees_nor_mounts_a_volume(volumes, gateway):
     assert theirs.volume_id != vol.volume_id
     listed = copse("volume", "ls")
     assert vol.volume_id in listed and theirs.volume_id in listed and team_a in listed
+
+
+@pytest.mark.timeout(240, func_only=True)
+def test_a_volume_holds_no_more_than_its_teams_max_disk_gb(volumes):
+    team = unique("vq")
+    key = copse("keys", "create", "--team", team).strip()
+    copse("teams", "set", team, "--max-disk-gb", "1")
+    vol = volumes(api_key=key)
+    sbx = mounted(volumes, vol, api_key=key)
+    fill = sbx.commands.run(
+        "dd if=/dev/urandom of=/mnt/data/fill bs=1M count=1300 conv=fsync 2>&1; echo rc=$?", timeout=200
+    ).stdout
+    assert "Disk quota exceeded" in fill and "rc=0" not in fill, fill
+    with pytest.raises(VolumeException, match="507"):
+        vol.write_file("/more.bin", secrets.token_bytes(64 << 20))
