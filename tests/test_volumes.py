@@ -252,6 +252,9 @@ def test_another_team_neither_sees_nor_mounts_a_volume(volumes, gateway):
     assert theirs.volume_id != vol.volume_id
     listed = copse("volume", "ls")
     assert vol.volume_id in listed and theirs.volume_id in listed and team_a in listed
+    assert "deleted volume" in copse("volume", "rm", "shared-name", "--team", team_b)
+    assert Volume.destroy(theirs.volume_id, api_key=key_b) is False
+    assert Volume.get_info(vol.volume_id, api_key=key_a).name == "shared-name"
 
 
 @pytest.mark.timeout(240, func_only=True)
