@@ -148,7 +148,7 @@ impl VolumeFiles {
         let (dir, name, shown) = self.parent(path, Some(Owner { mode: None, ..owner }))?;
         let name = name.ok_or_else(|| FileError::Invalid("the volume's root is a directory".into()))?;
         let flags = OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC;
-        let mode = Mode::from_bits_truncate(owner.mode.unwrap_or(0o644) & 0o7777);
+        let mode = mode_bits(owner.mode.unwrap_or(0o644));
         let fd = openat(&dir, name.as_str(), flags | OFlag::O_NOCTTY, mode).map_err(|e| walk_error(e, &shown))?;
         // Checked before a byte is written or truncated: a FIFO or device
         // planted under this name is refused untouched.
@@ -169,7 +169,7 @@ impl VolumeFiles {
     }
 
     fn make_dir_at(&self, dir: &OwnedFd, name: &str, owner: Owner, shown: &str) -> Result<()> {
-        let mode = Mode::from_bits_truncate(owner.mode.unwrap_or(0o755) & 0o7777);
+        let mode = mode_bits(owner.mode.unwrap_or(0o755));
         match mkdirat(dir, name, mode) {
             Ok(()) => {}
             Err(Errno::EEXIST) => return Err(FileError::Exists(shown.to_string())),
@@ -197,8 +197,7 @@ impl VolumeFiles {
             }
         };
         if let Some(mode) = owner.mode {
-            nix::sys::stat::fchmod(&fd, Mode::from_bits_truncate(mode & 0o7777))
-                .map_err(|e| FileError::Io(shown.clone(), e))?;
+            nix::sys::stat::fchmod(&fd, mode_bits(mode)).map_err(|e| FileError::Io(shown.clone(), e))?;
         }
         if owner.uid.is_some() || owner.gid.is_some() {
             let uid = owner.uid.map(|u| self.host_id(u)).transpose()?;
@@ -299,6 +298,12 @@ impl VolumeFiles {
             _ => 65534,
         }
     }
+}
+
+/// `mode_t` is 32 bits on Linux, 16 on FreeBSD: the cast is needed there.
+#[allow(clippy::unnecessary_cast)]
+fn mode_bits(mode: u32) -> Mode {
+    Mode::from_bits_truncate((mode & 0o7777) as libc::mode_t)
 }
 
 fn dir_flags() -> OFlag {
