@@ -1318,3 +1318,111 @@ def test_a_malicious_image_layer_cannot_write_outside_the_template_root(gateway,
         registry.close()
         for name in names:
             remove_template(name)
+
+
+# --- Persistent volumes ---------------------------------------------------------------
+# A volume is written by every sandbox mounting it and read by the host (the
+# content API): nothing a sandbox plants there may lead the host elsewhere.
+
+
+@pytest.fixture
+def volume(gateway):
+    from e2b import Volume
+
+    os.environ["E2B_VOLUME_API_URL"] = gateway.url
+    vol = Volume.create(f"hostile-{os.urandom(4).hex()}")
+    yield vol
+    Volume.destroy(vol.volume_id)
+
+
+def test_links_and_fifos_planted_in_a_volume_are_never_followed_by_the_content_api(gateway, volume):
+    from e2b import VolumeException, VolumePathNotFoundException
+
+    sbx = Sandbox.create(timeout=90, volume_mounts={"/mnt/data": volume})
+    try:
+        sbx.commands.run(
+            "cd /mnt/data && ln -s /etc/shadow shadow && ln -s / root && ln -s ../../.. up"
+            " && mkdir d && mkfifo d/pipe && echo ok > d/plain"
+        )
+        for path in ["/shadow", "/root/etc/shadow", "/up/etc/hostname", "/d/pipe"]:
+            started = time.monotonic()
+            with pytest.raises(VolumeException):
+                volume.read_file(path)
+            assert time.monotonic() - started < 5, f"{path}: the gateway blocked"
+        for path in ["/../etc/hostname", "/d/../../etc/hostname", "d/./plain"]:
+            with pytest.raises(VolumeException):
+                volume.read_file(path)
+        with pytest.raises(VolumeException):
+            volume.write_file("/root/tmp/planted-by-the-api", "x")
+        with pytest.raises(VolumeException):
+            volume.write_file("/shadow", "overwritten")
+        with pytest.raises(VolumeException):
+            volume.write_file("/d/pipe", "x")
+        with pytest.raises(VolumeException):
+            volume.list("/root")
+        assert not pathlib.Path("/tmp/planted-by-the-api").exists()
+        # Links are shown as links and removed as links.
+        listed = {e.name: e for e in volume.list("/")}
+        assert listed["shadow"].type.value == "symlink" and listed["shadow"].target == "/etc/shadow"
+        volume.remove("/root")
+        assert pathlib.Path("/etc/hostname").exists()
+        assert volume.read_file("/d/plain") == "ok\n"
+        with pytest.raises(VolumePathNotFoundException):
+            volume.read_file("/root")
+    finally:
+        sbx.kill()
+
+
+def test_a_volume_mount_never_follows_a_link_in_the_sandboxs_tree(gateway, volume):
+    """The mount point is the sandbox's: a snapshot whose /mnt is a link to
+    the host's /tmp must not carry the volume, or a directory made for it,
+    onto the host."""
+    marker = f"copse-volume-escape-{os.urandom(4).hex()}"
+    sbx = Sandbox.create(timeout=90)
+    try:
+        sbx.commands.run(f"rm -rf /mnt && ln -s /tmp /mnt && ln -s /tmp /{marker}", user="root")
+        snap = sbx.create_snapshot(mode="filesystem")
+    finally:
+        sbx.kill()
+    try:
+        for path in [f"/mnt/{marker}", f"/{marker}/{marker}"]:
+            with pytest.raises(SandboxException):
+                Sandbox.create(template=snap.snapshot_id, timeout=30, volume_mounts={path: volume})
+            assert not pathlib.Path(f"/tmp/{marker}").exists()
+    finally:
+        Sandbox.delete_snapshot(snap.snapshot_id)
+    for path in ["/mnt/../etc", "/mnt/data/..", "/.copse/run"]:
+        with pytest.raises(SandboxException, match="400"):
+            Sandbox.create(timeout=30, volume_mounts={path: volume})
+
+
+def test_no_btrfs_subvolume_or_snapshot_can_be_made_in_a_volume(gateway, volume):
+    """A volume is a btrfs subvolume bound straight into the sandbox; a new
+    subvolume or snapshot in it would have its own, unlimited, quota group."""
+    sbx = Sandbox.create(timeout=60, volume_mounts={"/mnt/data": volume})
+    try:
+        script = (
+            "import fcntl, os, struct\n"
+            "fd = os.open('/mnt/data', os.O_RDONLY | os.O_DIRECTORY)\n"
+            "for cmd in [0x5000940E, 0x50009418]:\n"
+            "    args = bytearray(struct.pack('q4088s', 0, b'escape'))\n"
+            "    try:\n"
+            "        fcntl.ioctl(fd, cmd, args, True)\n"
+            "        print('made', hex(cmd))\n"
+            "    except OSError as e:\n"
+            "        print('refused', hex(cmd), e.errno)\n"
+            "for cmd in [0x50009401, 0x50009417]:\n"
+            "    args = bytearray(struct.pack('q4088s', fd, b'snap'))\n"
+            "    try:\n"
+            "        fcntl.ioctl(fd, cmd, args, True)\n"
+            "        print('made', hex(cmd))\n"
+            "    except OSError as e:\n"
+            "        print('refused', hex(cmd), e.errno)\n"
+        )
+        sbx.files.write("/root/subvol.py", script, user="root")
+        out = sbx.commands.run("python3 /root/subvol.py", user="root").stdout
+        assert "made" not in out, out
+        assert out.count("refused") == 4, out
+        assert volume.list("/") == [], "nothing was made"
+    finally:
+        sbx.kill()

@@ -199,7 +199,6 @@ def test_unknown_template_error_names_the_available_templates(gateway):
 @pytest.mark.parametrize(
     "options, field",
     [
-        ({"volume_mounts": {"/mnt/data": "team-data"}}, "volumeMounts"),
         ({"network": {"mask_request_host": "app.example.com"}}, "network.maskRequestHost"),
         ({"network": {"rules": {"api.example.com": [{"transform": {"headers": {"X-Key": "k"}}}]}}}, "network.rules"),
     ],

@@ -108,6 +108,7 @@ fn spec(dir: &Path, id: &str, snapshot: Option<&str>) -> SandboxSpec {
         agent_socket: dir.join(format!("{id}.sock")),
         snapshot: snapshot.map(Into::into),
         network: None,
+        volumes: Vec::new(),
     }
 }
 

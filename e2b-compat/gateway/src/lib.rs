@@ -28,3 +28,4 @@ pub mod templates;
 pub mod tenancy;
 pub mod tls;
 pub mod vault;
+pub mod volume_files;

@@ -133,6 +133,11 @@ enum Command {
         #[command(subcommand)]
         command: SnapshotCommand,
     },
+    /// Persistent volumes: list them, delete one no sandbox mounts.
+    Volume {
+        #[command(subcommand)]
+        command: VolumeCommand,
+    },
     /// List running sandboxes.
     Ls {
         #[command(flatten)]
@@ -274,6 +279,24 @@ enum SecretsCommand {
 }
 
 #[derive(Subcommand)]
+enum VolumeCommand {
+    /// Every team's volumes: id, team, name, bytes held, mounting sandboxes.
+    Ls {
+        #[command(flatten)]
+        paths: Paths,
+    },
+    /// Delete a volume and its files (refused while a sandbox mounts it).
+    Rm {
+        /// Its id, or its name in --team.
+        volume: String,
+        #[arg(long, default_value = copse_gateway::model::DEFAULT_TEAM)]
+        team: String,
+        #[command(flatten)]
+        paths: Paths,
+    },
+}
+
+#[derive(Subcommand)]
 enum SnapshotCommand {
     List {
         #[command(flatten)]
@@ -404,6 +427,7 @@ fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Command::Snapshot { command } => snapshot(command),
+        Command::Volume { command } => volume(command),
         Command::Secrets { command: SecretsCommand::RotateKey { paths } } => {
             let config = local_config(paths)?;
             let store = server::open_store(&config)?;
@@ -465,6 +489,49 @@ fn snapshot(command: SnapshotCommand) -> anyhow::Result<()> {
             };
             let record = snapshot_file::import(&store, substrate.as_ref(), &team, &mut input, name)?;
             println!("imported snapshot {} (template {})", record.id, record.template);
+            Ok(())
+        }
+    }
+}
+
+fn volume(command: VolumeCommand) -> anyhow::Result<()> {
+    use copse_gateway::model::{Store, VolumeStore};
+    let open = |paths: Paths| -> anyhow::Result<_> {
+        let config = local_config(paths)?;
+        Ok((server::open_store(&config)?, server::open_substrate(&config)?))
+    };
+    let mounting = |store: &dyn Store, id: &str| -> anyhow::Result<Vec<String>> {
+        Ok(store
+            .all()?
+            .into_iter()
+            .filter(|r| r.volume_mounts.iter().any(|m| m.volume_id == id))
+            .map(|r| r.id)
+            .collect())
+    };
+    match command {
+        VolumeCommand::Ls { paths } => {
+            let (store, substrate) = open(paths)?;
+            for v in store.volumes()? {
+                let used =
+                    substrate.volume_used(&v.id).map_or_else(|_| "-".to_string(), |b| format!("{} KiB", b >> 10));
+                let users = mounting(&store, &v.id)?.join(",");
+                println!("{:<20} {:<16} {:<24} {:>12}  {}", v.id, v.team, v.name, used, users);
+            }
+            Ok(())
+        }
+        VolumeCommand::Rm { volume, team, paths } => {
+            let (store, substrate) = open(paths)?;
+            let record = match store.volume(&volume)? {
+                Some(record) => record,
+                None => store
+                    .volume_named(&team, &volume)?
+                    .with_context(|| format!("no volume {volume:?} (by id, or by name in team {team})"))?,
+            };
+            let users = mounting(&store, &record.id)?;
+            anyhow::ensure!(users.is_empty(), "volume {} is mounted by sandbox {}", record.name, users.join(", "));
+            substrate.delete_volume(&record.id)?;
+            store.remove_volume(&record.id)?;
+            println!("deleted volume {} ({}, team {})", record.id, record.name, record.team);
             Ok(())
         }
     }

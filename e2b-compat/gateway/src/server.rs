@@ -12,7 +12,7 @@ use crate::config::{self, Config};
 use crate::keys::{ApiKeys, Origin};
 use crate::model::Caller;
 use crate::progress::Reporter;
-use crate::service::{Sandboxes, Secrets};
+use crate::service::{Sandboxes, Secrets, Volumes};
 use crate::store::{Indexed, SqliteStore};
 use crate::tenancy::Directory;
 use crate::vault::Vault;
@@ -132,8 +132,11 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let exposure = Exposure { domain: config.domain.as_deref().map(|d| d.trim_end_matches('.').to_ascii_lowercase()) };
     print_usage(addr, &exposure, tls.is_some(), keys.origin(), substrate.name());
     let secrets = Arc::new(Secrets::new(Arc::new(open_store(&config)?), vault));
+    let volumes = Arc::new(
+        Volumes::new(Arc::new(open_store(&config)?), substrate.clone(), svc.clone()).with_directory(directory.clone()),
+    );
     let gate = api::Gate { directory, rates: Default::default() };
-    let app = api::router(svc.clone(), secrets, gate, exposure).layer(axum::Extension(access_tokens));
+    let app = api::router(svc.clone(), secrets, volumes, gate, exposure).layer(axum::Extension(access_tokens));
     let keep_sandboxes = config.keep_sandboxes;
     let (stopping_tx, stopping_rx) = tokio::sync::oneshot::channel::<()>();
     let stop = {

@@ -98,6 +98,7 @@ pub fn spec(tag: &str, limits: Limits) -> SandboxSpec {
         limits,
         snapshot: None,
         network: None,
+        volumes: Vec::new(),
     }
 }
 

@@ -13,7 +13,7 @@ use crate::exec::{Executor, run_cmd, run_from, run_into, succeeds};
 use crate::plan::lifecycle::{self, SnapshotSource, StoredSnapshot};
 use crate::plan::recover::{self as reconcile, HostTraces};
 use crate::plan::template::{self as tpl, BuildInputs};
-use crate::plan::{Layout, devfs, host, jail_name, mounts, rctl, sandbox, validate_id, zfs};
+use crate::plan::{Layout, devfs, host, jail_name, mounts, rctl, sandbox, validate_id, volume, zfs};
 use crate::{plan, sys};
 use copse_substrate::template::{Backend, check_backend, validate_name};
 use copse_substrate::{
@@ -406,6 +406,34 @@ impl Substrate for JailSubstrate {
 
     /// Stray epairs (of sandboxes [`Substrate::recover`] removed, whose
     /// jail ends came back to the host with their jails) and anchors go here.
+    // Not run on FreeBSD: the plans are golden-tested (`plan::volume`).
+    fn create_volume(&self, id: &str, limit_bytes: u64) -> anyhow::Result<()> {
+        validate_id(id).map_err(SubstrateError::Invalid)?;
+        if succeeds(&zfs::exists(&volume::volume_dataset(&self.layout, id))) {
+            return Ok(());
+        }
+        let parent_exists = succeeds(&zfs::exists(&volume::volumes_dataset(&self.layout)));
+        Executor::new(None).run_all(&volume::create(&self.layout, id, limit_bytes, parent_exists))
+    }
+
+    fn delete_volume(&self, id: &str) -> anyhow::Result<()> {
+        validate_id(id).map_err(SubstrateError::Invalid)?;
+        if !succeeds(&zfs::exists(&volume::volume_dataset(&self.layout, id))) {
+            return Ok(());
+        }
+        Executor::new(None).run_all(&volume::destroy(&self.layout, id))
+    }
+
+    fn volume_location(&self, id: &str) -> anyhow::Result<copse_substrate::VolumeLocation> {
+        validate_id(id).map_err(SubstrateError::Invalid)?;
+        let root = volume::volume_root(&self.layout, id);
+        if !root.is_dir() {
+            return Err(SubstrateError::NotFound(format!("volume {id} not found")).into());
+        }
+        // Jails share the host's ids.
+        Ok(copse_substrate::VolumeLocation { root, id_base: 0 })
+    }
+
     fn recover_network(&self, known: &[(String, copse_substrate::SandboxNetwork)]) -> anyhow::Result<()> {
         self.network.as_ref().map_or(Ok(()), |network| network.reconcile(known))
     }

@@ -49,8 +49,8 @@ pub fn ensure_stage() -> anyhow::Result<PathBuf> {
         fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         fs::set_permissions(dir, fs::Permissions::from_mode(0o711))?;
     }
-    use copse_jailer::linux::boot::{STAGE_AGENT, STAGE_ROOT, STAGE_SOCKET};
-    for name in [STAGE_ROOT, STAGE_AGENT, STAGE_SOCKET] {
+    use copse_jailer::linux::boot::{STAGE_AGENT, STAGE_ROOT, STAGE_SOCKET, STAGE_VOLUMES};
+    for name in [STAGE_ROOT, STAGE_AGENT, STAGE_SOCKET, STAGE_VOLUMES] {
         let dir = stage.join(name);
         fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
         fs::set_permissions(&dir, fs::Permissions::from_mode(0o755))?;

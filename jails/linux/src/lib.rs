@@ -51,7 +51,7 @@ use anyhow::{Context, bail};
 use cgroup::{Cgroups, Hierarchy};
 use checkpoint::{Criu, RestorePaths};
 use copse_jailer::handoff::{AGENT_NAME, SOCKET_NAME};
-use copse_jailer::linux::boot::{BootPlan, Launch, RestorePlan};
+use copse_jailer::linux::boot::{BootPlan, Launch, RestorePlan, VolumeBind};
 use copse_substrate::{
     Capabilities, Placement, Progress, Recipe, Recovery, SandboxSpec, SnapshotInfo, Substrate, SubstrateError, Support,
     TemplateInfo, Usage,
@@ -157,6 +157,7 @@ impl LinuxSubstrate {
             agent_dir: self.agent_dir.clone(),
             socket_dir: dir.join("run"),
             ids: ids::map(owner),
+            volumes: Vec::new(),
         }
     }
 
@@ -199,7 +200,8 @@ impl LinuxSubstrate {
             return Err(SubstrateError::NotFound(format!("template {} is not built", base.template)).into());
         }
         let owner = self.claim_owner(&spec.id)?;
-        let plan = self.boot_plan(spec, &base, ids::ensure_stage()?, owner);
+        let mut plan = self.boot_plan(spec, &base, ids::ensure_stage()?, owner);
+        plan.volumes = self.volume_binds(spec)?;
         // Before anything is written in it: the limit holds from the first byte.
         self.disk()?.create(&spec.id, spec.limits.disk_mb)?;
         for dir in [&plan.upper, &plan.work, &plan.socket_dir] {
@@ -212,6 +214,20 @@ impl LinuxSubstrate {
         self.cgroups.create(&spec.id, &spec.limits)?;
         link_socket(&plan.socket_dir, &spec.agent_socket)?;
         Ok(plan)
+    }
+
+    /// Where each of the spec's volumes comes from on the host.
+    fn volume_binds(&self, spec: &SandboxSpec) -> anyhow::Result<Vec<VolumeBind>> {
+        let mut binds = Vec::with_capacity(spec.volumes.len());
+        for mount in &spec.volumes {
+            copse_substrate::template::validate_name(&mount.volume).map_err(SubstrateError::Invalid)?;
+            let source = self.disk()?.persistent(&mount.volume);
+            if !source.is_dir() {
+                return Err(SubstrateError::NotFound(format!("volume {} not found", mount.volume)).into());
+            }
+            binds.push(VolumeBind { source, target: mount.path.clone() });
+        }
+        Ok(binds)
     }
 
     /// Runs `copse-agent boot` with `launch` on its standard input; returns
@@ -583,7 +599,41 @@ impl Substrate for LinuxSubstrate {
             network.settle();
         }
     }
+
+    fn create_volume(&self, id: &str, limit_bytes: u64) -> anyhow::Result<()> {
+        copse_substrate::template::validate_name(id).map_err(SubstrateError::Invalid)?;
+        let dir = self.disk()?.create_persistent(id, limit_bytes)?;
+        // The template's `user` (uid 1000 inside) owns the volume's root,
+        // as it owns its home: what the SDK's commands run as can write.
+        let user = ids::BASE + VOLUME_OWNER;
+        std::os::unix::fs::lchown(&dir, Some(user), Some(user))
+            .with_context(|| format!("handing {} to the sandbox's user", dir.display()))?;
+        Ok(())
+    }
+
+    fn delete_volume(&self, id: &str) -> anyhow::Result<()> {
+        copse_substrate::template::validate_name(id).map_err(SubstrateError::Invalid)?;
+        self.disk()?.remove_persistent(id)
+    }
+
+    fn volume_location(&self, id: &str) -> anyhow::Result<copse_substrate::VolumeLocation> {
+        copse_substrate::template::validate_name(id).map_err(SubstrateError::Invalid)?;
+        let root = self.disk()?.persistent(id);
+        if !root.is_dir() {
+            return Err(SubstrateError::NotFound(format!("volume {id} not found")).into());
+        }
+        Ok(copse_substrate::VolumeLocation { root, id_base: ids::BASE })
+    }
+
+    fn volume_used(&self, id: &str) -> anyhow::Result<u64> {
+        copse_substrate::template::validate_name(id).map_err(SubstrateError::Invalid)?;
+        self.disk()?.persistent_used(id)
+    }
 }
+
+/// Uid (and gid) inside a sandbox that owns a new volume's root: the
+/// templates' `user`.
+const VOLUME_OWNER: u32 = 1000;
 
 /// Copy the agent binary to the directory sandboxes mount, unless the copy
 /// there is already the same file. The copy goes through a rename, so
@@ -666,6 +716,7 @@ mod tests {
             agent_socket: dir.path().join("a.sock"),
             snapshot: None,
             network: None,
+            volumes: Vec::new(),
         };
         let kind = |err: anyhow::Error| SubstrateError::find(&err).cloned();
         assert_eq!(

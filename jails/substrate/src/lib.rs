@@ -52,6 +52,28 @@ pub struct SandboxSpec {
     /// `create` returns; `None` leaves it with loopback only.
     #[serde(default)]
     pub network: Option<SandboxNetwork>,
+    /// Volumes (made by [`Substrate::create_volume`]) mounted read-write in
+    /// the sandbox, shared with every other sandbox mounting them.
+    #[serde(default)]
+    pub volumes: Vec<VolumeMount>,
+}
+
+/// A volume's directory on the host, and the host id a sandbox's id 0 is
+/// (files in it are owned by sandbox ids shifted by it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VolumeLocation {
+    pub root: PathBuf,
+    pub id_base: u32,
+}
+
+/// One volume at one absolute path inside a sandbox. The gateway has
+/// checked the path (absolute, normal, clear of the sandbox's own mounts);
+/// the substrate still never follows a link the sandbox planted on the
+/// way to it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VolumeMount {
+    pub volume: String,
+    pub path: String,
 }
 
 /// Where a running sandbox lives on the host; persisted by the gateway so a
@@ -241,4 +263,25 @@ pub trait Substrate: Send + Sync + 'static {
     /// background is done; called before the gateway exits, so nothing of
     /// a destroyed sandbox outlives it.
     fn settle(&self) {}
+
+    /// Makes persistent volume `id`, holding at most `limit_bytes`.
+    /// Idempotent.
+    fn create_volume(&self, id: &str, _limit_bytes: u64) -> anyhow::Result<()> {
+        Err(SubstrateError::Unsupported(format!("volume {id}: {} has no volumes", self.name())).into())
+    }
+
+    /// Deletes volume `id` and everything in it. Idempotent.
+    fn delete_volume(&self, id: &str) -> anyhow::Result<()> {
+        Err(SubstrateError::Unsupported(format!("volume {id}: {} has no volumes", self.name())).into())
+    }
+
+    /// Where volume `id`'s files are on the host, for the content API.
+    fn volume_location(&self, id: &str) -> anyhow::Result<VolumeLocation> {
+        Err(SubstrateError::Unsupported(format!("volume {id}: {} has no volumes", self.name())).into())
+    }
+
+    /// Bytes volume `id` holds, as its quota counts them.
+    fn volume_used(&self, id: &str) -> anyhow::Result<u64> {
+        Err(SubstrateError::Unsupported(format!("volume {id}: {} has no volumes", self.name())).into())
+    }
 }

@@ -319,6 +319,24 @@ impl Substrate for Router {
             substrate.settle();
         }
     }
+
+    // Volumes live on the default backend: the one sandboxes boot on
+    // unless a template says otherwise.
+    fn create_volume(&self, id: &str, limit_bytes: u64) -> anyhow::Result<()> {
+        self.substrate(self.default_backend())?.create_volume(id, limit_bytes)
+    }
+
+    fn delete_volume(&self, id: &str) -> anyhow::Result<()> {
+        self.substrate(self.default_backend())?.delete_volume(id)
+    }
+
+    fn volume_location(&self, id: &str) -> anyhow::Result<crate::VolumeLocation> {
+        self.substrate(self.default_backend())?.volume_location(id)
+    }
+
+    fn volume_used(&self, id: &str) -> anyhow::Result<u64> {
+        self.substrate(self.default_backend())?.volume_used(id)
+    }
 }
 
 /// The backend named by an export header, and the bytes read to find out

@@ -17,7 +17,7 @@ use super::wire;
 use crate::model::{self, SandboxRecord, SnapshotRecord};
 use crate::network::NetworkRequest;
 use crate::sandbox_log;
-use crate::service::{self, Connected, CreateRequest, ListFilter, Sandboxes};
+use crate::service::{self, Connected, CreateRequest, ListFilter, Sandboxes, Volumes};
 use crate::tenancy::Principal;
 
 pub type Service = Arc<Sandboxes>;
@@ -33,10 +33,22 @@ pub async fn create(
     State(svc): State<Service>,
     Extension(who): Extension<Principal>,
     Extension(exposure): Extension<Exposure>,
+    Extension(volumes): Extension<Arc<Volumes>>,
     body: Option<Json<wire::NewSandbox>>,
 ) -> ApiResult<Response> {
     let Json(body) = body.ok_or_else(|| ApiError::bad_request("request body must be a JSON object"))?;
     refuse_unsupported(body.unsupported())?;
+    let asked: Vec<(String, String)> =
+        body.volume_mounts.iter().flatten().map(|m| (m.name.clone(), m.path.clone())).collect();
+    let volumes = match asked.is_empty() {
+        true => Vec::new(),
+        false => {
+            let caller = who.caller.clone();
+            tokio::task::spawn_blocking(move || volumes.resolve(&caller, &asked))
+                .await
+                .map_err(|e| ApiError::from(model::VolumeError::Internal(e.into())))??
+        }
+    };
     let private_traffic = body.network.as_ref().and_then(|n| n.allow_public_traffic) == Some(false);
     let request = CreateRequest {
         template: body.template_id.unwrap_or_else(|| DEFAULT_TEMPLATE.to_string()),
@@ -48,6 +60,7 @@ pub async fn create(
         auto_pause: body.auto_pause.unwrap_or(false),
         auto_pause_memory: body.auto_pause_memory.unwrap_or(true),
         auto_resume: body.auto_resume.is_some_and(|a| a.enabled),
+        volumes,
     };
     let started = std::time::Instant::now();
     let (record, timings) = svc.create(&who.caller, request).await?;
@@ -561,6 +574,11 @@ fn listed(record: &SandboxRecord) -> wire::ListedSandbox {
         },
         envd_version: model::ENVD_VERSION.into(),
         metadata: record.metadata.clone(),
+        volume_mounts: record
+            .volume_mounts
+            .iter()
+            .map(|m| wire::VolumeMount { name: m.name.clone(), path: m.path.clone() })
+            .collect(),
     }
 }
 

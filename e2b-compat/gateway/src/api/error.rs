@@ -7,7 +7,7 @@ use axum::response::{IntoResponse, Response};
 use copse_substrate::SubstrateError;
 use serde_json::json;
 
-use crate::model::{SandboxError, SecretError};
+use crate::model::{SandboxError, SecretError, VolumeError};
 
 #[derive(Debug)]
 pub struct ApiError {
@@ -66,6 +66,22 @@ impl From<SecretError> for ApiError {
         };
         if status == StatusCode::INTERNAL_SERVER_ERROR {
             tracing::error!("secrets: {err:#}");
+        }
+        Self::new(status, format!("{err:#}"))
+    }
+}
+
+impl From<VolumeError> for ApiError {
+    fn from(err: VolumeError) -> Self {
+        let status = match &err {
+            VolumeError::NotFound(_) => StatusCode::NOT_FOUND,
+            VolumeError::NameTaken(_) | VolumeError::InUse(_) => StatusCode::CONFLICT,
+            VolumeError::Invalid(_) => StatusCode::BAD_REQUEST,
+            VolumeError::Substrate(refusal) => substrate_status(refusal),
+            VolumeError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        };
+        if status == StatusCode::INTERNAL_SERVER_ERROR {
+            tracing::error!("volumes: {err:#}");
         }
         Self::new(status, format!("{err:#}"))
     }

@@ -7,6 +7,8 @@ pub mod host_routing;
 pub mod proxy;
 pub mod request_span;
 pub mod secrets;
+pub mod volume_content;
+pub mod volumes;
 pub mod wire;
 
 use std::sync::Arc;
@@ -18,7 +20,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post, put};
 use axum::{Extension, Router};
 
-use crate::service::{Sandboxes, Secrets};
+use crate::service::{Sandboxes, Secrets, Volumes};
 use crate::tenancy::{Directory, Principal, RateLimiter};
 use error::ApiError;
 pub use host_routing::Exposure;
@@ -30,7 +32,13 @@ pub struct Gate {
     pub rates: Arc<RateLimiter>,
 }
 
-pub fn router(svc: Arc<Sandboxes>, secrets: Arc<Secrets>, gate: Gate, exposure: Exposure) -> Router {
+pub fn router(
+    svc: Arc<Sandboxes>,
+    secrets: Arc<Secrets>,
+    volumes: Arc<Volumes>,
+    gate: Gate,
+    exposure: Exposure,
+) -> Router {
     let control = Router::new()
         .route("/v2/sandboxes", post(control::create).get(control::list))
         .route("/sandboxes", post(control::create).get(control::list))
@@ -55,8 +63,11 @@ pub fn router(svc: Arc<Sandboxes>, secrets: Arc<Secrets>, gate: Gate, exposure: 
         .route("/copse/sandboxes/{id}/clone", post(control::clone))
         .route("/copse/sandboxes/{id}/rollback", post(control::rollback))
         .merge(secrets::routes(secrets))
+        .merge(volumes::routes(volumes.clone()))
         .fallback(control::no_route)
         .route_layer(middleware::from_fn_with_state(gate, require_api_key))
+        // The volume's own token is the credential here, not an API key.
+        .merge(volume_content::routes(volumes.clone()))
         .layer(middleware::map_response(json_errors))
         .with_state(svc.clone());
     // The data-plane switch runs first: a request meant for a sandbox never
@@ -65,6 +76,7 @@ pub fn router(svc: Arc<Sandboxes>, secrets: Arc<Secrets>, gate: Gate, exposure: 
     control
         .layer(middleware::from_fn_with_state(svc, proxy::switch))
         .layer(Extension(exposure))
+        .layer(Extension(volumes))
         .layer(middleware::from_fn(request_span::request_span))
 }
 

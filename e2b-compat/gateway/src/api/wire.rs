@@ -24,8 +24,9 @@ pub struct NewSandbox {
     pub allow_internet_access: Option<bool>,
     pub secure: Option<bool>,
     pub network: Option<NetworkConfig>,
+    #[serde(default)]
+    pub volume_mounts: Option<Vec<VolumeMount>>,
     // Read only to be refused when set (`NewSandbox::unsupported`).
-    volume_mounts: Option<serde_json::Value>,
     mcp: Option<serde_json::Value>,
     iam: Option<serde_json::Value>,
 }
@@ -34,7 +35,7 @@ impl NewSandbox {
     /// The first field the caller set that copse does not implement: the
     /// caller gets a 400 naming it rather than a sandbox without it.
     pub fn unsupported(&self) -> Option<&'static str> {
-        let own = [("volumeMounts", &self.volume_mounts), ("mcp", &self.mcp), ("iam", &self.iam)];
+        let own = [("mcp", &self.mcp), ("iam", &self.iam)];
         own.into_iter()
             .find(|(_, value)| is_set(value))
             .map(|(name, _)| name)
@@ -204,6 +205,7 @@ pub struct ListedSandbox {
     pub state: &'static str,
     pub envd_version: String,
     pub metadata: HashMap<String, String>,
+    pub volume_mounts: Vec<VolumeMount>,
 }
 
 #[derive(Debug, Serialize)]
@@ -343,6 +345,40 @@ fn percent_decode(s: &str) -> String {
         .unwrap_or_default()
 }
 
+/// One entry of `volumeMounts`, in a create body and in a sandbox's
+/// detail: a volume (by name) and where it appears.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VolumeMount {
+    pub name: String,
+    pub path: String,
+}
+
+/// Body of `POST /volumes`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NewVolume {
+    pub name: String,
+}
+
+/// An entry of `GET /volumes`.
+#[derive(Debug, Serialize)]
+pub struct VolumeInfo {
+    #[serde(rename = "volumeID")]
+    pub volume_id: String,
+    pub name: String,
+}
+
+/// Reply to `POST /volumes` and `GET /volumes/{id}`: with the token the
+/// volume's content API demands.
+#[derive(Debug, Serialize)]
+pub struct VolumeAndToken {
+    #[serde(rename = "volumeID")]
+    pub volume_id: String,
+    pub name: String,
+    pub token: String,
+}
+
 /// Body of `POST /secrets`.
 #[derive(Debug, Deserialize)]
 pub struct NewSecret {
@@ -406,6 +442,17 @@ mod tests {
     }
 
     #[test]
+    fn volume_mounts_are_read_and_their_unknown_fields_refused() {
+        let parsed: NewSandbox =
+            serde_json::from_str(r#"{"volumeMounts":[{"name":"data","path":"/mnt/data"}]}"#).unwrap();
+        let mounts = parsed.volume_mounts.unwrap();
+        assert_eq!((mounts[0].name.as_str(), mounts[0].path.as_str()), ("data", "/mnt/data"));
+        let extra = r#"{"volumeMounts":[{"name":"data","path":"/mnt","readOnly":true}]}"#;
+        assert!(serde_json::from_str::<NewSandbox>(extra).is_err());
+        assert!(serde_json::from_str::<NewVolume>(r#"{"name":"v","size":1}"#).is_err());
+    }
+
+    #[test]
     fn create_body_carries_allow_public_traffic_in_network() {
         let body = r#"{"templateID":"base","network":{"allowPublicTraffic":false}}"#;
         let parsed: NewSandbox = serde_json::from_str(body).unwrap();
@@ -415,7 +462,7 @@ mod tests {
     #[test]
     fn fields_copse_does_not_implement_are_named_when_set() {
         let refused = |body: &str| serde_json::from_str::<NewSandbox>(body).unwrap().unsupported();
-        assert_eq!(refused(r#"{"volumeMounts":[{"name":"v","path":"/mnt"}]}"#), Some("volumeMounts"));
+        assert_eq!(refused(r#"{"volumeMounts":[{"name":"v","path":"/mnt"}]}"#), None);
         assert_eq!(refused(r#"{"mcp":{"github":{}}}"#), Some("mcp"));
         assert_eq!(refused(r#"{"iam":{"tokens":{"t":{}}}}"#), Some("iam"));
         assert_eq!(refused(r#"{"network":{"rules":{"api.example.com":{}}}}"#), Some("network.rules"));
@@ -445,8 +492,10 @@ mod tests {
             state: "running",
             envd_version: "0.6.4".into(),
             metadata: HashMap::new(),
+            volume_mounts: vec![VolumeMount { name: "v".into(), path: "/mnt/v".into() }],
         };
         let json = serde_json::to_value(&listed).unwrap();
+        assert_eq!(json["volumeMounts"], serde_json::json!([{"name": "v", "path": "/mnt/v"}]));
         for key in ["templateID", "sandboxID", "clientID", "startedAt", "endAt", "cpuCount", "memoryMB", "diskSizeMB"] {
             assert!(json.get(key).is_some(), "missing {key}");
         }

@@ -18,6 +18,7 @@ mod secret;
 mod snapshot;
 mod store;
 mod team;
+mod volume;
 
 pub use clock::now_ms;
 pub use error::{Result, SandboxError};
@@ -30,5 +31,8 @@ pub use secret::{
     validate_secret_name, validate_secret_value,
 };
 pub use snapshot::{SnapshotRecord, validate_snapshot_name};
-pub use store::{SecretStore, Store};
+pub use store::{SecretStore, Store, VolumeStore};
 pub use team::{Caller, DEFAULT_TEAM, DEFAULTS_ROW, Quotas, Team, default_team, parse_duration_s, validate_team_name};
+pub use volume::{
+    MAX_MOUNTS, VolumeError, VolumeMount, VolumeRecord, validate_mount_path, validate_mounts, validate_volume_name,
+};

@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use super::error::{Result, SandboxError};
 use super::team::default_team;
+use super::volume::VolumeMount;
 
 /// The envd version copse's agent implements (every SDK feature gate on).
 pub const ENVD_VERSION: &str = "0.6.4";
@@ -60,6 +61,10 @@ pub struct SandboxRecord {
     /// Kept while paused, so a resumed sandbox has the same address.
     #[serde(default)]
     pub network: Option<SandboxNetwork>,
+    /// Persistent volumes mounted in it; mounted again whenever it boots
+    /// again under its id (a resume from files, a rollback) and in forks.
+    #[serde(default)]
+    pub volume_mounts: Vec<VolumeMount>,
 }
 
 /// How a paused sandbox is held.

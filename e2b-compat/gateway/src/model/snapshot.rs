@@ -4,6 +4,7 @@ use serde::{Deserialize, Serialize};
 
 use super::error::{Result, SandboxError};
 use super::team::default_team;
+use super::volume::VolumeMount;
 
 /// The public id and names the SDK sees, and the substrate's own key for
 /// the snapshot's files.
@@ -26,6 +27,11 @@ pub struct SnapshotRecord {
     /// restored from it can be handed its own.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub agent_token: Option<String>,
+    /// The volumes its source had mounted: a record, not a copy. A
+    /// sandbox created from the snapshot mounts only what its own create
+    /// asks for.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub volume_mounts: Vec<VolumeMount>,
 }
 
 /// Public snapshot names may carry E2B's `namespace/alias:tag` shape.

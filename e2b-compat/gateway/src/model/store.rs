@@ -8,6 +8,7 @@ use super::sandbox::SandboxRecord;
 use super::secret::SecretRecord;
 use super::snapshot::SnapshotRecord;
 use super::team::Team;
+use super::volume::VolumeRecord;
 
 pub trait Store: Send + Sync {
     /// Inserts or replaces the sandbox's record.
@@ -64,4 +65,15 @@ pub trait SecretStore: Send + Sync {
     /// Every team's secrets, ordered by id.
     fn secrets(&self) -> anyhow::Result<Vec<SecretRecord>>;
     fn remove_secret(&self, id: &str) -> anyhow::Result<bool>;
+}
+
+/// Volumes' records (their bytes are the substrate's).
+pub trait VolumeStore: Send + Sync {
+    /// False, and nothing written, when the name is taken in its team.
+    fn insert_volume(&self, record: &VolumeRecord) -> anyhow::Result<bool>;
+    fn volume(&self, id: &str) -> anyhow::Result<Option<VolumeRecord>>;
+    fn volume_named(&self, team: &str, name: &str) -> anyhow::Result<Option<VolumeRecord>>;
+    /// Every team's volumes, ordered by id.
+    fn volumes(&self) -> anyhow::Result<Vec<VolumeRecord>>;
+    fn remove_volume(&self, id: &str) -> anyhow::Result<bool>;
 }

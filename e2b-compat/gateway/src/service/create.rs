@@ -19,7 +19,8 @@ use tracing::Instrument;
 use super::Sandboxes;
 use super::quota::Kind;
 use crate::model::{
-    Caller, DEFAULT_TIMEOUT_S, Result, SandboxError, SandboxRecord, State, new_id, new_token, now_ms, validate_timeout,
+    Caller, DEFAULT_TIMEOUT_S, Result, SandboxError, SandboxRecord, State, VolumeMount, new_id, new_token, now_ms,
+    validate_timeout,
 };
 use crate::network::NetworkRequest;
 use crate::pool::Booted;
@@ -39,6 +40,8 @@ pub struct CreateRequest {
     /// Its ports answer only requests carrying its traffic token (E2B's
     /// `allowPublicTraffic: false`).
     pub private_traffic: bool,
+    /// Volumes to mount, already found in the caller's team.
+    pub volumes: Vec<VolumeMount>,
 }
 
 /// Where a created sandbox came from, for its metrics and log. `template`
@@ -105,10 +108,22 @@ impl Sandboxes {
             template = snapshot.template.clone();
             agent_token = snapshot.agent_token.clone();
             *origin = Origin { source: Source::Snapshot, template: Some(snapshot.template.clone()) };
+            if snapshot.memory && !request.volumes.is_empty() {
+                return Err(SandboxError::Invalid(format!(
+                    "snapshot {} holds memory, which cannot be restored with volume mounts",
+                    request.template
+                )));
+            }
             let network = Network::New(policy.clone());
-            self.boot_from(new_id(), &snapshot.template, Some(snapshot.key), network, snapshot.memory).await?
+            let volumes = &request.volumes;
+            self.boot_from(new_id(), &snapshot.template, Some(snapshot.key), network, snapshot.memory, volumes).await?
         } else {
-            match self.take_pooled(&request.template, &policy).await {
+            // A pooled sandbox booted without volumes; mounts are made at boot.
+            let pooled = match request.volumes.is_empty() {
+                true => self.take_pooled(&request.template, &policy).await,
+                false => None,
+            };
+            match pooled {
                 Some(booted) => {
                     *origin = Origin { source: Source::Pool, template: Some(request.template.clone()) };
                     booted
@@ -116,7 +131,8 @@ impl Sandboxes {
                 None => {
                     self.check_template(&request.template).await?;
                     origin.template = Some(request.template.clone());
-                    self.boot_from(new_id(), &request.template, None, Network::New(policy.clone()), false).await?
+                    let network = Network::New(policy.clone());
+                    self.boot_from(new_id(), &request.template, None, network, false, &request.volumes).await?
                 }
             }
         };
@@ -151,6 +167,7 @@ impl Sandboxes {
             placement,
             agent_socket,
             network,
+            volume_mounts: request.volumes,
         };
         if let Err(e) = self.hand_over(&record, agent_token.as_deref()).await {
             self.discard(&record.id).await;
@@ -163,7 +180,7 @@ impl Sandboxes {
     /// started.
     pub(super) async fn boot(&self, template: &str, policy: &Policy) -> Result<Booted> {
         self.check_template(template).await?;
-        self.boot_from(new_id(), template, None, Network::New(policy.clone()), false).await
+        self.boot_from(new_id(), template, None, Network::New(policy.clone()), false, &[]).await
     }
 
     /// Gives a booted sandbox the caller's policy if it was booted under
@@ -194,11 +211,12 @@ impl Sandboxes {
         snapshot: Option<String>,
         network: Network,
         restored: bool,
+        volumes: &[VolumeMount],
     ) -> Result<Booted> {
         // Lines logged while it boots name it, whoever asked (a create, a
         // fork's child, a pool's refill).
         let span = tracing::info_span!("sandbox", sandbox_id = %id);
-        self.boot_sandbox(id, template, snapshot, network, restored).instrument(span).await
+        self.boot_sandbox(id, template, snapshot, network, restored, volumes).instrument(span).await
     }
 
     async fn boot_sandbox(
@@ -208,6 +226,7 @@ impl Sandboxes {
         snapshot: Option<String>,
         network: Network,
         restored: bool,
+        volumes: &[VolumeMount],
     ) -> Result<Booted> {
         let allocated = matches!(network, Network::New(_));
         let network = match network {
@@ -219,7 +238,7 @@ impl Sandboxes {
                 self.addresses.release(id)
             }
         };
-        let spec = self.spec(&id, template, snapshot, network);
+        let spec = self.spec(&id, template, snapshot, network, volumes);
         let attaching = spec.network.is_some();
         let started = Instant::now();
         let created = self.blocking(move |s| s.create(&spec).map(|p| (p, spec))).await;

@@ -31,7 +31,7 @@ impl Sandboxes {
     /// memory snapshots forks files only, as docs/lifecycle.md says).
     pub fn fork_memory(&self, caller: &Caller, id: &str, requested: Option<bool>, default: bool) -> Result<bool> {
         let record = self.get(caller, id)?;
-        self.memory_wanted(&record.template, requested, default, "forks with memory")
+        self.memory_for(&record, requested, default, "forks with memory")
     }
 
     /// `count` new sandboxes with the source's files (and, with `memory`,
@@ -90,8 +90,16 @@ impl Sandboxes {
         // A child gets its own address, under its source's policy from its
         // first packet.
         let policy = source.network.as_ref().map(|n| n.policy.clone()).unwrap_or_else(Policy::open);
-        let booted =
-            self.boot_from(new_id(), &source.template, Some(key.to_string()), Network::New(policy), memory).await?;
+        let booted = self
+            .boot_from(
+                new_id(),
+                &source.template,
+                Some(key.to_string()),
+                Network::New(policy),
+                memory,
+                &source.volume_mounts,
+            )
+            .await?;
         let now = now_ms();
         let record = SandboxRecord {
             id: booted.id,

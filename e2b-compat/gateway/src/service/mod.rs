@@ -23,6 +23,7 @@ mod rollback;
 mod secrets;
 mod snapshot;
 mod transitions;
+mod volumes;
 
 #[cfg(test)]
 mod tests;
@@ -33,7 +34,7 @@ use std::sync::Arc;
 
 use copse_substrate::{Limits, SandboxNetwork, SandboxSpec, Substrate, TemplateInfo};
 
-use crate::model::{Caller, Result, SandboxError, SandboxRecord, State, Store, now_ms, validate_timeout};
+use crate::model::{Caller, Result, SandboxError, SandboxRecord, State, Store, VolumeMount, now_ms, validate_timeout};
 use crate::network::Addresses;
 use crate::pool::WarmPool;
 
@@ -42,6 +43,7 @@ pub use fork::{MAX_CLONES, MAX_FORKS};
 pub use metrics::Metric;
 pub use pause::Connected;
 pub use secrets::Secrets;
+pub use volumes::{DEFAULT_VOLUME_GB, Volumes};
 
 #[derive(Debug, Default)]
 pub struct ListFilter {
@@ -201,7 +203,14 @@ impl Sandboxes {
     }
 
     /// The spec of sandbox `id`; `snapshot` is a substrate snapshot key.
-    fn spec(&self, id: &str, template: &str, snapshot: Option<String>, network: Option<SandboxNetwork>) -> SandboxSpec {
+    fn spec(
+        &self,
+        id: &str,
+        template: &str,
+        snapshot: Option<String>,
+        network: Option<SandboxNetwork>,
+        volumes: &[VolumeMount],
+    ) -> SandboxSpec {
         SandboxSpec {
             id: id.to_string(),
             template: template.to_string(),
@@ -209,6 +218,10 @@ impl Sandboxes {
             agent_socket: socket_path(&self.run_dir, id),
             snapshot,
             network,
+            volumes: volumes
+                .iter()
+                .map(|m| copse_substrate::VolumeMount { volume: m.volume_id.clone(), path: m.path.clone() })
+                .collect(),
         }
     }
 }

@@ -167,6 +167,7 @@ impl Sandboxes {
                 Some(key.to_string()),
                 Network::kept(record.network.clone()),
                 false,
+                &record.volume_mounts,
             )
             .await?;
         fault::point("resume-files:after-boot");

@@ -43,7 +43,7 @@ impl Sandboxes {
     /// The host's part: the snapshot's files in place, processes started
     /// afresh; the record as it will be once they are handed over.
     async fn rollback_files(&self, mut record: SandboxRecord, snapshot: &SnapshotRecord) -> Result<SandboxRecord> {
-        let spec = self.spec(&record.id, &record.template, None, record.network.clone());
+        let spec = self.spec(&record.id, &record.template, None, record.network.clone(), &record.volume_mounts);
         let leftover = record.paused.as_ref().and_then(|p| p.files_only.clone());
         let key = snapshot.key.clone();
         let placement = self

@@ -37,7 +37,7 @@ impl Sandboxes {
         let record = self.get(caller, id)?;
         // E2B's default is "full"; where memory cannot be kept, an
         // unspecified mode gets the filesystem (docs/lifecycle.md).
-        let memory = self.memory_wanted(&record.template, memory, true, "snapshots with memory (mode 'full')")?;
+        let memory = self.memory_for(&record, memory, true, "snapshots with memory (mode 'full')")?;
         if record.has_no_processes() {
             return Err(SandboxError::Conflict(format!(
                 "sandbox {id} is paused without memory; resume it before taking a snapshot"
@@ -76,6 +76,7 @@ impl Sandboxes {
             size_bytes: info.size_bytes,
             memory: info.memory,
             agent_token: info.memory.then(|| record.access_token.clone()),
+            volume_mounts: record.volume_mounts.clone(),
         };
         self.store.put_snapshot(&snapshot)?;
         fault::point("snapshot:after-record");
@@ -83,6 +84,28 @@ impl Sandboxes {
             self.blocking(move |s| s.delete_snapshot(&old.key)).await?;
         }
         Ok(snapshot)
+    }
+
+    /// As [`Self::memory_wanted`] for sandbox `record`: one with volume
+    /// mounts is never checkpointed with memory (its mounts are the host's,
+    /// outside what a checkpoint holds), so asking for it is a 400 and
+    /// leaving the mode unset gets its files.
+    pub(super) fn memory_for(
+        &self,
+        record: &SandboxRecord,
+        requested: Option<bool>,
+        default: bool,
+        what: &str,
+    ) -> Result<bool> {
+        if record.volume_mounts.is_empty() {
+            return self.memory_wanted(&record.template, requested, default, what);
+        }
+        match requested {
+            Some(true) => Err(SandboxError::Invalid(format!(
+                "{what} of a sandbox with volume mounts are not supported; use mode 'filesystem'"
+            ))),
+            _ => Ok(false),
+        }
     }
 
     /// Whether an operation on a sandbox of `template` keeps memory: what

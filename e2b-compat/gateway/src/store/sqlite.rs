@@ -15,6 +15,7 @@ use serde::de::DeserializeOwned;
 
 use crate::model::{
     DEFAULT_TEAM, Intent, KeyRecord, SandboxRecord, SecretRecord, SecretStore, SnapshotRecord, Store, Team,
+    VolumeRecord, VolumeStore,
 };
 
 pub struct SqliteStore {
@@ -55,6 +56,13 @@ impl SqliteStore {
                  at_ms INTEGER NOT NULL
              );
              CREATE TABLE IF NOT EXISTS team_secrets (
+                 id TEXT PRIMARY KEY,
+                 team TEXT NOT NULL,
+                 name TEXT NOT NULL,
+                 record TEXT NOT NULL,
+                 UNIQUE (team, name)
+             );
+             CREATE TABLE IF NOT EXISTS team_volumes (
                  id TEXT PRIMARY KEY,
                  team TEXT NOT NULL,
                  name TEXT NOT NULL,
@@ -365,12 +373,49 @@ impl SecretStore for SqliteStore {
     }
 }
 
+impl VolumeStore for SqliteStore {
+    fn insert_volume(&self, record: &VolumeRecord) -> anyhow::Result<bool> {
+        let json = serde_json::to_string(record)?;
+        let inserted = self.lock().execute(
+            "INSERT INTO team_volumes (id, team, name, record) VALUES (?1, ?2, ?3, ?4) ON CONFLICT DO NOTHING",
+            params![record.id, record.team, record.name, json],
+        )?;
+        Ok(inserted > 0)
+    }
+
+    fn volume(&self, id: &str) -> anyhow::Result<Option<VolumeRecord>> {
+        decode_one(&self.lock(), Table::Volumes, "id", id)
+    }
+
+    fn volume_named(&self, team: &str, name: &str) -> anyhow::Result<Option<VolumeRecord>> {
+        let conn = self.lock();
+        let id: Option<String> = conn
+            .query_row("SELECT id FROM team_volumes WHERE team = ?1 AND name = ?2", params![team, name], |row| {
+                row.get(0)
+            })
+            .optional()?;
+        match id {
+            Some(id) => decode_one(&conn, Table::Volumes, "id", &id),
+            None => Ok(None),
+        }
+    }
+
+    fn volumes(&self) -> anyhow::Result<Vec<VolumeRecord>> {
+        decode_all(&self.lock(), Table::Volumes)
+    }
+
+    fn remove_volume(&self, id: &str) -> anyhow::Result<bool> {
+        Ok(self.lock().execute("DELETE FROM team_volumes WHERE id = ?1", params![id])? > 0)
+    }
+}
+
 /// The tables whose rows are one JSON record each.
 #[derive(Clone, Copy)]
 enum Table {
     Sandboxes,
     Secrets,
     Journal,
+    Volumes,
 }
 
 impl Table {
@@ -379,6 +424,7 @@ impl Table {
             Table::Sandboxes => "sandboxes",
             Table::Secrets => "team_secrets",
             Table::Journal => "journal",
+            Table::Volumes => "team_volumes",
         }
     }
 }
@@ -463,6 +509,28 @@ mod tests {
         for file in [db.clone(), sidecar(&db, "-wal"), sidecar(&db, "-shm")] {
             assert_eq!(mode(&file), 0o600, "{}", file.display());
         }
+    }
+
+    #[test]
+    fn a_volume_name_is_taken_once_per_team() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SqliteStore::open(&dir.path().join("copse.db")).unwrap();
+        let volume = |id: &str, team: &str| VolumeRecord {
+            id: id.into(),
+            team: team.into(),
+            name: "data".into(),
+            token: "t".into(),
+            created_at_ms: 0,
+        };
+        assert!(store.insert_volume(&volume("a", DEFAULT_TEAM)).unwrap());
+        assert!(!store.insert_volume(&volume("b", DEFAULT_TEAM)).unwrap());
+        assert!(store.insert_volume(&volume("c", "acme")).unwrap(), "names are per team");
+        assert_eq!(store.volume_named("acme", "data").unwrap().unwrap().id, "c");
+        assert_eq!(store.volume("a").unwrap().unwrap().team, DEFAULT_TEAM);
+        assert_eq!(store.volumes().unwrap().len(), 2);
+        assert!(store.remove_volume("a").unwrap());
+        assert!(!store.remove_volume("a").unwrap());
+        assert!(store.volume_named(DEFAULT_TEAM, "data").unwrap().is_none());
     }
 
     fn secret(id: &str, name: &str) -> SecretRecord {

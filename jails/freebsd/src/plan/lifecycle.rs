@@ -490,6 +490,7 @@ run /sbin/zfs rename zroot/copse/snapshots/s1 zroot/copse/snapshots/s1.deleted.5
             agent_socket: "/var/run/copse/i3k2m9x.sock".into(),
             snapshot: None,
             network: None,
+            volumes: Vec::new(),
         };
         let traces = sandbox::Traces {
             jid: Some(12),

@@ -23,6 +23,7 @@ pub mod rctl;
 pub mod recover;
 pub mod sandbox;
 pub mod template;
+pub mod volume;
 pub mod zfs;
 
 /// Absolute paths of the host tools the plans run, so the gateway's own
@@ -30,6 +31,7 @@ pub mod zfs;
 /// FreeBSD base system (hier(7)); not checked on a host from here.
 pub mod tool {
     pub const ZFS: &str = "/sbin/zfs";
+    pub const CHOWN: &str = "/usr/sbin/chown";
     pub const MOUNT: &str = "/sbin/mount";
     pub const UMOUNT: &str = "/sbin/umount";
     pub const DEVFS: &str = "/sbin/devfs";

@@ -11,7 +11,7 @@
 
 use std::path::PathBuf;
 
-use super::{AGENT_DIR_IN_JAIL, Cmd, Layout, Step, devfs, jail, jail_name, mounts, rctl, tool, zfs};
+use super::{AGENT_DIR_IN_JAIL, Cmd, Layout, Step, devfs, jail, jail_name, mounts, rctl, tool, volume, zfs};
 use copse_substrate::SandboxSpec;
 
 /// The steps of `Substrate::create`, from `origin` (looked up just before).
@@ -32,6 +32,7 @@ pub fn create(layout: &Layout, spec: &SandboxSpec, origin: &zfs::Origin) -> Vec<
             agent_mountpoint.display().to_string(),
         ],
     )));
+    steps.extend(volume::mounts(layout, spec));
     steps.push(Step::CreateJail(jail::sandbox_jail(layout, &spec.id)));
     steps.extend(rctl::rules(&spec.id, &spec.limits).iter().map(|r| Step::Run(rctl::add(r))));
     steps.push(Step::Run(jail::loopback_up(&spec.id)));
@@ -95,6 +96,7 @@ mod tests {
             agent_socket: "/var/run/copse/i3k2m9x.sock".into(),
             snapshot: None,
             network: None,
+            volumes: Vec::new(),
         }
     }
 

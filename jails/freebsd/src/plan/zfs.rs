@@ -224,6 +224,7 @@ mod tests {
             agent_socket: "/var/run/copse/i3k2m9x.sock".into(),
             snapshot: None,
             network: None,
+            volumes: Vec::new(),
         }
     }
 

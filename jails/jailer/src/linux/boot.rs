@@ -64,12 +64,26 @@ pub struct BootPlan {
     /// Host directory for this sandbox's agent socket.
     pub socket_dir: PathBuf,
     pub ids: IdMap,
+    /// Host directories bound read-write into the sandbox, in order.
+    #[serde(default)]
+    pub volumes: Vec<VolumeBind>,
+}
+
+/// A host directory (a persistent volume) and the absolute path it appears
+/// at inside the sandbox.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VolumeBind {
+    pub source: PathBuf,
+    pub target: String,
 }
 
 /// Names of the mount points under [`BootPlan::stage`].
 pub const STAGE_ROOT: &str = "root";
 pub const STAGE_AGENT: &str = "bin";
 pub const STAGE_SOCKET: &str = "run";
+/// Holds one numbered mount point per volume, on a tmpfs of the private
+/// mount namespace (volumes vary per sandbox; the stage is shared).
+pub const STAGE_VOLUMES: &str = "volumes";
 
 /// How a sandbox's ids map to the host's. Every sandbox maps its ids
 /// 0..[`IdMap::RANGE`] to the same host range `base..` (so layers move
@@ -135,6 +149,10 @@ impl BootPlan {
 
     pub fn stage_socket(&self) -> PathBuf {
         self.stage.join(STAGE_SOCKET)
+    }
+
+    pub fn stage_volume(&self, index: usize) -> PathBuf {
+        self.stage.join(STAGE_VOLUMES).join(index.to_string())
     }
 }
 
@@ -235,6 +253,31 @@ fn mount_stage(plan: &BootPlan) -> anyhow::Result<()> {
     mount(Some(&plan.socket_dir), &sockets, none, MsFlags::MS_BIND, none).context("mounting the socket directory")?;
     mount(none, &sockets, none, MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_NOSUID | MsFlags::MS_NODEV, none)
         .context("restricting the socket directory")?;
+    if !plan.volumes.is_empty() {
+        let volumes = plan.stage.join(STAGE_VOLUMES);
+        mount(
+            Some("tmpfs"),
+            &volumes,
+            Some("tmpfs"),
+            read_only.difference(MsFlags::MS_RDONLY),
+            Some("mode=755,size=64k"),
+        )
+        .context("mounting the volumes' stage")?;
+        for (index, volume) in plan.volumes.iter().enumerate() {
+            let point = plan.stage_volume(index);
+            fs::create_dir(&point).with_context(|| format!("creating {}", point.display()))?;
+            mount(Some(&volume.source), &point, none, MsFlags::MS_BIND, none)
+                .with_context(|| format!("mounting volume {}", volume.source.display()))?;
+            mount(
+                none,
+                &point,
+                none,
+                MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+                none,
+            )
+            .context("restricting a volume")?;
+        }
+    }
     Ok(())
 }
 
@@ -555,6 +598,12 @@ fn build_root(plan: &BootPlan) -> anyhow::Result<()> {
     let sockets = ensure_dir(root, SOCKET_MOUNT)?;
     mount(Some(&plan.stage_socket()), &sockets, none, MsFlags::MS_BIND, none)
         .context("mounting the socket directory")?;
+    for (index, volume) in plan.volumes.iter().enumerate() {
+        let point = mount_point(&volume.target).with_context(|| format!("volume mount point {}", volume.target))?;
+        let at = format!("/proc/self/fd/{}", point.as_raw_fd());
+        mount(Some(&plan.stage_volume(index)), at.as_str(), none, MsFlags::MS_BIND, none)
+            .with_context(|| format!("mounting a volume at {}", volume.target))?;
+    }
 
     // pivot_root(".", ".") stacks the old root under the new one; detaching
     // it leaves the sandbox with no path back to the host's tree.
@@ -562,6 +611,32 @@ fn build_root(plan: &BootPlan) -> anyhow::Result<()> {
     umount2(".", MntFlags::MNT_DETACH).context("detaching the host root")?;
     chdir("/").context("chdir /")?;
     Ok(())
+}
+
+/// Opens (making what is missing, as the sandbox's root) the directory at
+/// absolute `target` under the current directory, the new root, one
+/// component at a time and never through a link: the tree is the
+/// sandbox's, and a link it planted (`/mnt -> /etc`) must not carry the
+/// mount, nor a directory made for it, outside.
+fn mount_point(target: &str) -> anyhow::Result<OwnedFd> {
+    use nix::fcntl::{OFlag, openat};
+    use nix::sys::stat::{Mode, mkdirat};
+    let flags = OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+    let mut dir = nix::fcntl::open(".", flags, Mode::empty()).context("opening the new root")?;
+    for name in target.split('/').filter(|c| !c.is_empty()) {
+        if name == "." || name == ".." {
+            bail!("{target} is not a normal absolute path");
+        }
+        let next = match openat(&dir, name, flags, Mode::empty()) {
+            Err(nix::errno::Errno::ENOENT) => {
+                mkdirat(&dir, name, Mode::from_bits_truncate(0o755)).with_context(|| format!("creating {name}"))?;
+                openat(&dir, name, flags, Mode::empty())
+            }
+            other => other,
+        };
+        dir = next.with_context(|| format!("{name} is not a directory (links are not followed)"))?;
+    }
+    Ok(dir)
 }
 
 fn ensure_dir(parent: &Path, name: &str) -> anyhow::Result<PathBuf> {
@@ -634,6 +709,7 @@ mod tests {
             agent_dir: "/a".into(),
             socket_dir: "/s/run".into(),
             ids: IdMap { base: 1 << 31, owner: 2_000_000 },
+            volumes: vec![],
         };
         assert_eq!(plan.overlay_options(), "lowerdir=/l/snap1:/t/rootfs,upperdir=/s/upper,workdir=/s/work,volatile");
     }
@@ -650,9 +726,11 @@ mod tests {
             agent_dir: "/state/agent".into(),
             socket_dir: "/state/sandboxes/x/run".into(),
             ids: IdMap { base: 1 << 31, owner: 2_000_000 },
+            volumes: vec![VolumeBind { source: "/state/disk/.volumes/v".into(), target: "/mnt/data".into() }],
         };
         assert_eq!(plan.ids.map_line(), "0 2147483648 65536");
         assert_eq!(plan.stage_root(), Path::new("/run/copse-stage/root"));
+        assert_eq!(plan.stage_volume(0), Path::new("/run/copse-stage/volumes/0"));
         let text = serde_json::to_string(&plan).unwrap();
         assert_eq!(serde_json::from_str::<BootPlan>(&text).unwrap(), plan);
     }

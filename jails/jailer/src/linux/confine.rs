@@ -308,6 +308,13 @@ pub(crate) const ALLOWED: &[libc::c_long] = &[
     libc::SYS_writev,
 ];
 
+/// `ioctl` requests refused even though `ioctl` is allowed:
+/// `BTRFS_IOC_SNAP_CREATE`, `BTRFS_IOC_SUBVOL_CREATE` and their `_V2`s. A
+/// volume is a btrfs subvolume bound straight into the sandbox (not behind
+/// overlayfs, which passes no btrfs ioctl), and a new subvolume in it would
+/// have its own, unlimited, quota group.
+pub(crate) const REFUSED_IOCTLS: &[u32] = &[0x5000_9401, 0x5000_940E, 0x5000_9417, 0x5000_9418];
+
 /// A prepared confinement; see the module docs of `copse_jailer::confine`.
 pub struct Confinement {
     filter: Vec<libc::sock_filter>,
@@ -315,7 +322,7 @@ pub struct Confinement {
 
 impl Confinement {
     pub fn new() -> io::Result<Self> {
-        Ok(Self { filter: super::seccomp::program(ALLOWED) })
+        Ok(Self { filter: super::seccomp::program(ALLOWED, REFUSED_IOCTLS) })
     }
 
     /// No core dumps, drop every capability, forbid gaining new ones,

@@ -11,8 +11,9 @@
 //! Layout: architecture check (anything but x86-64 — i386 through
 //! `int 0x80` — kills the process), x32 numbers refused, `clone3` answered
 //! ENOSYS (its flags live in memory the filter cannot read, so libc falls
-//! back to `clone`), `clone` allowed only without namespace flags, then the
-//! search. Everything not allowed fails with EPERM.
+//! back to `clone`), `clone` allowed only without namespace flags, `ioctl`
+//! allowed but for a list of requests, then the search. Everything not
+//! allowed fails with EPERM.
 
 use libc::sock_filter;
 
@@ -36,6 +37,7 @@ const X32_SYSCALL_BIT: u32 = 0x4000_0000;
 const OFFSET_NR: u32 = 0;
 const OFFSET_ARCH: u32 = 4;
 const OFFSET_ARG0_LOW: u32 = 16;
+const OFFSET_ARG1_LOW: u32 = 24;
 
 /// `clone` with any of these would hand the caller a fresh namespace (a
 /// user namespace with full capabilities inside it, first of all).
@@ -60,8 +62,9 @@ fn errno(e: i32) -> u32 {
 }
 
 /// The program allowing `allowed` (x86-64 numbers; `clone` and `clone3`
-/// are handled as the module docs say, whatever the list holds).
-pub fn program(allowed: &[libc::c_long]) -> Vec<sock_filter> {
+/// are handled as the module docs say, whatever the list holds) and `ioctl`
+/// but for the requests in `refused_ioctls`.
+pub fn program(allowed: &[libc::c_long], refused_ioctls: &[u32]) -> Vec<sock_filter> {
     let mut out = vec![
         stmt(BPF_LD_W_ABS, OFFSET_ARCH),
         jump(BPF_JEQ_K, AUDIT_ARCH_X86_64, 1, 0),
@@ -77,6 +80,19 @@ pub fn program(allowed: &[libc::c_long]) -> Vec<sock_filter> {
         stmt(BPF_RET_K, errno(libc::EPERM)),
         stmt(BPF_RET_K, RET_ALLOW),
     ];
+    if !refused_ioctls.is_empty() {
+        // The kernel reads an ioctl request as a 32-bit unsigned int, so the
+        // low half of the argument is the whole of it.
+        let n = refused_ioctls.len();
+        let short = |offset: usize| u8::try_from(offset).expect("a short list of refused ioctls");
+        out.push(jump(BPF_JEQ_K, libc::SYS_ioctl as u32, 0, short(n + 3)));
+        out.push(stmt(BPF_LD_W_ABS, OFFSET_ARG1_LOW));
+        for (k, request) in refused_ioctls.iter().enumerate() {
+            out.push(jump(BPF_JEQ_K, *request, short(n - k), 0));
+        }
+        out.push(stmt(BPF_RET_K, RET_ALLOW));
+        out.push(stmt(BPF_RET_K, errno(libc::EPERM)));
+    }
     let others: Vec<u32> =
         allowed.iter().filter(|nr| ![libc::SYS_clone, libc::SYS_clone3].contains(nr)).map(|nr| *nr as u32).collect();
     search(&ranges(&others), &mut out);
@@ -129,7 +145,7 @@ mod tests {
 
     /// What the kernel would answer: a classic-BPF interpreter for the
     /// instructions [`program`] emits.
-    fn run(program: &[sock_filter], arch: u32, nr: u32, arg0: u64) -> u32 {
+    fn run(program: &[sock_filter], arch: u32, nr: u32, args: [u64; 2]) -> u32 {
         let (mut pc, mut acc, mut steps) = (0usize, 0u32, 0);
         loop {
             steps += 1;
@@ -142,7 +158,8 @@ mod tests {
                     acc = match insn.k {
                         OFFSET_NR => nr,
                         OFFSET_ARCH => arch,
-                        OFFSET_ARG0_LOW => arg0 as u32,
+                        OFFSET_ARG0_LOW => args[0] as u32,
+                        OFFSET_ARG1_LOW => args[1] as u32,
                         k => panic!("load from offset {k}"),
                     }
                 }
@@ -157,11 +174,12 @@ mod tests {
         }
     }
 
-    const ALLOWED: &[libc::c_long] = &[0, 1, 2, 3, 5, 9, 10, 11, 56, 60, 231, 300, 301, 435];
+    const ALLOWED: &[libc::c_long] = &[0, 1, 2, 3, 5, 9, 10, 11, 16, 56, 60, 231, 300, 301, 435];
+    const REFUSED: &[u32] = &[0x5000_9401, 0x5000_940E];
 
     #[test]
     fn every_number_gets_the_answer_of_the_list() {
-        let program = program(ALLOWED);
+        let program = program(ALLOWED, REFUSED);
         for nr in 0..1024u32 {
             let want = if nr as libc::c_long == libc::SYS_clone3 {
                 errno(libc::ENOSYS)
@@ -170,18 +188,18 @@ mod tests {
             } else {
                 errno(libc::EPERM)
             };
-            assert_eq!(run(&program, AUDIT_ARCH_X86_64, nr, 0), want, "system call {nr}");
+            assert_eq!(run(&program, AUDIT_ARCH_X86_64, nr, [0, 0]), want, "system call {nr}");
         }
     }
 
     #[test]
     fn the_confinement_list_is_searched_in_a_few_steps_and_every_jump_lands_inside() {
-        let program = program(crate::linux::confine::ALLOWED);
+        let program = program(crate::linux::confine::ALLOWED, crate::linux::confine::REFUSED_IOCTLS);
         for nr in 0..1024u32 {
             let nr_long = nr as libc::c_long;
             let want = (crate::linux::confine::ALLOWED.contains(&nr_long) || nr_long == libc::SYS_clone)
                 && nr_long != libc::SYS_clone3;
-            let got = run(&program, AUDIT_ARCH_X86_64, nr, 0);
+            let got = run(&program, AUDIT_ARCH_X86_64, nr, [0, 0]);
             assert_eq!(got == RET_ALLOW, want, "system call {nr}");
         }
         for (pc, insn) in program.iter().enumerate() {
@@ -198,18 +216,35 @@ mod tests {
 
     #[test]
     fn clone_with_a_namespace_flag_other_architectures_and_x32_are_refused() {
-        let program = program(ALLOWED);
+        let program = program(ALLOWED, REFUSED);
         let clone = libc::SYS_clone as u32;
         let thread = (libc::CLONE_VM | libc::CLONE_FS | libc::CLONE_FILES | libc::CLONE_THREAD) as u64;
-        assert_eq!(run(&program, AUDIT_ARCH_X86_64, clone, thread), RET_ALLOW);
-        assert_eq!(run(&program, AUDIT_ARCH_X86_64, clone, libc::SIGCHLD as u64), RET_ALLOW);
+        assert_eq!(run(&program, AUDIT_ARCH_X86_64, clone, [thread, 0]), RET_ALLOW);
+        assert_eq!(run(&program, AUDIT_ARCH_X86_64, clone, [libc::SIGCHLD as u64, 0]), RET_ALLOW);
         for flag in [libc::CLONE_NEWUSER, libc::CLONE_NEWNS, libc::CLONE_NEWNET, libc::CLONE_NEWPID] {
             let flags = libc::SIGCHLD as u64 | flag as u64;
-            assert_eq!(run(&program, AUDIT_ARCH_X86_64, clone, flags), errno(libc::EPERM), "flag {flag:#x}");
+            assert_eq!(run(&program, AUDIT_ARCH_X86_64, clone, [flags, 0]), errno(libc::EPERM), "flag {flag:#x}");
         }
         const AUDIT_ARCH_I386: u32 = 0x4000_0003;
-        assert_eq!(run(&program, AUDIT_ARCH_I386, 20, 0), RET_KILL_PROCESS);
-        assert_eq!(run(&program, AUDIT_ARCH_X86_64, X32_SYSCALL_BIT | 1, 0), errno(libc::EPERM));
+        assert_eq!(run(&program, AUDIT_ARCH_I386, 20, [0, 0]), RET_KILL_PROCESS);
+        assert_eq!(run(&program, AUDIT_ARCH_X86_64, X32_SYSCALL_BIT | 1, [0, 0]), errno(libc::EPERM));
+    }
+
+    #[test]
+    fn ioctl_is_allowed_but_for_the_refused_requests_whatever_the_upper_half() {
+        let program = program(ALLOWED, REFUSED);
+        let ioctl = libc::SYS_ioctl as u32;
+        for request in REFUSED {
+            for upper in [0u64, 0xffff_ffff_0000_0000] {
+                let arg = upper | u64::from(*request);
+                assert_eq!(run(&program, AUDIT_ARCH_X86_64, ioctl, [3, arg]), errno(libc::EPERM), "{arg:#x}");
+            }
+        }
+        for request in [libc::TCGETS as u64, 0x5000_9402, 0] {
+            assert_eq!(run(&program, AUDIT_ARCH_X86_64, ioctl, [3, request]), RET_ALLOW, "{request:#x}");
+        }
+        // The search after the ioctl block still sees the system call number.
+        assert_eq!(run(&program, AUDIT_ARCH_X86_64, 60, [0, 0x5000_9401]), RET_ALLOW);
     }
 
     #[test]

@@ -34,6 +34,11 @@ pub fn volumes_dir(state_dir: &Path) -> PathBuf {
     state_dir.join("disk")
 }
 
+/// Where persistent volumes live on the same file system, each its own
+/// subvolume and qgroup like a sandbox's layer. A name no sandbox id can
+/// take (ids never start with a dot), so recovery never mistakes it for one.
+const PERSISTENT: &str = ".volumes";
+
 pub struct Disk {
     fs: btrfs::Filesystem,
     dir: PathBuf,
@@ -76,6 +81,41 @@ impl Disk {
         self.fs.used(id)
     }
 
+    /// Persistent volume `id`'s directory (which may not exist).
+    pub fn persistent(&self, id: &str) -> PathBuf {
+        self.dir.join(PERSISTENT).join(id)
+    }
+
+    /// Persistent volumes' parent: host root's alone (0700), so only a
+    /// bind mount made by the host reaches a volume.
+    fn persistent_fs(&self) -> anyhow::Result<btrfs::Filesystem> {
+        let dir = self.dir.join(PERSISTENT);
+        fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o700))?;
+        btrfs::Filesystem::open(&dir)
+    }
+
+    /// A new persistent volume limited to `limit_bytes`; an existing one
+    /// is kept as it is.
+    pub fn create_persistent(&self, id: &str, limit_bytes: u64) -> anyhow::Result<PathBuf> {
+        let path = self.persistent(id);
+        if path.is_dir() {
+            return Ok(path);
+        }
+        self.persistent_fs()?.create(id, limit_bytes)
+    }
+
+    pub fn remove_persistent(&self, id: &str) -> anyhow::Result<()> {
+        if !self.persistent(id).exists() {
+            return Ok(());
+        }
+        self.persistent_fs()?.remove(id)
+    }
+
+    pub fn persistent_used(&self, id: &str) -> anyhow::Result<u64> {
+        self.persistent_fs()?.used(id)
+    }
+
     /// Ids of every sandbox with a writable layer here.
     pub fn ids(&self) -> Vec<String> {
         ids_in(&self.dir)
@@ -84,7 +124,11 @@ impl Disk {
 
 pub fn ids_in(dir: &Path) -> Vec<String> {
     let Ok(entries) = fs::read_dir(dir) else { return Vec::new() };
-    entries.filter_map(Result::ok).filter_map(|e| e.file_name().to_str().map(String::from)).collect()
+    entries
+        .filter_map(Result::ok)
+        .filter_map(|e| e.file_name().to_str().map(String::from))
+        .filter(|name| !name.starts_with('.'))
+        .collect()
 }
 
 #[cfg(test)]

@@ -136,6 +136,7 @@ fn spec(id: &str, template: &str, snapshot: Option<&str>) -> SandboxSpec {
         agent_socket: "/nonexistent".into(),
         snapshot: snapshot.map(Into::into),
         network: None,
+        volumes: Vec::new(),
     }
 }
 
