@@ -7,6 +7,7 @@ pub mod host_routing;
 pub mod proxy;
 pub mod request_span;
 pub mod secrets;
+pub mod templates;
 pub mod wire;
 
 use std::sync::Arc;
@@ -15,7 +16,7 @@ use axum::extract::{Request, State};
 use axum::http::{StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{delete, get, post, put};
+use axum::routing::{get, post, put};
 use axum::{Extension, Router};
 
 use crate::service::{Sandboxes, Secrets};
@@ -51,12 +52,13 @@ pub fn router(svc: Arc<Sandboxes>, secrets: Arc<Secrets>, gate: Gate, exposure: 
         .route("/sandboxes/{id}/snapshots", post(control::create_snapshot))
         .route("/sandboxes/{id}/fork", post(control::fork))
         .route("/snapshots", get(control::list_snapshots))
-        .route("/templates/{id}", delete(control::delete_template))
         .route("/copse/sandboxes/{id}/clone", post(control::clone))
         .route("/copse/sandboxes/{id}/rollback", post(control::rollback))
         .merge(secrets::routes(secrets))
+        .merge(templates::routes())
         .fallback(control::no_route)
         .route_layer(middleware::from_fn_with_state(gate, require_api_key))
+        .merge(templates::upload_routes())
         .layer(middleware::map_response(json_errors))
         .with_state(svc.clone());
     // The data-plane switch runs first: a request meant for a sandbox never

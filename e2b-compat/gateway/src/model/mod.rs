@@ -1,5 +1,5 @@
 //! The gateway's model: the records it keeps (sandboxes, snapshots, secrets,
-//! teams, keys), their
+//! teams, keys, built templates), their
 //! states and rules, id and clock helpers, the error every service verb
 //! answers with, and the [`Store`] trait that persists the records.
 //!
@@ -17,6 +17,7 @@ mod secret;
 mod snapshot;
 mod store;
 mod team;
+mod template;
 
 pub use clock::now_ms;
 pub use error::{Result, SandboxError};
@@ -30,3 +31,7 @@ pub use secret::{
 pub use snapshot::{SnapshotRecord, validate_snapshot_name};
 pub use store::{SecretStore, Store};
 pub use team::{Caller, DEFAULT_TEAM, DEFAULTS_ROW, Quotas, Team, default_team, validate_team_name};
+pub use template::{
+    Build, BuildFailure, BuildLine, BuildStatus, Image, MAX_BUILD_LOG_LINES, TemplateRecord, split_template_name,
+    validate_files_hash,
+};

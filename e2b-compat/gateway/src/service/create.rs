@@ -39,6 +39,9 @@ pub struct CreateRequest {
     /// Its ports answer only requests carrying its traffic token (E2B's
     /// `allowPublicTraffic: false`).
     pub private_traffic: bool,
+    /// A template build's own sandbox: a built base's start command is
+    /// not started in it.
+    pub for_build: bool,
 }
 
 /// Where a created sandbox came from, for its metrics and log. `template`
@@ -100,6 +103,7 @@ impl Sandboxes {
         let started = Instant::now();
         let mut template = request.template.clone();
         let mut agent_token = None;
+        let mut built = None;
         // A team's snapshot names are its own; another team's are unknown.
         let booted = if let Some(snapshot) = self.store.snapshot(&caller.team, &request.template)? {
             template = snapshot.template.clone();
@@ -107,6 +111,17 @@ impl Sandboxes {
             *origin = Origin { source: Source::Snapshot, template: Some(snapshot.template.clone()) };
             let network = Network::New(policy.clone());
             self.boot_from(new_id(), &snapshot.template, Some(snapshot.key), network, snapshot.memory).await?
+        } else if let Some(image) = self.ready_template(&caller.team, &request.template)?.and_then(|t| t.image) {
+            // A team's built template: its image's layers under a new
+            // sandbox, as a snapshot's are.
+            template = image.substrate_template.clone();
+            *origin = Origin { source: Source::Snapshot, template: Some(image.substrate_template.clone()) };
+            let network = Network::New(policy.clone());
+            let booted =
+                self.boot_from(new_id(), &image.substrate_template, Some(image.snapshot_key.clone()), network, false);
+            let booted = booted.await?;
+            built = Some(image);
+            booted
         } else {
             match self.take_pooled(&request.template, &policy).await {
                 Some(booted) => {
@@ -131,6 +146,10 @@ impl Sandboxes {
             }
         };
         let now = now_ms();
+        // The template's environment, under the caller's own.
+        let mut env_vars: HashMap<String, String> =
+            built.as_ref().map(|image| image.envs.iter().cloned().collect()).unwrap_or_default();
+        env_vars.extend(request.env_vars);
         let record = SandboxRecord {
             id,
             team: caller.team.clone(),
@@ -138,7 +157,7 @@ impl Sandboxes {
             access_token: new_token(),
             traffic_access_token: request.private_traffic.then(new_token),
             metadata: request.metadata,
-            env_vars: request.env_vars,
+            env_vars,
             limits: self.limits,
             started_at_ms: now,
             end_at_ms: now + timeout * 1000,
@@ -155,6 +174,14 @@ impl Sandboxes {
         if let Err(e) = self.hand_over(&record, agent_token.as_deref()).await {
             self.discard(&record.id).await;
             return Err(e.into());
+        }
+        if let Some(image) = &built
+            && let Err(e) = self.start_template(&record, image, !request.for_build).await
+        {
+            if let Err(end) = self.end(&record.id, crate::telemetry::KillReason::Request).await {
+                tracing::warn!(sandbox = %record.id, "removing a sandbox whose template did not start: {end}");
+            }
+            return Err(e.context(format!("starting template {}", request.template)).into());
         }
         Ok((record, Timings { boot, handover: started.elapsed() - boot }))
     }
@@ -267,7 +294,7 @@ impl Sandboxes {
         self.store.put(record)
     }
 
-    async fn check_template(&self, name: &str) -> Result<()> {
+    pub(super) async fn check_template(&self, name: &str) -> Result<()> {
         let templates = self.templates().await?;
         if templates.iter().any(|t| t.name == name) {
             return Ok(());
