@@ -1426,3 +1426,105 @@ def test_no_btrfs_subvolume_or_snapshot_can_be_made_in_a_volume(gateway, volume)
         assert volume.list("/") == [], "nothing was made"
     finally:
         sbx.kill()
+
+
+def _tar(members) -> bytes:
+    """A tar of (name, kind, data) members, names taken as given."""
+    import io
+    import tarfile
+
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w") as tar:
+        for name, kind, data in members:
+            info = tarfile.TarInfo(name)
+            if kind == "dir":
+                info.type, info.mode = tarfile.DIRTYPE, 0o755
+                tar.addfile(info)
+            elif kind == "symlink":
+                info.type, info.linkname = tarfile.SYMTYPE, data
+                tar.addfile(info)
+            else:
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    return out.getvalue()
+
+
+def _raw_template_build(gateway, name: str, archive: bytes, after_copy: list) -> dict:
+    """A template build driven by hand, as a hostile client would: its copy
+    step's archive is whatever the client uploads. The final status."""
+    headers = {"X-API-KEY": os.environ["E2B_API_KEY"]}
+    url = gateway.url
+    requested = httpx.post(f"{url}/v3/templates", json={"name": name}, headers=headers, timeout=30)
+    assert requested.status_code == 202, requested.text
+    template_id, build_id = requested.json()["templateID"], requested.json()["buildID"]
+    digest = hashlib.sha256(archive).hexdigest()
+    link = httpx.get(f"{url}/templates/{template_id}/files/{digest}", headers=headers, timeout=30).json()
+    assert link["present"] is False
+    httpx.put(link["url"], content=archive, timeout=30).raise_for_status()
+    copy = {"type": "COPY", "args": ["payload", "/home/user/dest/", "", ""], "filesHash": digest, "force": False}
+    body = {"fromTemplate": "base", "steps": [copy, *after_copy]}
+    started = httpx.post(f"{url}/v2/templates/{template_id}/builds/{build_id}", json=body, headers=headers, timeout=30)
+    assert started.status_code == 202, started.text
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        status = httpx.get(
+            f"{url}/templates/{template_id}/builds/{build_id}/status", headers=headers, timeout=30
+        ).json()
+        if status["status"] in ("ready", "error"):
+            return status
+        time.sleep(0.5)
+    raise AssertionError("the build did not finish")
+
+
+def test_a_template_copy_archive_cannot_write_outside_the_build_sandbox(gateway):
+    """A copy step's archive with `..`, absolute and symlinked members is
+    unpacked inside the build sandbox only, never on the host: nothing
+    lands in the host's /tmp, and (tar refusing `..` and stripping `/`)
+    nothing lands outside the unpack directory inside the sandbox either."""
+    tag = os.urandom(4).hex()
+    host_marks = [pathlib.Path(f"/tmp/copse-escape-{tag}-{n}") for n in range(4)]
+    headers = {"X-API-KEY": os.environ["E2B_API_KEY"]}
+    names = []
+    try:
+        # `..` and absolute members: refused or confined, never on the host.
+        names.append(f"evil-{tag}")
+        dotdot = _tar(
+            [
+                ("payload/ok.txt", "file", b"ok"),
+                (f"../../../../../../../../tmp/copse-escape-{tag}-0", "file", b"x"),
+                (f"/tmp/copse-escape-{tag}-1", "file", b"x"),
+            ]
+        )
+        _raw_template_build(gateway, names[-1], dotdot, [])
+        # A symlink out of the unpack directory, then a member through it.
+        names.append(f"link-{tag}")
+        through_link = _tar(
+            [
+                ("payload/ok.txt", "file", b"ok"),
+                ("payload/esc", "symlink", "/tmp"),
+                (f"payload/esc/copse-escape-{tag}-2", "file", b"x"),
+                ("hop", "symlink", "/tmp"),
+                (f"hop/copse-escape-{tag}-3", "file", b"x"),
+            ]
+        )
+        check = " && ".join(f"test ! -e /tmp/copse-escape-{tag}-{n}" for n in (2, 3))
+        status = _raw_template_build(gateway, names[-1], through_link, [{"type": "RUN", "args": [check, "root"]}])
+        if status["status"] == "error":
+            # tar refused the archive outright: also confined.
+            assert "step 1" in status["reason"]["message"], status
+        for mark in host_marks:
+            assert not mark.exists(), f"{mark} was written on the host"
+        # The host never takes a path from the hash or a forged link.
+        template_id = httpx.get(f"{gateway.url}/templates/aliases/{names[-1]}", headers=headers).json()["templateID"]
+        bad_hash = httpx.get(f"{gateway.url}/templates/{template_id}/files/{'z' * 64}", headers=headers)
+        assert bad_hash.status_code == 400, bad_hash.text
+        forged = httpx.put(f"{gateway.url}/copse/template-files/{template_id}/{'a' * 64}?token=forged", content=b"x")
+        assert forged.status_code == 404, forged.text
+        traversal = httpx.put(f"{gateway.url}/copse/template-files/{template_id}/..%2F..%2Fx?token=x", content=b"x")
+        assert traversal.status_code in (400, 404), traversal.text
+    finally:
+        for name in names:
+            httpx.delete(f"{gateway.url}/templates/{name}", headers=headers)
+        for mark in host_marks:
+            if mark.exists() or mark.is_symlink():
+                mark.unlink()

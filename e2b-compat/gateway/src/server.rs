@@ -114,6 +114,10 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     if !recovery.adopted.is_empty() || !recovery.removed.is_empty() {
         tracing::info!(adopted = ?recovery.adopted, removed = ?recovery.removed, "recovered sandboxes from the previous run");
     }
+    let interrupted = svc.fail_interrupted_builds()?;
+    if interrupted > 0 {
+        tracing::info!(interrupted, "template builds interrupted by the previous run ended in error");
+    }
     let reaper = reaper::spawn(&svc);
     let refresher = directory.spawn_refresher();
     let pools = svc.spawn_pools();

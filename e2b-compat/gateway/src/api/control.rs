@@ -21,7 +21,7 @@ use crate::service::{self, Connected, CreateRequest, ListFilter, Sandboxes, Volu
 use crate::tenancy::Principal;
 
 pub type Service = Arc<Sandboxes>;
-type ApiResult<T> = Result<T, ApiError>;
+pub(super) type ApiResult<T> = Result<T, ApiError>;
 
 /// The template E2B's SDK asks for when the caller names none.
 const DEFAULT_TEMPLATE: &str = "base";
@@ -61,6 +61,7 @@ pub async fn create(
         auto_pause_memory: body.auto_pause_memory.unwrap_or(true),
         auto_resume: body.auto_resume.is_some_and(|a| a.enabled),
         volumes,
+        for_build: false,
     };
     let started = std::time::Instant::now();
     let (record, timings) = svc.create(&who.caller, request).await?;
@@ -134,17 +135,6 @@ pub async fn list_snapshots(
     let (page, next) = paginate(&all, |s| &s.id, query.limit, query.next_token.as_deref());
     let body: Vec<wire::SnapshotInfo> = page.iter().map(snapshot_info).collect();
     Ok((next_token_header(next), Json(body)).into_response())
-}
-
-/// `DELETE /templates/{id}`: how the SDK deletes a snapshot. Built
-/// templates are not deletable through the API.
-pub async fn delete_template(
-    State(svc): State<Service>,
-    Extension(who): Extension<Principal>,
-    Path(id): Path<String>,
-) -> ApiResult<StatusCode> {
-    svc.delete_snapshot(&who.caller, &id).await?;
-    Ok(StatusCode::NO_CONTENT)
 }
 
 pub async fn fork(

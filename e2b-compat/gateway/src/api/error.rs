@@ -41,7 +41,9 @@ impl IntoResponse for ApiError {
 impl From<SandboxError> for ApiError {
     fn from(err: SandboxError) -> Self {
         let status = match &err {
-            SandboxError::NotFound(_) | SandboxError::SnapshotNotFound(_) => StatusCode::NOT_FOUND,
+            SandboxError::NotFound(_) | SandboxError::SnapshotNotFound(_) | SandboxError::TemplateNotFound(_) => {
+                StatusCode::NOT_FOUND
+            }
             SandboxError::QuotaExceeded(_) => StatusCode::TOO_MANY_REQUESTS,
             SandboxError::Conflict(_) => StatusCode::CONFLICT,
             SandboxError::UnknownTemplate { .. } | SandboxError::Invalid(_) => StatusCode::BAD_REQUEST,

@@ -7,6 +7,7 @@ pub mod host_routing;
 pub mod proxy;
 pub mod request_span;
 pub mod secrets;
+pub mod templates;
 pub mod volume_content;
 pub mod volumes;
 pub mod wire;
@@ -17,7 +18,7 @@ use axum::extract::{Request, State};
 use axum::http::{StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{delete, get, post, put};
+use axum::routing::{get, post, put};
 use axum::{Extension, Router};
 
 use crate::service::{Sandboxes, Secrets, Volumes};
@@ -59,15 +60,16 @@ pub fn router(
         .route("/sandboxes/{id}/snapshots", post(control::create_snapshot))
         .route("/sandboxes/{id}/fork", post(control::fork))
         .route("/snapshots", get(control::list_snapshots))
-        .route("/templates/{id}", delete(control::delete_template))
         .route("/copse/sandboxes/{id}/clone", post(control::clone))
         .route("/copse/sandboxes/{id}/rollback", post(control::rollback))
         .merge(secrets::routes(secrets))
         .merge(volumes::routes(volumes.clone()))
+        .merge(templates::routes())
         .fallback(control::no_route)
         .route_layer(middleware::from_fn_with_state(gate, require_api_key))
         // The volume's own token is the credential here, not an API key.
         .merge(volume_content::routes(volumes.clone()))
+        .merge(templates::upload_routes())
         .layer(middleware::map_response(json_errors))
         .with_state(svc.clone());
     // The data-plane switch runs first: a request meant for a sandbox never

@@ -501,3 +501,156 @@ mod tests {
         }
     }
 }
+
+/// Body of `POST /v3/templates`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TemplateBuildRequest {
+    pub name: Option<String>,
+    /// Older SDKs send the name as `alias`.
+    pub alias: Option<String>,
+    #[serde(default)]
+    pub tags: Option<Vec<String>>,
+    pub cpu_count: Option<u32>,
+    #[serde(rename = "memoryMB")]
+    pub memory_mb: Option<u32>,
+}
+
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TemplateRequested {
+    #[serde(rename = "templateID")]
+    pub template_id: String,
+    #[serde(rename = "buildID")]
+    pub build_id: String,
+    pub public: bool,
+    pub names: Vec<String>,
+    pub tags: Vec<String>,
+    pub aliases: Vec<String>,
+}
+
+/// Answer of `GET /templates/{id}/files/{hash}`.
+#[derive(Debug, Serialize)]
+pub struct TemplateFileUpload {
+    pub present: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub url: Option<String>,
+}
+
+/// Body of `POST /v2/templates/{id}/builds/{buildID}`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TemplateBuildStart {
+    pub from_image: Option<String>,
+    pub from_template: Option<String>,
+    pub from_image_registry: Option<serde_json::Value>,
+    #[serde(default)]
+    pub force: Option<bool>,
+    #[serde(default)]
+    pub steps: Option<Vec<TemplateStep>>,
+    pub start_cmd: Option<String>,
+    pub ready_cmd: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TemplateStep {
+    #[serde(rename = "type")]
+    pub kind: String,
+    #[serde(default)]
+    pub args: Option<Vec<String>>,
+    pub files_hash: Option<String>,
+    #[serde(default)]
+    pub force: Option<bool>,
+}
+
+/// Query of `GET /templates/{id}/builds/{buildID}/status`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BuildStatusQuery {
+    pub logs_offset: Option<usize>,
+    pub limit: Option<usize>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct BuildLogEntry {
+    pub timestamp: String,
+    pub message: String,
+    pub level: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub step: Option<String>,
+}
+
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BuildStatusReason {
+    pub message: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub step: Option<String>,
+    pub log_entries: Vec<BuildLogEntry>,
+}
+
+/// Answer of `GET /templates/{id}/builds/{buildID}/status`.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TemplateBuildInfo {
+    pub logs: Vec<String>,
+    pub log_entries: Vec<BuildLogEntry>,
+    #[serde(rename = "templateID")]
+    pub template_id: String,
+    #[serde(rename = "buildID")]
+    pub build_id: String,
+    pub status: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<BuildStatusReason>,
+}
+
+/// Answer of `GET /templates/aliases/{alias}`.
+#[derive(Debug, Serialize)]
+pub struct TemplateAlias {
+    #[serde(rename = "templateID")]
+    pub template_id: String,
+    pub public: bool,
+}
+
+/// A built template in `GET /v2/templates` and `GET /templates/{id}`.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BuiltTemplate {
+    #[serde(rename = "templateID")]
+    pub template_id: String,
+    #[serde(rename = "buildID")]
+    pub build_id: String,
+    pub cpu_count: u32,
+    #[serde(rename = "memoryMB")]
+    pub memory_mb: u32,
+    #[serde(rename = "diskSizeMB")]
+    pub disk_size_mb: u64,
+    pub public: bool,
+    pub aliases: Vec<String>,
+    pub names: Vec<String>,
+    pub created_at: String,
+    pub updated_at: String,
+    pub created_by: Option<serde_json::Value>,
+    pub last_spawned_at: Option<String>,
+    pub spawn_count: u64,
+    pub build_count: u32,
+    pub envd_version: String,
+    pub build_status: String,
+    /// Only in `GET /templates/{id}`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub builds: Option<Vec<TemplateBuildSummary>>,
+}
+
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TemplateBuildSummary {
+    #[serde(rename = "buildID")]
+    pub build_id: String,
+    pub status: String,
+    pub created_at: String,
+    pub updated_at: String,
+    pub cpu_count: u32,
+    #[serde(rename = "memoryMB")]
+    pub memory_mb: u32,
+}

@@ -17,6 +17,9 @@ pub enum SandboxError {
     QuotaExceeded(String),
     #[error("snapshot {0} not found")]
     SnapshotNotFound(String),
+    /// A built template (or one of its builds) the caller has not.
+    #[error("template {0} not found")]
+    TemplateNotFound(String),
     /// This host lacks something the operation needs (E2B's 503); the
     /// message says what and how to install it.
     #[error("{0}")]

@@ -1,5 +1,5 @@
 //! The gateway's model: the records it keeps (sandboxes, snapshots, secrets,
-//! teams, keys, journal intents), their
+//! teams, keys, journal intents, built templates), their
 //! states and rules, id and clock helpers, the error every service verb
 //! answers with, and the [`Store`] trait that persists the records.
 //!
@@ -18,6 +18,7 @@ mod secret;
 mod snapshot;
 mod store;
 mod team;
+mod template;
 mod volume;
 
 pub use clock::now_ms;
@@ -33,6 +34,10 @@ pub use secret::{
 pub use snapshot::{SnapshotRecord, validate_snapshot_name};
 pub use store::{SecretStore, Store, VolumeStore};
 pub use team::{Caller, DEFAULT_TEAM, DEFAULTS_ROW, Quotas, Team, default_team, parse_duration_s, validate_team_name};
+pub use template::{
+    Build, BuildFailure, BuildLine, BuildStatus, Image, MAX_BUILD_LOG_LINES, TemplateRecord, split_template_name,
+    validate_files_hash,
+};
 pub use volume::{
     MAX_MOUNTS, VolumeError, VolumeMount, VolumeRecord, validate_mount_path, validate_mounts, validate_volume_name,
 };

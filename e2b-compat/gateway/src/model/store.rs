@@ -8,6 +8,7 @@ use super::sandbox::SandboxRecord;
 use super::secret::SecretRecord;
 use super::snapshot::SnapshotRecord;
 use super::team::Team;
+use super::template::TemplateRecord;
 use super::volume::VolumeRecord;
 
 pub trait Store: Send + Sync {
@@ -28,6 +29,15 @@ pub trait Store: Send + Sync {
     /// Every snapshot of every team, ordered by team, then id.
     fn snapshots(&self) -> anyhow::Result<Vec<SnapshotRecord>>;
     fn remove_snapshot(&self, team: &str, id: &str) -> anyhow::Result<bool>;
+
+    /// Inserts or replaces a built template's record (by id; its name is
+    /// unique within its team).
+    fn put_template(&self, record: &TemplateRecord) -> anyhow::Result<()>;
+    fn template(&self, id: &str) -> anyhow::Result<Option<TemplateRecord>>;
+    fn template_named(&self, team: &str, name: &str) -> anyhow::Result<Option<TemplateRecord>>;
+    /// Every built template of every team, ordered by id.
+    fn built_templates(&self) -> anyhow::Result<Vec<TemplateRecord>>;
+    fn remove_template(&self, id: &str) -> anyhow::Result<bool>;
 
     /// Inserts or replaces the team's record.
     fn put_team(&self, team: &Team) -> anyhow::Result<()>;

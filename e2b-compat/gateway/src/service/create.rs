@@ -42,6 +42,9 @@ pub struct CreateRequest {
     pub private_traffic: bool,
     /// Volumes to mount, already found in the caller's team.
     pub volumes: Vec<VolumeMount>,
+    /// A template build's own sandbox: a built base's start command is
+    /// not started in it.
+    pub for_build: bool,
 }
 
 /// Where a created sandbox came from, for its metrics and log. `template`
@@ -103,6 +106,7 @@ impl Sandboxes {
         let started = Instant::now();
         let mut template = request.template.clone();
         let mut agent_token = None;
+        let mut built = None;
         // A team's snapshot names are its own; another team's are unknown.
         let booted = if let Some(snapshot) = self.store.snapshot(&caller.team, &request.template)? {
             template = snapshot.template.clone();
@@ -117,6 +121,24 @@ impl Sandboxes {
             let network = Network::New(policy.clone());
             let volumes = &request.volumes;
             self.boot_from(new_id(), &snapshot.template, Some(snapshot.key), network, snapshot.memory, volumes).await?
+        } else if let Some(image) = self.ready_template(&caller.team, &request.template)?.and_then(|t| t.image) {
+            // A team's built template: its image's layers under a new
+            // sandbox, as a snapshot's are.
+            template = image.substrate_template.clone();
+            *origin = Origin { source: Source::Snapshot, template: Some(image.substrate_template.clone()) };
+            let network = Network::New(policy.clone());
+            let volumes = &request.volumes;
+            let booted = self.boot_from(
+                new_id(),
+                &image.substrate_template,
+                Some(image.snapshot_key.clone()),
+                network,
+                false,
+                volumes,
+            );
+            let booted = booted.await?;
+            built = Some(image);
+            booted
         } else {
             // A pooled sandbox booted without volumes; mounts are made at boot.
             let pooled = match request.volumes.is_empty() {
@@ -147,6 +169,10 @@ impl Sandboxes {
             }
         };
         let now = now_ms();
+        // The template's environment, under the caller's own.
+        let mut env_vars: HashMap<String, String> =
+            built.as_ref().map(|image| image.envs.iter().cloned().collect()).unwrap_or_default();
+        env_vars.extend(request.env_vars);
         let record = SandboxRecord {
             id,
             team: caller.team.clone(),
@@ -154,7 +180,7 @@ impl Sandboxes {
             access_token: new_token(),
             traffic_access_token: request.private_traffic.then(new_token),
             metadata: request.metadata,
-            env_vars: request.env_vars,
+            env_vars,
             limits: self.limits,
             started_at_ms: now,
             end_at_ms: now + timeout * 1000,
@@ -172,6 +198,14 @@ impl Sandboxes {
         if let Err(e) = self.hand_over(&record, agent_token.as_deref()).await {
             self.discard(&record.id).await;
             return Err(e.into());
+        }
+        if let Some(image) = &built
+            && let Err(e) = self.start_template(&record, image, !request.for_build).await
+        {
+            if let Err(end) = self.end(&record.id, crate::telemetry::KillReason::Request).await {
+                tracing::warn!(sandbox = %record.id, "removing a sandbox whose template did not start: {end}");
+            }
+            return Err(e.context(format!("starting template {}", request.template)).into());
         }
         Ok((record, Timings { boot, handover: started.elapsed() - boot }))
     }
@@ -286,7 +320,7 @@ impl Sandboxes {
         self.store.put(record)
     }
 
-    async fn check_template(&self, name: &str) -> Result<()> {
+    pub(super) async fn check_template(&self, name: &str) -> Result<()> {
         let templates = self.templates().await?;
         if templates.iter().any(|t| t.name == name) {
             return Ok(());

@@ -7,6 +7,7 @@
 //! [`Sandboxes::blocking`] (`blocking.rs`).
 
 mod blocking;
+mod builds;
 mod create;
 mod egress;
 mod expiry;
@@ -38,6 +39,7 @@ use crate::model::{Caller, Result, SandboxError, SandboxRecord, State, Store, Vo
 use crate::network::Addresses;
 use crate::pool::WarmPool;
 
+pub use builds::{BuildSpec, MAX_UPLOAD_BYTES, RawStep};
 pub use create::{CreateRequest, Timings};
 pub use fork::{MAX_CLONES, MAX_FORKS};
 pub use metrics::Metric;
@@ -68,6 +70,8 @@ pub struct Sandboxes {
     transitions: transitions::Transitions,
     addresses: Addresses,
     quota: quota::Quota,
+    /// Copy steps' uploaded archives (`builds/uploads.rs`).
+    template_files: PathBuf,
 }
 
 impl Sandboxes {
@@ -78,6 +82,7 @@ impl Sandboxes {
         run_dir: PathBuf,
         pools: &[(String, usize)],
     ) -> Self {
+        let template_files = run_dir.with_file_name("template-files");
         Self {
             substrate,
             store,
@@ -94,6 +99,7 @@ impl Sandboxes {
             transitions: Default::default(),
             addresses: Addresses::new(None),
             quota: Default::default(),
+            template_files,
         }
     }
 

@@ -15,7 +15,7 @@ use serde::de::DeserializeOwned;
 
 use crate::model::{
     DEFAULT_TEAM, Intent, KeyRecord, SandboxRecord, SecretRecord, SecretStore, SnapshotRecord, Store, Team,
-    VolumeRecord, VolumeStore,
+    TemplateRecord, VolumeRecord, VolumeStore,
 };
 
 pub struct SqliteStore {
@@ -74,6 +74,13 @@ impl SqliteStore {
                  id TEXT NOT NULL,
                  record TEXT NOT NULL,
                  PRIMARY KEY (team, id)
+             );
+             CREATE TABLE IF NOT EXISTS built_templates (
+                 id TEXT PRIMARY KEY,
+                 team TEXT NOT NULL,
+                 name TEXT NOT NULL,
+                 record TEXT NOT NULL,
+                 UNIQUE (team, name)
              );
              CREATE TABLE IF NOT EXISTS teams (
                  name TEXT PRIMARY KEY,
@@ -211,6 +218,42 @@ impl Store for SqliteStore {
 
     fn remove_snapshot(&self, team: &str, id: &str) -> anyhow::Result<bool> {
         Ok(self.lock().execute("DELETE FROM team_snapshots WHERE team = ?1 AND id = ?2", params![team, id])? > 0)
+    }
+
+    fn put_template(&self, record: &TemplateRecord) -> anyhow::Result<()> {
+        let json = serde_json::to_string(record)?;
+        self.lock().execute(
+            "INSERT INTO built_templates (id, team, name, record) VALUES (?1, ?2, ?3, ?4)
+             ON CONFLICT(id) DO UPDATE SET record = excluded.record",
+            params![record.id, record.team, record.name, json],
+        )?;
+        Ok(())
+    }
+
+    fn template(&self, id: &str) -> anyhow::Result<Option<TemplateRecord>> {
+        let json: Option<String> = self
+            .lock()
+            .query_row("SELECT record FROM built_templates WHERE id = ?1", params![id], |row| row.get(0))
+            .optional()?;
+        json.map(|j| serde_json::from_str(&j).context("corrupt template record")).transpose()
+    }
+
+    fn template_named(&self, team: &str, name: &str) -> anyhow::Result<Option<TemplateRecord>> {
+        let json: Option<String> = self
+            .lock()
+            .query_row("SELECT record FROM built_templates WHERE team = ?1 AND name = ?2", params![team, name], |row| {
+                row.get(0)
+            })
+            .optional()?;
+        json.map(|j| serde_json::from_str(&j).context("corrupt template record")).transpose()
+    }
+
+    fn built_templates(&self) -> anyhow::Result<Vec<TemplateRecord>> {
+        self.records("SELECT record FROM built_templates ORDER BY id")
+    }
+
+    fn remove_template(&self, id: &str) -> anyhow::Result<bool> {
+        Ok(self.lock().execute("DELETE FROM built_templates WHERE id = ?1", params![id])? > 0)
     }
 
     fn put_team(&self, team: &Team) -> anyhow::Result<()> {

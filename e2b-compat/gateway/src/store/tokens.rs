@@ -11,7 +11,7 @@ use std::sync::{Arc, RwLock};
 use copse_protocol::signature::{self, Signer};
 
 use super::usage::Usage;
-use crate::model::{KeyRecord, SandboxRecord, SnapshotRecord, Store, Team};
+use crate::model::{KeyRecord, SandboxRecord, SnapshotRecord, Store, Team, TemplateRecord};
 
 /// The sandbox id for each access token's owner.
 #[derive(Default)]
@@ -131,6 +131,26 @@ impl Store for Indexed {
 
     fn snapshots(&self) -> anyhow::Result<Vec<SnapshotRecord>> {
         self.inner.snapshots()
+    }
+
+    fn put_template(&self, record: &TemplateRecord) -> anyhow::Result<()> {
+        self.inner.put_template(record)
+    }
+
+    fn template(&self, id: &str) -> anyhow::Result<Option<TemplateRecord>> {
+        self.inner.template(id)
+    }
+
+    fn template_named(&self, team: &str, name: &str) -> anyhow::Result<Option<TemplateRecord>> {
+        self.inner.template_named(team, name)
+    }
+
+    fn built_templates(&self) -> anyhow::Result<Vec<TemplateRecord>> {
+        self.inner.built_templates()
+    }
+
+    fn remove_template(&self, id: &str) -> anyhow::Result<bool> {
+        self.inner.remove_template(id)
     }
 
     fn remove_snapshot(&self, team: &str, id: &str) -> anyhow::Result<bool> {

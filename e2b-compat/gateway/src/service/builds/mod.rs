@@ -1,0 +1,268 @@
+//! Templates built through the SDK's `Template.build`: requesting a build,
+//! the upload of a copy step's files, starting the build, its status and
+//! log, finding and deleting built templates. The build itself (a real
+//! sandbox running the steps, then a snapshot) is `run.rs`; the steps as
+//! data and the shell they run, `steps.rs`; what a sandbox of a built
+//! template gets at create, `start.rs`.
+
+mod run;
+mod start;
+pub mod steps;
+mod uploads;
+
+use std::sync::Arc;
+
+use super::Sandboxes;
+use crate::model::{
+    Build, BuildStatus, Caller, Image, Result, SandboxError, TemplateRecord, new_id, new_token, now_ms,
+    split_template_name, validate_files_hash,
+};
+pub use steps::RawStep;
+pub use uploads::MAX_UPLOAD_BYTES;
+
+/// The build's sizes when the SDK names none (E2B's defaults).
+const DEFAULT_CPU_COUNT: u32 = 2;
+const DEFAULT_MEMORY_MB: u32 = 1024;
+
+/// What `POST /v2/templates/{id}/builds/{buildID}` asks for.
+#[derive(Debug, Default)]
+pub struct BuildSpec {
+    pub from_template: Option<String>,
+    pub from_image: Option<String>,
+    pub steps: Vec<RawStep>,
+    pub start_cmd: Option<String>,
+    pub ready_cmd: Option<String>,
+}
+
+/// What a build starts from.
+#[derive(Debug, Clone)]
+pub(super) enum Base {
+    /// A template the substrate built (`base`, `code-interpreter-v1`).
+    Substrate(String),
+    /// One of the team's own built templates, by name.
+    Built { name: String, image: Image },
+}
+
+impl Base {
+    /// The name a create takes to boot it.
+    pub(super) fn create_name(&self) -> &str {
+        match self {
+            Base::Substrate(name) => name,
+            Base::Built { name, .. } => name,
+        }
+    }
+}
+
+impl Sandboxes {
+    /// `POST /v3/templates`: a new build of the caller's template `name`
+    /// (a new template, or the next build of one it has), waiting for its
+    /// steps.
+    pub async fn request_build(
+        &self,
+        caller: &Caller,
+        name: &str,
+        cpu_count: Option<u32>,
+        memory_mb: Option<u32>,
+    ) -> Result<TemplateRecord> {
+        let name = split_template_name(name)?;
+        let builtin = crate::templates::recipes().into_iter().any(|r| r.name == name);
+        if builtin || self.templates().await?.iter().any(|t| t.name == name) {
+            return Err(SandboxError::Invalid(format!("{name:?} is a template copse ships; choose another name")));
+        }
+        if self.store.snapshot(&caller.team, &name)?.is_some() {
+            return Err(SandboxError::Invalid(format!("{name:?} names one of your snapshots; choose another name")));
+        }
+        let now = now_ms();
+        let build = Build {
+            id: new_id(),
+            status: BuildStatus::Waiting,
+            log: vec![],
+            failure: None,
+            created_at_ms: now,
+            updated_at_ms: now,
+            cpu_count: cpu_count.unwrap_or(DEFAULT_CPU_COUNT),
+            memory_mb: memory_mb.unwrap_or(DEFAULT_MEMORY_MB),
+        };
+        let record = match self.store.template_named(&caller.team, &name)? {
+            Some(existing) if matches!(existing.build.status, BuildStatus::Building) => {
+                return Err(SandboxError::Conflict(format!("template {name:?} is being built; wait for that build")));
+            }
+            Some(existing) => TemplateRecord { build, build_count: existing.build_count + 1, ..existing },
+            None => TemplateRecord {
+                id: new_id(),
+                team: caller.team.clone(),
+                name,
+                created_at_ms: now,
+                build,
+                image: None,
+                build_count: 1,
+                upload_token: new_token(),
+            },
+        };
+        self.store.put_template(&record)?;
+        Ok(record)
+    }
+
+    /// `POST /v2/templates/{id}/builds/{buildID}`: checks the steps and the
+    /// base, then runs the build in the background (the SDK polls its
+    /// status).
+    pub async fn start_build(
+        self: &Arc<Self>,
+        caller: &Caller,
+        id: &str,
+        build_id: &str,
+        spec: BuildSpec,
+    ) -> Result<()> {
+        let mut record = self.built_template(caller, id)?;
+        if record.build.id != build_id {
+            return Err(SandboxError::TemplateNotFound(format!("{id} build {build_id}")));
+        }
+        if record.build.status != BuildStatus::Waiting {
+            return Err(SandboxError::Conflict(format!("build {build_id} has already started")));
+        }
+        let steps = steps::parse(&spec.steps)?;
+        let (base, note) = self.resolve_base(caller, &record, &spec)?;
+        self.check_template_or_built(&base).await?;
+        for step in &steps {
+            if let steps::Step::Copy { hash, .. } = step
+                && !self.upload_present(&record.id, hash)
+            {
+                return Err(SandboxError::Invalid(format!(
+                    "the files of copy {hash} were never uploaded; upload them through the link first"
+                )));
+            }
+        }
+        record.build.status = BuildStatus::Building;
+        record.build.updated_at_ms = now_ms();
+        self.store.put_template(&record)?;
+        let job = run::Job {
+            caller: caller.clone(),
+            record,
+            base,
+            base_note: note,
+            steps,
+            start_cmd: spec.start_cmd.filter(|c| !c.trim().is_empty()),
+            ready_cmd: spec.ready_cmd.filter(|c| !c.trim().is_empty()),
+        };
+        let svc = Arc::clone(self);
+        tokio::spawn(async move { svc.run_build(job).await });
+        Ok(())
+    }
+
+    /// Where a build starts: `from_template` (copse's own or the team's
+    /// built ones), or an image copse maps to its Debian `base` (the SDK's
+    /// default `e2bdev/base`, `from_base_image`, `from_debian_image`).
+    /// The second value says what was mapped, for the build log.
+    fn resolve_base(&self, caller: &Caller, record: &TemplateRecord, spec: &BuildSpec) -> Result<(Base, String)> {
+        if let Some(from) = &spec.from_template {
+            let name = split_template_name(from)?;
+            if name == record.name {
+                return Err(SandboxError::Invalid(format!("template {name:?} cannot be built from itself")));
+            }
+            if let Some(built) = self.store.template_named(&caller.team, &name)? {
+                let image = built.image.ok_or_else(|| {
+                    SandboxError::Invalid(format!("template {name:?} has no successful build to start from"))
+                })?;
+                return Ok((Base::Built { name: name.clone(), image }, format!("from your template {name}")));
+            }
+            return Ok((Base::Substrate(name.clone()), format!("from template {name}")));
+        }
+        let image = spec.from_image.as_deref().unwrap_or("e2bdev/base");
+        let (repo, _tag) = image.rsplit_once(':').unwrap_or((image, "latest"));
+        let repo = repo.strip_prefix("docker.io/").unwrap_or(repo);
+        let repo = repo.strip_prefix("library/").unwrap_or(repo);
+        if matches!(repo, "e2bdev/base" | "debian") {
+            return Ok((
+                Base::Substrate("base".into()),
+                format!(
+                    "image {image} is built from copse's template base (Debian, built by debootstrap on this host)"
+                ),
+            ));
+        }
+        Err(SandboxError::Invalid(format!(
+            "image {image:?} cannot be pulled yet: use from_template(\"base\"), from_base_image() or from_debian_image()"
+        )))
+    }
+
+    async fn check_template_or_built(&self, base: &Base) -> Result<()> {
+        match base {
+            Base::Substrate(name) => self.check_template(name).await,
+            Base::Built { .. } => Ok(()),
+        }
+    }
+
+    /// `GET /templates/{id}/builds/{buildID}/status`: the template with its
+    /// latest build, if it is `build_id`.
+    pub fn build_status(&self, caller: &Caller, id: &str, build_id: &str) -> Result<TemplateRecord> {
+        let record = self.built_template(caller, id)?;
+        if record.build.id != build_id {
+            return Err(SandboxError::TemplateNotFound(format!("{id} build {build_id}")));
+        }
+        Ok(record)
+    }
+
+    /// The caller's built template by id or name; another team's is as
+    /// missing as one that never existed.
+    pub fn built_template(&self, caller: &Caller, id_or_name: &str) -> Result<TemplateRecord> {
+        let by_id = self.store.template(id_or_name)?.filter(|t| caller.sees(&t.team));
+        let found = match by_id {
+            Some(found) => Some(found),
+            None => match split_template_name(id_or_name) {
+                Ok(name) => self.store.template_named(&caller.team, &name)?,
+                Err(_) => None,
+            },
+        };
+        found.ok_or_else(|| SandboxError::TemplateNotFound(id_or_name.to_string()))
+    }
+
+    /// The caller's built templates, oldest first.
+    pub fn built_templates(&self, caller: &Caller) -> Result<Vec<TemplateRecord>> {
+        let mut all: Vec<TemplateRecord> =
+            self.store.built_templates()?.into_iter().filter(|t| caller.sees(&t.team)).collect();
+        all.sort_by(|a, b| (a.created_at_ms, &a.id).cmp(&(b.created_at_ms, &b.id)));
+        Ok(all)
+    }
+
+    /// Deletes the caller's built template `id_or_name` with its snapshot
+    /// and uploads; `false` if it has none of that id or name. Sandboxes
+    /// created from it keep their files.
+    pub async fn delete_built(&self, caller: &Caller, id_or_name: &str) -> Result<bool> {
+        let record = match self.built_template(caller, id_or_name) {
+            Ok(record) => record,
+            Err(SandboxError::TemplateNotFound(_)) => return Ok(false),
+            Err(e) => return Err(e),
+        };
+        self.store.remove_template(&record.id)?;
+        self.remove_uploads(&record.id);
+        if let Some(image) = record.image {
+            self.blocking(move |s| s.delete_snapshot(&image.snapshot_key)).await?;
+        }
+        Ok(true)
+    }
+
+    /// Builds a restart interrupted can never finish: they end in error,
+    /// so a poller stops and the name can be built again.
+    pub fn fail_interrupted_builds(&self) -> Result<usize> {
+        let mut failed = 0;
+        for mut record in self.store.built_templates()? {
+            if matches!(record.build.status, BuildStatus::Building | BuildStatus::Waiting) {
+                record.build.status = BuildStatus::Error;
+                record.build.failure = Some(crate::model::BuildFailure {
+                    message: "the build was interrupted by a gateway restart; build again".into(),
+                    step: None,
+                });
+                self.store.put_template(&record)?;
+                failed += 1;
+            }
+        }
+        Ok(failed)
+    }
+
+    /// `GET /templates/{id}/files/{hash}`: whether the files are already
+    /// here, and the token the upload link carries.
+    pub fn upload_link(&self, caller: &Caller, id: &str, hash: &str) -> Result<(bool, TemplateRecord)> {
+        validate_files_hash(hash)?;
+        let record = self.built_template(caller, id)?;
+        Ok((self.upload_present(&record.id, hash), record))
+    }
+}

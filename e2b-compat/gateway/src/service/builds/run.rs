@@ -1,0 +1,391 @@
+//! Running a build: a real sandbox of the base, created as the caller's
+//! like any other, each step executed in it through its agent (as the
+//! step's user, in the build's working directory, with the build's
+//! environment), every line of output appended to the build's log as it
+//! comes, then a filesystem snapshot of the result: the template's image.
+//! A failing step ends the build in `error`, naming the step and its last
+//! output lines. The build sandbox is removed however the build ends.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use copse_protocol::client::AGENT_HOST;
+use copse_protocol::headers::ACCESS_TOKEN;
+use copse_protocol::{ProcessEvent, ProcessStream, StartProcess};
+use hyper::Request;
+use hyper::header::HeaderValue;
+
+use super::steps::{self, Step};
+use super::{Base, Sandboxes};
+use crate::agent_link;
+use crate::model::{
+    BuildFailure, BuildLine, BuildStatus, Caller, Image, SandboxRecord, TemplateRecord, now_ms, snapshot_key,
+};
+use crate::service::CreateRequest;
+use crate::telemetry::KillReason;
+
+/// A build sandbox lives at most this long (a gateway that dies mid-build
+/// leaves it to expiry).
+const BUILD_SANDBOX_TIMEOUT_S: i64 = 3600;
+/// How many of a failing step's last output lines its error carries.
+const FAILURE_TAIL_LINES: usize = 20;
+/// The log is written to the store at most this often while a step runs.
+const FLUSH_EVERY: Duration = Duration::from_millis(200);
+/// The account build steps run as unless a step or `USER` says otherwise
+/// (E2B's default user).
+const DEFAULT_USER: &str = "user";
+
+pub(super) struct Job {
+    pub caller: Caller,
+    pub record: TemplateRecord,
+    pub base: Base,
+    pub base_note: String,
+    pub steps: Vec<Step>,
+    pub start_cmd: Option<String>,
+    pub ready_cmd: Option<String>,
+}
+
+/// Why a build stopped early: a step failed, or something around it did.
+struct Failed {
+    message: String,
+    step: Option<String>,
+}
+
+/// The build's log, kept in the template record and written to the store
+/// in batches, so the SDK's polling sees lines while a step runs.
+pub(super) struct Console<'a> {
+    svc: &'a Sandboxes,
+    record: TemplateRecord,
+    flushed: Instant,
+    /// The template was deleted meanwhile: stop building.
+    gone: bool,
+}
+
+impl Console<'_> {
+    fn line(&mut self, level: &str, step: Option<&str>, message: impl Into<String>) {
+        let line =
+            BuildLine { at_ms: now_ms(), level: level.into(), message: message.into(), step: step.map(Into::into) };
+        self.record.build.push(line);
+        if self.flushed.elapsed() >= FLUSH_EVERY {
+            self.flush();
+        }
+    }
+
+    fn flush(&mut self) {
+        self.flushed = Instant::now();
+        // Another build of the name, or a delete, replaced this one.
+        match self.svc.store.template(&self.record.id) {
+            Ok(Some(current)) if current.build.id == self.record.build.id => {}
+            Ok(_) => {
+                self.gone = true;
+                return;
+            }
+            Err(e) => tracing::warn!("reading template {}: {e:#}", self.record.id),
+        }
+        if let Err(e) = self.svc.store.put_template(&self.record) {
+            tracing::warn!("writing the log of template {}: {e:#}", self.record.id);
+        }
+    }
+}
+
+/// The build's state as steps change it.
+struct State {
+    user: String,
+    workdir: Option<String>,
+    envs: Vec<(String, String)>,
+}
+
+impl Sandboxes {
+    pub(super) async fn run_build(&self, job: Job) {
+        let Job { caller, record, base, base_note, steps, start_cmd, ready_cmd } = job;
+        let mut console = Console { svc: self, record, flushed: Instant::now(), gone: false };
+        console.line("info", Some("base"), format!("Building {} {base_note}", console.record.name));
+        let parent = match &base {
+            Base::Built { image, .. } => Some(image.clone()),
+            Base::Substrate(_) => None,
+        };
+        let mut state = State {
+            user: parent.as_ref().and_then(|p| p.user.clone()).unwrap_or_else(|| DEFAULT_USER.into()),
+            workdir: parent.as_ref().and_then(|p| p.workdir.clone()),
+            envs: parent.map(|p| p.envs).unwrap_or_default(),
+        };
+        let request = CreateRequest {
+            template: base.create_name().to_string(),
+            timeout_s: Some(BUILD_SANDBOX_TIMEOUT_S),
+            metadata: HashMap::from([("copse.build".to_string(), console.record.build.id.clone())]),
+            env_vars: state.envs.iter().cloned().collect(),
+            for_build: true,
+            ..Default::default()
+        };
+        let outcome = match self.create(&caller, request).await {
+            Ok((sandbox, _)) => {
+                console.line("info", Some("base"), format!("Build sandbox {} is up", sandbox.id));
+                let outcome = self.run_steps(&sandbox, &steps, &mut state, &mut console).await;
+                let outcome = match outcome {
+                    Ok(()) => self.finalize(&sandbox, state, start_cmd, ready_cmd, &base, &mut console).await,
+                    Err(failed) => Err(failed),
+                };
+                if let Err(e) = self.end(&sandbox.id, KillReason::Request).await {
+                    tracing::warn!(sandbox = %sandbox.id, "removing the build sandbox: {e}");
+                }
+                outcome
+            }
+            Err(e) => Err(Failed { message: format!("creating the build sandbox: {e}"), step: Some("base".into()) }),
+        };
+        match outcome {
+            Ok(image) => {
+                let old = console.record.image.replace(image);
+                console.record.build.status = BuildStatus::Ready;
+                console.line("info", Some("finalize"), "Build finished: template is ready");
+                console.flush();
+                if console.gone {
+                    self.drop_image(console.record.image.take()).await;
+                } else {
+                    self.drop_image(old).await;
+                }
+            }
+            Err(Failed { message, step }) => {
+                console.line("error", step.as_deref(), message.clone());
+                console.record.build.status = BuildStatus::Error;
+                console.record.build.failure = Some(BuildFailure { message, step });
+                console.flush();
+            }
+        }
+    }
+
+    async fn drop_image(&self, image: Option<Image>) {
+        if let Some(image) = image
+            && let Err(e) = self.blocking(move |s| s.delete_snapshot(&image.snapshot_key)).await
+        {
+            tracing::warn!("deleting a replaced template image: {e}");
+        }
+    }
+
+    async fn run_steps(
+        &self,
+        sandbox: &SandboxRecord,
+        steps: &[Step],
+        state: &mut State,
+        console: &mut Console<'_>,
+    ) -> Result<(), Failed> {
+        let agent = Agent { socket: &sandbox.agent_socket, token: &sandbox.access_token };
+        let total = steps.len();
+        for (index, step) in steps.iter().enumerate() {
+            if console.gone {
+                return Err(Failed { message: "the template was deleted during its build".into(), step: None });
+            }
+            let number = (index + 1).to_string();
+            console.line("info", Some(&number), format!("[{number}/{total}] {}", describe(step)));
+            let started = Instant::now();
+            self.run_step(&agent, &sandbox.access_token, step, state, &number, console).await.map_err(|why| {
+                Failed {
+                    message: format!("step {number} ({}) failed: {why}", describe(step)),
+                    step: Some(number.clone()),
+                }
+            })?;
+            console.line("debug", Some(&number), format!("step {number} took {:.1?}", started.elapsed()));
+        }
+        Ok(())
+    }
+
+    async fn run_step(
+        &self,
+        agent: &Agent<'_>,
+        token: &str,
+        step: &Step,
+        state: &mut State,
+        number: &str,
+        console: &mut Console<'_>,
+    ) -> Result<(), String> {
+        match step {
+            Step::Run { command, user } => {
+                let user = user.as_deref().unwrap_or(&state.user);
+                agent.shell(command, user, state.workdir.as_deref(), Some((number, console))).await
+            }
+            Step::Env(pairs) => {
+                state.envs.extend(pairs.iter().cloned());
+                let envs: HashMap<&str, &str> = pairs.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+                let init = serde_json::json!({ "envVars": envs });
+                agent_link::post_json(agent.socket, "/init", &init, Some(token)).await.map_err(|e| format!("{e:#}"))
+            }
+            Step::Workdir(dir) => {
+                agent.shell(&steps::workdir_script(dir, &state.user), "root", None, None).await?;
+                state.workdir = Some(dir.clone());
+                Ok(())
+            }
+            Step::User(user) => {
+                agent.shell(&steps::user_script(user), "root", None, Some((number, console))).await?;
+                state.user = user.clone();
+                Ok(())
+            }
+            Step::Copy { src, dest, owner, mode, hash } => {
+                let archive = self.read_upload(&console.record.id, hash).map_err(|e| e.to_string())?;
+                let owner = owner.clone().unwrap_or_else(|| state.user.clone());
+                // Placed by the owner itself: root in a sandbox may not
+                // write into another account's home.
+                let user = owner.split(':').next().unwrap_or(&owner).to_string();
+                agent.upload(&steps::copy_archive(hash), &user, archive).await?;
+                let dest = match (dest.starts_with('/'), &state.workdir) {
+                    (true, _) => dest.clone(),
+                    (false, Some(dir)) => format!("{}/{dest}", dir.trim_end_matches('/')),
+                    (false, None) => format!("/home/{}/{dest}", state.user),
+                };
+                let script = steps::copy_script(src, &dest, &owner, mode.as_deref(), hash);
+                agent.shell(&script, &user, None, Some((number, console))).await
+            }
+        }
+    }
+
+    /// Snapshots the build sandbox's files: the template's new image.
+    async fn finalize(
+        &self,
+        sandbox: &SandboxRecord,
+        state: State,
+        start_cmd: Option<String>,
+        ready_cmd: Option<String>,
+        base: &Base,
+        console: &mut Console<'_>,
+    ) -> Result<Image, Failed> {
+        console.line("info", Some("finalize"), "Saving the template's files");
+        let key = snapshot_key();
+        let info = self.take_snapshot(sandbox, &key, false).await.map_err(|e| Failed {
+            message: format!("saving the template's files failed: {e}"),
+            step: Some("finalize".into()),
+        })?;
+        let substrate_template = match base {
+            Base::Built { image, .. } => image.substrate_template.clone(),
+            Base::Substrate(_) => info.template,
+        };
+        if start_cmd.is_some() {
+            console.line(
+                "info",
+                Some("finalize"),
+                "The start command runs when each sandbox is created (no memory snapshot of it yet)",
+            );
+        }
+        Ok(Image {
+            substrate_template,
+            snapshot_key: key,
+            envs: state.envs,
+            user: Some(state.user),
+            workdir: state.workdir,
+            start_cmd,
+            ready_cmd,
+        })
+    }
+}
+
+fn describe(step: &Step) -> String {
+    match step {
+        Step::Run { command, user: Some(user) } => format!("RUN {command} (as {user})"),
+        Step::Run { command, user: None } => format!("RUN {command}"),
+        Step::Env(pairs) => {
+            format!("ENV {}", pairs.iter().map(|(k, _)| k.as_str()).collect::<Vec<_>>().join(" "))
+        }
+        Step::Workdir(dir) => format!("WORKDIR {dir}"),
+        Step::User(user) => format!("USER {user}"),
+        Step::Copy { src, dest, .. } => format!("COPY {src} {dest}"),
+    }
+}
+
+/// A handed-over sandbox's agent: every call carries its access token.
+pub(super) struct Agent<'a> {
+    pub socket: &'a Path,
+    pub token: &'a str,
+}
+
+impl Agent<'_> {
+    fn authorized(&self, mut request: Request<Body>) -> Result<Request<Body>, String> {
+        let token = HeaderValue::from_str(self.token).map_err(|e| e.to_string())?;
+        request.headers_mut().insert(ACCESS_TOKEN, token);
+        Ok(request)
+    }
+
+    /// Starts `script` under bash as `user`; the stream once it started.
+    pub async fn start(
+        &self,
+        script: &str,
+        user: &str,
+        cwd: Option<&str>,
+    ) -> Result<ProcessStream<hyper::body::Incoming>, String> {
+        let mut start = StartProcess::shell("/bin/bash", script).user(user);
+        if let Some(cwd) = cwd {
+            start = start.cwd(cwd);
+        }
+        let request = start.request(AGENT_HOST).map_err(|e| e.to_string())?.map(Body::new);
+        let response = agent_link::send(self.socket, self.authorized(request)?).await.map_err(|e| format!("{e:#}"))?;
+        if !response.status().is_success() {
+            return Err(format!("the agent answered {} to Process.Start", response.status()));
+        }
+        Ok(ProcessStream::new(response.into_body()))
+    }
+
+    /// Runs `script` to its end; its output goes to the build log (as
+    /// `step`) when `log` is given. An error carries the exit code and the
+    /// last lines printed.
+    pub async fn shell(
+        &self,
+        script: &str,
+        user: &str,
+        cwd: Option<&str>,
+        mut log: Option<(&str, &mut Console<'_>)>,
+    ) -> Result<(), String> {
+        let mut stream = self.start(script, user, cwd).await?;
+        let mut tail: Vec<String> = Vec::new();
+        let mut pending: Vec<u8> = Vec::new();
+        let emit = |bytes: &[u8], tail: &mut Vec<String>, log: &mut Option<(&str, &mut Console<'_>)>| {
+            let text = String::from_utf8_lossy(bytes).trim_end_matches('\r').to_string();
+            if tail.len() == FAILURE_TAIL_LINES {
+                tail.remove(0);
+            }
+            tail.push(text.clone());
+            if let Some((step, console)) = log {
+                console.line("info", Some(step), text);
+            }
+        };
+        let exit = loop {
+            let event = stream.next().await.map_err(|e| format!("reading its output: {e}"))?;
+            match event {
+                Some(ProcessEvent::Stdout(data) | ProcessEvent::Stderr(data) | ProcessEvent::Pty(data)) => {
+                    pending.extend(data);
+                    while let Some(at) = pending.iter().position(|b| *b == b'\n') {
+                        let line: Vec<u8> = pending.drain(..=at).collect();
+                        emit(&line[..line.len() - 1], &mut tail, &mut log);
+                    }
+                }
+                Some(ProcessEvent::End { exit_code, error }) => break (exit_code, error),
+                Some(_) => {}
+                None => return Err("the agent ended the command's stream without its end".into()),
+            }
+        };
+        if !pending.is_empty() {
+            emit(&pending, &mut tail, &mut log);
+        }
+        match exit {
+            (0, _) => Ok(()),
+            (code, error) => {
+                let why = error.map(|e| format!(" ({e})")).unwrap_or_default();
+                Err(format!("exit code {code}{why}: {}", tail.join("\n")))
+            }
+        }
+    }
+
+    /// Writes `content` to `path` as `user`, through the agent's `/files`.
+    pub async fn upload(&self, path: &str, user: &str, content: Vec<u8>) -> Result<(), String> {
+        let request = Request::post(format!("/files?path={path}&username={user}"))
+            .header(hyper::header::HOST, AGENT_HOST)
+            .header(hyper::header::CONTENT_TYPE, "application/octet-stream")
+            .body(Body::from(content))
+            .map_err(|e| e.to_string())?;
+        let response = agent_link::send(self.socket, self.authorized(request)?).await.map_err(|e| format!("{e:#}"))?;
+        if !response.status().is_success() {
+            return Err(format!(
+                "uploading the files into the build sandbox: the agent answered {}",
+                response.status()
+            ));
+        }
+        Ok(())
+    }
+}
