@@ -122,8 +122,9 @@ fn main() -> anyhow::Result<()> {
         .iter()
         .map(|(label, rig, sc, metric, stat, unit)| {
             let task = RIGS.iter().find(|r| r.name == *rig).map_or(String::new(), |r| r.task.to_string());
-            let latest = results.get(*rig).and_then(|f| f.first());
-            let value = latest.and_then(|f| f.figure(sc, metric, stat));
+            let newest = model::newest_figure(results.get(*rig), sc, metric, stat);
+            let latest = newest.map(|(f, _)| f).or_else(|| results.get(*rig).and_then(|f| f.first()));
+            let value = newest.map(|(_, v)| v);
             json!({
                 "label": label, "unit": unit, "task": task,
                 "value": value.map(fmt),
@@ -298,7 +299,7 @@ fn compare_context(
                 c["metric"].as_str().unwrap_or(""),
                 c["stat"].as_str().unwrap_or(""),
             );
-            let value = latest.and_then(|r| r.figure(sc, metric, stat));
+            let value = model::newest_figure(results.get(rig), sc, metric, stat).map(|(_, v)| v);
             let missing = if latest.is_none() {
                 format!("not yet measured ({rig})")
             } else {

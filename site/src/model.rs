@@ -77,6 +77,18 @@ pub fn fmt_value(v: &Value) -> String {
     }
 }
 
+/// The newest of a rig's results (newest first, as `load` sorts them) that
+/// recorded the figure: a run of only some scenarios (a before/after pair
+/// at two concurrency levels) leaves the others' figures where they were.
+pub fn newest_figure<'a>(
+    files: Option<&'a Vec<ResultFile>>,
+    scenario: &str,
+    metric: &str,
+    stat: &str,
+) -> Option<(&'a ResultFile, f64)> {
+    files?.iter().find_map(|f| f.figure(scenario, metric, stat).map(|v| (f, v)))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -88,6 +100,18 @@ mod tests {
         assert_eq!(fmt(27.126), "27.13");
         assert_eq!(fmt(0.0654), "0.065");
         assert_eq!(fmt_value(&Value::Null), "–");
+    }
+
+    #[test]
+    fn the_newest_result_with_the_figure_gives_it() {
+        let file = |name: &str, scenario: &str| ResultFile {
+            file: name.into(),
+            json: serde_json::json!({"scenarios": [{"name": scenario, "wall_ms": 1.0}]}),
+        };
+        let files = vec![file("new.json", "c1"), file("old.json", "c50")];
+        assert_eq!(newest_figure(Some(&files), "c1", "", "wall_ms").map(|(f, _)| f.file.as_str()), Some("new.json"));
+        assert_eq!(newest_figure(Some(&files), "c50", "", "wall_ms").map(|(f, _)| f.file.as_str()), Some("old.json"));
+        assert!(newest_figure(Some(&files), "c10", "", "wall_ms").is_none());
     }
 
     #[test]
