@@ -47,7 +47,9 @@ def test_an_image_from_a_mirror_becomes_a_template_sandboxes_run_in(gateway, reg
             member("etc/.wh.removed"),
             member("opt/data", kind=tarfile.DIRTYPE),
             member("opt/data/.wh..wh..opq"),
-            member("opt/data/new", b"upper layer\n"),
+            # The marker makes this layer's digest new too, so a blob cache
+            # a previous run left in the data dir holds none of them.
+            member("opt/data/new", f"upper layer {marker}\n".encode()),
         ]
     )
     digest = oci_layout(tmp_path / "layout", "1", [base, upper], env=["MODE=oci"])
