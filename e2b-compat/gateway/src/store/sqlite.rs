@@ -231,25 +231,15 @@ impl Store for SqliteStore {
     }
 
     fn template(&self, id: &str) -> anyhow::Result<Option<TemplateRecord>> {
-        let json: Option<String> = self
-            .lock()
-            .query_row("SELECT record FROM built_templates WHERE id = ?1", params![id], |row| row.get(0))
-            .optional()?;
-        json.map(|j| serde_json::from_str(&j).context("corrupt template record")).transpose()
+        decode_one(&self.lock(), Table::Templates, "id", id)
     }
 
     fn template_named(&self, team: &str, name: &str) -> anyhow::Result<Option<TemplateRecord>> {
-        let json: Option<String> = self
-            .lock()
-            .query_row("SELECT record FROM built_templates WHERE team = ?1 AND name = ?2", params![team, name], |row| {
-                row.get(0)
-            })
-            .optional()?;
-        json.map(|j| serde_json::from_str(&j).context("corrupt template record")).transpose()
+        decode_named(&self.lock(), Table::Templates, team, name)
     }
 
     fn built_templates(&self) -> anyhow::Result<Vec<TemplateRecord>> {
-        self.records("SELECT record FROM built_templates ORDER BY id")
+        decode_all(&self.lock(), Table::Templates)
     }
 
     fn remove_template(&self, id: &str) -> anyhow::Result<bool> {
@@ -374,13 +364,7 @@ impl SqliteStore {
 
 impl SecretStore for SqliteStore {
     fn insert_secret(&self, record: &SecretRecord) -> anyhow::Result<bool> {
-        let json = serde_json::to_string(record)?;
-        // The UNIQUE name decides between two creates racing for one name.
-        let inserted = self.lock().execute(
-            "INSERT INTO team_secrets (id, team, name, record) VALUES (?1, ?2, ?3, ?4) ON CONFLICT DO NOTHING",
-            params![record.id, record.team, record.name, json],
-        )?;
-        Ok(inserted > 0)
+        insert_named(&self.lock(), Table::Secrets, &record.id, &record.team, &record.name, record)
     }
 
     fn update_secret(&self, record: &SecretRecord) -> anyhow::Result<bool> {
@@ -395,16 +379,7 @@ impl SecretStore for SqliteStore {
     }
 
     fn secret_named(&self, team: &str, name: &str) -> anyhow::Result<Option<SecretRecord>> {
-        let conn = self.lock();
-        let id: Option<String> = conn
-            .query_row("SELECT id FROM team_secrets WHERE team = ?1 AND name = ?2", params![team, name], |row| {
-                row.get(0)
-            })
-            .optional()?;
-        match id {
-            Some(id) => decode_one(&conn, Table::Secrets, "id", &id),
-            None => Ok(None),
-        }
+        decode_named(&self.lock(), Table::Secrets, team, name)
     }
 
     fn secrets(&self) -> anyhow::Result<Vec<SecretRecord>> {
@@ -418,12 +393,7 @@ impl SecretStore for SqliteStore {
 
 impl VolumeStore for SqliteStore {
     fn insert_volume(&self, record: &VolumeRecord) -> anyhow::Result<bool> {
-        let json = serde_json::to_string(record)?;
-        let inserted = self.lock().execute(
-            "INSERT INTO team_volumes (id, team, name, record) VALUES (?1, ?2, ?3, ?4) ON CONFLICT DO NOTHING",
-            params![record.id, record.team, record.name, json],
-        )?;
-        Ok(inserted > 0)
+        insert_named(&self.lock(), Table::Volumes, &record.id, &record.team, &record.name, record)
     }
 
     fn volume(&self, id: &str) -> anyhow::Result<Option<VolumeRecord>> {
@@ -431,16 +401,7 @@ impl VolumeStore for SqliteStore {
     }
 
     fn volume_named(&self, team: &str, name: &str) -> anyhow::Result<Option<VolumeRecord>> {
-        let conn = self.lock();
-        let id: Option<String> = conn
-            .query_row("SELECT id FROM team_volumes WHERE team = ?1 AND name = ?2", params![team, name], |row| {
-                row.get(0)
-            })
-            .optional()?;
-        match id {
-            Some(id) => decode_one(&conn, Table::Volumes, "id", &id),
-            None => Ok(None),
-        }
+        decode_named(&self.lock(), Table::Volumes, team, name)
     }
 
     fn volumes(&self) -> anyhow::Result<Vec<VolumeRecord>> {
@@ -459,6 +420,7 @@ enum Table {
     Secrets,
     Journal,
     Volumes,
+    Templates,
 }
 
 impl Table {
@@ -468,6 +430,7 @@ impl Table {
             Table::Secrets => "team_secrets",
             Table::Journal => "journal",
             Table::Volumes => "team_volumes",
+            Table::Templates => "built_templates",
         }
     }
 }
@@ -486,6 +449,37 @@ fn decode_one<T: DeserializeOwned>(
         Some((id, json)) => decode_or_quarantine(conn, table, &id, &json),
         None => Ok(None),
     }
+}
+
+/// A team's record of `table` by its name (the tables with a UNIQUE
+/// (team, name)).
+fn decode_named<T: DeserializeOwned>(
+    conn: &Connection,
+    table: Table,
+    team: &str,
+    name: &str,
+) -> anyhow::Result<Option<T>> {
+    let sql = format!("SELECT id FROM {} WHERE team = ?1 AND name = ?2", table.name());
+    let id: Option<String> = conn.query_row(&sql, params![team, name], |row| row.get(0)).optional()?;
+    match id {
+        Some(id) => decode_one(conn, table, "id", &id),
+        None => Ok(None),
+    }
+}
+
+/// Adds a team's named record unless the id or the team's name is taken:
+/// the UNIQUE name decides between two creates racing for one name.
+fn insert_named<T: serde::Serialize>(
+    conn: &Connection,
+    table: Table,
+    id: &str,
+    team: &str,
+    name: &str,
+    record: &T,
+) -> anyhow::Result<bool> {
+    let sql =
+        format!("INSERT INTO {} (id, team, name, record) VALUES (?1, ?2, ?3, ?4) ON CONFLICT DO NOTHING", table.name());
+    Ok(conn.execute(&sql, params![id, team, name, serde_json::to_string(record)?])? > 0)
 }
 
 /// Every record of `table`, ordered by id.
