@@ -35,12 +35,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def first_metrics(sbx, within: float = 10.0):
-    """The sandbox's metrics once the gateway has sampled it at least once."""
+def first_metrics(sbx, within: float = 10.0, after: float = 0.0):
+    """The sandbox's metrics once the gateway has sampled it at least once
+    at or after `after` (Unix seconds): a read within a second of a sample
+    returns that sample, which may predate what the caller just did."""
     deadline = time.monotonic() + within
-    while not (metrics := sbx.get_metrics()) and time.monotonic() < deadline:
+
+    def fresh(metrics):
+        return metrics and metrics[-1].timestamp.timestamp() >= after
+
+    while not fresh(metrics := sbx.get_metrics()) and time.monotonic() < deadline:
         time.sleep(0.5)
-    assert metrics, f"no metrics within {within:.0f} s"
+    assert fresh(metrics), f"no metrics taken after {after} within {within:.0f} s"
     return metrics
 
 

@@ -227,7 +227,7 @@ impl HostNetwork {
 }
 
 /// Deletes interface `name` of the host's namespace, if it exists.
-fn delete_link(name: &str) -> anyhow::Result<()> {
+pub(crate) fn delete_link(name: &str) -> anyhow::Result<()> {
     match netlink::index_of(name) {
         Ok(index) => Rtnl::open()?.delete_link(index),
         Err(_) => Ok(()),

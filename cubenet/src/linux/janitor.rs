@@ -7,11 +7,16 @@
 //! and one grace period, and nobody waits for them, except a change that
 //! must come after them: an attach reusing an id (rollbacks) or an address,
 //! or a rewrite of the whole table.
+//!
+//! The worker also deletes each host veth: the kernel would delete it with
+//! its sandbox's namespace, but tears namespaces down in a shared work
+//! queue that, on a loaded host, lags seconds behind the kill.
 
 use std::sync::{Arc, Condvar, Mutex};
 
-use crate::linux::nft;
+use crate::linux::host_network::delete_link;
 use crate::linux::tools::nft_apply;
+use crate::linux::{netlink, nft};
 use crate::net::{Attachment, NetConfig};
 
 #[derive(Default)]
@@ -79,6 +84,14 @@ impl Janitor {
                 );
                 for line in script.lines() {
                     let _ = nft_apply(line);
+                }
+            }
+            for attachment in &batch {
+                // Losing the race with the kernel's own deletion is fine.
+                if let Err(e) = delete_link(&attachment.host_if)
+                    && netlink::index_of(&attachment.host_if).is_ok()
+                {
+                    tracing::warn!("deleting veth {}: {e:#}", attachment.host_if);
                 }
             }
             self.lock().removing.clear();
