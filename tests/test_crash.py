@@ -21,8 +21,10 @@ from e2b import Sandbox, SandboxNotFoundException
 import leakcheck
 from conftest import API_KEY, BRIDGE, COPSE, DATA_DIR, SUBNET, Gateway, second_data_dir
 
-POINTS = subprocess.run([str(COPSE), "debug", "fault-points"], check=True, capture_output=True,
-                        text=True).stdout.split()
+ALL_POINTS = subprocess.run([str(COPSE), "debug", "fault-points"], check=True, capture_output=True,
+                            text=True).stdout.split()
+# The import runs in the CLI, not in the gateway: a test of its own.
+POINTS = [p for p in ALL_POINTS if not p.startswith("import:")]
 # Each point is one short gateway life and one restart; the whole loop
 # stays under four minutes.
 PER_POINT_S = 45
@@ -32,6 +34,7 @@ MARKER = "/home/user/marker"
 
 
 def test_every_operation_has_fault_points():
+    assert "import:after-files" in ALL_POINTS
     ops = {p.split(":")[0] for p in POINTS}
     assert {"pause", "pause-files", "restart", "resume", "resume-files", "snapshot", "fork", "rollback",
             "kill"} <= ops, POINTS
@@ -195,6 +198,60 @@ def test_the_fault_variable_alone_arms_nothing(crash_network):
     bad = subprocess.run([str(COPSE), "up", "--debug-faults", "--data-dir", str(data_dir), *crash_network],
                          env=dict(os.environ, COPSE_FAULT="no-such:step"), capture_output=True, text=True, timeout=30)
     assert bad.returncode != 0 and "no fault point" in bad.stderr, bad.stderr[-500:]
+
+
+@pytest.mark.timeout(120, func_only=True)
+def test_an_import_cut_short_leaves_nothing_after_a_restart(crash_network, tmp_path):
+    """`copse snapshot import` killed while it reads the stream, and aborted
+    between its files and its record: after the gateway's next start no
+    snapshot, layer, or staging directory of either is left."""
+    data_dir = second_data_dir("crash")
+    gw = Gateway(data_dir)
+    gw.start(extra_args=crash_network)
+    env = dict(api_key=API_KEY, api_url=gw.url, sandbox_url=gw.url)
+    export = tmp_path / "snap.copse"
+    try:
+        sbx = Sandbox.create(template="base", timeout=120, **env)
+        sbx.files.write(MARKER, "v1")
+        sbx.commands.run("head -c 4000000 /dev/urandom > /home/user/ballast")
+        sbx.create_snapshot(name="to-move")
+        sbx.kill()
+        on_disk = ["--data-dir", str(data_dir)]
+        subprocess.run([str(COPSE), "snapshot", "export", "to-move", str(export), *on_disk], check=True)
+        Sandbox.delete_snapshot("to-move", **env)
+
+        # Killed mid-stream: half the export in, the rest never comes.
+        fifo = tmp_path / "stream"
+        os.mkfifo(fifo)
+        importer = subprocess.Popen([str(COPSE), "snapshot", "import", str(fifo), "--name", "cut", *on_disk])
+        with open(fifo, "wb") as stream:
+            data = export.read_bytes()
+            stream.write(data[: len(data) // 2])
+            stream.flush()
+            deadline = time.monotonic() + 10
+            while not list(data_dir.glob(".import-*")) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert list(data_dir.glob(".import-*")), "the import never began"
+            importer.kill()
+            importer.wait(timeout=10)
+
+        # Aborted with its files in place and no record.
+        aborted = subprocess.run([str(COPSE), "snapshot", "import", "--debug-faults", str(export), "--name", "torn",
+                                  *on_disk], env=dict(os.environ, COPSE_FAULT="import:after-files"),
+                                 capture_output=True, text=True, timeout=60)
+        assert aborted.returncode == -signal.SIGABRT, aborted.stderr[-500:]
+
+        gw.stop()
+        gw.start(extra_args=crash_network)
+        assert Sandbox.list_snapshots(**env).next_items() == []
+        assert list((data_dir / "snapshots").glob("*.json")) == []
+        assert leakcheck.unnamed_layers(data_dir) == []
+        layers = [e.name for e in (data_dir / "layers").iterdir() if e.name != ".lock"]
+        assert layers == [], "no layer outlives the imports"
+        assert list(data_dir.glob(".import-*")) == [], "the cut import's staging is collected"
+    finally:
+        if gw.proc.poll() is None:
+            gw.stop()
 
 
 def check_invariants(c: Crashing, sid: str, op: str) -> None:

@@ -1,7 +1,8 @@
 //! Fault injection for the crash test (`tests/test_crash.py`): the process
 //! aborts at one named step of a state change, as a `kill -9` there would
-//! leave it. Armed only by `copse up --debug-faults` together with
-//! `COPSE_FAULT=POINT`: never by anything a request carries.
+//! leave it. Armed only by `copse up --debug-faults` (or `copse snapshot
+//! import --debug-faults`) together with `COPSE_FAULT=POINT`: never by
+//! anything a request carries.
 
 use std::sync::OnceLock;
 
@@ -29,6 +30,9 @@ pub const POINTS: &[&str] = &[
     "rollback:after-record",
     "kill:after-destroy",
     "kill:after-record",
+    // `copse snapshot import --debug-faults`: the files are in, the record
+    // is not.
+    "import:after-files",
 ];
 
 static ARMED: OnceLock<String> = OnceLock::new();

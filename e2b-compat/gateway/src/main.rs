@@ -320,6 +320,9 @@ enum SnapshotCommand {
         /// The team the snapshot will belong to.
         #[arg(long, default_value = copse_gateway::model::DEFAULT_TEAM)]
         team: String,
+        /// For the crash test only: abort at the step COPSE_FAULT names.
+        #[arg(long, hide = true)]
+        debug_faults: bool,
         #[command(flatten)]
         paths: Paths,
     },
@@ -478,7 +481,10 @@ fn snapshot(command: SnapshotCommand) -> anyhow::Result<()> {
             eprintln!("exported snapshot {id}");
             Ok(())
         }
-        SnapshotCommand::Import { file, name, team, paths } => {
+        SnapshotCommand::Import { file, name, team, debug_faults, paths } => {
+            if debug_faults {
+                copse_gateway::fault::arm_from_env()?;
+            }
             let (store, substrate) = open(paths)?;
             let mut input: Box<dyn std::io::BufRead> = if file.as_os_str() == "-" {
                 Box::new(BufReader::new(std::io::stdin().lock()))

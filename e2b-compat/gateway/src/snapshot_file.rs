@@ -64,7 +64,10 @@ pub fn import(
     }
     record.key = snapshot_key();
     let mut rest: Box<dyn Read + '_> = Box::new(input);
+    // Files first, the record last: an import cut short leaves only files
+    // no record names, which the gateway's start removes.
     let info = substrate.import_snapshot(&record.key, &mut rest)?;
+    crate::fault::point("import:after-files");
     record.size_bytes = info.size_bytes;
     record.created_at_ms = now_ms();
     store.put_snapshot(&record)?;

@@ -118,6 +118,7 @@ impl LayerStore {
         let layer = new_layer_name(id);
         let staging = self.layers.join(format!(".staging-{layer}"));
         copy_tree(upper, &staging)?;
+        sync_filesystem(&staging)?;
         fs::rename(&staging, self.layer_dir(&layer)).context("publishing the layer")?;
         sync_dir(&self.layers)?;
         let mut layers = vec![layer];
@@ -158,9 +159,19 @@ impl LayerStore {
     }
 
     /// Removes every layer no snapshot and no sandbox under `sandboxes`
-    /// names, and staging directories a crash left behind.
+    /// names, and staging directories a crash left behind: a layer's, and
+    /// an export's or import's whose process is gone (`copse snapshot
+    /// import` runs beside the gateway).
     pub fn collect_garbage(&self, sandboxes: &Path) -> anyhow::Result<()> {
         let _guard = self.guard();
+        for entry in fs::read_dir(&self.state_dir)?.filter_map(Result::ok) {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if let Some(pid) = stream_staging_owner(&name)
+                && !Path::new(&format!("/proc/{pid}")).exists()
+            {
+                fs::remove_dir_all(entry.path()).with_context(|| format!("removing {name}"))?;
+            }
+        }
         self.collect(sandboxes)
     }
 
@@ -255,6 +266,7 @@ impl LayerStore {
                     crate::ids::shift_tree(&staging.join(layer), exported_base, id_base)?;
                 }
             }
+            sync_filesystem(&staging)?;
             let _guard = self.guard();
             let mut renamed = Vec::new();
             for layer in &file.base.layers {
@@ -269,7 +281,9 @@ impl LayerStore {
             if memory {
                 fs::create_dir_all(checkpoint.parent().unwrap_or(Path::new("/")))?;
                 fs::rename(staging.join(CHECKPOINT), checkpoint).context("keeping the memory checkpoint")?;
+                sync_dir(checkpoint.parent().unwrap_or(Path::new("/")))?;
             }
+            sync_dir(&self.layers)?;
             write_json(&self.snapshot_file(id), &file)?;
             Ok(SnapshotInfo { memory, ..info(id, &file) })
         })();
@@ -308,6 +322,13 @@ fn new_layer_name(snapshot: &str) -> String {
     format!("{snapshot}-{nanos:x}")
 }
 
+/// The process that made export or import staging directory `name` (see
+/// [`tempdir_in`]), if that is what it is.
+fn stream_staging_owner(name: &str) -> Option<u32> {
+    let rest = name.strip_prefix(".export-").or_else(|| name.strip_prefix(".import-"))?;
+    rest.split_once('-')?.0.parse().ok()
+}
+
 fn tempdir_in(parent: &Path, what: &str) -> anyhow::Result<PathBuf> {
     let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or_default();
     let dir = parent.join(format!(".{what}-{}-{nanos:x}", std::process::id()));
@@ -330,6 +351,15 @@ fn write_json_unsynced(path: &Path, value: &impl Serialize) -> anyhow::Result<()
     let tmp = path.with_extension("tmp");
     fs::write(&tmp, serde_json::to_vec(value)?).with_context(|| format!("writing {}", tmp.display()))?;
     fs::rename(&tmp, path).with_context(|| format!("writing {}", path.display()))
+}
+
+/// Flushes every file of the file system `path` is on: a layer is many
+/// files, and one `syncfs` costs less than an `fsync` per file. It runs
+/// before a layer is published, so a record never names a layer whose
+/// files a host crash could still lose.
+pub(crate) fn sync_filesystem(path: &Path) -> anyhow::Result<()> {
+    let dir = fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
+    nix::unistd::syncfs(&dir).with_context(|| format!("syncing the file system of {}", path.display()))
 }
 
 fn sync_dir(dir: &Path) -> anyhow::Result<()> {
@@ -365,6 +395,20 @@ mod tests {
         let store = LayerStore::open(dir.path()).unwrap();
         fs::create_dir_all(dir.path().join("sandboxes")).unwrap();
         (dir, store)
+    }
+
+    #[test]
+    fn a_dead_importers_staging_is_collected_and_a_live_ones_kept() {
+        let (dir, store) = store();
+        let live = tempdir_in(dir.path(), "import").unwrap();
+        // No process has the largest pid the kernel can hand out (2^22).
+        let dead = dir.path().join(".import-4194304-1f");
+        fs::create_dir_all(dead.join("layer")).unwrap();
+        let other = dir.path().join(".import-notes");
+        fs::create_dir_all(&other).unwrap();
+        store.collect_garbage(&dir.path().join("sandboxes")).unwrap();
+        assert!(live.is_dir() && other.is_dir());
+        assert!(!dead.exists());
     }
 
     fn upper(root: &Path, name: &str, files: &[(&str, &str)]) -> PathBuf {

@@ -517,6 +517,12 @@ impl Substrate for LinuxSubstrate {
         }
         // CRIU thaws what it froze; put the freezer back as it was.
         self.cgroups.set_frozen(id, was_frozen)?;
+        // Thawed first: the sandbox need not wait for the disk.
+        if let Ok(info) = &taken
+            && info.memory
+        {
+            layers::sync_filesystem(&self.checkpoint_dir(snapshot_id))?;
+        }
         taken
     }
 

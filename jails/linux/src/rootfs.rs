@@ -126,11 +126,14 @@ impl TemplateStore {
             recipe: fingerprint.to_string(),
         };
         fs::write(staging.join(INFO_FILE), serde_json::to_vec_pretty(&info)?)?;
+        // Its files reach the disk before its name appears.
+        crate::layers::sync_filesystem(&staging)?;
         if final_dir.exists() {
             remove_tree(&replaced)?;
             fs::rename(&final_dir, &replaced).context("moving the outdated template aside")?;
         }
         fs::rename(&staging, &final_dir).context("publishing the template")?;
+        fs::File::open(&self.dir).and_then(|d| d.sync_all()).context("syncing the template directory")?;
         progress(&format!("template {} ready ({} MiB)", info.name, info.size_bytes >> 20));
         Ok(info)
     }

@@ -464,7 +464,15 @@ fn targets(scenarios: &[Scenario], notes: &mut Vec<String>) -> Value {
         );
     }
     let warm = p50_target(scenarios, "warm create+first-exec p50 <= 3 ms", "lean-warm-cc1", "total_ms", 3.0);
-    json!([cold, warm])
+    // The gateway's own measure of its team lookup, rate and quota checks.
+    let tenancy = p50_target(
+        scenarios,
+        "tenancy checks (key -> team, rate, quotas) p50 <= 0.2 ms per create",
+        "lean-warm-cc1",
+        "server_tenancy_ms",
+        0.2,
+    );
+    json!([cold, warm, tenancy])
 }
 
 fn standing_notes(pool_supported: bool) -> Vec<String> {

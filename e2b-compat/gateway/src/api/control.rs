@@ -11,6 +11,7 @@ use axum::{Extension, Json};
 use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 
+use super::Admission;
 use super::error::ApiError;
 use super::host_routing::Exposure;
 use super::wire;
@@ -32,6 +33,7 @@ const DEFAULT_PAGE: usize = 100;
 pub async fn create(
     State(svc): State<Service>,
     Extension(who): Extension<Principal>,
+    Extension(admission): Extension<Admission>,
     Extension(exposure): Extension<Exposure>,
     Extension(volumes): Extension<Arc<Volumes>>,
     body: Option<Json<wire::NewSandbox>>,
@@ -65,10 +67,13 @@ pub async fn create(
     };
     let started = std::time::Instant::now();
     let (record, timings) = svc.create(&who.caller, request).await?;
+    // `tenancy`: what teams cost a create, from the key's lookup to the
+    // quota checks (issue 17 bounds it).
     let timing = format!(
-        "boot;dur={:.3}, handover;dur={:.3}, total;dur={:.3}",
+        "boot;dur={:.3}, handover;dur={:.3}, tenancy;dur={:.3}, total;dur={:.3}",
         timings.boot.as_secs_f64() * 1e3,
         timings.handover.as_secs_f64() * 1e3,
+        (admission.0 + timings.quota).as_secs_f64() * 1e3,
         started.elapsed().as_secs_f64() * 1e3
     );
     let header = [("server-timing", HeaderValue::from_str(&timing).expect("ascii"))];

@@ -63,6 +63,9 @@ pub struct Timings {
     pub boot: Duration,
     /// Handing it to the caller: the agent's `/init` and the database row.
     pub handover: Duration,
+    /// Checking the team's quotas (the sandbox's lifetime, room for one
+    /// more running sandbox and its disk).
+    pub quota: Duration,
 }
 
 /// The network a booting sandbox is attached to.
@@ -100,8 +103,10 @@ impl Sandboxes {
         origin: &mut Origin,
     ) -> Result<(SandboxRecord, Timings)> {
         let timeout = validate_timeout(request.timeout_s.unwrap_or(DEFAULT_TIMEOUT_S))?;
+        let checking = Instant::now();
         self.quota.check_timeout(caller, &caller.team, timeout)?;
         let _place = self.quota.reserve_for(caller, &caller.team, Kind::Running, 1, self.limits.disk_mb << 20)?;
+        let quota = checking.elapsed();
         let policy = request.network.policy()?;
         let started = Instant::now();
         let mut template = request.template.clone();
@@ -207,7 +212,7 @@ impl Sandboxes {
             }
             return Err(e.context(format!("starting template {}", request.template)).into());
         }
-        Ok((record, Timings { boot, handover: started.elapsed() - boot }))
+        Ok((record, Timings { boot, handover: started.elapsed() - boot, quota }))
     }
 
     /// A new sandbox of `template` under `policy`, booted and its service

@@ -43,7 +43,8 @@ impl Sandboxes {
     }
 
     /// Snapshot rows whose files are gone are dropped, and substrate
-    /// snapshots no row (and no paused sandbox) names are deleted.
+    /// snapshots no row (no paused sandbox, no built template) names are
+    /// deleted.
     async fn reconcile_snapshots(&self) -> anyhow::Result<()> {
         let on_host = self.blocking(|s| s.snapshots()).await?;
         let rows = self.store.snapshots()?;
@@ -55,6 +56,7 @@ impl Sandboxes {
         }
         let mut named: Vec<String> = rows.into_iter().map(|r| r.key).collect();
         named.extend(self.store.all()?.into_iter().filter_map(|r| r.paused.and_then(|p| p.files_only)));
+        named.extend(self.store.built_templates()?.into_iter().filter_map(|t| t.image.map(|i| i.snapshot_key)));
         for orphan in on_host.into_iter().filter(|s| !named.contains(&s.id)) {
             tracing::info!("removing snapshot {} that no record names", orphan.id);
             self.blocking(move |s| s.delete_snapshot(&orphan.id)).await?;
