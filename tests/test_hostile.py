@@ -1450,18 +1450,21 @@ def _tar(members) -> bytes:
     return out.getvalue()
 
 
-def _raw_template_build(gateway, name: str, archive: bytes, after_copy: list) -> dict:
+def _raw_template_build(
+    gateway, name: str, archive: bytes, after_copy: list, key: str | None = None, files_hash: str | None = None
+) -> dict:
     """A template build driven by hand, as a hostile client would: its copy
-    step's archive is whatever the client uploads. The final status."""
-    headers = {"X-API-KEY": os.environ["E2B_API_KEY"]}
+    step's archive is whatever the client uploads, under whatever files
+    hash it claims. The final status."""
+    headers = {"X-API-KEY": key or os.environ["E2B_API_KEY"]}
     url = gateway.url
     requested = httpx.post(f"{url}/v3/templates", json={"name": name}, headers=headers, timeout=30)
     assert requested.status_code == 202, requested.text
     template_id, build_id = requested.json()["templateID"], requested.json()["buildID"]
-    digest = hashlib.sha256(archive).hexdigest()
+    digest = files_hash or hashlib.sha256(archive).hexdigest()
     link = httpx.get(f"{url}/templates/{template_id}/files/{digest}", headers=headers, timeout=30).json()
-    assert link["present"] is False
-    httpx.put(link["url"], content=archive, timeout=30).raise_for_status()
+    if not link["present"]:
+        httpx.put(link["url"], content=archive, timeout=30).raise_for_status()
     copy = {"type": "COPY", "args": ["payload", "/home/user/dest/", "", ""], "filesHash": digest, "force": False}
     body = {"fromTemplate": "base", "steps": [copy, *after_copy]}
     started = httpx.post(f"{url}/v2/templates/{template_id}/builds/{build_id}", json=body, headers=headers, timeout=30)
@@ -1469,7 +1472,7 @@ def _raw_template_build(gateway, name: str, archive: bytes, after_copy: list) ->
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
         status = httpx.get(
-            f"{url}/templates/{template_id}/builds/{build_id}/status", headers=headers, timeout=30
+            f"{url}/templates/{template_id}/builds/{build_id}/status?limit=1000", headers=headers, timeout=30
         ).json()
         if status["status"] in ("ready", "error"):
             return status
@@ -1529,3 +1532,42 @@ def test_a_template_copy_archive_cannot_write_outside_the_build_sandbox(gateway)
         for mark in host_marks:
             if mark.exists() or mark.is_symlink():
                 mark.unlink()
+
+
+def test_a_build_is_never_served_another_teams_cached_layer(gateway):
+    """Team b sends exactly team a's steps under a's files hash, with files
+    of its own uploaded under that hash: every step runs on b's files, and
+    the layer a's build cached (holding a's secret) serves nothing to b."""
+    from test_tenancy import new_key, new_team
+
+    a, b = new_key(new_team("ca")), new_key(new_team("cb"))
+    tag = os.urandom(4).hex()
+    name = f"cache-{tag}"
+    secret = f"team-a-secret-{tag}"
+    archive = _tar([("payload/secret.txt", "file", secret.encode())])
+    forged = _tar([("payload/secret.txt", "file", b"team-b-files")])
+    files_hash = hashlib.sha256(archive).hexdigest()
+    show = [{"type": "RUN", "args": ["cat /home/user/dest/secret.txt"]}]
+
+    def messages(status: dict) -> list[str]:
+        return [entry["message"] for entry in status["logEntries"]]
+
+    try:
+        first = _raw_template_build(gateway, name, archive, show, key=a)
+        assert first["status"] == "ready", first
+        # a's own identical rebuild is served from the cache: the keys match.
+        again = _raw_template_build(gateway, name, archive, show, key=a)
+        assert [m for m in messages(again) if m.startswith("CACHED [")], messages(again)
+        theirs = _raw_template_build(gateway, name, forged, show, key=b, files_hash=files_hash)
+        assert theirs["status"] == "ready", theirs
+        logged = messages(theirs)
+        assert not [m for m in logged if m.startswith("CACHED [")], logged
+        assert "team-b-files" in logged and secret not in "\n".join(logged), logged
+        sbx = Sandbox.create(name, api_key=b, timeout=60)
+        try:
+            assert sbx.files.read("/home/user/dest/secret.txt") == "team-b-files"
+        finally:
+            sbx.kill()
+    finally:
+        for key in (a, b):
+            httpx.delete(f"{gateway.url}/templates/{name}", headers={"X-API-KEY": key})

@@ -7,12 +7,15 @@ the team that built them."""
 
 import os
 import secrets
+import time
 
 import httpx
+import leakcheck
 import pytest
-from conftest import API_KEY
+from conftest import API_KEY, DATA_DIR
 from e2b import Sandbox, Template
 from e2b.exceptions import BuildException
+from test_leaks import stop_gateway
 from test_tenancy import new_key, new_team
 
 pytestmark = pytest.mark.timeout(600, func_only=True)
@@ -214,4 +217,173 @@ def test_debian_images_map_to_base_and_say_so(gateway):
         Template.build(Template().from_debian_image("bookworm").run_cmd("true"), alias=name, on_build_logs=lines.append)
         assert any("debian:bookworm" in e.message and "base" in e.message for e in lines), [e.message for e in lines]
     finally:
+        delete_template(gateway, name)
+
+
+# The build layer cache. Each step's files are a layer keyed by the team,
+# the base, every step so far and a copy's files hash; a rebuild starts on
+# the deepest layer it has and runs only the steps after it.
+
+STAMP = "date +%s%N"
+
+
+def stamped(run_id: str, extra_step: str = "echo same") -> Template:
+    """ENV and WORKDIR (settings outside the files), then steps whose every
+    run leaves a new timestamp line. `run_id` keeps one test's layers from
+    another's."""
+    return (
+        Template()
+        .from_template("base")
+        .set_envs({"STAGE": "one", "RUN_ID": run_id})
+        .set_workdir("/var/tmp")
+        .run_cmd(f"{extra_step}; echo $STAGE $(pwd) {STAMP} >> a")
+        .run_cmd(f"{STAMP} >> b")
+    )
+
+
+def build_logged(template, name, **kwargs) -> tuple[list[str], float]:
+    lines = []
+    started = time.monotonic()
+    Template.build(template, alias=name, on_build_logs=lines.append, **kwargs)
+    took = time.monotonic() - started
+    print(f"build of {name} took {took:.2f} s")
+    return [entry.message for entry in lines], took
+
+
+def cached_steps(messages: list[str]) -> list[int]:
+    return [int(m.split("[")[1].split("/")[0]) for m in messages if m.startswith("CACHED [")]
+
+
+def run_steps(messages: list[str]) -> list[int]:
+    return [int(m.split("[")[1].split("/")[0]) for m in messages if m.startswith("[") and "/" in m.split("]")[0]]
+
+
+def read_files(name: str, *paths: str, **kwargs) -> list[str]:
+    sbx = Sandbox.create(name, timeout=60, **kwargs)
+    try:
+        return [sbx.files.read(p) for p in paths]
+    finally:
+        sbx.kill()
+
+
+@pytest.mark.timeout(900, func_only=True)
+def test_an_unchanged_rebuild_runs_no_step_even_after_a_gateway_restart(gateway):
+    name = unique("cached")
+    try:
+        first, cold = build_logged(stamped(name), name)
+        assert cached_steps(first) == [] and run_steps(first) == [1, 2, 3, 4], first
+        before = read_files(name, "/var/tmp/a", "/var/tmp/b")
+        assert before[0].startswith("one /var/tmp "), before
+
+        stop_gateway(gateway)
+        gateway.start()
+
+        again, warm = build_logged(stamped(name), name)
+        print(f"cold build {cold:.2f} s, cached rebuild {warm:.2f} s")
+        assert cached_steps(again) == [1, 2, 3, 4], again
+        assert run_steps(again) == [], again
+        # No run_cmd ran again: the stamps are the first build's, once.
+        assert read_files(name, "/var/tmp/a", "/var/tmp/b") == before
+    finally:
+        delete_template(gateway, name)
+
+
+@pytest.mark.timeout(900, func_only=True)
+def test_changing_a_step_reruns_it_and_every_step_after_with_the_cached_settings(gateway):
+    name = unique("changed")
+    try:
+        build_logged(stamped(name), name)
+        _, b_before = read_files(name, "/var/tmp/a", "/var/tmp/b")
+        messages, _ = build_logged(stamped(name, "echo changed"), name)
+        assert cached_steps(messages) == [1, 2], messages
+        assert run_steps(messages) == [3, 4], messages
+        assert any(m == "changed" for m in messages), messages
+        a, b = read_files(name, "/var/tmp/a", "/var/tmp/b")
+        # The cached ENV and WORKDIR still applied to the re-run step.
+        assert a.startswith("one /var/tmp ") and a.count("\n") == 1, a
+        assert b != b_before and b.count("\n") == 1, (b, b_before)
+    finally:
+        delete_template(gateway, name)
+
+
+@pytest.mark.timeout(900, func_only=True)
+def test_skip_cache_reruns_the_whole_build_or_from_the_marked_step(gateway):
+    name = unique("skip")
+    try:
+        build_logged(stamped(name), name)
+        _, b_first = read_files(name, "/var/tmp/a", "/var/tmp/b")
+
+        messages, _ = build_logged(stamped(name), name, skip_cache=True)
+        assert cached_steps(messages) == [] and run_steps(messages) == [1, 2, 3, 4], messages
+        _, b_second = read_files(name, "/var/tmp/a", "/var/tmp/b")
+        assert b_second != b_first
+
+        marked = (
+            Template()
+            .from_template("base")
+            .set_envs({"STAGE": "one", "RUN_ID": name})
+            .set_workdir("/var/tmp")
+            .run_cmd(f"echo same; echo $STAGE $(pwd) {STAMP} >> a")
+            .skip_cache()
+            .run_cmd(f"{STAMP} >> b")
+        )
+        messages, _ = build_logged(marked, name)
+        assert cached_steps(messages) == [1, 2, 3] and run_steps(messages) == [4], messages
+        _, b_third = read_files(name, "/var/tmp/a", "/var/tmp/b")
+        assert b_third not in (b_first, b_second)
+    finally:
+        delete_template(gateway, name)
+
+
+@pytest.mark.timeout(900, func_only=True)
+def test_another_teams_identical_build_reuses_none_of_the_first_teams_layers(gateway):
+    name = unique("teams")
+    other = new_key(new_team("cache"))
+    try:
+        build_logged(stamped(name), name)
+        _, b_mine = read_files(name, "/var/tmp/a", "/var/tmp/b")
+        lines = []
+        Template.build(stamped(name), alias=name, on_build_logs=lines.append, api_key=other)
+        messages = [entry.message for entry in lines]
+        assert cached_steps(messages) == [] and run_steps(messages) == [1, 2, 3, 4], messages
+        _, b_theirs = read_files(name, "/var/tmp/a", "/var/tmp/b", api_key=other)
+        assert b_theirs != b_mine
+    finally:
+        delete_template(gateway, name)
+        delete_template(gateway, name, other)
+
+
+def snapshot_files() -> set[str]:
+    return {p.name for p in (DATA_DIR / "snapshots").glob("*.json")}
+
+
+@pytest.mark.timeout(900, func_only=True)
+def test_deleting_a_template_collects_its_layers_once_no_sandbox_uses_them(gateway):
+    name = unique("collect")
+    before = snapshot_files()
+    sbx = None
+    try:
+        build_logged(stamped(name), name)
+        made = snapshot_files() - before
+        # The image and one cache layer per step.
+        assert len(made) == 5, made
+        sbx = Sandbox.create(name, timeout=120)
+        # Deleting a template a sandbox uses is allowed; the sandbox keeps
+        # its files, whose layers go when it does.
+        assert api(gateway, "DELETE", f"/templates/{name}").status_code == 204
+        assert snapshot_files() - before == set()
+        assert sbx.files.read("/var/tmp/a").startswith("one /var/tmp ")
+        assert leakcheck.unnamed_layers(DATA_DIR) == []
+        in_use = {p.name for p in (DATA_DIR / "layers").iterdir()}
+        sbx.kill()
+        sbx = None
+        left = {p.name for p in (DATA_DIR / "layers").iterdir()}
+        assert left < in_use, "the sandbox's layers were collected with it"
+        assert leakcheck.unnamed_layers(DATA_DIR) == []
+        # A rebuild starts cold again.
+        messages, _ = build_logged(stamped(name), name)
+        assert cached_steps(messages) == [], messages
+    finally:
+        if sbx is not None:
+            sbx.kill()
         delete_template(gateway, name)

@@ -64,6 +64,7 @@ pub async fn create(
         auto_resume: body.auto_resume.is_some_and(|a| a.enabled),
         volumes,
         for_build: false,
+        build_layer: None,
     };
     let started = std::time::Instant::now();
     let (record, timings) = svc.create(&who.caller, request).await?;

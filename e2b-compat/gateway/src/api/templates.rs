@@ -119,12 +119,18 @@ async fn start_build(
         .steps
         .unwrap_or_default()
         .into_iter()
-        .map(|s| RawStep { kind: s.kind, args: s.args.unwrap_or_default(), files_hash: s.files_hash })
+        .map(|s| RawStep {
+            kind: s.kind,
+            args: s.args.unwrap_or_default(),
+            files_hash: s.files_hash,
+            force: s.force.unwrap_or(false),
+        })
         .collect();
     let spec = BuildSpec {
         from_template: body.from_template,
         from_image: body.from_image,
         steps,
+        force: body.force.unwrap_or(false),
         start_cmd: body.start_cmd,
         ready_cmd: body.ready_cmd,
     };

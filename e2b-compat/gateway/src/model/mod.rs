@@ -1,5 +1,6 @@
 //! The gateway's model: the records it keeps (sandboxes, snapshots, secrets,
-//! teams, keys, journal intents, built templates), their
+//! teams, keys, journal intents, built templates and their build layer
+//! cache), their
 //! states and rules, id and clock helpers, the error every service verb
 //! answers with, and the [`Store`] trait that persists the records.
 //!
@@ -8,6 +9,7 @@
 //! every store implementation can use it without a cycle. A new kind of
 //! record is a new file here and a few methods on [`Store`].
 
+mod build_layer;
 mod clock;
 mod error;
 mod ids;
@@ -21,6 +23,7 @@ mod team;
 mod template;
 mod volume;
 
+pub use build_layer::BuildLayer;
 pub use clock::now_ms;
 pub use error::{Result, SandboxError};
 pub use ids::{new_id, new_token, snapshot_key};

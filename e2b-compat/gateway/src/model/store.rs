@@ -2,6 +2,7 @@
 //! service sees only this trait; `store::sqlite` is today's implementation,
 //! and another (say PostgreSQL) is one more `impl Store`.
 
+use super::build_layer::BuildLayer;
 use super::journal::Intent;
 use super::key::KeyRecord;
 use super::sandbox::SandboxRecord;
@@ -38,6 +39,15 @@ pub trait Store: Send + Sync {
     /// Every built template of every team, ordered by id.
     fn built_templates(&self) -> anyhow::Result<Vec<TemplateRecord>>;
     fn remove_template(&self, id: &str) -> anyhow::Result<bool>;
+
+    /// Inserts or replaces a build cache entry (by key).
+    fn put_build_layer(&self, layer: &BuildLayer) -> anyhow::Result<()>;
+    /// The team's entry of `key`; another team's entry is never returned,
+    /// whatever its key.
+    fn build_layer(&self, team: &str, key: &str) -> anyhow::Result<Option<BuildLayer>>;
+    /// Every team's entries, ordered by key.
+    fn build_layers(&self) -> anyhow::Result<Vec<BuildLayer>>;
+    fn remove_build_layer(&self, key: &str) -> anyhow::Result<bool>;
 
     /// Inserts or replaces the team's record.
     fn put_team(&self, team: &Team) -> anyhow::Result<()>;

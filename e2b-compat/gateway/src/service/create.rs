@@ -19,8 +19,8 @@ use tracing::Instrument;
 use super::Sandboxes;
 use super::quota::Kind;
 use crate::model::{
-    Caller, DEFAULT_TIMEOUT_S, Result, SandboxError, SandboxRecord, State, VolumeMount, new_id, new_token, now_ms,
-    validate_timeout,
+    Caller, DEFAULT_TIMEOUT_S, Image, Result, SandboxError, SandboxRecord, State, VolumeMount, new_id, new_token,
+    now_ms, validate_timeout,
 };
 use crate::network::NetworkRequest;
 use crate::pool::Booted;
@@ -45,6 +45,9 @@ pub struct CreateRequest {
     /// A template build's own sandbox: a built base's start command is
     /// not started in it.
     pub for_build: bool,
+    /// A build's own sandbox starting from a cached build layer: these
+    /// files and settings instead of whatever `template` names.
+    pub build_layer: Option<Image>,
 }
 
 /// Where a created sandbox came from, for its metrics and log. `template`
@@ -113,7 +116,15 @@ impl Sandboxes {
         let mut agent_token = None;
         let mut built = None;
         // A team's snapshot names are its own; another team's are unknown.
-        let booted = if let Some(snapshot) = self.store.snapshot(&caller.team, &request.template)? {
+        let snapshot = match request.build_layer {
+            Some(_) => None,
+            None => self.store.snapshot(&caller.team, &request.template)?,
+        };
+        let image = match request.build_layer.clone() {
+            Some(layer) => Some(layer),
+            None => self.ready_template(&caller.team, &request.template)?.and_then(|t| t.image),
+        };
+        let booted = if let Some(snapshot) = snapshot {
             template = snapshot.template.clone();
             agent_token = snapshot.agent_token.clone();
             *origin = Origin { source: Source::Snapshot, template: Some(snapshot.template.clone()) };
@@ -126,7 +137,7 @@ impl Sandboxes {
             let network = Network::New(policy.clone());
             let volumes = &request.volumes;
             self.boot_from(new_id(), &snapshot.template, Some(snapshot.key), network, snapshot.memory, volumes).await?
-        } else if let Some(image) = self.ready_template(&caller.team, &request.template)?.and_then(|t| t.image) {
+        } else if let Some(image) = image {
             // A team's built template: its image's layers under a new
             // sandbox, as a snapshot's are.
             template = image.substrate_template.clone();

@@ -42,9 +42,9 @@ impl Sandboxes {
         Ok(recovery)
     }
 
-    /// Snapshot rows whose files are gone are dropped, and substrate
-    /// snapshots no row (no paused sandbox, no built template) names are
-    /// deleted.
+    /// Snapshot and build cache rows whose files are gone are dropped,
+    /// and substrate snapshots no row (no snapshot, paused sandbox, built
+    /// template or cache entry) names are deleted.
     async fn reconcile_snapshots(&self) -> anyhow::Result<()> {
         let on_host = self.blocking(|s| s.snapshots()).await?;
         let rows = self.store.snapshots()?;
@@ -54,9 +54,17 @@ impl Sandboxes {
                 self.store.remove_snapshot(&row.team, &row.id)?;
             }
         }
+        for layer in self.store.build_layers()? {
+            if !on_host.iter().any(|s| s.id == layer.snapshot_key) {
+                tracing::warn!("build cache layer {} lost its files; forgetting it", layer.key);
+                self.store.remove_build_layer(&layer.key)?;
+            }
+        }
         let mut named: Vec<String> = rows.into_iter().map(|r| r.key).collect();
         named.extend(self.store.all()?.into_iter().filter_map(|r| r.paused.and_then(|p| p.files_only)));
+        // Built templates' images and the build cache are snapshots too.
         named.extend(self.store.built_templates()?.into_iter().filter_map(|t| t.image.map(|i| i.snapshot_key)));
+        named.extend(self.store.build_layers()?.into_iter().map(|l| l.snapshot_key));
         for orphan in on_host.into_iter().filter(|s| !named.contains(&s.id)) {
             tracing::info!("removing snapshot {} that no record names", orphan.id);
             self.blocking(move |s| s.delete_snapshot(&orphan.id)).await?;

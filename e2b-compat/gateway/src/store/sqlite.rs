@@ -14,7 +14,7 @@ use rusqlite::{Connection, OptionalExtension, params};
 use serde::de::DeserializeOwned;
 
 use crate::model::{
-    DEFAULT_TEAM, Intent, KeyRecord, SandboxRecord, SecretRecord, SecretStore, SnapshotRecord, Store, Team,
+    BuildLayer, DEFAULT_TEAM, Intent, KeyRecord, SandboxRecord, SecretRecord, SecretStore, SnapshotRecord, Store, Team,
     TemplateRecord, VolumeRecord, VolumeStore,
 };
 
@@ -81,6 +81,11 @@ impl SqliteStore {
                  name TEXT NOT NULL,
                  record TEXT NOT NULL,
                  UNIQUE (team, name)
+             );
+             CREATE TABLE IF NOT EXISTS build_layers (
+                 id TEXT PRIMARY KEY,
+                 team TEXT NOT NULL,
+                 record TEXT NOT NULL
              );
              CREATE TABLE IF NOT EXISTS teams (
                  name TEXT PRIMARY KEY,
@@ -244,6 +249,29 @@ impl Store for SqliteStore {
 
     fn remove_template(&self, id: &str) -> anyhow::Result<bool> {
         Ok(self.lock().execute("DELETE FROM built_templates WHERE id = ?1", params![id])? > 0)
+    }
+
+    fn put_build_layer(&self, layer: &BuildLayer) -> anyhow::Result<()> {
+        let json = serde_json::to_string(layer)?;
+        self.lock().execute(
+            "INSERT INTO build_layers (id, team, record) VALUES (?1, ?2, ?3)
+             ON CONFLICT(id) DO UPDATE SET record = excluded.record",
+            params![layer.key, layer.team, json],
+        )?;
+        Ok(())
+    }
+
+    fn build_layer(&self, team: &str, key: &str) -> anyhow::Result<Option<BuildLayer>> {
+        let found: Option<BuildLayer> = decode_one(&self.lock(), Table::BuildLayers, "id", key)?;
+        Ok(found.filter(|layer| layer.team == team))
+    }
+
+    fn build_layers(&self) -> anyhow::Result<Vec<BuildLayer>> {
+        decode_all(&self.lock(), Table::BuildLayers)
+    }
+
+    fn remove_build_layer(&self, key: &str) -> anyhow::Result<bool> {
+        Ok(self.lock().execute("DELETE FROM build_layers WHERE id = ?1", params![key])? > 0)
     }
 
     fn put_team(&self, team: &Team) -> anyhow::Result<()> {
@@ -421,6 +449,7 @@ enum Table {
     Journal,
     Volumes,
     Templates,
+    BuildLayers,
 }
 
 impl Table {
@@ -431,6 +460,7 @@ impl Table {
             Table::Journal => "journal",
             Table::Volumes => "team_volumes",
             Table::Templates => "built_templates",
+            Table::BuildLayers => "build_layers",
         }
     }
 }
@@ -546,6 +576,32 @@ mod tests {
         for file in [db.clone(), sidecar(&db, "-wal"), sidecar(&db, "-shm")] {
             assert_eq!(mode(&file), 0o600, "{}", file.display());
         }
+    }
+
+    #[test]
+    fn a_build_layer_is_found_only_by_its_team_and_outlives_the_connection() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("copse.db");
+        let layer = BuildLayer {
+            key: "k1".into(),
+            team: "a".into(),
+            substrate_template: "base".into(),
+            snapshot_key: "s1".into(),
+            envs: vec![("A".into(), "1".into())],
+            user: "user".into(),
+            workdir: Some("/w".into()),
+            templates: vec!["t1".into()],
+            created_at_ms: 1,
+        };
+        SqliteStore::open(&db).unwrap().put_build_layer(&layer).unwrap();
+        let store = SqliteStore::open(&db).unwrap();
+        assert_eq!(store.build_layer("a", "k1").unwrap(), Some(layer.clone()));
+        assert_eq!(store.build_layer("b", "k1").unwrap(), None);
+        // A torn row is quarantined, not fatal to the listing.
+        store.lock().execute("INSERT INTO build_layers (id, team, record) VALUES ('k2', 'a', '{')", []).unwrap();
+        assert_eq!(store.build_layers().unwrap(), vec![layer]);
+        assert!(store.remove_build_layer("k1").unwrap());
+        assert_eq!(store.build_layers().unwrap(), vec![]);
     }
 
     #[test]

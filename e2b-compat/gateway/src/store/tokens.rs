@@ -153,6 +153,22 @@ impl Store for Indexed {
         self.inner.remove_template(id)
     }
 
+    fn put_build_layer(&self, layer: &crate::model::BuildLayer) -> anyhow::Result<()> {
+        self.inner.put_build_layer(layer)
+    }
+
+    fn build_layer(&self, team: &str, key: &str) -> anyhow::Result<Option<crate::model::BuildLayer>> {
+        self.inner.build_layer(team, key)
+    }
+
+    fn build_layers(&self) -> anyhow::Result<Vec<crate::model::BuildLayer>> {
+        self.inner.build_layers()
+    }
+
+    fn remove_build_layer(&self, key: &str) -> anyhow::Result<bool> {
+        self.inner.remove_build_layer(key)
+    }
+
     fn remove_snapshot(&self, team: &str, id: &str) -> anyhow::Result<bool> {
         let removed = self.inner.remove_snapshot(team, id)?;
         self.usage.snapshot_gone(team, id);

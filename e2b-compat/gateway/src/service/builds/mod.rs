@@ -2,9 +2,11 @@
 //! the upload of a copy step's files, starting the build, its status and
 //! log, finding and deleting built templates. The build itself (a real
 //! sandbox running the steps, then a snapshot) is `run.rs`; the steps as
-//! data and the shell they run, `steps.rs`; what a sandbox of a built
-//! template gets at create, `start.rs`.
+//! data and the shell they run, `steps.rs`; the per-step layer cache,
+//! `cache.rs`; what a sandbox of a built template gets at create,
+//! `start.rs`.
 
+mod cache;
 mod run;
 mod start;
 pub mod steps;
@@ -30,6 +32,8 @@ pub struct BuildSpec {
     pub from_template: Option<String>,
     pub from_image: Option<String>,
     pub steps: Vec<RawStep>,
+    /// `skip_cache` on the whole build: no step comes from the cache.
+    pub force: bool,
     pub start_cmd: Option<String>,
     pub ready_cmd: Option<String>,
 }
@@ -121,6 +125,12 @@ impl Sandboxes {
             return Err(SandboxError::Conflict(format!("build {build_id} has already started")));
         }
         let steps = steps::parse(&spec.steps)?;
+        // The SDK marks the step `skip_cache` was called before and every
+        // one after it; the first such step decides.
+        let forced_from = match spec.force {
+            true => 0,
+            false => spec.steps.iter().position(|s| s.force).unwrap_or(steps.len()),
+        };
         let (base, note) = self.resolve_base(caller, &record, &spec)?;
         self.check_template_or_built(&base).await?;
         for step in &steps {
@@ -141,6 +151,7 @@ impl Sandboxes {
             base,
             base_note: note,
             steps,
+            forced_from,
             start_cmd: spec.start_cmd.filter(|c| !c.trim().is_empty()),
             ready_cmd: spec.ready_cmd.filter(|c| !c.trim().is_empty()),
         };
@@ -223,9 +234,11 @@ impl Sandboxes {
         Ok(all)
     }
 
-    /// Deletes the caller's built template `id_or_name` with its snapshot
-    /// and uploads; `false` if it has none of that id or name. Sandboxes
-    /// created from it keep their files.
+    /// Deletes the caller's built template `id_or_name` with its snapshot,
+    /// uploads and the build cache layers no other template of the team
+    /// uses; `false` if it has none of that id or name. Sandboxes created
+    /// from it keep their files: the substrate removes a layer only once no
+    /// sandbox stacks on it.
     pub async fn delete_built(&self, caller: &Caller, id_or_name: &str) -> Result<bool> {
         let record = match self.built_template(caller, id_or_name) {
             Ok(record) => record,
@@ -237,6 +250,8 @@ impl Sandboxes {
         if let Some(image) = record.image {
             self.blocking(move |s| s.delete_snapshot(&image.snapshot_key)).await?;
         }
+        let collected = self.collect_layers(&record.team, &record.id).await?;
+        tracing::info!(template = %record.id, collected, "deleted a built template and its unshared build layers");
         Ok(true)
     }
 

@@ -3,6 +3,9 @@
 //! step's user, in the build's working directory, with the build's
 //! environment), every line of output appended to the build's log as it
 //! comes, then a filesystem snapshot of the result: the template's image.
+//! After each step the files are snapshotted into the build layer cache
+//! (`cache.rs`); a rebuild starts on the deepest cached layer and logs the
+//! steps it skipped as `CACHED`.
 //! A failing step ends the build in `error`, naming the step and its last
 //! output lines. The build sandbox is removed however the build ends.
 
@@ -17,11 +20,13 @@ use copse_protocol::{ProcessEvent, ProcessStream, StartProcess};
 use hyper::Request;
 use hyper::header::HeaderValue;
 
+use super::cache;
 use super::steps::{self, Step};
 use super::{Base, Sandboxes};
 use crate::agent_link;
 use crate::model::{
-    BuildFailure, BuildLine, BuildStatus, Caller, Image, SandboxRecord, TemplateRecord, now_ms, snapshot_key,
+    BuildFailure, BuildLayer, BuildLine, BuildStatus, Caller, Image, SandboxRecord, TemplateRecord, now_ms,
+    snapshot_key,
 };
 use crate::service::CreateRequest;
 use crate::telemetry::KillReason;
@@ -43,6 +48,9 @@ pub(super) struct Job {
     pub base: Base,
     pub base_note: String,
     pub steps: Vec<Step>,
+    /// The first step the cache may not serve (`skip_cache`): it and every
+    /// step after it run.
+    pub forced_from: usize,
     pub start_cmd: Option<String>,
     pub ready_cmd: Option<String>,
 }
@@ -99,30 +107,43 @@ struct State {
 
 impl Sandboxes {
     pub(super) async fn run_build(&self, job: Job) {
-        let Job { caller, record, base, base_note, steps, start_cmd, ready_cmd } = job;
+        let Job { caller, record, base, base_note, steps, forced_from, start_cmd, ready_cmd } = job;
         let mut console = Console { svc: self, record, flushed: Instant::now(), gone: false };
         console.line("info", Some("base"), format!("Building {} {base_note}", console.record.name));
-        let parent = match &base {
-            Base::Built { image, .. } => Some(image.clone()),
-            Base::Substrate(_) => None,
+        let keys = chain_keys(&caller.team, &self.base_identity(&base).await, &steps);
+        let cached = self.cached_layers(&caller.team, &keys[..forced_from], &console.record.id);
+        let parent = match (cached.last(), &base) {
+            (Some(layer), _) => Some(cache::as_image(layer)),
+            (None, Base::Built { image, .. }) => Some(image.clone()),
+            (None, Base::Substrate(_)) => None,
         };
         let mut state = State {
             user: parent.as_ref().and_then(|p| p.user.clone()).unwrap_or_else(|| DEFAULT_USER.into()),
             workdir: parent.as_ref().and_then(|p| p.workdir.clone()),
             envs: parent.map(|p| p.envs).unwrap_or_default(),
         };
+        let total = steps.len();
+        for (index, step) in steps.iter().take(cached.len()).enumerate() {
+            let number = (index + 1).to_string();
+            console.line("info", Some(&number), format!("CACHED [{number}/{total}] {}", describe(step)));
+        }
+        if forced_from < total {
+            console.line("info", Some("base"), format!("skip_cache: step {} and after run again", forced_from + 1));
+        }
         let request = CreateRequest {
             template: base.create_name().to_string(),
             timeout_s: Some(BUILD_SANDBOX_TIMEOUT_S),
             metadata: HashMap::from([("copse.build".to_string(), console.record.build.id.clone())]),
             env_vars: state.envs.iter().cloned().collect(),
             for_build: true,
+            build_layer: cached.last().map(cache::as_image),
             ..Default::default()
         };
         let outcome = match self.create(&caller, request).await {
             Ok((sandbox, _)) => {
                 console.line("info", Some("base"), format!("Build sandbox {} is up", sandbox.id));
-                let outcome = self.run_steps(&sandbox, &steps, &mut state, &mut console).await;
+                let plan = Plan { steps: &steps, keys: &keys, first: cached.len(), team: &caller.team };
+                let outcome = self.run_steps(&sandbox, plan, &mut state, &mut console).await;
                 let outcome = match outcome {
                     Ok(()) => self.finalize(&sandbox, state, start_cmd, ready_cmd, &base, &mut console).await,
                     Err(failed) => Err(failed),
@@ -142,6 +163,7 @@ impl Sandboxes {
                 console.flush();
                 if console.gone {
                     self.drop_image(console.record.image.take()).await;
+                    self.collect_after_delete(&console.record).await;
                 } else {
                     self.drop_image(old).await;
                 }
@@ -151,7 +173,56 @@ impl Sandboxes {
                 console.record.build.status = BuildStatus::Error;
                 console.record.build.failure = Some(BuildFailure { message, step });
                 console.flush();
+                if console.gone {
+                    self.collect_after_delete(&console.record).await;
+                }
             }
+        }
+    }
+
+    /// A template deleted during its build: the layers the build recorded
+    /// after the delete are collected too.
+    async fn collect_after_delete(&self, record: &TemplateRecord) {
+        // Gone can also mean another build of the same template replaced
+        // this one: its layers are the template's still.
+        if !matches!(self.store.template(&record.id), Ok(None)) {
+            return;
+        }
+        if let Err(e) = self.collect_layers(&record.team, &record.id).await {
+            tracing::warn!("collecting the build layers of deleted template {}: {e:#}", record.id);
+        }
+    }
+
+    /// Snapshots the build sandbox's files after a step into the cache. A
+    /// failure costs only a later cache hit, so it is logged, not fatal.
+    async fn cache_step(
+        &self,
+        sandbox: &SandboxRecord,
+        key: &str,
+        team: &str,
+        state: &State,
+        console: &mut Console<'_>,
+    ) {
+        let snapshot = snapshot_key();
+        let layer = match self.take_snapshot(sandbox, &snapshot, false).await {
+            Ok(info) => BuildLayer {
+                key: key.to_string(),
+                team: team.to_string(),
+                substrate_template: info.template,
+                snapshot_key: snapshot,
+                envs: state.envs.clone(),
+                user: state.user.clone(),
+                workdir: state.workdir.clone(),
+                templates: vec![console.record.id.clone()],
+                created_at_ms: 0,
+            },
+            Err(e) => {
+                console.line("warn", None, format!("caching the step's files failed: {e}"));
+                return;
+            }
+        };
+        if let Err(e) = self.record_layer(layer).await {
+            console.line("warn", None, format!("recording the step in the build cache failed: {e:#}"));
         }
     }
 
@@ -166,13 +237,13 @@ impl Sandboxes {
     async fn run_steps(
         &self,
         sandbox: &SandboxRecord,
-        steps: &[Step],
+        plan: Plan<'_>,
         state: &mut State,
         console: &mut Console<'_>,
     ) -> Result<(), Failed> {
         let agent = Agent { socket: &sandbox.agent_socket, token: &sandbox.access_token };
-        let total = steps.len();
-        for (index, step) in steps.iter().enumerate() {
+        let total = plan.steps.len();
+        for (index, step) in plan.steps.iter().enumerate().skip(plan.first) {
             if console.gone {
                 return Err(Failed { message: "the template was deleted during its build".into(), step: None });
             }
@@ -185,6 +256,7 @@ impl Sandboxes {
                     step: Some(number.clone()),
                 }
             })?;
+            self.cache_step(sandbox, &plan.keys[index], plan.team, state, console).await;
             console.line("debug", Some(&number), format!("step {number} took {:.1?}", started.elapsed()));
         }
         Ok(())
@@ -275,6 +347,26 @@ impl Sandboxes {
             ready_cmd,
         })
     }
+}
+
+/// The steps a build runs, their cache keys, and the first not cached.
+struct Plan<'a> {
+    steps: &'a [Step],
+    keys: &'a [String],
+    first: usize,
+    team: &'a str,
+}
+
+/// Each step's cache key, chained from the base's.
+fn chain_keys(team: &str, base_identity: &str, steps: &[Step]) -> Vec<String> {
+    let mut parent = cache::base_key(team, base_identity);
+    steps
+        .iter()
+        .map(|step| {
+            parent = cache::step_key(team, &parent, step);
+            parent.clone()
+        })
+        .collect()
 }
 
 fn describe(step: &Step) -> String {

@@ -38,6 +38,8 @@ pub struct RawStep {
     pub kind: String,
     pub args: Vec<String>,
     pub files_hash: Option<String>,
+    /// `skip_cache` was called before it.
+    pub force: bool,
 }
 
 /// Checks every step before anything runs: a bad one is refused with its
@@ -206,7 +208,12 @@ mod tests {
     use super::*;
 
     fn raw(kind: &str, args: &[&str]) -> RawStep {
-        RawStep { kind: kind.into(), args: args.iter().map(|a| a.to_string()).collect(), files_hash: None }
+        RawStep {
+            kind: kind.into(),
+            args: args.iter().map(|a| a.to_string()).collect(),
+            files_hash: None,
+            force: false,
+        }
     }
 
     #[test]
