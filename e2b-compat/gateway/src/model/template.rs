@@ -87,6 +87,15 @@ pub struct Image {
     pub workdir: Option<String>,
     pub start_cmd: Option<String>,
     pub ready_cmd: Option<String>,
+    /// The snapshot holds memory: the start command already runs in it
+    /// (started and found ready at the end of the build), so a create
+    /// restores it instead of starting it.
+    #[serde(default)]
+    pub memory: bool,
+    /// The token the restored agent still demands (the build sandbox's),
+    /// as a memory snapshot's record keeps it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_token: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

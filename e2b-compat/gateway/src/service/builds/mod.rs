@@ -2,8 +2,8 @@
 //! the upload of a copy step's files, starting the build, its status and
 //! log, finding and deleting built templates. The build itself (a real
 //! sandbox running the steps, then a snapshot) is `run.rs`; the steps as
-//! data and the shell they run, `steps.rs`; what a sandbox of a built
-//! template gets at create, `start.rs`.
+//! data and the shell they run, `steps.rs`; the start command and its
+//! ready wait (at the end of a build, or at each create), `start.rs`.
 
 mod run;
 mod start;
