@@ -172,6 +172,14 @@ mod tests {
     }
 
     #[test]
+    fn an_image_stored_before_memory_images_reads_as_files_only() {
+        let old = r#"{"substrate_template":"base","snapshot_key":"snap-x","envs":[],"user":"user","workdir":null,"start_cmd":"serve","ready_cmd":null}"#;
+        let image: Image = serde_json::from_str(old).unwrap();
+        assert!(!image.memory && image.agent_token.is_none());
+        assert_eq!(image.start_cmd.as_deref(), Some("serve"));
+    }
+
+    #[test]
     fn a_build_log_is_bounded() {
         let mut build = Build {
             id: "b".into(),
