@@ -1571,3 +1571,38 @@ def test_a_build_is_never_served_another_teams_cached_layer(gateway):
     finally:
         for key in (a, b):
             httpx.delete(f"{gateway.url}/templates/{name}", headers={"X-API-KEY": key})
+@pytest.mark.timeout(300, func_only=True)
+def test_a_start_command_that_never_gets_ready_cannot_hang_a_build_or_leak_its_sandbox(gateway):
+    """A running template's start and ready commands are the tenant's code,
+    run by the build before its memory snapshot: a start command that plants
+    a FIFO and links to host paths and blocks on the FIFO, with a ready
+    command that never exits, fails the build within its bound, writes
+    nothing on the host, and leaves nothing of the build sandbox behind."""
+    import leakcheck
+    from e2b import Template
+    from e2b.exceptions import BuildException
+    from test_leaks import live_ids
+
+    tag = os.urandom(4).hex()
+    host_mark = pathlib.Path(f"/tmp/copse-start-{tag}")
+    name = f"hang-{tag}"
+    headers = {"X-API-KEY": os.environ["E2B_API_KEY"]}
+    before = leakcheck.baseline(gateway.data_dir)
+    start = (
+        f"mkfifo /home/user/fifo; ln -s {host_mark} /home/user/out; ln -s /etc/shadow /home/user/shadow; "
+        "echo planted > /home/user/out; exec cat /home/user/fifo"
+    )
+    template = Template().from_template("base").set_start_cmd(start, ready_cmd="sleep infinity")
+    try:
+        began = time.monotonic()
+        with pytest.raises(BuildException, match="ready command did not succeed"):
+            Template.build(template, alias=name)
+        # The build's bound (60 s), not the build sandbox's hour.
+        assert time.monotonic() - began < 150
+        assert not host_mark.exists() and not host_mark.is_symlink(), "the start command wrote on the host"
+        assert not [s for s in Sandbox.list().next_items() if (s.metadata or {}).get("copse.build")]
+        leakcheck.assert_no_leaks(gateway.data_dir, live_ids(), before, gateway.proc.pid)
+    finally:
+        httpx.delete(f"{gateway.url}/templates/{name}", headers=headers)
+        if host_mark.exists() or host_mark.is_symlink():
+            host_mark.unlink()

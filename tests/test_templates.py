@@ -2,7 +2,8 @@
 `Template.build`: the steps run in a real sandbox of the base, their
 output reaches `on_build_logs`, a failing step names itself, and
 `Sandbox.create(name)` gets the built files, environment, user and working
-directory, with the start command running and ready. Templates belong to
+directory, with the start command running and ready (restored from the
+build's memory snapshot, where the substrate keeps memory). Templates belong to
 the team that built them."""
 
 import os
@@ -13,10 +14,11 @@ import httpx
 import leakcheck
 import pytest
 from conftest import API_KEY, DATA_DIR
-from e2b import Sandbox, Template
+from e2b import Sandbox, SandboxException, Template
 from e2b.exceptions import BuildException
 from test_leaks import stop_gateway
 from test_tenancy import new_key, new_team
+from test_volumes import volumes  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.timeout(600, func_only=True)
 
@@ -137,6 +139,61 @@ def test_the_start_command_is_ready_when_create_returns(gateway):
             sbx.kill()
     finally:
         delete_template(gateway, name)
+
+
+def test_a_running_template_is_restored_with_its_server_already_up(gateway, volumes):
+    name = unique("running")
+    lines = []
+    # Each run of the start command leaves a line and its pid; the server
+    # is that same process (exec).
+    start = "echo ran >> /home/user/start-runs; echo $$ > /home/user/start-pid; exec python3 -m http.server 8080"
+    template = (
+        Template()
+        .from_template("base")
+        .run_cmd("mkdir -p /home/user/site && echo served-page > /home/user/site/index.html")
+        .set_workdir("/home/user/site")
+        .set_start_cmd(start, ready_cmd="curl -sf localhost:8080 >/dev/null")
+    )
+    try:
+        Template.build(template, alias=name, on_build_logs=lines.append)
+        log = "\n".join(entry.message for entry in lines)
+        assert "Saving the template's files and running processes" in log, log
+        sbx = Sandbox.create(name, timeout=60)
+        try:
+            # The first request, no retry: the server was restored running.
+            response = httpx.get(gateway.url + "/index.html", headers={"host": sbx.get_host(8080)}, timeout=10)
+            assert response.status_code == 200 and response.text == "served-page\n", response.text
+            # The start command ran once, at build time, not at this create.
+            assert sbx.commands.run("cat /home/user/start-runs").stdout == "ran\n"
+            pid = sbx.commands.run("cat /home/user/start-pid").stdout.strip()
+            assert sbx.commands.run(f"cat /proc/{pid}/cmdline | tr '\\0' ' '").stdout.startswith("python3 -m http.server")
+        finally:
+            sbx.kill()
+        # A memory image cannot take volume mounts, as a memory snapshot cannot.
+        with pytest.raises(SandboxException, match="volume mounts"):
+            Sandbox.create(name, timeout=60, volume_mounts={"/mnt/data": volumes()})
+    finally:
+        delete_template(gateway, name)
+
+
+def test_a_ready_command_that_never_succeeds_fails_the_build_with_its_output(gateway):
+    name = unique("never-ready")
+    lines = []
+    template = (
+        Template()
+        .from_template("base")
+        .set_start_cmd("sleep infinity", ready_cmd="echo still-not-ready-marker >&2; exit 1")
+    )
+    try:
+        with pytest.raises(BuildException) as failed:
+            Template.build(template, alias=name, on_build_logs=lines.append)
+        message = str(failed.value)
+        assert "ready command did not succeed" in message and "still-not-ready-marker" in message, message
+        with pytest.raises(Exception):
+            Sandbox.create(name, timeout=30)
+    finally:
+        delete_template(gateway, name)
+    assert not [s for s in Sandbox.list().next_items() if (s.metadata or {}).get("copse.build")]
 
 
 def test_a_template_built_from_another_keeps_its_files_and_settings(gateway):

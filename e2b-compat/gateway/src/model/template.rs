@@ -87,6 +87,15 @@ pub struct Image {
     pub workdir: Option<String>,
     pub start_cmd: Option<String>,
     pub ready_cmd: Option<String>,
+    /// The snapshot holds memory: the start command already runs in it
+    /// (started and found ready at the end of the build), so a create
+    /// restores it instead of starting it.
+    #[serde(default)]
+    pub memory: bool,
+    /// The token the restored agent still demands (the build sandbox's),
+    /// as a memory snapshot's record keeps it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_token: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -160,6 +169,14 @@ mod tests {
         assert!(validate_files_hash(&"ab".repeat(32)).is_ok());
         assert!(validate_files_hash("../../etc/passwd").is_err());
         assert!(validate_files_hash(&"zz".repeat(32)).is_err());
+    }
+
+    #[test]
+    fn an_image_stored_before_memory_images_reads_as_files_only() {
+        let old = r#"{"substrate_template":"base","snapshot_key":"snap-x","envs":[],"user":"user","workdir":null,"start_cmd":"serve","ready_cmd":null}"#;
+        let image: Image = serde_json::from_str(old).unwrap();
+        assert!(!image.memory && image.agent_token.is_none());
+        assert_eq!(image.start_cmd.as_deref(), Some("serve"));
     }
 
     #[test]

@@ -139,9 +139,17 @@ impl Sandboxes {
             self.boot_from(new_id(), &snapshot.template, Some(snapshot.key), network, snapshot.memory, volumes).await?
         } else if let Some(image) = image {
             // A team's built template: its image's layers under a new
-            // sandbox, as a snapshot's are.
+            // sandbox, as a snapshot's are; with its memory, the start
+            // command's process is restored running.
             template = image.substrate_template.clone();
             *origin = Origin { source: Source::Snapshot, template: Some(image.substrate_template.clone()) };
+            if image.memory && !request.volumes.is_empty() {
+                return Err(SandboxError::Invalid(format!(
+                    "template {} holds memory (its start command runs in it), which cannot be restored with volume mounts",
+                    request.template
+                )));
+            }
+            agent_token = image.agent_token.clone();
             let network = Network::New(policy.clone());
             let volumes = &request.volumes;
             let booted = self.boot_from(
@@ -149,7 +157,7 @@ impl Sandboxes {
                 &image.substrate_template,
                 Some(image.snapshot_key.clone()),
                 network,
-                false,
+                image.memory,
                 volumes,
             );
             let booted = booted.await?;

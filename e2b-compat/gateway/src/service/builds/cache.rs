@@ -70,6 +70,8 @@ pub(super) fn as_image(layer: &BuildLayer) -> Image {
         workdir: layer.workdir.clone(),
         start_cmd: None,
         ready_cmd: None,
+        memory: false,
+        agent_token: None,
     }
 }
 

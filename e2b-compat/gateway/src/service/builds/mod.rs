@@ -3,8 +3,8 @@
 //! log, finding and deleting built templates. The build itself (a real
 //! sandbox running the steps, then a snapshot) is `run.rs`; the steps as
 //! data and the shell they run, `steps.rs`; the per-step layer cache,
-//! `cache.rs`; what a sandbox of a built template gets at create,
-//! `start.rs`.
+//! `cache.rs`; the start command and its ready wait (at the end of a
+//! build, or at each create), `start.rs`.
 
 mod cache;
 mod run;

@@ -2,12 +2,15 @@
 //! like any other, each step executed in it through its agent (as the
 //! step's user, in the build's working directory, with the build's
 //! environment), every line of output appended to the build's log as it
-//! comes, then a filesystem snapshot of the result: the template's image.
-//! After each step the files are snapshotted into the build layer cache
-//! (`cache.rs`); a rebuild starts on the deepest cached layer and logs the
-//! steps it skipped as `CACHED`.
-//! A failing step ends the build in `error`, naming the step and its last
-//! output lines. The build sandbox is removed however the build ends.
+//! comes, then a snapshot of the result: the template's image. After each
+//! step the files are snapshotted into the build layer cache (`cache.rs`);
+//! a rebuild starts on the deepest cached layer and logs the steps it
+//! skipped as `CACHED`. A template with a start command, where the
+//! substrate keeps memory, is snapshotted with the command started and
+//! ready, so its sandboxes are restored with it running. A failing step (or
+//! a ready command that never succeeds) ends the build in `error`, naming
+//! the step and its last output lines. The build sandbox is removed however
+//! the build ends.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -17,10 +20,12 @@ use axum::body::Body;
 use copse_protocol::client::AGENT_HOST;
 use copse_protocol::headers::ACCESS_TOKEN;
 use copse_protocol::{ProcessEvent, ProcessStream, StartProcess};
+use copse_substrate::Support;
 use hyper::Request;
 use hyper::header::HeaderValue;
 
 use super::cache;
+use super::start::Launch;
 use super::steps::{self, Step};
 use super::{Base, Sandboxes};
 use crate::agent_link;
@@ -38,6 +43,9 @@ const BUILD_SANDBOX_TIMEOUT_S: i64 = 3600;
 const FAILURE_TAIL_LINES: usize = 20;
 /// The log is written to the store at most this often while a step runs.
 const FLUSH_EVERY: Duration = Duration::from_millis(200);
+/// How long a build waits for its ready command to succeed (each attempt
+/// included: one that never exits fails the build too).
+const BUILD_READY_TIMEOUT: Duration = Duration::from_secs(60);
 /// The account build steps run as unless a step or `USER` says otherwise
 /// (E2B's default user).
 const DEFAULT_USER: &str = "user";
@@ -310,7 +318,9 @@ impl Sandboxes {
         }
     }
 
-    /// Snapshots the build sandbox's files: the template's new image.
+    /// Snapshots the build sandbox: the template's new image. With a start
+    /// command, where the substrate keeps memory, the command is started
+    /// here and found ready first, and the snapshot holds it running.
     async fn finalize(
         &self,
         sandbox: &SandboxRecord,
@@ -320,23 +330,21 @@ impl Sandboxes {
         base: &Base,
         console: &mut Console<'_>,
     ) -> Result<Image, Failed> {
-        console.line("info", Some("finalize"), "Saving the template's files");
+        let memory = match &start_cmd {
+            Some(command) => self.start_for_snapshot(sandbox, command, ready_cmd.as_deref(), &state, console).await?,
+            None => false,
+        };
+        let what = if memory { "files and running processes" } else { "files" };
+        console.line("info", Some("finalize"), format!("Saving the template's {what}"));
         let key = snapshot_key();
-        let info = self.take_snapshot(sandbox, &key, false).await.map_err(|e| Failed {
-            message: format!("saving the template's files failed: {e}"),
+        let info = self.take_snapshot(sandbox, &key, memory).await.map_err(|e| Failed {
+            message: format!("saving the template's {what} failed: {e}"),
             step: Some("finalize".into()),
         })?;
         let substrate_template = match base {
             Base::Built { image, .. } => image.substrate_template.clone(),
             Base::Substrate(_) => info.template,
         };
-        if start_cmd.is_some() {
-            console.line(
-                "info",
-                Some("finalize"),
-                "The start command runs when each sandbox is created (no memory snapshot of it yet)",
-            );
-        }
         Ok(Image {
             substrate_template,
             snapshot_key: key,
@@ -345,7 +353,51 @@ impl Sandboxes {
             workdir: state.workdir,
             start_cmd,
             ready_cmd,
+            memory: info.memory,
+            agent_token: info.memory.then(|| sandbox.access_token.clone()),
         })
+    }
+
+    /// Starts the start command in the build sandbox and waits for its
+    /// ready command, if the snapshot can keep it running; `false` (and
+    /// why, in the log) if it cannot, so each create starts it instead.
+    async fn start_for_snapshot(
+        &self,
+        sandbox: &SandboxRecord,
+        command: &str,
+        ready: Option<&str>,
+        state: &State,
+        console: &mut Console<'_>,
+    ) -> Result<bool, Failed> {
+        let support = self.substrate.capabilities_for(&sandbox.template).memory_snapshots;
+        if !support.is_yes() {
+            let why = match support {
+                Support::Missing(why) => format!(": {why}"),
+                _ => format!(" (the {} substrate has no memory snapshots)", self.substrate.name()),
+            };
+            console.line(
+                "info",
+                Some("finalize"),
+                format!("The start command runs when each sandbox is created: no memory snapshot here{why}"),
+            );
+            return Ok(false);
+        }
+        console.line("info", Some("finalize"), format!("Starting {command:?} and waiting until it is ready"));
+        let agent = Agent { socket: &sandbox.agent_socket, token: &sandbox.access_token };
+        let launch = Launch {
+            command,
+            ready,
+            user: &state.user,
+            workdir: state.workdir.as_deref(),
+            timeout: BUILD_READY_TIMEOUT,
+        };
+        let started = Instant::now();
+        launch.run(&agent).await.map_err(|why| Failed {
+            message: format!("the start command was not ready: {why}"),
+            step: Some("finalize".into()),
+        })?;
+        console.line("info", Some("finalize"), format!("The start command is ready after {:.1?}", started.elapsed()));
+        Ok(true)
     }
 }
 
