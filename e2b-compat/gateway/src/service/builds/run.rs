@@ -48,9 +48,9 @@ pub(super) struct Job {
 }
 
 /// Why a build stopped early: a step failed, or something around it did.
-struct Failed {
-    message: String,
-    step: Option<String>,
+pub(super) struct Failed {
+    pub message: String,
+    pub step: Option<String>,
 }
 
 /// The build's log, kept in the template record and written to the store
@@ -64,7 +64,7 @@ pub(super) struct Console<'a> {
 }
 
 impl Console<'_> {
-    fn line(&mut self, level: &str, step: Option<&str>, message: impl Into<String>) {
+    pub(super) fn line(&mut self, level: &str, step: Option<&str>, message: impl Into<String>) {
         let line =
             BuildLine { at_ms: now_ms(), level: level.into(), message: message.into(), step: step.map(Into::into) };
         self.record.build.push(line);
@@ -102,17 +102,17 @@ impl Sandboxes {
         let Job { caller, record, base, base_note, steps, start_cmd, ready_cmd } = job;
         let mut console = Console { svc: self, record, flushed: Instant::now(), gone: false };
         console.line("info", Some("base"), format!("Building {} {base_note}", console.record.name));
-        let parent = match &base {
-            Base::Built { image, .. } => Some(image.clone()),
-            Base::Substrate(_) => None,
+        let opened = match self.open_base(&base, &mut console).await {
+            Ok(opened) => opened,
+            Err(failed) => return record_failure(&mut console, failed),
         };
         let mut state = State {
-            user: parent.as_ref().and_then(|p| p.user.clone()).unwrap_or_else(|| DEFAULT_USER.into()),
-            workdir: parent.as_ref().and_then(|p| p.workdir.clone()),
-            envs: parent.map(|p| p.envs).unwrap_or_default(),
+            user: opened.user.unwrap_or_else(|| DEFAULT_USER.into()),
+            workdir: opened.workdir,
+            envs: opened.envs,
         };
         let request = CreateRequest {
-            template: base.create_name().to_string(),
+            template: opened.template,
             timeout_s: Some(BUILD_SANDBOX_TIMEOUT_S),
             metadata: HashMap::from([("copse.build".to_string(), console.record.build.id.clone())]),
             env_vars: state.envs.iter().cloned().collect(),
@@ -122,6 +122,11 @@ impl Sandboxes {
         let outcome = match self.create(&caller, request).await {
             Ok((sandbox, _)) => {
                 console.line("info", Some("base"), format!("Build sandbox {} is up", sandbox.id));
+                if let Some(wanted) = &opened.image_user
+                    && let Some(user) = self.settle_image_user(&sandbox, wanted, &mut console).await
+                {
+                    state.user = user;
+                }
                 let outcome = self.run_steps(&sandbox, &steps, &mut state, &mut console).await;
                 let outcome = match outcome {
                     Ok(()) => self.finalize(&sandbox, state, start_cmd, ready_cmd, &base, &mut console).await,
@@ -146,12 +151,7 @@ impl Sandboxes {
                     self.drop_image(old).await;
                 }
             }
-            Err(Failed { message, step }) => {
-                console.line("error", step.as_deref(), message.clone());
-                console.record.build.status = BuildStatus::Error;
-                console.record.build.failure = Some(BuildFailure { message, step });
-                console.flush();
-            }
+            Err(failed) => record_failure(&mut console, failed),
         }
     }
 
@@ -256,7 +256,7 @@ impl Sandboxes {
         })?;
         let substrate_template = match base {
             Base::Built { image, .. } => image.substrate_template.clone(),
-            Base::Substrate(_) => info.template,
+            Base::Substrate(_) | Base::Image { .. } => info.template,
         };
         if start_cmd.is_some() {
             console.line(
@@ -275,6 +275,13 @@ impl Sandboxes {
             ready_cmd,
         })
     }
+}
+
+fn record_failure(console: &mut Console<'_>, Failed { message, step }: Failed) {
+    console.line("error", step.as_deref(), message.clone());
+    console.record.build.status = BuildStatus::Error;
+    console.record.build.failure = Some(BuildFailure { message, step });
+    console.flush();
 }
 
 fn describe(step: &Step) -> String {
