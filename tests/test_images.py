@@ -149,16 +149,16 @@ def builder(gateway, tmp_path_factory):
     subprocess.run(["ip", "link", "del", gw.bridge], capture_output=True)
 
 
-def image_with(gw, registry: Registry, repository: str, login=None, **config) -> str:
+def image_with(gw, registry: Registry, repository: str, login=None, tag="1", **config) -> str:
     """A tiny image of a new marker pushed to `registry`; its digest."""
     marker = uuid.uuid4().hex[:8]
     root = gw.work / f"root-{marker}"
-    tiny_root(root, marker)
+    tiny_root(root, marker)  # bash alone: steps and commands use its builtins
     (root / "srv" / "app").mkdir(parents=True)
     (root / "etc" / "passwd").write_text("root:x:0:0:root:/root:/bin/bash\nsvc:x:1500:1500::/srv:/bin/bash\n")
     layout = gw.work / f"layout-{marker}"
-    digest = oci_layout(layout, "1", [layer(tree_members(root))], **config)
-    push(layout, "1", registry, repository, login=login)
+    digest = oci_layout(layout, tag, [layer(tree_members(root))], **config)
+    push(layout, tag, registry, repository, login=login)
     return digest
 
 
@@ -185,7 +185,7 @@ def test_a_template_built_from_an_image_runs_its_steps_with_the_images_env_and_w
 
         sbx = Sandbox.create(name, timeout=60, **builder.env)
         try:
-            run = sbx.commands.run('echo "$MODE"; pwd; cat ~/marker; echo "$UID"')
+            run = sbx.commands.run('echo "$MODE"; pwd; read -r m < ~/marker; echo "$m"; echo "$UID"')
             assert run.stdout.split() == ["oci", "/srv/app", "built-oci", "1000"]
         finally:
             sbx.kill()
@@ -213,7 +213,7 @@ def test_an_images_user_is_the_templates_default_user_when_it_has_that_account(b
                        **builder.env)
         sbx = Sandbox.create(name, timeout=60, **builder.env)
         try:
-            assert sbx.commands.run('cat /tmp/builder; echo "$UID"').stdout.split() == ["1500", "1500"]
+            assert sbx.commands.run('read -r b < /tmp/builder; echo "$b"; echo "$UID"').stdout.split() == ["1500", "1500"]
         finally:
             sbx.kill()
     finally:
@@ -265,7 +265,7 @@ def test_a_private_registry_needs_the_builds_username_and_password(builder):
         assert not any(LOGIN[1] in e.message for e in lines)
         sbx = Sandbox.create(name, timeout=60, **builder.env)
         try:
-            assert sbx.commands.run("cat /etc/image-marker").exit_code == 0
+            assert sbx.commands.run("read -r m < /etc/image-marker").exit_code == 0
         finally:
             sbx.kill()
         # The password is nowhere the gateway keeps things: store, logs.
@@ -274,6 +274,26 @@ def test_a_private_registry_needs_the_builds_username_and_password(builder):
         for path in kept:
             if path.is_file():
                 assert LOGIN[1].encode() not in path.read_bytes(), path
+    finally:
+        drop(builder, name)
+
+
+@pytest.mark.timeout(600, func_only=True)
+def test_debian_images_are_pulled_once_docker_hub_is_mirrored_and_the_log_says_so(builder):
+    image_with(builder, builder.public, "library/debian", tag="bookworm", env=["FROM_MIRROR=yes"])
+    name = f"debian-{uuid.uuid4().hex[:6]}"
+    lines = []
+    try:
+        Template.build(Template().from_debian_image("bookworm").run_cmd("true"), alias=name,
+                       on_build_logs=lines.append, **builder.env)
+        messages = [e.message for e in lines]
+        assert any("docker.io/library/debian:bookworm pulled through the mirror" in m for m in messages), messages
+        assert not any("copse's template base" in m for m in messages), messages
+        sbx = Sandbox.create(name, timeout=60, **builder.env)
+        try:
+            assert sbx.commands.run('echo "$FROM_MIRROR"').stdout == "yes\n"
+        finally:
+            sbx.kill()
     finally:
         drop(builder, name)
 
