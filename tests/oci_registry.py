@@ -21,16 +21,23 @@ from conftest import COPSE, DATA_DIR, free_port
 
 
 class Registry:
-    def __init__(self, workdir: pathlib.Path):
+    def __init__(self, workdir: pathlib.Path, login: tuple = None):
+        """`login`: (username, password) the registry requires (htpasswd)."""
+        workdir.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
         self.host = f"127.0.0.1:{self.port}"
         self.log_path = workdir / "registry.log"
         config = workdir / "registry.yml"
+        auth = ""
+        if login:
+            htpasswd = workdir / "htpasswd"
+            htpasswd.write_text(f"{login[0]}:{bcrypt(login[1])}\n")
+            auth = f"auth:\n  htpasswd:\n    realm: copse-test\n    path: {htpasswd}\n"
         config.write_text(
             "version: 0.1\n"
             "log:\n  level: info\n"
             f"storage:\n  filesystem:\n    rootdirectory: {workdir / 'storage'}\n"
-            f"http:\n  addr: {self.host}\n"
+            f"http:\n  addr: {self.host}\n" + auth
         )
         self.log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(["docker-registry", "serve", str(config)], stdout=self.log, stderr=self.log)
@@ -44,6 +51,10 @@ class Registry:
                 time.sleep(0.05)
         raise RuntimeError("the registry did not start listening")
 
+    def requests(self) -> int:
+        """Requests to the registry API the registry has logged at all."""
+        return len(re.findall(r'"(?:GET|HEAD) /v2/', self.log_path.read_text(errors="replace")))
+
     def blob_gets(self, repository: str) -> int:
         """Blob downloads the registry has served for `repository`."""
         text = self.log_path.read_text(errors="replace")
@@ -53,6 +64,18 @@ class Registry:
         self.proc.terminate()
         self.proc.wait(timeout=10)
         self.log.close()
+
+
+def bcrypt(password: str) -> str:
+    """A bcrypt hash as htpasswd files hold, from the C library's crypt
+    (libxcrypt): no htpasswd tool or Python package needed."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        import crypt
+
+        return crypt.crypt(password, crypt.mksalt(crypt.METHOD_BLOWFISH))
 
 
 def member(name: str, data: bytes = b"", kind=tarfile.REGTYPE, link: str = "", mode: int = 0o644):
@@ -103,7 +126,7 @@ def tiny_root(root: pathlib.Path, marker: str):
     (root / "etc" / "image-marker").write_text(marker + "\n")
 
 
-def oci_layout(directory: pathlib.Path, tag: str, layers: list, env=()) -> str:
+def oci_layout(directory: pathlib.Path, tag: str, layers: list, env=(), workdir="/", user=None, cmd=None) -> str:
     """Writes an OCI image layout holding one image of `layers` (tars),
     gzip-compressed as registries serve them; returns its manifest digest."""
     blobs = directory / "blobs" / "sha256"
@@ -117,7 +140,8 @@ def oci_layout(directory: pathlib.Path, tag: str, layers: list, env=()) -> str:
     config = {
         "architecture": "amd64",
         "os": "linux",
-        "config": {"Env": list(env), "WorkingDir": "/"},
+        "config": {"Env": list(env), "WorkingDir": workdir, **({"User": user} if user else {}),
+                   **({"Cmd": cmd} if cmd else {})},
         "rootfs": {"type": "layers", "diff_ids": [f"sha256:{hashlib.sha256(t).hexdigest()}" for t in layers]},
     }
     manifest = {
@@ -135,13 +159,15 @@ def oci_layout(directory: pathlib.Path, tag: str, layers: list, env=()) -> str:
     return entry["digest"]
 
 
-def push(layout: pathlib.Path, tag: str, registry: Registry, repository: str):
+def push(layout: pathlib.Path, tag: str, registry: Registry, repository: str, login: tuple = None):
+    creds = [f"--dest-creds={login[0]}:{login[1]}"] if login else []
     subprocess.run(
         [
             "skopeo",
             "copy",
             "--insecure-policy",
             "--dest-tls-verify=false",
+            *creds,
             f"oci:{layout}:{tag}",
             f"docker://{registry.host}/{repository}:{tag}",
         ],

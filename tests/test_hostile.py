@@ -1571,6 +1571,8 @@ def test_a_build_is_never_served_another_teams_cached_layer(gateway):
     finally:
         for key in (a, b):
             httpx.delete(f"{gateway.url}/templates/{name}", headers={"X-API-KEY": key})
+
+
 @pytest.mark.timeout(300, func_only=True)
 def test_a_start_command_that_never_gets_ready_cannot_hang_a_build_or_leak_its_sandbox(gateway):
     """A running template's start and ready commands are the tenant's code,
@@ -1606,3 +1608,61 @@ def test_a_start_command_that_never_gets_ready_cannot_hang_a_build_or_leak_its_s
         httpx.delete(f"{gateway.url}/templates/{name}", headers=headers)
         if host_mark.exists() or host_mark.is_symlink():
             host_mark.unlink()
+
+
+@pytest.mark.parametrize(
+    "reference",
+    ["file:///etc/passwd", "/etc/passwd", "../../../etc", "http://127.0.0.1:5000/x:1", "debian:bookworm\nRUN x"],
+)
+def test_an_image_reference_naming_a_host_path_or_a_url_is_refused(gateway, reference):
+    from e2b import Template
+    from e2b.exceptions import BuildException
+
+    name = f"hostile-ref-{os.urandom(3).hex()}"
+    try:
+        with pytest.raises(BuildException) as refused:
+            Template.build(Template().from_image(reference).run_cmd("true"), alias=name)
+        assert "not an image reference" in str(refused.value)
+    finally:
+        httpx.delete(f"{os.environ['E2B_API_URL']}/templates/{name}",
+                     headers={"x-api-key": os.environ["E2B_API_KEY"]}, timeout=60)
+
+
+def test_a_registry_outside_the_mirror_map_is_never_spoken_to_in_plain_http_nor_told_a_password(gateway, tmp_path):
+    """A plain-HTTP registry the operator did not name as a mirror: the build
+    speaks only HTTPS to it (so it serves nothing), and the password the
+    build carried is in no log line and nowhere in the store."""
+    from e2b import Template
+    from e2b.exceptions import BuildException
+    from oci_registry import Registry, layer, oci_layout, push, tiny_root, tree_members
+
+    registry = Registry(tmp_path / "registry")
+    try:
+        root = tmp_path / "root"
+        tiny_root(root, "x")
+        oci_layout(tmp_path / "layout", "1", [layer(tree_members(root))])
+        push(tmp_path / "layout", "1", registry, "copse-test/plain")
+        before = registry.requests()
+        password = f"hostile-pw-{os.urandom(8).hex()}"
+        name = f"hostile-http-{os.urandom(3).hex()}"
+        lines = []
+        try:
+            with pytest.raises(BuildException) as failed:
+                Template.build(
+                    Template().from_image(f"{registry.host}/copse-test/plain:1", username="u", password=password)
+                    .run_cmd("true"),
+                    alias=name, on_build_logs=lines.append,
+                )
+            assert f"pulling {registry.host}/copse-test/plain:1" in str(failed.value)
+            assert password not in str(failed.value)
+            assert not any(password in e.message for e in lines)
+        finally:
+            httpx.delete(f"{os.environ['E2B_API_URL']}/templates/{name}",
+                         headers={"x-api-key": os.environ["E2B_API_KEY"]}, timeout=60)
+        assert registry.requests() == before
+        assert registry.blob_gets("copse-test/plain") == 0
+        for path in [DATA_DIR / "gateway.log", *DATA_DIR.glob("copse.db*")]:
+            if path.is_file():
+                assert password.encode() not in path.read_bytes(), path
+    finally:
+        registry.close()

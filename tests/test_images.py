@@ -1,13 +1,19 @@
 """Templates from OCI images: an image built here, pushed to a real local
 registry, pulled by `copse image pull` through `--registry-mirror`, and a
-sandbox created from it through the SDK."""
+sandbox created from it through the SDK; and `Template.build` from such
+images (mirrored and private registries)."""
 
+import ipaddress
+import shutil
 import subprocess
 import tarfile
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 
+import httpx
 import pytest
-from e2b import Sandbox
+from e2b import Sandbox, Template
+from e2b.exceptions import BuildException
 from oci_registry import (
     Registry,
     copse_pull,
@@ -20,7 +26,7 @@ from oci_registry import (
     tree_members,
 )
 
-from conftest import COPSE, DATA_DIR
+from conftest import API_KEY, BRIDGE, COPSE, DATA_DIR, SUBNET, Gateway, second_data_dir
 
 
 @pytest.fixture
@@ -107,3 +113,194 @@ def test_a_built_in_template_cannot_be_replaced_by_an_image(gateway, registry):
     out = copse_pull("docker.io/copse-test/tiny:1", "base", registry)
     assert out.returncode != 0
     assert "built-in" in out.stderr
+
+
+# Builds through the SDK's `Template.build` from images: a gateway of its own
+# whose Docker Hub mirror is a test registry, and a second, private registry
+# (htpasswd login) mirrored as `private.test`.
+
+LOGIN = ("builder", f"pw-{uuid.uuid4().hex}")
+
+
+@pytest.fixture(scope="module")
+def builder(gateway, tmp_path_factory):
+    work = tmp_path_factory.mktemp("image-builds")
+    public = Registry(work / "public")
+    private = Registry(work / "private", login=LOGIN)
+    gw = Gateway(second_data_dir("image-builds"))
+    second = ipaddress.ip_network(SUBNET).network_address.packed[1]
+    gw.bridge = f"{BRIDGE[:9]}i"
+    gw.start(
+        extra_args=[
+            "--bridge", gw.bridge, "--subnet", f"10.{(second + 120) % 256}.0.0/16",
+            "--registry-mirror", f"docker.io=http://{public.host}",
+            "--registry-mirror", f"private.test=http://{private.host}",
+        ]
+    )
+    gw.env = dict(api_key=API_KEY, api_url=gw.url, sandbox_url=gw.url)
+    gw.public, gw.private, gw.work = public, private, work
+    yield gw
+    gw.stop()
+    public.close()
+    private.close()
+    for template in (gw.data_dir / "templates").glob("image-*"):
+        shutil.rmtree(template, ignore_errors=True)
+    subprocess.run(["nft", "delete", "table", "inet", f"copse_{gw.bridge}"], capture_output=True)
+    subprocess.run(["ip", "link", "del", gw.bridge], capture_output=True)
+
+
+def image_with(gw, registry: Registry, repository: str, login=None, tag="1", **config) -> str:
+    """A tiny image of a new marker pushed to `registry`; its digest."""
+    marker = uuid.uuid4().hex[:8]
+    root = gw.work / f"root-{marker}"
+    tiny_root(root, marker)  # bash alone: steps and commands use its builtins
+    (root / "srv" / "app").mkdir(parents=True)
+    (root / "etc" / "passwd").write_text("root:x:0:0:root:/root:/bin/bash\nsvc:x:1500:1500::/srv:/bin/bash\n")
+    layout = gw.work / f"layout-{marker}"
+    digest = oci_layout(layout, tag, [layer(tree_members(root))], **config)
+    push(layout, tag, registry, repository, login=login)
+    return digest
+
+
+def drop(gw, name: str):
+    httpx.delete(f"{gw.url}/templates/{name}", headers={"x-api-key": API_KEY}, timeout=60)
+
+
+@pytest.mark.timeout(600, func_only=True)
+def test_a_template_built_from_an_image_runs_its_steps_with_the_images_env_and_workdir(builder):
+    repository = f"copse-test/app-{uuid.uuid4().hex[:6]}"
+    image_with(builder, builder.public, repository, env=["MODE=oci", "PATH=/usr/bin:/bin"], workdir="/srv/app",
+               cmd=["/bin/false"])
+    name, again = f"from-image-{uuid.uuid4().hex[:6]}", f"from-image-{uuid.uuid4().hex[:6]}"
+    lines = []
+    try:
+        template = Template().from_image(f"{repository}:1").run_cmd("echo built-$MODE > ~/marker")
+        Template.build(template, alias=name, on_build_logs=lines.append, **builder.env)
+        messages = [e.message for e in lines]
+        assert any("through the mirror http://" + builder.public.host in m for m in messages), messages
+        assert any("not run" in m and "/bin/false" in m for m in messages), messages
+        assert any("unpacking the image into template image-" in m for m in messages), messages
+        fetched = builder.public.blob_gets(repository)
+        assert fetched == 2  # config and layer
+
+        sbx = Sandbox.create(name, timeout=60, **builder.env)
+        try:
+            run = sbx.commands.run('echo "$MODE"; pwd; read -r m < ~/marker; echo "$m"; echo "$UID"')
+            assert run.stdout.split() == ["oci", "/srv/app", "built-oci", "1000"]
+        finally:
+            sbx.kill()
+
+        # Another template of the same image: nothing is downloaded or unpacked again.
+        lines.clear()
+        Template.build(Template().from_image(f"{repository}:1").run_cmd("true"), alias=again,
+                       on_build_logs=lines.append, **builder.env)
+        messages = [e.message for e in lines]
+        assert any("already holds this image: not unpacked again" in m for m in messages), messages
+        assert not any("unpacking the image" in m for m in messages), messages
+        assert builder.public.blob_gets(repository) == fetched
+    finally:
+        drop(builder, name)
+        drop(builder, again)
+
+
+@pytest.mark.timeout(600, func_only=True)
+def test_an_images_user_is_the_templates_default_user_when_it_has_that_account(builder):
+    repository = f"copse-test/svc-{uuid.uuid4().hex[:6]}"
+    image_with(builder, builder.public, repository, user="svc")
+    name = f"image-user-{uuid.uuid4().hex[:6]}"
+    try:
+        Template.build(Template().from_image(f"{repository}:1").run_cmd("echo $UID > /tmp/builder"), alias=name,
+                       **builder.env)
+        sbx = Sandbox.create(name, timeout=60, **builder.env)
+        try:
+            assert sbx.commands.run('read -r b < /tmp/builder; echo "$b"; echo "$UID"').stdout.split() == ["1500", "1500"]
+        finally:
+            sbx.kill()
+    finally:
+        drop(builder, name)
+
+
+@pytest.mark.timeout(600, func_only=True)
+def test_concurrent_builds_of_one_image_pull_and_unpack_it_once(builder):
+    repository = f"copse-test/twice-{uuid.uuid4().hex[:6]}"
+    image_with(builder, builder.public, repository)
+    names = [f"twice-{uuid.uuid4().hex[:6]}" for _ in range(2)]
+    logs = {name: [] for name in names}
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            done = [
+                pool.submit(Template.build, Template().from_image(f"{repository}:1").run_cmd("true"), alias=name,
+                            on_build_logs=logs[name].append, **builder.env)
+                for name in names
+            ]
+            for future in done:
+                future.result()
+        unpacked = [name for name in names if any("unpacking the image" in e.message for e in logs[name])]
+        assert len(unpacked) == 1, {n: [e.message for e in logs[n]] for n in names}
+        assert builder.public.blob_gets(repository) == 2
+    finally:
+        for name in names:
+            drop(builder, name)
+
+
+@pytest.mark.timeout(600, func_only=True)
+def test_a_private_registry_needs_the_builds_username_and_password(builder):
+    repository = "copse-test/secret"
+    image_with(builder, builder.private, repository, login=LOGIN)
+    image = f"private.test/{repository}:1"
+    name = f"private-{uuid.uuid4().hex[:6]}"
+    try:
+        with pytest.raises(BuildException) as refused:
+            Template.build(Template().from_image(image).run_cmd("true"), alias=name, **builder.env)
+        assert f"pulling {image}" in str(refused.value), str(refused.value)
+        with pytest.raises(BuildException):
+            Template.build(Template().from_image(image, username=LOGIN[0], password="wrong").run_cmd("true"),
+                           alias=name, **builder.env)
+        assert builder.private.blob_gets(repository) == 0
+
+        lines = []
+        Template.build(Template().from_image(image, username=LOGIN[0], password=LOGIN[1]).run_cmd("true"),
+                       alias=name, on_build_logs=lines.append, **builder.env)
+        assert builder.private.blob_gets(repository) == 2
+        assert not any(LOGIN[1] in e.message for e in lines)
+        sbx = Sandbox.create(name, timeout=60, **builder.env)
+        try:
+            assert sbx.commands.run("read -r m < /etc/image-marker").exit_code == 0
+        finally:
+            sbx.kill()
+        # The password is nowhere the gateway keeps things: store, logs.
+        kept = [builder.data_dir / "gateway.log", *builder.data_dir.glob("copse.db*"),
+                *(builder.data_dir / "logs").glob("*")]
+        for path in kept:
+            if path.is_file():
+                assert LOGIN[1].encode() not in path.read_bytes(), path
+    finally:
+        drop(builder, name)
+
+
+@pytest.mark.timeout(600, func_only=True)
+def test_debian_images_are_pulled_once_docker_hub_is_mirrored_and_the_log_says_so(builder):
+    image_with(builder, builder.public, "library/debian", tag="bookworm", env=["FROM_MIRROR=yes"])
+    name = f"debian-{uuid.uuid4().hex[:6]}"
+    lines = []
+    try:
+        Template.build(Template().from_debian_image("bookworm").run_cmd("true"), alias=name,
+                       on_build_logs=lines.append, **builder.env)
+        messages = [e.message for e in lines]
+        assert any("docker.io/library/debian:bookworm pulled through the mirror" in m for m in messages), messages
+        assert not any("copse's template base" in m for m in messages), messages
+        sbx = Sandbox.create(name, timeout=60, **builder.env)
+        try:
+            assert sbx.commands.run('echo "$FROM_MIRROR"').stdout == "yes\n"
+        finally:
+            sbx.kill()
+    finally:
+        drop(builder, name)
+
+
+def test_cloud_registry_logins_are_refused_with_what_copse_supports(builder):
+    template = Template().from_aws_registry("1.dkr.ecr.eu-west-1.amazonaws.com/x:1", access_key_id="AKIA",
+                                            secret_access_key="s", region="eu-west-1").run_cmd("true")
+    with pytest.raises(BuildException) as refused:
+        Template.build(template, alias=f"aws-{uuid.uuid4().hex[:6]}", **builder.env)
+    assert "type aws is not supported" in str(refused.value) and "username and password" in str(refused.value)

@@ -13,7 +13,7 @@ import time
 import httpx
 import leakcheck
 import pytest
-from conftest import API_KEY, DATA_DIR
+from conftest import API_KEY, DATA_DIR, free_port
 from e2b import Sandbox, SandboxException, Template
 from e2b.exceptions import BuildException
 from test_leaks import stop_gateway
@@ -82,6 +82,9 @@ def test_a_template_built_from_base_gives_its_sandboxes_files_envs_user_and_work
             assert run("/opt/tool/main").stdout == "main-ran\n"
             assert run("cat /opt/tool/builder").stdout == "root\n"
             assert run("whoami").stdout == "user\n"
+            # WORKDIR is where a command with no cwd runs, as in E2B.
+            assert run("pwd").stdout == "/home/user/app\n"
+            assert run("pwd", cwd="/tmp").stdout == "/tmp\n"
             # The caller's own environment wins over the template's.
         finally:
             sbx.kill()
@@ -238,12 +241,15 @@ def test_another_teams_template_is_404_everywhere(gateway):
         delete_template(gateway, name)
 
 
-def test_images_copse_cannot_pull_are_refused_by_name(gateway):
+def test_an_image_from_an_unreachable_registry_fails_the_build_naming_it(gateway):
+    # No mirror names this loopback port: copse speaks HTTPS to it, and
+    # nothing listens there.
+    image = f"127.0.0.1:{free_port()}/someone/thing:1"
     name = unique("image")
     try:
-        with pytest.raises(BuildException) as refused:
-            Template.build(Template().from_image("ghcr.io/someone/thing:1").run_cmd("true"), alias=name)
-        assert "ghcr.io/someone/thing:1" in str(refused.value)
+        with pytest.raises(BuildException) as failed:
+            Template.build(Template().from_image(image).run_cmd("true"), alias=name)
+        assert f"pulling {image}" in str(failed.value)
     finally:
         delete_template(gateway, name)
 

@@ -24,8 +24,8 @@ use std::path::Path;
 
 pub use cache::BlobCache;
 pub use prepare::prepare;
-pub use pull::{ImageConfig, Pulled, pull};
-pub use registries::Registries;
+pub use pull::{ImageConfig, ImageRef, Pulled, parse_reference, pull};
+pub use registries::{Credential, Registries};
 
 /// A line of progress for a person watching.
 pub type Progress<'a> = &'a (dyn Fn(&str) + Send + Sync);

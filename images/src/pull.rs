@@ -37,6 +37,37 @@ pub struct Pulled {
     pub cached: usize,
 }
 
+/// What a reference names, checked before anything is fetched: a
+/// registry (with its port), a repository and a tag or digest, normalised
+/// (`debian` → `docker.io/library/debian:latest`). Anything else a caller
+/// might hope the client follows (a URL scheme, a host path, whitespace)
+/// is refused here.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ImageRef {
+    /// `docker.io`, `127.0.0.1:5000`, ...
+    pub registry: String,
+    pub repository: String,
+    /// `docker.io/library/debian:bookworm`.
+    pub whole: String,
+}
+
+pub fn parse_reference(reference: &str) -> anyhow::Result<ImageRef> {
+    let plain = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_' | '/' | ':' | '@');
+    anyhow::ensure!(
+        !reference.is_empty()
+            && reference.chars().all(plain)
+            && !reference.starts_with('/')
+            && !reference.contains("//"),
+        "{reference:?} is not an image reference (registry/repository:tag)"
+    );
+    let image: Reference = reference.parse().with_context(|| format!("{reference:?} is not an image reference"))?;
+    Ok(ImageRef {
+        registry: image.registry().to_string(),
+        repository: image.repository().to_string(),
+        whole: image.whole(),
+    })
+}
+
 pub async fn pull(
     reference: &str,
     registries: &Registries,
@@ -175,6 +206,17 @@ fn parse_config(bytes: &[u8]) -> anyhow::Result<ImageConfig> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn references_are_normalised_and_anything_else_refused() {
+        let r = parse_reference("debian:bookworm").unwrap();
+        assert_eq!((r.registry.as_str(), r.repository.as_str()), ("docker.io", "library/debian"));
+        assert_eq!(r.whole, "docker.io/library/debian:bookworm");
+        assert_eq!(parse_reference("127.0.0.1:5000/a/b:1").unwrap().registry, "127.0.0.1:5000");
+        for bad in ["", "file:///etc/passwd", "/etc/passwd", "http://127.0.0.1:5000/a:1", "a b", "../../x", "Debian"] {
+            assert!(parse_reference(bad).is_err(), "{bad}");
+        }
+    }
 
     #[test]
     fn image_config_fields_carry_over_and_nulls_are_empty() {

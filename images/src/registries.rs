@@ -58,6 +58,17 @@ impl Registries {
         Ok(self)
     }
 
+    /// Adds the credentials a build request carries for `registry` (and
+    /// its mirror, if it has one), ahead of the operator's: the requester
+    /// named them for this image.
+    pub fn with_credential(mut self, registry: &str, credential: Credential) -> Self {
+        if let Some(mirror) = self.mirror(registry) {
+            self.credentials.insert(mirror.host.clone(), credential.clone());
+        }
+        self.credentials.insert(canonical(registry), credential);
+        self
+    }
+
     pub fn mirror(&self, registry: &str) -> Option<&Mirror> {
         self.mirrors.get(&canonical(registry))
     }
@@ -176,5 +187,19 @@ mod tests {
         assert_eq!(r.credential("docker.io", "127.0.0.1:5000").unwrap().username, "u");
         assert_eq!(r.credential("index.docker.io", "mirror:1").unwrap().username, "user");
         assert!(!format!("{:?}", r).contains("pa:ss"));
+    }
+
+    #[test]
+    fn a_requests_credential_wins_for_its_registry_and_mirror() {
+        let text = r#"{"auths": {"127.0.0.1:5000": {"username": "operator", "password": "p"}}}"#;
+        let r = Registries { credentials: parse_auth_file(text).unwrap(), ..Default::default() };
+        let r = Registries {
+            mirrors: Registries::with_mirrors(&["r.test=http://127.0.0.1:5000".into()]).unwrap().mirrors,
+            ..r
+        };
+        let asked = Credential { username: "asker".into(), password: "q".into() };
+        let r = r.with_credential("r.test", asked.clone());
+        assert_eq!(r.credential("r.test", "127.0.0.1:5000"), Some(&asked));
+        assert!(r.credential("other.test", "other.test").is_none());
     }
 }

@@ -59,6 +59,8 @@ struct InitRequest {
     access_token: Option<String>,
     #[serde(alias = "default_user")]
     default_user: Option<String>,
+    #[serde(alias = "default_workdir")]
+    default_workdir: Option<String>,
 }
 
 /// Hands a (possibly pre-booted) sandbox its settings. Allowed while no
@@ -84,6 +86,9 @@ async fn init(State(state): State<SharedState>, headers: HeaderMap, body: Bytes)
         }
         if let Some(user) = req.default_user.filter(|u| !u.is_empty()) {
             s.default_user = user;
+        }
+        if let Some(dir) = req.default_workdir.filter(|d| !d.is_empty()) {
+            s.default_workdir = Some(dir);
         }
     });
     StatusCode::NO_CONTENT.into_response()

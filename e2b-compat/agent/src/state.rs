@@ -17,6 +17,9 @@ pub struct Settings {
     pub access_token: Option<String>,
     pub env_vars: HashMap<String, String>,
     pub default_user: String,
+    /// Where a process started without a cwd runs (envd's
+    /// `defaultWorkdir`); the user's home when unset or missing.
+    pub default_workdir: Option<String>,
 }
 
 pub struct AgentState {
@@ -37,6 +40,7 @@ impl AgentState {
                 access_token: config.access_token.filter(|t| !t.is_empty()),
                 env_vars: config.env_vars,
                 default_user: config.default_user,
+                default_workdir: None,
             }),
             etc_dir: config.etc_dir,
             processes: Processes::default(),

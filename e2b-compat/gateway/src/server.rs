@@ -107,6 +107,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         Sandboxes::new(substrate.clone(), Box::new(store), config.run_dir(), &config.pools)
             .with_network(config.network.as_ref())
             .with_disk_mb(config.disk_mb)
+            .with_registries(config.registries.clone(), &config.data_dir)
             .with_sandbox_log(crate::sandbox_log::SandboxLog::open(config.sandbox_logs())?)
             .with_tenancy(usage, directory.clone()),
     );

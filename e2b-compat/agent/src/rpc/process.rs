@@ -251,16 +251,20 @@ fn start(
     if cfg.cmd.is_empty() {
         return Err(RpcError::invalid("process.cmd is required"));
     }
-    let cwd = match cfg.cwd.as_deref().filter(|c| !c.is_empty()) {
-        Some(c) => crate::paths::resolve(c, &user).map_err(RpcError::invalid)?,
+    let settings = state.settings();
+    let asked = cfg.cwd.as_deref().filter(|c| !c.is_empty());
+    let default = settings.default_workdir.as_deref().map(|d| crate::paths::resolve(d, &user));
+    let cwd = match (asked, default) {
+        (Some(c), _) => crate::paths::resolve(c, &user).map_err(RpcError::invalid)?,
+        // The template's WORKDIR, while it is there.
+        (None, Some(Ok(dir))) if dir.is_dir() => dir,
         // A home that does not exist (yet) must not make every command fail.
-        None if user.home.is_dir() => user.home.clone(),
-        None => "/".into(),
+        (None, _) if user.home.is_dir() => user.home.clone(),
+        (None, _) => "/".into(),
     };
     if !cwd.is_dir() {
         return Err(RpcError::invalid(format!("cwd '{}' does not exist", cwd.display())));
     }
-    let settings = state.settings();
     let env = environment(&user, &cwd, &settings.env_vars, &cfg.envs);
     let pty = req.pty.map(|p| {
         let size = p.size.unwrap_or_default();

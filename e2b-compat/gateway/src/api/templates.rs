@@ -112,9 +112,7 @@ async fn start_build(
     body: Option<Json<wire::TemplateBuildStart>>,
 ) -> ApiResult<StatusCode> {
     let Json(body) = body.ok_or_else(|| ApiError::bad_request("request body must be a JSON object"))?;
-    if body.from_image_registry.as_ref().is_some_and(|r| !r.is_null()) {
-        return Err(ApiError::bad_request("fromImageRegistry is not supported yet: images are not pulled"));
-    }
+    let registry_login = registry_login(body.from_image_registry.as_ref())?;
     let steps = body
         .steps
         .unwrap_or_default()
@@ -133,9 +131,31 @@ async fn start_build(
         force: body.force.unwrap_or(false),
         start_cmd: body.start_cmd,
         ready_cmd: body.ready_cmd,
+        registry_login,
     };
     svc.start_build(&who.caller, &id, &build_id, spec).await?;
     Ok(StatusCode::ACCEPTED)
+}
+
+/// `fromImageRegistry`: the SDK's `from_image(image, username=,
+/// password=)` is a basic login; the cloud ones need their vendors' token
+/// exchanges, which copse does not do.
+fn registry_login(config: Option<&serde_json::Value>) -> ApiResult<Option<copse_images::Credential>> {
+    let Some(config) = config.filter(|c| !c.is_null()) else { return Ok(None) };
+    let field = |name: &str| config.get(name).and_then(|v| v.as_str()).filter(|v| !v.is_empty());
+    match config.get("type").and_then(|t| t.as_str()) {
+        Some("registry") => match (field("username"), field("password")) {
+            (Some(username), Some(password)) => {
+                Ok(Some(copse_images::Credential { username: username.into(), password: password.into() }))
+            }
+            _ => Err(ApiError::bad_request("fromImageRegistry of type registry needs a username and a password")),
+        },
+        Some(kind @ ("aws" | "gcp")) => Err(ApiError::bad_request(format!(
+            "fromImageRegistry of type {kind} is not supported: copse pulls with a registry username and password \
+             (from_image(image, username=..., password=...)), or through the operator's --registry-auth-file"
+        ))),
+        other => Err(ApiError::bad_request(format!("fromImageRegistry of type {other:?} is not supported"))),
+    }
 }
 
 async fn build_status(

@@ -72,6 +72,8 @@ pub struct Sandboxes {
     quota: quota::Quota,
     /// Copy steps' uploaded archives (`builds/uploads.rs`).
     template_files: PathBuf,
+    /// Registries and blob cache of builds from images (`builds/image.rs`).
+    images: builds::ImageSource,
 }
 
 impl Sandboxes {
@@ -83,6 +85,7 @@ impl Sandboxes {
         pools: &[(String, usize)],
     ) -> Self {
         let template_files = run_dir.with_file_name("template-files");
+        let blob_dir = run_dir.with_file_name("images").join("blobs");
         Self {
             substrate,
             store,
@@ -100,6 +103,7 @@ impl Sandboxes {
             addresses: Addresses::new(None),
             quota: Default::default(),
             template_files,
+            images: builds::ImageSource::new(Default::default(), blob_dir),
         }
     }
 
@@ -114,6 +118,13 @@ impl Sandboxes {
     /// store must keep: see `store::Indexed`).
     pub fn with_tenancy(mut self, usage: Arc<crate::store::Usage>, directory: Arc<crate::tenancy::Directory>) -> Self {
         self.quota = quota::Quota::new(usage, directory);
+        self
+    }
+
+    /// Builds from images pull through the operator's mirrors, with its
+    /// credentials, into the blob cache under `data_dir`.
+    pub fn with_registries(mut self, registries: copse_images::Registries, data_dir: &Path) -> Self {
+        self.images = builds::ImageSource::new(registries, crate::images::blob_dir(data_dir));
         self
     }
 

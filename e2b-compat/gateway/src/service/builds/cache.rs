@@ -77,15 +77,16 @@ pub(super) fn as_image(layer: &BuildLayer) -> Image {
 
 impl Sandboxes {
     /// What the base's files are: a substrate template as built (a rebuilt
-    /// `base` starts new chains), or a built template's image, whose key
-    /// is unique to its build.
-    pub(super) async fn base_identity(&self, base: &Base) -> String {
+    /// `base` starts new chains; an image's template is named after its
+    /// digest), or a built template's image, whose key is unique to its
+    /// build. `booted`: the template the build sandbox boots.
+    pub(super) async fn base_identity(&self, base: &Base, booted: &str) -> String {
         match base {
-            Base::Substrate(name) => {
-                let built = self.templates().await.ok().and_then(|all| all.into_iter().find(|t| &t.name == name));
+            Base::Substrate(_) | Base::Image { .. } => {
+                let built = self.templates().await.ok().and_then(|all| all.into_iter().find(|t| t.name == booted));
                 match built {
-                    Some(t) => format!("template:{name}:{}:{}", t.recipe, t.built_at),
-                    None => format!("template:{name}"),
+                    Some(t) => format!("template:{booted}:{}:{}", t.recipe, t.built_at),
+                    None => format!("template:{booted}"),
                 }
             }
             Base::Built { image, .. } => format!("image:{}", image.snapshot_key),

@@ -4,9 +4,11 @@
 //! sandbox running the steps, then a snapshot) is `run.rs`; the steps as
 //! data and the shell they run, `steps.rs`; the per-step layer cache,
 //! `cache.rs`; the start command and its ready wait (at the end of a
-//! build, or at each create), `start.rs`.
+//! build, or at each create), `start.rs`; a base pulled from a registry,
+//! `image.rs`.
 
 mod cache;
+mod image;
 mod run;
 mod start;
 pub mod steps;
@@ -19,6 +21,7 @@ use crate::model::{
     Build, BuildStatus, Caller, Image, Result, SandboxError, TemplateRecord, new_id, new_token, now_ms,
     split_template_name, validate_files_hash,
 };
+pub use image::ImageSource;
 pub use steps::RawStep;
 pub use uploads::MAX_UPLOAD_BYTES;
 
@@ -36,6 +39,8 @@ pub struct BuildSpec {
     pub force: bool,
     pub start_cmd: Option<String>,
     pub ready_cmd: Option<String>,
+    /// `from_image(image, username=, password=)`: for this build's pull only.
+    pub registry_login: Option<copse_images::Credential>,
 }
 
 /// What a build starts from.
@@ -45,16 +50,8 @@ pub(super) enum Base {
     Substrate(String),
     /// One of the team's own built templates, by name.
     Built { name: String, image: Image },
-}
-
-impl Base {
-    /// The name a create takes to boot it.
-    pub(super) fn create_name(&self) -> &str {
-        match self {
-            Base::Substrate(name) => name,
-            Base::Built { name, .. } => name,
-        }
-    }
+    /// An image pulled from a registry (or the operator's mirror of it).
+    Image { reference: copse_images::ImageRef, credential: Option<copse_images::Credential> },
 }
 
 impl Sandboxes {
@@ -161,9 +158,11 @@ impl Sandboxes {
     }
 
     /// Where a build starts: `from_template` (copse's own or the team's
-    /// built ones), or an image copse maps to its Debian `base` (the SDK's
-    /// default `e2bdev/base`, `from_base_image`, `from_debian_image`).
-    /// The second value says what was mapped, for the build log.
+    /// built ones), or an image. Docker Hub's Debian and E2B's base image
+    /// (the SDK's default `e2bdev/base`, `from_base_image`,
+    /// `from_debian_image`) are copse's Debian `base` unless the operator
+    /// mirrors Docker Hub: a host with no registry still builds them.
+    /// The second value says which was chosen, for the build log.
     fn resolve_base(&self, caller: &Caller, record: &TemplateRecord, spec: &BuildSpec) -> Result<(Base, String)> {
         if let Some(from) = &spec.from_template {
             let name = split_template_name(from)?;
@@ -179,26 +178,30 @@ impl Sandboxes {
             return Ok((Base::Substrate(name.clone()), format!("from template {name}")));
         }
         let image = spec.from_image.as_deref().unwrap_or("e2bdev/base");
-        let (repo, _tag) = image.rsplit_once(':').unwrap_or((image, "latest"));
-        let repo = repo.strip_prefix("docker.io/").unwrap_or(repo);
-        let repo = repo.strip_prefix("library/").unwrap_or(repo);
-        if matches!(repo, "e2bdev/base" | "debian") {
+        let reference = copse_images::parse_reference(image).map_err(|e| SandboxError::Invalid(format!("{e:#}")))?;
+        let mirror = self.images.registries().mirror(&reference.registry);
+        let debian = reference.registry == "docker.io"
+            && matches!(reference.repository.as_str(), "e2bdev/base" | "library/debian");
+        if debian && mirror.is_none() && spec.registry_login.is_none() {
             return Ok((
                 Base::Substrate("base".into()),
                 format!(
-                    "image {image} is built from copse's template base (Debian, built by debootstrap on this host)"
+                    "image {image} is built from copse's template base (Debian, built by debootstrap on this host): no mirror is configured for docker.io"
                 ),
             ));
         }
-        Err(SandboxError::Invalid(format!(
-            "image {image:?} cannot be pulled yet: use from_template(\"base\"), from_base_image() or from_debian_image()"
-        )))
+        let via = match mirror {
+            Some(m) => format!("through the mirror {}://{}", if m.plain_http { "http" } else { "https" }, m.host),
+            None => format!("from {} over HTTPS", reference.registry),
+        };
+        let note = format!("from image {} pulled {via}", reference.whole);
+        Ok((Base::Image { reference, credential: spec.registry_login.clone() }, note))
     }
 
     async fn check_template_or_built(&self, base: &Base) -> Result<()> {
         match base {
             Base::Substrate(name) => self.check_template(name).await,
-            Base::Built { .. } => Ok(()),
+            Base::Built { .. } | Base::Image { .. } => Ok(()),
         }
     }
 

@@ -64,9 +64,9 @@ pub(super) struct Job {
 }
 
 /// Why a build stopped early: a step failed, or something around it did.
-struct Failed {
-    message: String,
-    step: Option<String>,
+pub(super) struct Failed {
+    pub message: String,
+    pub step: Option<String>,
 }
 
 /// The build's log, kept in the template record and written to the store
@@ -80,7 +80,7 @@ pub(super) struct Console<'a> {
 }
 
 impl Console<'_> {
-    fn line(&mut self, level: &str, step: Option<&str>, message: impl Into<String>) {
+    pub(super) fn line(&mut self, level: &str, step: Option<&str>, message: impl Into<String>) {
         let line =
             BuildLine { at_ms: now_ms(), level: level.into(), message: message.into(), step: step.map(Into::into) };
         self.record.build.push(line);
@@ -118,17 +118,24 @@ impl Sandboxes {
         let Job { caller, record, base, base_note, steps, forced_from, start_cmd, ready_cmd } = job;
         let mut console = Console { svc: self, record, flushed: Instant::now(), gone: false };
         console.line("info", Some("base"), format!("Building {} {base_note}", console.record.name));
-        let keys = chain_keys(&caller.team, &self.base_identity(&base).await, &steps);
-        let cached = self.cached_layers(&caller.team, &keys[..forced_from], &console.record.id);
-        let parent = match (cached.last(), &base) {
-            (Some(layer), _) => Some(cache::as_image(layer)),
-            (None, Base::Built { image, .. }) => Some(image.clone()),
-            (None, Base::Substrate(_)) => None,
+        let opened = match self.open_base(&base, &mut console).await {
+            Ok(opened) => opened,
+            Err(failed) => return record_failure(&mut console, failed),
         };
-        let mut state = State {
-            user: parent.as_ref().and_then(|p| p.user.clone()).unwrap_or_else(|| DEFAULT_USER.into()),
-            workdir: parent.as_ref().and_then(|p| p.workdir.clone()),
-            envs: parent.map(|p| p.envs).unwrap_or_default(),
+        let keys = chain_keys(&caller.team, &self.base_identity(&base, &opened.template).await, &steps);
+        let cached = self.cached_layers(&caller.team, &keys[..forced_from], &console.record.id);
+        // A cached layer carries the settings its steps left.
+        let mut state = match cached.last().map(cache::as_image) {
+            Some(layer) => State {
+                user: layer.user.unwrap_or_else(|| DEFAULT_USER.into()),
+                workdir: layer.workdir,
+                envs: layer.envs,
+            },
+            None => State {
+                user: opened.user.unwrap_or_else(|| DEFAULT_USER.into()),
+                workdir: opened.workdir,
+                envs: opened.envs,
+            },
         };
         let total = steps.len();
         for (index, step) in steps.iter().take(cached.len()).enumerate() {
@@ -139,7 +146,7 @@ impl Sandboxes {
             console.line("info", Some("base"), format!("skip_cache: step {} and after run again", forced_from + 1));
         }
         let request = CreateRequest {
-            template: base.create_name().to_string(),
+            template: opened.template,
             timeout_s: Some(BUILD_SANDBOX_TIMEOUT_S),
             metadata: HashMap::from([("copse.build".to_string(), console.record.build.id.clone())]),
             env_vars: state.envs.iter().cloned().collect(),
@@ -150,6 +157,12 @@ impl Sandboxes {
         let outcome = match self.create(&caller, request).await {
             Ok((sandbox, _)) => {
                 console.line("info", Some("base"), format!("Build sandbox {} is up", sandbox.id));
+                if cached.is_empty()
+                    && let Some(wanted) = &opened.image_user
+                    && let Some(user) = self.settle_image_user(&sandbox, wanted, &mut console).await
+                {
+                    state.user = user;
+                }
                 let plan = Plan { steps: &steps, keys: &keys, first: cached.len(), team: &caller.team };
                 let outcome = self.run_steps(&sandbox, plan, &mut state, &mut console).await;
                 let outcome = match outcome {
@@ -176,11 +189,8 @@ impl Sandboxes {
                     self.drop_image(old).await;
                 }
             }
-            Err(Failed { message, step }) => {
-                console.line("error", step.as_deref(), message.clone());
-                console.record.build.status = BuildStatus::Error;
-                console.record.build.failure = Some(BuildFailure { message, step });
-                console.flush();
+            Err(failed) => {
+                record_failure(&mut console, failed);
                 if console.gone {
                     self.collect_after_delete(&console.record).await;
                 }
@@ -343,7 +353,7 @@ impl Sandboxes {
         })?;
         let substrate_template = match base {
             Base::Built { image, .. } => image.substrate_template.clone(),
-            Base::Substrate(_) => info.template,
+            Base::Substrate(_) | Base::Image { .. } => info.template,
         };
         Ok(Image {
             substrate_template,
@@ -419,6 +429,13 @@ fn chain_keys(team: &str, base_identity: &str, steps: &[Step]) -> Vec<String> {
             parent.clone()
         })
         .collect()
+}
+
+fn record_failure(console: &mut Console<'_>, Failed { message, step }: Failed) {
+    console.line("error", step.as_deref(), message.clone());
+    console.record.build.status = BuildStatus::Error;
+    console.record.build.failure = Some(BuildFailure { message, step });
+    console.flush();
 }
 
 fn describe(step: &Step) -> String {

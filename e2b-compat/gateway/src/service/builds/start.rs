@@ -1,8 +1,10 @@
-//! A built template's start command: started and waited for (its ready
-//! command) either once, at the end of its build, when the image keeps the
-//! running process in a memory snapshot; or at each create, when it does
-//! not (the substrate has no memory snapshots), so `Sandbox.create`
-//! returns a sandbox whose server answers either way.
+//! What a sandbox of a built template gets once it is handed over: the
+//! template's default user and working directory, then its start command
+//! (in the background, as that user, in its working directory) and the
+//! wait for its ready command — either once, at the end of its build, when
+//! the image keeps the running process in a memory snapshot, or at each
+//! create, when it does not — so `Sandbox.create` returns a sandbox whose
+//! server answers either way.
 
 use std::time::{Duration, Instant};
 
@@ -43,8 +45,17 @@ impl Sandboxes {
         image: &Image,
         start: bool,
     ) -> anyhow::Result<()> {
+        // envd's `/init` fields: a command run with no cwd starts in the
+        // template's WORKDIR, as in E2B.
+        let mut init = serde_json::Map::new();
         if let Some(user) = &image.user {
-            let init = serde_json::json!({ "defaultUser": user });
+            init.insert("defaultUser".into(), user.as_str().into());
+        }
+        if let Some(workdir) = &image.workdir {
+            init.insert("defaultWorkdir".into(), workdir.as_str().into());
+        }
+        if !init.is_empty() {
+            let init = serde_json::Value::Object(init);
             agent_link::post_json(&record.agent_socket, "/init", &init, Some(&record.access_token)).await?;
         }
         let Some(command) = image.start_cmd.as_deref().filter(|_| start && !image.memory) else { return Ok(()) };
