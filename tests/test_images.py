@@ -132,7 +132,7 @@ def builder(gateway, tmp_path_factory):
     gw.bridge = f"{BRIDGE[:9]}i"
     gw.start(
         extra_args=[
-            "--bridge", gw.bridge, "--subnet", f"10.{(second + 120) % 256}.0.0/16",
+            "--bridge", gw.bridge, "--subnet", f"10.{(second + 130) % 256}.0.0/16",
             "--registry-mirror", f"docker.io=http://{public.host}",
             "--registry-mirror", f"private.test=http://{private.host}",
         ]
