@@ -15,7 +15,7 @@ use serde::de::DeserializeOwned;
 
 use crate::model::{
     DEFAULT_TEAM, Intent, KeyRecord, SandboxRecord, SecretRecord, SecretStore, SnapshotRecord, Store, Team,
-    TemplateRecord, VolumeRecord, VolumeStore,
+    TemplateLabels, TemplateRecord, VolumeRecord, VolumeStore,
 };
 
 pub struct SqliteStore {
@@ -81,6 +81,10 @@ impl SqliteStore {
                  name TEXT NOT NULL,
                  record TEXT NOT NULL,
                  UNIQUE (team, name)
+             );
+             CREATE TABLE IF NOT EXISTS template_labels (
+                 id TEXT PRIMARY KEY,
+                 record TEXT NOT NULL
              );
              CREATE TABLE IF NOT EXISTS teams (
                  name TEXT PRIMARY KEY,
@@ -244,6 +248,24 @@ impl Store for SqliteStore {
 
     fn remove_template(&self, id: &str) -> anyhow::Result<bool> {
         Ok(self.lock().execute("DELETE FROM built_templates WHERE id = ?1", params![id])? > 0)
+    }
+
+    fn put_template_labels(&self, labels: &TemplateLabels) -> anyhow::Result<()> {
+        let json = serde_json::to_string(labels)?;
+        self.lock().execute(
+            "INSERT INTO template_labels (id, record) VALUES (?1, ?2)
+             ON CONFLICT(id) DO UPDATE SET record = excluded.record",
+            params![labels.id, json],
+        )?;
+        Ok(())
+    }
+
+    fn template_labels(&self, id: &str) -> anyhow::Result<Option<TemplateLabels>> {
+        decode_one(&self.lock(), Table::TemplateLabels, "id", id)
+    }
+
+    fn remove_template_labels(&self, id: &str) -> anyhow::Result<bool> {
+        Ok(self.lock().execute("DELETE FROM template_labels WHERE id = ?1", params![id])? > 0)
     }
 
     fn put_team(&self, team: &Team) -> anyhow::Result<()> {
@@ -421,6 +443,7 @@ enum Table {
     Journal,
     Volumes,
     Templates,
+    TemplateLabels,
 }
 
 impl Table {
@@ -431,6 +454,7 @@ impl Table {
             Table::Journal => "journal",
             Table::Volumes => "team_volumes",
             Table::Templates => "built_templates",
+            Table::TemplateLabels => "template_labels",
         }
     }
 }

@@ -5,6 +5,8 @@
 //! data and the shell they run, `steps.rs`; what a sandbox of a built
 //! template gets at create, `start.rs`.
 
+pub mod labels;
+pub mod logs;
 mod run;
 mod start;
 pub mod steps;
@@ -14,7 +16,7 @@ use std::sync::Arc;
 
 use super::Sandboxes;
 use crate::model::{
-    Build, BuildStatus, Caller, Image, Result, SandboxError, TemplateRecord, new_id, new_token, now_ms,
+    Build, BuildStatus, Caller, Image, Result, SandboxError, TemplateRecord, new_id, new_token, new_uuid, now_ms,
     split_template_name, validate_files_hash,
 };
 pub use steps::RawStep;
@@ -61,9 +63,11 @@ impl Sandboxes {
         &self,
         caller: &Caller,
         name: &str,
+        tags: &[String],
         cpu_count: Option<u32>,
         memory_mb: Option<u32>,
-    ) -> Result<TemplateRecord> {
+    ) -> Result<(TemplateRecord, crate::model::TemplateLabels, Vec<String>)> {
+        let tags = Self::build_tags(name, tags)?;
         let name = split_template_name(name)?;
         let builtin = crate::templates::recipes().into_iter().any(|r| r.name == name);
         if builtin || self.templates().await?.iter().any(|t| t.name == name) {
@@ -74,7 +78,7 @@ impl Sandboxes {
         }
         let now = now_ms();
         let build = Build {
-            id: new_id(),
+            id: new_uuid(),
             status: BuildStatus::Waiting,
             log: vec![],
             failure: None,
@@ -83,7 +87,8 @@ impl Sandboxes {
             cpu_count: cpu_count.unwrap_or(DEFAULT_CPU_COUNT),
             memory_mb: memory_mb.unwrap_or(DEFAULT_MEMORY_MB),
         };
-        let record = match self.store.template_named(&caller.team, &name)? {
+        let previous = self.store.template_named(&caller.team, &name)?;
+        let record = match previous.clone() {
             Some(existing) if matches!(existing.build.status, BuildStatus::Building) => {
                 return Err(SandboxError::Conflict(format!("template {name:?} is being built; wait for that build")));
             }
@@ -100,7 +105,8 @@ impl Sandboxes {
             },
         };
         self.store.put_template(&record)?;
-        Ok(record)
+        let labels = self.label_new_build(previous.as_ref(), &record, &tags)?;
+        Ok((record, labels, tags))
     }
 
     /// `POST /v2/templates/{id}/builds/{buildID}`: checks the steps and the
@@ -233,6 +239,7 @@ impl Sandboxes {
             Err(e) => return Err(e),
         };
         self.store.remove_template(&record.id)?;
+        self.store.remove_template_labels(&record.id)?;
         self.remove_uploads(&record.id);
         if let Some(image) = record.image {
             self.blocking(move |s| s.delete_snapshot(&image.snapshot_key)).await?;
