@@ -46,7 +46,8 @@ FROM e2bdev/base:latest
 ARG GREETING=hello
 ENV MODE="two words"
 WORKDIR /srv
-COPY --chown=user:user app/ ./app/
+COPY --chown=user:user app/ /home/user/app/
+COPY app/sub/data.txt ./data.txt
 RUN echo "$GREETING-$MODE" > /srv/marker && \\
     chmod 644 /srv/marker
 USER user
@@ -69,9 +70,10 @@ CMD ["sh", "-c", "echo started > /tmp/started; exec sleep infinity"]
             assert run("echo $MODE").stdout == "two words\n"
             assert run("pwd").stdout == "/home/user\n"
             assert run("whoami").stdout == "user\n"
-            assert run("stat -c '%a %U' /srv/app/run.sh").stdout == "750 user\n"
-            assert run("readlink /srv/app/link.sh").stdout == "run.sh\n"
-            assert run("cat /srv/app/sub/data.txt").stdout == "nested\n"
+            assert run("stat -c '%a %U' /home/user/app/run.sh").stdout == "750 user\n"
+            assert run("readlink /home/user/app/link.sh").stdout == "run.sh\n"
+            assert run("cat /home/user/app/sub/data.txt").stdout == "nested\n"
+            assert run("stat -c '%U' /srv/data.txt && cat /srv/data.txt").stdout == "root\nnested\n"
             # The start command ran and was ready before create returned.
             assert run("cat /tmp/started").stdout == "started\n"
         finally:
