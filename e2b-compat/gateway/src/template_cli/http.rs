@@ -26,7 +26,7 @@ impl Api {
     /// A JSON call answered with one of `expected`; else the gateway's
     /// E2B error message.
     pub fn json(&self, method: &str, path: &str, body: Option<&Value>, expected: &[u16]) -> anyhow::Result<Value> {
-        let body = body.map(|b| serde_json::to_vec(b)).transpose()?;
+        let body = body.map(serde_json::to_vec).transpose()?;
         let (status, text) = self.call(method, &format!("{}{path}", self.base), body, true)?;
         if !expected.contains(&status) {
             bail!("{method} {path}: {status}: {}", message(&text));

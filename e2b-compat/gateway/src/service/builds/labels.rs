@@ -12,9 +12,7 @@ use crate::model::{
 
 /// The build a template's image came from, if it has one.
 pub fn image_build<'a>(record: &'a TemplateRecord, labels: &'a TemplateLabels) -> Option<&'a str> {
-    if record.image.is_none() {
-        return None;
-    }
+    record.image.as_ref()?;
     match record.build.status {
         BuildStatus::Ready => Some(record.build.id.as_str()),
         _ => labels.image_build.as_deref(),
