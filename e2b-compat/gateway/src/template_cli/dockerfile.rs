@@ -249,8 +249,10 @@ pub fn parse(text: &str) -> anyhow::Result<Definition> {
                         bail!("needs a source and a destination");
                     }
                     let dest = expand(&list.pop().expect("two"), &vars);
-                    let dest =
-                        if dest.starts_with('/') { dest } else { format!("{}/{dest}", workdir.trim_end_matches('/')) };
+                    let dest = match dest.strip_prefix("./").unwrap_or(&dest) {
+                        absolute if absolute.starts_with('/') => absolute.to_string(),
+                        relative => format!("{}/{relative}", workdir.trim_end_matches('/')),
+                    };
                     let owner = found.get("chown").map(|o| expand(o, &vars)).unwrap_or_default();
                     let mode = found.get("chmod").map(|m| expand(m, &vars)).unwrap_or_default();
                     let several = list.len() > 1;
