@@ -1666,3 +1666,58 @@ def test_a_registry_outside_the_mirror_map_is_never_spoken_to_in_plain_http_nor_
                 assert password.encode() not in path.read_bytes(), path
     finally:
         registry.close()
+
+
+def test_tags_cannot_carry_paths_floods_or_reach_another_teams_template(gateway):
+    """Tags appear in `name:tag`, in URLs and in the CLI's output: a tag with
+    `/`, `..` or a second separator is refused with E2B's 400, a flood of
+    tags is bounded, and another team can neither tag, untag, read the tags
+    of, nor publish a template it does not own (404, as if it did not
+    exist)."""
+    from e2b import Template
+    from test_tenancy import new_key, new_team
+
+    name = f"victim-{os.urandom(4).hex()}"
+    key = os.environ["E2B_API_KEY"]
+    other = new_key(new_team("tagger"))
+
+    def call(method, path, body=None, api_key=key):
+        return httpx.request(method, gateway.url + path, json=body, headers={"X-API-KEY": api_key}, timeout=60)
+
+    try:
+        info = Template.build(Template().from_template("base").run_cmd("true"), name)
+        for bad in ["a/b", "..", "../../etc", "x:y", ".hidden", "", "t" * 65, "a b"]:
+            response = call("POST", "/templates/tags", {"target": f"{name}:default", "tags": [bad]})
+            assert response.status_code == 400, (bad, response.text)
+            assert response.json()["code"] == 400
+        for target in [f"{name}:../../x", f"{name}:a/b"]:
+            assert call("POST", "/templates/tags", {"target": target, "tags": ["ok"]}).status_code == 400
+        flood = call("POST", "/templates/tags", {"target": name, "tags": [f"t{n}" for n in range(10_000)]})
+        assert flood.status_code == 400 and "at most" in flood.json()["message"]
+        huge = call("POST", "/templates/tags", {"target": name, "tags": ["x" * 1_000_000]})
+        assert huge.status_code in (400, 413)
+        # Tags on a build never become paths: a sandbox named with one is
+        # refused, not resolved.
+        with pytest.raises(Exception):
+            Sandbox.create(f"{name}:../../../etc", timeout=30)
+
+        for method, path, body in [
+            ("POST", "/templates/tags", {"target": f"{info.template_id}:default", "tags": ["theirs"]}),
+            ("POST", "/templates/tags", {"target": name, "tags": ["theirs"]}),
+            ("DELETE", "/templates/tags", {"name": info.template_id, "tags": ["default"]}),
+            ("GET", f"/templates/{info.template_id}/tags", None),
+            ("GET", f"/templates/{info.template_id}/tags/count", None),
+            ("GET", f"/templates/{info.template_id}/tags/exists?tag=default", None),
+            ("GET", f"/templates/{info.template_id}/tags/groups", None),
+            ("GET", f"/templates/{info.template_id}/tags/default/assignments", None),
+            ("GET", f"/templates/{info.template_id}/builds/{info.build_id}/logs", None),
+            ("PATCH", f"/templates/{info.template_id}", {"public": True}),
+            ("PATCH", f"/v2/templates/{info.template_id}", {"public": True}),
+        ]:
+            response = call(method, path, body, api_key=other)
+            assert response.status_code == 404, (method, path, response.text)
+            assert response.json()["code"] == 404
+        assert {t.tag for t in Template.get_tags(name)} == {"default"}
+        assert call("GET", f"/templates/{info.template_id}").json()["public"] is False
+    finally:
+        httpx.delete(f"{gateway.url}/templates/{name}", headers={"X-API-KEY": key})

@@ -11,6 +11,7 @@ use copse_gateway::telemetry::logging::{self, LogFormat};
 use copse_gateway::{serve, server};
 
 mod accounts_cli;
+mod template_cli;
 
 #[derive(Parser)]
 #[command(name = "copse", version, about = "Self-hosted sandboxes behind the E2B API")]
@@ -213,9 +214,45 @@ enum TlsCommand {
 
 #[derive(Subcommand)]
 enum TemplateCommand {
-    /// Build templates (default: every built-in one); skips complete builds.
+    /// Build templates: with -f or --from-json, a team's own template
+    /// through the running gateway (as the SDK's `Template.build`);
+    /// otherwise the built-in ones on this host (default: every one),
+    /// skipping complete builds.
     Build {
         names: Vec<String>,
+        /// A Dockerfile to build (FROM, RUN, COPY, ADD, ENV, ARG, WORKDIR,
+        /// USER, CMD, ENTRYPOINT).
+        #[arg(short = 'f', long = "file", requires = "name", conflicts_with_all = ["from_json", "names"])]
+        dockerfile: Option<PathBuf>,
+        /// A template as the SDK's `Template.to_json` writes it.
+        #[arg(long, requires = "name", conflicts_with = "names")]
+        from_json: Option<PathBuf>,
+        /// The template's name (`name` or `name:tag`).
+        #[arg(long)]
+        name: Option<String>,
+        /// More tags for the build; repeatable.
+        #[arg(long = "tag")]
+        tags: Vec<String>,
+        /// The command a sandbox of the template starts with.
+        #[arg(long)]
+        start_cmd: Option<String>,
+        /// The command that succeeds once the start command is ready.
+        #[arg(long)]
+        ready_cmd: Option<String>,
+        #[arg(long)]
+        cpu_count: Option<u32>,
+        #[arg(long = "memory-mb")]
+        memory_mb: Option<u32>,
+        /// Where COPY sources are read from (default: the Dockerfile's or
+        /// the JSON file's directory).
+        #[arg(long)]
+        context: Option<PathBuf>,
+        /// The gateway to build on.
+        #[arg(long, env = "E2B_API_URL", default_value = "http://127.0.0.1:3000")]
+        api_url: String,
+        /// API key (default: the one copse generated in the data dir).
+        #[arg(long, env = "E2B_API_KEY")]
+        api_key: Option<String>,
         /// Which kind of sandbox the templates boot: `jail` (the host's own
         /// isolation) or `bhyve` (microVMs; FreeBSD only).
         #[arg(long, default_value = "jail")]
@@ -223,10 +260,35 @@ enum TemplateCommand {
         #[command(flatten)]
         paths: Paths,
     },
-    /// List built templates.
+    /// List the templates built on this host (no gateway needed).
     List {
         #[command(flatten)]
         paths: Paths,
+    },
+    /// List the templates the gateway offers: shipped ones and the team's.
+    Ls {
+        #[command(flatten)]
+        remote: Remote,
+    },
+    /// Delete one of the team's templates.
+    Rm {
+        name: String,
+        #[command(flatten)]
+        remote: Remote,
+    },
+    /// Show a template's tags; --add points tags at the build --from names,
+    /// --remove drops them.
+    Tags {
+        name: String,
+        #[arg(long, value_delimiter = ',')]
+        add: Vec<String>,
+        /// The tag whose build --add tags.
+        #[arg(long, default_value = "default")]
+        from: String,
+        #[arg(long, value_delimiter = ',')]
+        remove: Vec<String>,
+        #[command(flatten)]
+        remote: Remote,
     },
 }
 
@@ -383,7 +445,46 @@ fn main() -> anyhow::Result<()> {
             print!("{}", copse_gateway::tls::mint::instructions(&domain, &minted));
             Ok(())
         }
-        Command::Template { command: TemplateCommand::Build { names, backend, paths } } => {
+        Command::Template {
+            command:
+                TemplateCommand::Build {
+                    dockerfile,
+                    from_json,
+                    name: Some(name),
+                    tags,
+                    start_cmd,
+                    ready_cmd,
+                    cpu_count,
+                    memory_mb,
+                    context,
+                    api_url,
+                    api_key: key,
+                    paths,
+                    ..
+                },
+        } if dockerfile.is_some() || from_json.is_some() => {
+            let source = dockerfile.as_deref().or(from_json.as_deref()).expect("checked");
+            let context = context
+                .or_else(|| source.parent().map(std::path::Path::to_path_buf))
+                .unwrap_or_else(|| PathBuf::from("."));
+            let args = template_cli::BuildArgs { name, tags, start_cmd, ready_cmd, cpu_count, memory_mb, context };
+            let def = template_cli::definition(dockerfile.as_deref(), from_json.as_deref(), &args)?;
+            let remote = Remote { api_url, api_key: key, data_dir: paths.data_dir };
+            template_cli::build(&remote.api_url, &api_key(&remote)?, def, &args)
+        }
+        Command::Template { command: TemplateCommand::Ls { remote } } => {
+            template_cli::ls(&remote.api_url, &api_key(&remote)?)
+        }
+        Command::Template { command: TemplateCommand::Rm { name, remote } } => {
+            template_cli::rm(&remote.api_url, &api_key(&remote)?, &name)
+        }
+        Command::Template { command: TemplateCommand::Tags { name, add, from, remove, remote } } => {
+            template_cli::tags(&remote.api_url, &api_key(&remote)?, &name, &add, &from, &remove)
+        }
+        Command::Template { command: TemplateCommand::Build { names, backend, paths, name, .. } } => {
+            if name.is_some() {
+                anyhow::bail!("--name builds a template through the gateway: give -f DOCKERFILE or --from-json FILE");
+            }
             let substrate = server::open_substrate(&local_config(paths)?)?;
             let recipes: Vec<_> = server::default_recipes()
                 .into_iter()

@@ -637,6 +637,9 @@ pub struct BuiltTemplate {
     pub build_count: u32,
     pub envd_version: String,
     pub build_status: String,
+    /// Only in `GET /default-templates`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub is_default: Option<bool>,
     /// Only in `GET /templates/{id}`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub builds: Option<Vec<TemplateBuildSummary>>,
@@ -653,4 +656,125 @@ pub struct TemplateBuildSummary {
     pub cpu_count: u32,
     #[serde(rename = "memoryMB")]
     pub memory_mb: u32,
+}
+
+/// `GET /templates/{id}/builds/{buildID}/logs`.
+#[derive(Debug, Deserialize)]
+pub struct BuildLogsQuery {
+    pub cursor: Option<i64>,
+    pub limit: Option<usize>,
+    pub direction: Option<String>,
+    pub level: Option<String>,
+    /// `persistent` or `temporary`: copse keeps one log, both read it.
+    #[allow(dead_code)]
+    pub source: Option<String>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct BuildLogs {
+    pub logs: Vec<BuildLogEntry>,
+}
+
+/// `PATCH /templates/{id}` and `/v2/templates/{id}`.
+#[derive(Debug, Deserialize)]
+pub struct TemplateUpdate {
+    pub public: Option<bool>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct TemplateUpdated {
+    pub names: Vec<String>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct AssignTags {
+    pub target: String,
+    pub tags: Vec<String>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct AssignedTags {
+    pub tags: Vec<String>,
+    #[serde(rename = "buildID")]
+    pub build_id: String,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct RemoveTags {
+    pub name: String,
+    pub tags: Vec<String>,
+}
+
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TemplateTag {
+    pub tag: String,
+    #[serde(rename = "buildID")]
+    pub build_id: String,
+    pub created_at: String,
+}
+
+#[derive(Debug, Serialize)]
+pub struct TagCount {
+    pub total: usize,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct TagExistsQuery {
+    pub tag: String,
+}
+
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TagExists {
+    pub exists: bool,
+    pub normalized_tag: String,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TagGroupsQuery {
+    pub assignment_limit: Option<usize>,
+    pub tags_limit: Option<usize>,
+    pub tags_cursor: Option<String>,
+    pub search: Option<String>,
+    pub sort: Option<String>,
+}
+
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TagAssignment {
+    pub assignment_id: String,
+    pub build_id: String,
+    pub assigned_at: String,
+    pub build_created_at: String,
+    pub build_finished_at: Option<String>,
+}
+
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TagGroup {
+    pub tag: String,
+    pub assignments: Vec<TagAssignment>,
+    pub has_more: bool,
+}
+
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TagGroups {
+    pub tags: Vec<TagGroup>,
+    pub next_cursor: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct TagAssignmentsQuery {
+    pub cursor: Option<String>,
+    pub limit: Option<usize>,
+}
+
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TagAssignments {
+    pub data: Vec<TagAssignment>,
+    pub next_cursor: Option<String>,
 }

@@ -21,12 +21,13 @@ mod snapshot;
 mod store;
 mod team;
 mod template;
+mod template_labels;
 mod volume;
 
 pub use build_layer::BuildLayer;
 pub use clock::now_ms;
 pub use error::{Result, SandboxError};
-pub use ids::{new_id, new_token, snapshot_key};
+pub use ids::{new_id, new_token, new_uuid, snapshot_key};
 pub use journal::{Change, Intent};
 pub use key::KeyRecord;
 pub use sandbox::{DEFAULT_TIMEOUT_S, ENVD_VERSION, MAX_TIMEOUT_S, Paused, SandboxRecord, State, validate_timeout};
@@ -40,6 +41,9 @@ pub use team::{Caller, DEFAULT_TEAM, DEFAULTS_ROW, Quotas, Team, default_team, p
 pub use template::{
     Build, BuildFailure, BuildLine, BuildStatus, Image, MAX_BUILD_LOG_LINES, TemplateRecord, split_template_name,
     validate_files_hash,
+};
+pub use template_labels::{
+    DEFAULT_TAG, MAX_TAGS_PER_REQUEST, Tag, TagAssignment, TemplateLabels, normalize_tag, normalize_tags, split_tag,
 };
 pub use volume::{
     MAX_MOUNTS, VolumeError, VolumeMount, VolumeRecord, validate_mount_path, validate_mounts, validate_volume_name,

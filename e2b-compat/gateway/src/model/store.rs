@@ -10,6 +10,7 @@ use super::secret::SecretRecord;
 use super::snapshot::SnapshotRecord;
 use super::team::Team;
 use super::template::TemplateRecord;
+use super::template_labels::TemplateLabels;
 use super::volume::VolumeRecord;
 
 pub trait Store: Send + Sync {
@@ -39,6 +40,11 @@ pub trait Store: Send + Sync {
     /// Every built template of every team, ordered by id.
     fn built_templates(&self) -> anyhow::Result<Vec<TemplateRecord>>;
     fn remove_template(&self, id: &str) -> anyhow::Result<bool>;
+    /// Inserts or replaces a built template's tags and visibility (by its
+    /// id).
+    fn put_template_labels(&self, labels: &TemplateLabels) -> anyhow::Result<()>;
+    fn template_labels(&self, id: &str) -> anyhow::Result<Option<TemplateLabels>>;
+    fn remove_template_labels(&self, id: &str) -> anyhow::Result<bool>;
 
     /// Inserts or replaces a build cache entry (by key).
     fn put_build_layer(&self, layer: &BuildLayer) -> anyhow::Result<()>;

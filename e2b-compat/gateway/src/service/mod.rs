@@ -39,6 +39,8 @@ use crate::model::{Caller, Result, SandboxError, SandboxRecord, State, Store, Vo
 use crate::network::Addresses;
 use crate::pool::WarmPool;
 
+pub use builds::labels::{page, sort_tags};
+pub use builds::logs::{LogWindow, window as log_window};
 pub use builds::{BuildSpec, MAX_UPLOAD_BYTES, RawStep};
 pub use create::{CreateRequest, Timings};
 pub use fork::{MAX_CLONES, MAX_FORKS};

@@ -15,7 +15,7 @@ use serde::de::DeserializeOwned;
 
 use crate::model::{
     BuildLayer, DEFAULT_TEAM, Intent, KeyRecord, SandboxRecord, SecretRecord, SecretStore, SnapshotRecord, Store, Team,
-    TemplateRecord, VolumeRecord, VolumeStore,
+    TemplateLabels, TemplateRecord, VolumeRecord, VolumeStore,
 };
 
 pub struct SqliteStore {
@@ -85,6 +85,10 @@ impl SqliteStore {
              CREATE TABLE IF NOT EXISTS build_layers (
                  id TEXT PRIMARY KEY,
                  team TEXT NOT NULL,
+                 record TEXT NOT NULL
+             );
+             CREATE TABLE IF NOT EXISTS template_labels (
+                 id TEXT PRIMARY KEY,
                  record TEXT NOT NULL
              );
              CREATE TABLE IF NOT EXISTS teams (
@@ -274,6 +278,24 @@ impl Store for SqliteStore {
         Ok(self.lock().execute("DELETE FROM build_layers WHERE id = ?1", params![key])? > 0)
     }
 
+    fn put_template_labels(&self, labels: &TemplateLabels) -> anyhow::Result<()> {
+        let json = serde_json::to_string(labels)?;
+        self.lock().execute(
+            "INSERT INTO template_labels (id, record) VALUES (?1, ?2)
+             ON CONFLICT(id) DO UPDATE SET record = excluded.record",
+            params![labels.id, json],
+        )?;
+        Ok(())
+    }
+
+    fn template_labels(&self, id: &str) -> anyhow::Result<Option<TemplateLabels>> {
+        decode_one(&self.lock(), Table::TemplateLabels, "id", id)
+    }
+
+    fn remove_template_labels(&self, id: &str) -> anyhow::Result<bool> {
+        Ok(self.lock().execute("DELETE FROM template_labels WHERE id = ?1", params![id])? > 0)
+    }
+
     fn put_team(&self, team: &Team) -> anyhow::Result<()> {
         let json = serde_json::to_string(team)?;
         let mut conn = self.lock();
@@ -450,6 +472,7 @@ enum Table {
     Volumes,
     Templates,
     BuildLayers,
+    TemplateLabels,
 }
 
 impl Table {
@@ -461,6 +484,7 @@ impl Table {
             Table::Volumes => "team_volumes",
             Table::Templates => "built_templates",
             Table::BuildLayers => "build_layers",
+            Table::TemplateLabels => "template_labels",
         }
     }
 }

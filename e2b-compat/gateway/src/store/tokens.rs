@@ -11,7 +11,7 @@ use std::sync::{Arc, RwLock};
 use copse_protocol::signature::{self, Signer};
 
 use super::usage::Usage;
-use crate::model::{KeyRecord, SandboxRecord, SnapshotRecord, Store, Team, TemplateRecord};
+use crate::model::{KeyRecord, SandboxRecord, SnapshotRecord, Store, Team, TemplateLabels, TemplateRecord};
 
 /// The sandbox id for each access token's owner.
 #[derive(Default)]
@@ -167,6 +167,18 @@ impl Store for Indexed {
 
     fn remove_build_layer(&self, key: &str) -> anyhow::Result<bool> {
         self.inner.remove_build_layer(key)
+    }
+
+    fn put_template_labels(&self, labels: &TemplateLabels) -> anyhow::Result<()> {
+        self.inner.put_template_labels(labels)
+    }
+
+    fn template_labels(&self, id: &str) -> anyhow::Result<Option<TemplateLabels>> {
+        self.inner.template_labels(id)
+    }
+
+    fn remove_template_labels(&self, id: &str) -> anyhow::Result<bool> {
+        self.inner.remove_template_labels(id)
     }
 
     fn remove_snapshot(&self, team: &str, id: &str) -> anyhow::Result<bool> {

@@ -5,10 +5,13 @@
 //! data and the shell they run, `steps.rs`; the per-step layer cache,
 //! `cache.rs`; the start command and its ready wait (at the end of a
 //! build, or at each create), `start.rs`; a base pulled from a registry,
-//! `image.rs`.
+//! `image.rs`; tags and public/private, `labels.rs`; the build log route,
+//! `logs.rs`.
 
 mod cache;
 mod image;
+pub mod labels;
+pub mod logs;
 mod run;
 mod start;
 pub mod steps;
@@ -18,7 +21,7 @@ use std::sync::Arc;
 
 use super::Sandboxes;
 use crate::model::{
-    Build, BuildStatus, Caller, Image, Result, SandboxError, TemplateRecord, new_id, new_token, now_ms,
+    Build, BuildStatus, Caller, Image, Result, SandboxError, TemplateRecord, new_id, new_token, new_uuid, now_ms,
     split_template_name, validate_files_hash,
 };
 pub use image::ImageSource;
@@ -62,9 +65,11 @@ impl Sandboxes {
         &self,
         caller: &Caller,
         name: &str,
+        tags: &[String],
         cpu_count: Option<u32>,
         memory_mb: Option<u32>,
-    ) -> Result<TemplateRecord> {
+    ) -> Result<(TemplateRecord, crate::model::TemplateLabels, Vec<String>)> {
+        let tags = Self::build_tags(name, tags)?;
         let name = split_template_name(name)?;
         let builtin = crate::templates::recipes().into_iter().any(|r| r.name == name);
         if builtin || self.templates().await?.iter().any(|t| t.name == name) {
@@ -75,7 +80,7 @@ impl Sandboxes {
         }
         let now = now_ms();
         let build = Build {
-            id: new_id(),
+            id: new_uuid(),
             status: BuildStatus::Waiting,
             log: vec![],
             failure: None,
@@ -84,7 +89,8 @@ impl Sandboxes {
             cpu_count: cpu_count.unwrap_or(DEFAULT_CPU_COUNT),
             memory_mb: memory_mb.unwrap_or(DEFAULT_MEMORY_MB),
         };
-        let record = match self.store.template_named(&caller.team, &name)? {
+        let previous = self.store.template_named(&caller.team, &name)?;
+        let record = match previous.clone() {
             Some(existing) if matches!(existing.build.status, BuildStatus::Building) => {
                 return Err(SandboxError::Conflict(format!("template {name:?} is being built; wait for that build")));
             }
@@ -101,7 +107,8 @@ impl Sandboxes {
             },
         };
         self.store.put_template(&record)?;
-        Ok(record)
+        let labels = self.label_new_build(previous.as_ref(), &record, &tags)?;
+        Ok((record, labels, tags))
     }
 
     /// `POST /v2/templates/{id}/builds/{buildID}`: checks the steps and the
@@ -249,6 +256,7 @@ impl Sandboxes {
             Err(e) => return Err(e),
         };
         self.store.remove_template(&record.id)?;
+        self.store.remove_template_labels(&record.id)?;
         self.remove_uploads(&record.id);
         if let Some(image) = record.image {
             self.blocking(move |s| s.delete_snapshot(&image.snapshot_key)).await?;

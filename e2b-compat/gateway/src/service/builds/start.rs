@@ -30,10 +30,14 @@ pub(super) struct Launch<'a> {
 }
 
 impl Sandboxes {
-    /// The team's built template `name`, if it has an image to boot.
-    pub(in crate::service) fn ready_template(&self, team: &str, name: &str) -> anyhow::Result<Option<TemplateRecord>> {
-        let Ok(name) = crate::model::split_template_name(name) else { return Ok(None) };
-        Ok(self.store.template_named(team, &name)?.filter(|t| t.image.is_some()))
+    /// The built template `name` (maybe `name:tag`, or another team's
+    /// public one by id), if it has an image to boot.
+    pub(in crate::service) fn ready_template(
+        &self,
+        team: &str,
+        name: &str,
+    ) -> crate::model::Result<Option<TemplateRecord>> {
+        self.creatable_template(team, name)
     }
 
     /// Runs after the hand-over; `start`: also the start and ready
