@@ -129,3 +129,21 @@ def test_unsupported_instructions_and_failing_steps_are_reported_with_their_plac
         assert "about-to-fail" in failed.stderr and "failed" in failed.stderr, failed.stderr
     finally:
         delete_template(gateway, name)
+
+
+def test_copse_ls_and_kill_talk_to_the_running_gateway(gateway):
+    """`copse ls` and `copse kill` share the template commands' client."""
+    remote = ["--api-url", gateway.url, "--api-key", API_KEY]
+    sbx = Sandbox.create(timeout=60)
+    try:
+        listed = subprocess.run([str(COPSE), "ls", *remote], capture_output=True, text=True, timeout=60)
+        assert listed.returncode == 0 and sbx.sandbox_id in listed.stdout, listed.stderr
+        killed = subprocess.run([str(COPSE), "kill", sbx.sandbox_id, *remote], capture_output=True, text=True,
+                                timeout=60)
+        assert killed.returncode == 0 and f"killed {sbx.sandbox_id}" in killed.stdout, killed.stderr
+        assert not sbx.is_running()
+        again = subprocess.run([str(COPSE), "kill", sbx.sandbox_id, *remote], capture_output=True, text=True,
+                               timeout=60)
+        assert again.returncode != 0 and "404" in again.stderr, again.stderr
+    finally:
+        sbx.kill()

@@ -679,48 +679,14 @@ fn api_key(remote: &Remote) -> anyhow::Result<String> {
 mod client {
     //! `copse ls` and `copse kill` speak the same E2B API as the SDKs.
 
-    use anyhow::{Context, bail};
     use serde_json::Value;
 
-    fn call(method: &str, url: &str, key: &str) -> anyhow::Result<(u16, String)> {
-        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-        runtime.block_on(async {
-            let uri: hyper::Uri = url.parse().with_context(|| format!("bad URL {url}"))?;
-            let authority = uri.authority().context("URL has no host")?.clone();
-            let stream = tokio::net::TcpStream::connect(authority.as_str())
-                .await
-                .with_context(|| format!("connecting to {authority}; is `copse up` running?"))?;
-            let (mut sender, conn) =
-                hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream)).await?;
-            tokio::spawn(conn);
-            let request = hyper::Request::builder()
-                .method(method)
-                .uri(uri.path_and_query().map(|p| p.as_str()).unwrap_or("/"))
-                .header("host", authority.as_str())
-                .header("x-api-key", key)
-                .body(http_body_util::Empty::<bytes::Bytes>::new())?;
-            let response = sender.send_request(request).await?;
-            let status = response.status().as_u16();
-            let body = http_body_util::BodyExt::collect(response.into_body()).await?.to_bytes();
-            Ok((status, String::from_utf8_lossy(&body).into_owned()))
-        })
-    }
-
-    fn error_message(body: &str) -> String {
-        serde_json::from_str::<Value>(body)
-            .ok()
-            .and_then(|v| v.get("message").and_then(Value::as_str).map(String::from))
-            .unwrap_or_else(|| body.to_string())
-    }
+    use crate::template_cli::http::{Api, path};
 
     pub fn ls(api: &str, key: &str) -> anyhow::Result<()> {
-        let (status, body) = call("GET", &format!("{api}/v2/sandboxes"), key)?;
-        if status != 200 {
-            bail!("{status}: {}", error_message(&body));
-        }
-        let sandboxes: Vec<Value> = serde_json::from_str(&body)?;
+        let sandboxes = Api::new(api, key)?.json("GET", "/v2/sandboxes", None, &[200])?;
         println!("{:<22} {:<24} {:<10} ENDS AT", "SANDBOX", "TEMPLATE", "STATE");
-        for s in sandboxes {
+        for s in sandboxes.as_array().into_iter().flatten() {
             let field = |k: &str| s.get(k).and_then(Value::as_str).unwrap_or("").to_string();
             println!(
                 "{:<22} {:<24} {:<10} {}",
@@ -734,13 +700,8 @@ mod client {
     }
 
     pub fn kill(api: &str, key: &str, id: &str) -> anyhow::Result<()> {
-        let (status, body) = call("DELETE", &format!("{api}/sandboxes/{id}"), key)?;
-        match status {
-            204 => {
-                println!("killed {id}");
-                Ok(())
-            }
-            _ => bail!("{status}: {}", error_message(&body)),
-        }
+        Api::new(api, key)?.json("DELETE", &format!("/sandboxes/{}", path(id)), None, &[204])?;
+        println!("killed {id}");
+        Ok(())
     }
 }

@@ -1,5 +1,5 @@
-//! The few calls the template commands make, with the API key the SDK
-//! sends, over plain HTTP like the other CLI clients.
+//! The CLI's calls to a running gateway (`copse ls|kill`, the template
+//! commands), with the API key the SDK sends, over plain HTTP.
 
 use anyhow::{Context, bail};
 use bytes::Bytes;
@@ -50,7 +50,7 @@ impl Api {
         self.runtime.block_on(async {
             let uri: hyper::Uri = url.parse().with_context(|| format!("bad URL {url}"))?;
             if uri.scheme_str() == Some("https") {
-                bail!("the template commands speak plain HTTP; use the gateway's local address");
+                bail!("the CLI speaks plain HTTP; use the gateway's local address");
             }
             let authority = uri.authority().context("URL has no host")?.clone();
             let stream = tokio::net::TcpStream::connect(authority.as_str())

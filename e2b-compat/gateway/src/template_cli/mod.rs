@@ -6,7 +6,7 @@
 mod archive;
 pub mod definition;
 pub mod dockerfile;
-mod http;
+pub(crate) mod http;
 
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
