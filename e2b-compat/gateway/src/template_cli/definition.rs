@@ -19,7 +19,8 @@ pub struct Step {
 }
 
 impl Step {
-    pub fn new(kind: &str, args: Vec<String>) -> Self {
+    /// One builder step of `kind` (`RUN`, `COPY`, …), as the SDK sends it.
+    pub fn of(kind: &str, args: Vec<String>) -> Self {
         Self { kind: kind.into(), args, files_hash: None, force: false }
     }
 }

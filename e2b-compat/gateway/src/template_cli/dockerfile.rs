@@ -198,8 +198,8 @@ pub fn parse(text: &str) -> anyhow::Result<Definition> {
                     };
                     def.from_image = Some(expand(image, &vars));
                     seen_from = true;
-                    def.steps.push(Step::new("USER", vec!["root".into()]));
-                    def.steps.push(Step::new("WORKDIR", vec!["/".into()]));
+                    def.steps.push(Step::of("USER", vec!["root".into()]));
+                    def.steps.push(Step::of("WORKDIR", vec!["/".into()]));
                 }
                 "ARG" => {
                     for word in words(&ins.rest)? {
@@ -207,7 +207,7 @@ pub fn parse(text: &str) -> anyhow::Result<Definition> {
                         let value = expand(value, &vars);
                         vars.insert(name.to_string(), value.clone());
                         if seen_from {
-                            def.steps.push(Step::new("ENV", vec![name.to_string(), value]));
+                            def.steps.push(Step::of("ENV", vec![name.to_string(), value]));
                         }
                     }
                 }
@@ -218,7 +218,7 @@ pub fn parse(text: &str) -> anyhow::Result<Definition> {
                         vars.insert(key.clone(), value.clone());
                         args.extend([key, value]);
                     }
-                    def.steps.push(Step::new("ENV", args));
+                    def.steps.push(Step::of("ENV", args));
                 }
                 "RUN" => {
                     if ins.rest.contains("<<") {
@@ -234,7 +234,7 @@ pub fn parse(text: &str) -> anyhow::Result<Definition> {
                     if command.trim().is_empty() {
                         bail!("needs a command");
                     }
-                    def.steps.push(Step::new("RUN", vec![command]));
+                    def.steps.push(Step::of("RUN", vec![command]));
                 }
                 "COPY" | "ADD" => {
                     let mut list = exec_form(&ins.rest).map(Ok).unwrap_or_else(|| words(&ins.rest))?;
@@ -262,7 +262,7 @@ pub fn parse(text: &str) -> anyhow::Result<Definition> {
                             bail!("remote sources are not supported: {src}");
                         }
                         let dest = if several && !dest.ends_with('/') { format!("{dest}/") } else { dest.clone() };
-                        def.steps.push(Step::new("COPY", vec![src, dest, owner.clone(), mode.clone()]));
+                        def.steps.push(Step::of("COPY", vec![src, dest, owner.clone(), mode.clone()]));
                     }
                 }
                 "WORKDIR" => {
@@ -272,7 +272,7 @@ pub fn parse(text: &str) -> anyhow::Result<Definition> {
                     }
                     workdir =
                         if dir.starts_with('/') { dir } else { format!("{}/{dir}", workdir.trim_end_matches('/')) };
-                    def.steps.push(Step::new("WORKDIR", vec![workdir.clone()]));
+                    def.steps.push(Step::of("WORKDIR", vec![workdir.clone()]));
                     workdir_changed = true;
                 }
                 "USER" => {
@@ -280,7 +280,7 @@ pub fn parse(text: &str) -> anyhow::Result<Definition> {
                     if user.is_empty() {
                         bail!("needs a user name");
                     }
-                    def.steps.push(Step::new("USER", vec![user]));
+                    def.steps.push(Step::of("USER", vec![user]));
                     user_changed = true;
                 }
                 "CMD" => cmd = Some(start_form(&ins.rest)?),
@@ -299,10 +299,10 @@ pub fn parse(text: &str) -> anyhow::Result<Definition> {
     }
     def.start_cmd = start_command(entrypoint, cmd);
     if !user_changed {
-        def.steps.push(Step::new("USER", vec!["user".into()]));
+        def.steps.push(Step::of("USER", vec!["user".into()]));
     }
     if !workdir_changed {
-        def.steps.push(Step::new("WORKDIR", vec!["/home/user".into()]));
+        def.steps.push(Step::of("WORKDIR", vec!["/home/user".into()]));
     }
     Ok(def)
 }
