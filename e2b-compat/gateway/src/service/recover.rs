@@ -1,6 +1,8 @@
 //! After a gateway restart: re-adopt the sandboxes that survived, destroy
 //! what no record names, and bring snapshot rows and files back in step.
 
+use std::collections::HashSet;
+
 use copse_substrate::{Placement, SandboxNetwork};
 
 use super::Sandboxes;
@@ -54,17 +56,18 @@ impl Sandboxes {
                 self.store.remove_snapshot(&row.team, &row.id)?;
             }
         }
-        for layer in self.store.build_layers()? {
+        let layers = self.store.build_layers()?;
+        for layer in &layers {
             if !on_host.iter().any(|s| s.id == layer.snapshot_key) {
                 tracing::warn!("build cache layer {} lost its files; forgetting it", layer.key);
                 self.store.remove_build_layer(&layer.key)?;
             }
         }
-        let mut named: Vec<String> = rows.into_iter().map(|r| r.key).collect();
+        let mut named: HashSet<String> = rows.into_iter().map(|r| r.key).collect();
         named.extend(self.store.all()?.into_iter().filter_map(|r| r.paused.and_then(|p| p.files_only)));
         // Built templates' images and the build cache are snapshots too.
         named.extend(self.store.built_templates()?.into_iter().filter_map(|t| t.image.map(|i| i.snapshot_key)));
-        named.extend(self.store.build_layers()?.into_iter().map(|l| l.snapshot_key));
+        named.extend(layers.into_iter().map(|l| l.snapshot_key));
         for orphan in on_host.into_iter().filter(|s| !named.contains(&s.id)) {
             tracing::info!("removing snapshot {} that no record names", orphan.id);
             self.blocking(move |s| s.delete_snapshot(&orphan.id)).await?;

@@ -198,7 +198,7 @@ impl Store for SqliteStore {
     }
 
     fn remove(&self, id: &str) -> anyhow::Result<bool> {
-        Ok(self.lock().execute("DELETE FROM sandboxes WHERE id = ?1", params![id])? > 0)
+        delete_by_id(&self.lock(), Table::Sandboxes, id)
     }
 
     fn put_snapshot(&self, record: &SnapshotRecord) -> anyhow::Result<()> {
@@ -252,7 +252,7 @@ impl Store for SqliteStore {
     }
 
     fn remove_template(&self, id: &str) -> anyhow::Result<bool> {
-        Ok(self.lock().execute("DELETE FROM built_templates WHERE id = ?1", params![id])? > 0)
+        delete_by_id(&self.lock(), Table::Templates, id)
     }
 
     fn put_build_layer(&self, layer: &BuildLayer) -> anyhow::Result<()> {
@@ -275,17 +275,11 @@ impl Store for SqliteStore {
     }
 
     fn remove_build_layer(&self, key: &str) -> anyhow::Result<bool> {
-        Ok(self.lock().execute("DELETE FROM build_layers WHERE id = ?1", params![key])? > 0)
+        delete_by_id(&self.lock(), Table::BuildLayers, key)
     }
 
     fn put_template_labels(&self, labels: &TemplateLabels) -> anyhow::Result<()> {
-        let json = serde_json::to_string(labels)?;
-        self.lock().execute(
-            "INSERT INTO template_labels (id, record) VALUES (?1, ?2)
-             ON CONFLICT(id) DO UPDATE SET record = excluded.record",
-            params![labels.id, json],
-        )?;
-        Ok(())
+        upsert_by_id(&self.lock(), Table::TemplateLabels, &labels.id, labels)
     }
 
     fn template_labels(&self, id: &str) -> anyhow::Result<Option<TemplateLabels>> {
@@ -293,7 +287,7 @@ impl Store for SqliteStore {
     }
 
     fn remove_template_labels(&self, id: &str) -> anyhow::Result<bool> {
-        Ok(self.lock().execute("DELETE FROM template_labels WHERE id = ?1", params![id])? > 0)
+        delete_by_id(&self.lock(), Table::TemplateLabels, id)
     }
 
     fn put_team(&self, team: &Team) -> anyhow::Result<()> {
@@ -374,13 +368,7 @@ impl Store for SqliteStore {
     }
 
     fn put_intent(&self, intent: &Intent) -> anyhow::Result<()> {
-        let json = serde_json::to_string(intent)?;
-        self.lock().execute(
-            "INSERT INTO journal (id, record) VALUES (?1, ?2)
-             ON CONFLICT(id) DO UPDATE SET record = excluded.record",
-            params![intent.id, json],
-        )?;
-        Ok(())
+        upsert_by_id(&self.lock(), Table::Journal, &intent.id, intent)
     }
 
     fn intents(&self) -> anyhow::Result<Vec<Intent>> {
@@ -388,8 +376,7 @@ impl Store for SqliteStore {
     }
 
     fn remove_intent(&self, id: &str) -> anyhow::Result<()> {
-        self.lock().execute("DELETE FROM journal WHERE id = ?1", params![id])?;
-        Ok(())
+        delete_by_id(&self.lock(), Table::Journal, id).map(drop)
     }
 }
 
@@ -437,7 +424,7 @@ impl SecretStore for SqliteStore {
     }
 
     fn remove_secret(&self, id: &str) -> anyhow::Result<bool> {
-        Ok(self.lock().execute("DELETE FROM team_secrets WHERE id = ?1", params![id])? > 0)
+        delete_by_id(&self.lock(), Table::Secrets, id)
     }
 }
 
@@ -459,7 +446,7 @@ impl VolumeStore for SqliteStore {
     }
 
     fn remove_volume(&self, id: &str) -> anyhow::Result<bool> {
-        Ok(self.lock().execute("DELETE FROM team_volumes WHERE id = ?1", params![id])? > 0)
+        delete_by_id(&self.lock(), Table::Volumes, id)
     }
 }
 
@@ -536,6 +523,21 @@ fn insert_named<T: serde::Serialize>(
     Ok(conn.execute(&sql, params![id, team, name, serde_json::to_string(record)?])? > 0)
 }
 
+/// Writes the record of a table keyed by `id` alone (no other column).
+fn upsert_by_id<T: serde::Serialize>(conn: &Connection, table: Table, id: &str, record: &T) -> anyhow::Result<()> {
+    let sql = format!(
+        "INSERT INTO {} (id, record) VALUES (?1, ?2) ON CONFLICT(id) DO UPDATE SET record = excluded.record",
+        table.name()
+    );
+    conn.execute(&sql, params![id, serde_json::to_string(record)?])?;
+    Ok(())
+}
+
+/// Deletes `table`'s row `id`; whether there was one.
+fn delete_by_id(conn: &Connection, table: Table, id: &str) -> anyhow::Result<bool> {
+    Ok(conn.execute(&format!("DELETE FROM {} WHERE id = ?1", table.name()), params![id])? > 0)
+}
+
 /// Every record of `table`, ordered by id.
 fn decode_all<T: DeserializeOwned>(conn: &Connection, table: Table) -> anyhow::Result<Vec<T>> {
     let rows: Vec<(String, String)> = {
@@ -568,7 +570,7 @@ fn decode_or_quarantine<T: DeserializeOwned>(
         "INSERT INTO quarantine (kind, id, record, reason, at_ms) VALUES (?1, ?2, ?3, ?4, ?5)",
         params![table.name(), id, json, err.to_string(), crate::model::now_ms()],
     )?;
-    conn.execute(&format!("DELETE FROM {} WHERE id = ?1", table.name()), params![id])?;
+    delete_by_id(conn, table, id)?;
     Ok(None)
 }
 
