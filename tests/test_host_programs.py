@@ -46,6 +46,7 @@ COMPUTED_SITES = {
     ("rigs/src/bin/load.rs", "hey"): {"hey"},
     ("rigs/src/bin/load.rs", "p"): {"hey"},
     ("rigs/src/net.rs", "argv[0]"): {"ip"},
+    ("e2b-compat/gateway/src/store/test_postgres.rs", "&bin"): {"initdb", "postgres"},
 }
 # Started through another program (`ip netns exec … python3`, `nsenter …
 # iperf3`), so no call site names them first.
@@ -137,6 +138,10 @@ HOST_SCOPES = ("serve", "test")
 def test_each_program_for_serving_and_testing_is_installed(program):
     source, _ = listed()[program]
     path = shutil.which(program) or (program == "criu" and shutil.which("/usr/local/sbin/criu"))
+    if source == "deb:postgresql" and not path:
+        # Debian keeps the server's programs off the PATH, by major version.
+        path = next(iter(sorted(pathlib.Path("/usr/lib/postgresql").glob(f"*/bin/{program}"), reverse=True)), None)
+        path = path and str(path)
     assert path, f"{program} ({source}) is not installed: scripts/bootstrap must provide it"
     if source.startswith("deb:"):
         assert owning_package(path) == source[4:], f"{path} does not come from {source}"

@@ -7,6 +7,7 @@ use clap::Subcommand;
 use copse_gateway::config;
 use copse_gateway::model::{DEFAULTS_ROW, Quotas, Store};
 use copse_gateway::server;
+use copse_gateway::store::Database;
 use copse_gateway::tenancy::accounts;
 use time::OffsetDateTime;
 
@@ -14,6 +15,10 @@ use time::OffsetDateTime;
 pub struct DataDir {
     #[arg(long, env = "COPSE_DATA_DIR", default_value = config::DEFAULT_DATA_DIR)]
     data_dir: PathBuf,
+    /// The state database as a PostgreSQL URL; default: SQLite in the
+    /// data dir.
+    #[arg(long, env = "COPSE_DATABASE")]
+    database: Option<String>,
 }
 
 #[derive(Subcommand)]
@@ -90,15 +95,16 @@ pub enum TeamsCommand {
     },
 }
 
-fn open(dir: &DataDir) -> anyhow::Result<impl Store> {
-    let config = super::local_config(super::Paths { data_dir: dir.data_dir.clone(), agent: None })?;
+fn open(dir: &DataDir) -> anyhow::Result<Box<dyn Database>> {
+    let paths = super::Paths { data_dir: dir.data_dir.clone(), database: dir.database.clone(), agent: None };
+    let config = super::local_config(paths)?;
     server::open_store(&config)
 }
 
 pub fn keys(command: KeysCommand) -> anyhow::Result<()> {
     match command {
         KeysCommand::Create { team, name, admin, dir } => {
-            let key = accounts::create_key(&open(&dir)?, &team, &name, admin)?;
+            let key = accounts::create_key(&*open(&dir)?, &team, &name, admin)?;
             eprintln!("a new key for team {team}; it is shown only now:");
             println!("{key}");
         }
@@ -112,7 +118,7 @@ pub fn keys(command: KeysCommand) -> anyhow::Result<()> {
             }
         }
         KeysCommand::Revoke { prefix, dir } => {
-            let key = accounts::revoke_key(&open(&dir)?, &prefix)?;
+            let key = accounts::revoke_key(&*open(&dir)?, &prefix)?;
             println!("revoked key {} of team {}", key.prefix, key.team);
         }
     }
@@ -131,7 +137,7 @@ pub fn teams(command: TeamsCommand) -> anyhow::Result<()> {
                 requests_per_second: limits.requests_per_second,
                 paused_retention_s: limits.paused_retention,
             };
-            let team = accounts::set_limits(&open(&dir)?, name.as_deref(), change)?;
+            let team = accounts::set_limits(&*open(&dir)?, name.as_deref(), change)?;
             println!("{}", describe(&team.name, &team.quotas));
         }
         TeamsCommand::List { dir } => {

@@ -14,6 +14,9 @@ pub const DEFAULT_DATA_DIR: &str = "/var/lib/copse";
 pub struct Config {
     pub listen: SocketAddr,
     pub data_dir: PathBuf,
+    /// The state database: a PostgreSQL URL, or `None` for SQLite in the
+    /// data dir.
+    pub database_url: Option<String>,
     pub agent_binary: PathBuf,
     /// Leave sandboxes running on shutdown, to be re-adopted on restart.
     pub keep_sandboxes: bool,
@@ -46,6 +49,7 @@ impl Config {
         self.data_dir.join("run")
     }
 
+    /// The SQLite database, when no `database_url` is given.
     pub fn database(&self) -> PathBuf {
         self.data_dir.join("copse.db")
     }

@@ -28,6 +28,10 @@ struct Paths {
     /// Where sandboxes, templates and the state database live.
     #[arg(long, env = "COPSE_DATA_DIR", default_value = config::DEFAULT_DATA_DIR)]
     data_dir: PathBuf,
+    /// The state database as a PostgreSQL URL (`postgres://…`); default:
+    /// SQLite in the data dir.
+    #[arg(long, env = "COPSE_DATABASE")]
+    database: Option<String>,
     /// The in-sandbox agent binary (found next to copse by default).
     #[arg(long, env = "COPSE_AGENT")]
     agent: Option<PathBuf>,
@@ -418,6 +422,7 @@ fn main() -> anyhow::Result<()> {
             let config = Config {
                 listen,
                 data_dir: paths.data_dir,
+                database_url: paths.database,
                 agent_binary: config::find_agent(paths.agent)?,
                 keep_sandboxes,
                 pools,
@@ -535,7 +540,7 @@ fn main() -> anyhow::Result<()> {
         Command::Secrets { command: SecretsCommand::RotateKey { paths } } => {
             let config = local_config(paths)?;
             let store = server::open_store(&config)?;
-            let resealed = copse_gateway::vault::Vault::open(&config.data_dir)?.rotate(&store)?;
+            let resealed = copse_gateway::vault::Vault::open(&config.data_dir)?.rotate(&*store)?;
             println!(
                 "rotated the secrets key in {}: {resealed} value(s) re-sealed",
                 config.data_dir.join(copse_gateway::vault::KEYRING_FILE).display()
@@ -578,7 +583,7 @@ fn snapshot(command: SnapshotCommand) -> anyhow::Result<()> {
                     std::fs::File::create(&file).with_context(|| format!("creating {}", file.display()))?,
                 ))
             };
-            snapshot_file::export(&store, substrate.as_ref(), &team, &id, &mut out)?;
+            snapshot_file::export(&*store, substrate.as_ref(), &team, &id, &mut out)?;
             eprintln!("exported snapshot {id}");
             Ok(())
         }
@@ -594,7 +599,7 @@ fn snapshot(command: SnapshotCommand) -> anyhow::Result<()> {
                     std::fs::File::open(&file).with_context(|| format!("opening {}", file.display()))?,
                 ))
             };
-            let record = snapshot_file::import(&store, substrate.as_ref(), &team, &mut input, name)?;
+            let record = snapshot_file::import(&*store, substrate.as_ref(), &team, &mut input, name)?;
             println!("imported snapshot {} (template {})", record.id, record.template);
             Ok(())
         }
@@ -621,7 +626,7 @@ fn volume(command: VolumeCommand) -> anyhow::Result<()> {
             for v in store.volumes()? {
                 let used =
                     substrate.volume_used(&v.id).map_or_else(|_| "-".to_string(), |b| format!("{} KiB", b >> 10));
-                let users = mounting(&store, &v.id)?.join(",");
+                let users = mounting(&*store, &v.id)?.join(",");
                 println!("{:<20} {:<16} {:<24} {:>12}  {}", v.id, v.team, v.name, used, users);
             }
             Ok(())
@@ -634,7 +639,7 @@ fn volume(command: VolumeCommand) -> anyhow::Result<()> {
                     .volume_named(&team, &volume)?
                     .with_context(|| format!("no volume {volume:?} (by id, or by name in team {team})"))?,
             };
-            let users = mounting(&store, &record.id)?;
+            let users = mounting(&*store, &record.id)?;
             anyhow::ensure!(users.is_empty(), "volume {} is mounted by sandbox {}", record.name, users.join(", "));
             substrate.delete_volume(&record.id)?;
             store.remove_volume(&record.id)?;
@@ -648,6 +653,7 @@ fn local_config(paths: Paths) -> anyhow::Result<Config> {
     Ok(Config {
         listen: config::DEFAULT_LISTEN.parse()?,
         data_dir: paths.data_dir,
+        database_url: paths.database,
         // Template and snapshot commands boot no sandbox: without an agent
         // they still work (a template can build while the agent compiles).
         agent_binary: config::find_agent(paths.agent).unwrap_or_else(|_| "copse-agent".into()),

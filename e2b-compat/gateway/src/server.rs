@@ -13,7 +13,7 @@ use crate::keys::{ApiKeys, Origin};
 use crate::model::Caller;
 use crate::progress::Reporter;
 use crate::service::{Sandboxes, Secrets, Volumes};
-use crate::store::{Indexed, SqliteStore};
+use crate::store::{self, Database, Indexed};
 use crate::tenancy::Directory;
 use crate::vault::Vault;
 use crate::{reaper, serve, telemetry, tls};
@@ -23,9 +23,16 @@ pub fn open_substrate(config: &Config) -> anyhow::Result<Arc<dyn Substrate>> {
     Ok(Arc::from(copse_host::host_substrate(&config.data_dir, &config.agent_binary, config.network.as_ref())?))
 }
 
-pub fn open_store(config: &Config) -> anyhow::Result<SqliteStore> {
-    config::private_data_dir(&config.data_dir)?;
-    SqliteStore::open(&config.database())
+/// The state database: PostgreSQL when a URL is configured, else SQLite
+/// in the data dir.
+pub fn open_store(config: &Config) -> anyhow::Result<Box<dyn Database>> {
+    match &config.database_url {
+        Some(url) => Ok(Box::new(store::PostgresStore::open(url)?)),
+        None => {
+            config::private_data_dir(&config.data_dir)?;
+            Ok(Box::new(store::SqliteStore::open(&config.database())?))
+        }
+    }
 }
 
 pub fn default_recipes() -> Vec<Recipe> {
@@ -98,10 +105,10 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         })
         .await??;
     }
-    let (store, access_tokens) = Indexed::new(Box::new(open_store(&config)?))?;
+    let (store, access_tokens) = Indexed::new(open_store(&config)?)?;
     // Its own connection: `data_version` then moves when anyone else,
     // the CLI among them, changes keys or teams.
-    let directory = Directory::open(Box::new(open_store(&config)?), keys.clone())?;
+    let directory = Directory::open(open_store(&config)?, keys.clone())?;
     let usage = store.usage();
     let svc = Arc::new(
         Sandboxes::new(substrate.clone(), Box::new(store), config.run_dir(), &config.pools)
@@ -136,9 +143,10 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     };
     let exposure = Exposure { domain: config.domain.as_deref().map(|d| d.trim_end_matches('.').to_ascii_lowercase()) };
     print_usage(addr, &exposure, tls.is_some(), keys.origin(), substrate.name());
-    let secrets = Arc::new(Secrets::new(Arc::new(open_store(&config)?), vault));
+    let secrets = Arc::new(Secrets::new(Arc::<dyn Database>::from(open_store(&config)?), vault));
     let volumes = Arc::new(
-        Volumes::new(Arc::new(open_store(&config)?), substrate.clone(), svc.clone()).with_directory(directory.clone()),
+        Volumes::new(Arc::<dyn Database>::from(open_store(&config)?), substrate.clone(), svc.clone())
+            .with_directory(directory.clone()),
     );
     let gate = api::Gate { directory, rates: Default::default() };
     let app = api::router(svc.clone(), secrets, volumes, gate, exposure).layer(axum::Extension(access_tokens));

@@ -1,6 +1,6 @@
 //! Where the records live between requests and across restarts. The
-//! service sees only this trait; `store::sqlite` is today's implementation,
-//! and another (say PostgreSQL) is one more `impl Store`.
+//! service sees only this trait; `store::sqlite` (one host) and
+//! `store::postgres` (`--database`) implement it.
 
 use super::build_layer::BuildLayer;
 use super::journal::Intent;

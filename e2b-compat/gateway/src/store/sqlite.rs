@@ -13,6 +13,7 @@ use anyhow::Context;
 use rusqlite::{Connection, OptionalExtension, params};
 use serde::de::DeserializeOwned;
 
+use super::table::Table;
 use crate::model::{
     BuildLayer, DEFAULT_TEAM, Intent, KeyRecord, SandboxRecord, SecretRecord, SecretStore, SnapshotRecord, Store, Team,
     TemplateLabels, TemplateRecord, VolumeRecord, VolumeStore,
@@ -450,32 +451,6 @@ impl VolumeStore for SqliteStore {
     }
 }
 
-/// The tables whose rows are one JSON record each.
-#[derive(Clone, Copy)]
-enum Table {
-    Sandboxes,
-    Secrets,
-    Journal,
-    Volumes,
-    Templates,
-    BuildLayers,
-    TemplateLabels,
-}
-
-impl Table {
-    fn name(self) -> &'static str {
-        match self {
-            Table::Sandboxes => "sandboxes",
-            Table::Secrets => "team_secrets",
-            Table::Journal => "journal",
-            Table::Volumes => "team_volumes",
-            Table::Templates => "built_templates",
-            Table::BuildLayers => "build_layers",
-            Table::TemplateLabels => "template_labels",
-        }
-    }
-}
-
 /// The record whose `column` (a literal of this file) equals `value`.
 fn decode_one<T: DeserializeOwned>(
     conn: &Connection,
@@ -577,6 +552,38 @@ fn decode_or_quarantine<T: DeserializeOwned>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::Database;
+    use crate::store::behaviour::{Backend, behaviours};
+
+    struct Sqlite(tempfile::TempDir);
+
+    impl Sqlite {
+        fn new() -> Self {
+            Self(tempfile::tempdir().unwrap())
+        }
+
+        fn path(&self) -> PathBuf {
+            self.0.path().join("copse.db")
+        }
+    }
+
+    impl Backend for Sqlite {
+        fn open(&self) -> Box<dyn Database> {
+            Box::new(SqliteStore::open(&self.path()).unwrap())
+        }
+
+        fn execute(&self, sql: &str) {
+            Connection::open(self.path()).unwrap().execute_batch(sql).unwrap();
+        }
+
+        fn quarantined(&self) -> Vec<(String, String, String)> {
+            let conn = Connection::open(self.path()).unwrap();
+            let mut stmt = conn.prepare("SELECT kind, id, record FROM quarantine ORDER BY kind, id").unwrap();
+            stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?))).unwrap().collect::<Result<_, _>>().unwrap()
+        }
+    }
+
+    behaviours!(Sqlite::new());
 
     fn mode(path: &Path) -> u32 {
         std::fs::metadata(path).unwrap().permissions().mode() & 0o777
@@ -605,154 +612,6 @@ mod tests {
     }
 
     #[test]
-    fn a_build_layer_is_found_only_by_its_team_and_outlives_the_connection() {
-        let dir = tempfile::tempdir().unwrap();
-        let db = dir.path().join("copse.db");
-        let layer = BuildLayer {
-            key: "k1".into(),
-            team: "a".into(),
-            substrate_template: "base".into(),
-            snapshot_key: "s1".into(),
-            envs: vec![("A".into(), "1".into())],
-            user: "user".into(),
-            workdir: Some("/w".into()),
-            templates: vec!["t1".into()],
-            created_at_ms: 1,
-        };
-        SqliteStore::open(&db).unwrap().put_build_layer(&layer).unwrap();
-        let store = SqliteStore::open(&db).unwrap();
-        assert_eq!(store.build_layer("a", "k1").unwrap(), Some(layer.clone()));
-        assert_eq!(store.build_layer("b", "k1").unwrap(), None);
-        // A torn row is quarantined, not fatal to the listing.
-        store.lock().execute("INSERT INTO build_layers (id, team, record) VALUES ('k2', 'a', '{')", []).unwrap();
-        assert_eq!(store.build_layers().unwrap(), vec![layer]);
-        assert!(store.remove_build_layer("k1").unwrap());
-        assert_eq!(store.build_layers().unwrap(), vec![]);
-    }
-
-    #[test]
-    fn a_volume_name_is_taken_once_per_team() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = SqliteStore::open(&dir.path().join("copse.db")).unwrap();
-        let volume = |id: &str, team: &str| VolumeRecord {
-            id: id.into(),
-            team: team.into(),
-            name: "data".into(),
-            token: "t".into(),
-            created_at_ms: 0,
-        };
-        assert!(store.insert_volume(&volume("a", DEFAULT_TEAM)).unwrap());
-        assert!(!store.insert_volume(&volume("b", DEFAULT_TEAM)).unwrap());
-        assert!(store.insert_volume(&volume("c", "acme")).unwrap(), "names are per team");
-        assert_eq!(store.volume_named("acme", "data").unwrap().unwrap().id, "c");
-        assert_eq!(store.volume("a").unwrap().unwrap().team, DEFAULT_TEAM);
-        assert_eq!(store.volumes().unwrap().len(), 2);
-        assert!(store.remove_volume("a").unwrap());
-        assert!(!store.remove_volume("a").unwrap());
-        assert!(store.volume_named(DEFAULT_TEAM, "data").unwrap().is_none());
-    }
-
-    fn secret(id: &str, name: &str) -> SecretRecord {
-        SecretRecord {
-            id: id.into(),
-            team: DEFAULT_TEAM.into(),
-            name: name.into(),
-            metadata: Default::default(),
-            created_at_ms: 0,
-            updated_at_ms: 0,
-            versions: Vec::new(),
-        }
-    }
-
-    fn key(hash: &str, prefix: &str, team: &str) -> KeyRecord {
-        KeyRecord {
-            hash: hash.into(),
-            prefix: prefix.into(),
-            team: team.into(),
-            label: String::new(),
-            admin: false,
-            created_at_ms: 1,
-            last_used_ms: None,
-        }
-    }
-
-    #[test]
-    fn a_secret_name_is_taken_once_and_freed_by_removal() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = SqliteStore::open(&dir.path().join("copse.db")).unwrap();
-        assert!(store.insert_secret(&secret("a", "key")).unwrap());
-        assert!(!store.insert_secret(&secret("b", "key")).unwrap());
-        assert_eq!(store.secret_named(DEFAULT_TEAM, "key").unwrap().unwrap().id, "a");
-        assert!(store.secret_named("acme", "key").unwrap().is_none());
-        let mut theirs = secret("t", "key");
-        theirs.team = "acme".into();
-        assert!(store.insert_secret(&theirs).unwrap(), "names are per team");
-        assert!(store.secret("b").unwrap().is_none());
-        assert!(!store.update_secret(&secret("b", "other")).unwrap());
-        assert!(store.remove_secret("a").unwrap());
-        assert!(store.insert_secret(&secret("b", "key")).unwrap());
-        assert_eq!(store.secrets().unwrap().len(), 2);
-    }
-
-    #[test]
-    fn journal_intents_outlive_the_connection_until_cleared_and_a_torn_one_is_quarantined() {
-        use crate::model::{Change, Intent};
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("copse.db");
-        let intent = |id: &str| Intent {
-            id: id.into(),
-            sandbox: "s1".into(),
-            change: Change::Resume { files: Some("k1".into()) },
-            started_at_ms: 1,
-        };
-        {
-            let store = SqliteStore::open(&path).unwrap();
-            store.put_intent(&intent("a")).unwrap();
-            store.put_intent(&intent("b")).unwrap();
-            store.remove_intent("a").unwrap();
-            store.lock().execute("INSERT INTO journal (id, record) VALUES ('c', 'torn')", []).unwrap();
-        }
-        let store = SqliteStore::open(&path).unwrap();
-        assert_eq!(store.intents().unwrap(), [intent("b")]);
-        let kept: i64 =
-            store.lock().query_row("SELECT count(*) FROM quarantine WHERE kind = 'journal'", [], |r| r.get(0)).unwrap();
-        assert_eq!(kept, 1);
-    }
-
-    #[test]
-    fn an_unreadable_row_is_quarantined_and_the_rest_still_listed() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = SqliteStore::open(&dir.path().join("copse.db")).unwrap();
-        store.insert_secret(&secret("a", "key")).unwrap();
-        store.insert_secret(&secret("c", "other")).unwrap();
-        store.lock().execute("UPDATE team_secrets SET record = 'garbage' WHERE id = 'a'", []).unwrap();
-        store
-            .lock()
-            .execute("INSERT INTO sandboxes (id, end_at_ms, record) VALUES ('x', 0, '{\"id\": 1')", [])
-            .unwrap();
-
-        assert!(store.all().unwrap().is_empty());
-        assert!(store.get("x").unwrap().is_none());
-        let listed = store.secrets().unwrap();
-        assert_eq!(listed.iter().map(|s| s.id.as_str()).collect::<Vec<_>>(), ["c"]);
-        assert!(store.secret_named(DEFAULT_TEAM, "key").unwrap().is_none());
-        let quarantined: Vec<(String, String, String)> = store
-            .lock()
-            .prepare("SELECT kind, id, record FROM quarantine ORDER BY kind")
-            .unwrap()
-            .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
-            .unwrap()
-            .collect::<Result<_, _>>()
-            .unwrap();
-        assert_eq!(quarantined.len(), 2);
-        assert_eq!((quarantined[0].0.as_str(), quarantined[0].1.as_str()), ("sandboxes", "x"));
-        assert_eq!((quarantined[1].0.as_str(), quarantined[1].1.as_str()), ("team_secrets", "a"));
-        assert_eq!(quarantined[1].2, "garbage");
-        // The name is free again.
-        assert!(store.insert_secret(&secret("b", "key")).unwrap());
-    }
-
-    #[test]
     fn snapshot_names_are_per_team_and_old_rows_become_the_default_teams() {
         let dir = tempfile::tempdir().unwrap();
         let db = dir.path().join("copse.db");
@@ -778,30 +637,6 @@ mod tests {
         // Opening again migrates nothing twice.
         drop(store);
         assert_eq!(SqliteStore::open(&db).unwrap().snapshots().unwrap().len(), 1);
-    }
-
-    #[test]
-    fn keys_are_revoked_by_an_unambiguous_prefix_and_other_connections_are_noticed() {
-        let dir = tempfile::tempdir().unwrap();
-        let db = dir.path().join("copse.db");
-        let gateway = SqliteStore::open(&db).unwrap();
-        let before = gateway.tenancy_generation().unwrap();
-        let cli = SqliteStore::open(&db).unwrap();
-        cli.put_key(&key("sha256:aa", "e2b_abc1", "acme")).unwrap();
-        cli.put_key(&key("sha256:bb", "e2b_abc2", "acme")).unwrap();
-        let after = gateway.tenancy_generation().unwrap();
-        assert_ne!(after, before, "the CLI's write is visible");
-        gateway.keys_used(&[("sha256:aa".into(), 42)]).unwrap();
-        assert_eq!(gateway.tenancy_generation().unwrap(), after, "use is no change to reload for");
-        assert_eq!(gateway.keys().unwrap().len(), 2);
-        assert_eq!(cli.keys().unwrap()[0].last_used_ms, Some(42));
-        assert!(cli.revoke_key("e2b_abc").is_err(), "ambiguous");
-        assert!(cli.revoke_key("e2b_zzz").unwrap().is_none());
-        assert_eq!(cli.revoke_key("e2b_abc2").unwrap().unwrap().hash, "sha256:bb");
-        assert_eq!(gateway.keys().unwrap().len(), 1);
-        let team = Team { name: "acme".into(), quotas: Default::default(), created_at_ms: 0 };
-        cli.put_team(&team).unwrap();
-        assert_eq!(gateway.teams().unwrap(), vec![team]);
     }
 
     fn snapshot_json() -> serde_json::Value {

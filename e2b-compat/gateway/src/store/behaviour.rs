@@ -1,0 +1,283 @@
+//! What every [`Database`] does, whichever engine holds it. Each test here
+//! runs against SQLite (`sqlite.rs`) and against a real PostgreSQL
+//! (`postgres.rs`) through [`behaviours!`]; what only one engine has (file
+//! modes, old SQLite layouts) is tested beside it.
+
+use super::Database;
+use crate::model::{
+    BuildLayer, Change, DEFAULT_TEAM, Intent, KeyRecord, SandboxRecord, SecretRecord, SnapshotRecord, Team,
+    TemplateLabels, TemplateRecord, VolumeRecord,
+};
+
+/// One fresh database and ways into it.
+pub trait Backend {
+    /// Another connection to it: a second one is what the CLI beside a
+    /// running gateway, or another gateway, has.
+    fn open(&self) -> Box<dyn Database>;
+    /// Runs SQL on it directly, as an operator's edit or a torn write would.
+    fn execute(&self, sql: &str);
+    /// The quarantine table's (kind, id, record), ordered by kind and id.
+    fn quarantined(&self) -> Vec<(String, String, String)>;
+}
+
+/// One `#[test]` per behaviour, each with a fresh `$backend`.
+macro_rules! behaviours {
+    ($backend:expr) => {
+        $crate::store::behaviour::behaviours!(
+            @each $backend;
+            a_build_layer_is_found_only_by_its_team_and_outlives_the_connection,
+            a_volume_name_is_taken_once_per_team,
+            a_secret_name_is_taken_once_and_freed_by_removal,
+            journal_intents_outlive_the_connection_until_cleared_and_a_torn_one_is_quarantined,
+            an_unreadable_row_is_quarantined_and_the_rest_still_listed,
+            snapshot_names_are_per_team,
+            keys_are_revoked_by_an_unambiguous_prefix_and_other_connections_are_noticed,
+            sandboxes_are_listed_by_id_and_expire_by_their_end,
+            templates_are_found_by_id_and_by_name_within_their_team
+        );
+    };
+    (@each $backend:expr; $($name:ident),*) => {
+        $(
+            #[test]
+            fn $name() {
+                let backend = $backend;
+                $crate::store::behaviour::$name(&backend);
+            }
+        )*
+    };
+}
+pub(super) use behaviours;
+
+pub fn a_build_layer_is_found_only_by_its_team_and_outlives_the_connection(db: &dyn Backend) {
+    let layer = BuildLayer {
+        key: "k1".into(),
+        team: "a".into(),
+        substrate_template: "base".into(),
+        snapshot_key: "s1".into(),
+        envs: vec![("A".into(), "1".into())],
+        user: "user".into(),
+        workdir: Some("/w".into()),
+        templates: vec!["t1".into()],
+        created_at_ms: 1,
+    };
+    db.open().put_build_layer(&layer).unwrap();
+    let store = db.open();
+    assert_eq!(store.build_layer("a", "k1").unwrap(), Some(layer.clone()));
+    assert_eq!(store.build_layer("b", "k1").unwrap(), None);
+    // A torn row is quarantined, not fatal to the listing.
+    db.execute("INSERT INTO build_layers (id, team, record) VALUES ('k2', 'a', '{')");
+    assert_eq!(store.build_layers().unwrap(), vec![layer]);
+    assert!(store.remove_build_layer("k1").unwrap());
+    assert_eq!(store.build_layers().unwrap(), vec![]);
+}
+
+pub fn a_volume_name_is_taken_once_per_team(db: &dyn Backend) {
+    let store = db.open();
+    let volume = |id: &str, team: &str| VolumeRecord {
+        id: id.into(),
+        team: team.into(),
+        name: "data".into(),
+        token: "t".into(),
+        created_at_ms: 0,
+    };
+    assert!(store.insert_volume(&volume("a", DEFAULT_TEAM)).unwrap());
+    assert!(!db.open().insert_volume(&volume("b", DEFAULT_TEAM)).unwrap(), "taken, whoever asks");
+    assert!(store.insert_volume(&volume("c", "acme")).unwrap(), "names are per team");
+    assert_eq!(store.volume_named("acme", "data").unwrap().unwrap().id, "c");
+    assert_eq!(store.volume("a").unwrap().unwrap().team, DEFAULT_TEAM);
+    assert_eq!(store.volumes().unwrap().len(), 2);
+    assert!(store.remove_volume("a").unwrap());
+    assert!(!store.remove_volume("a").unwrap());
+    assert!(store.volume_named(DEFAULT_TEAM, "data").unwrap().is_none());
+}
+
+fn secret(id: &str, name: &str) -> SecretRecord {
+    SecretRecord {
+        id: id.into(),
+        team: DEFAULT_TEAM.into(),
+        name: name.into(),
+        metadata: Default::default(),
+        created_at_ms: 0,
+        updated_at_ms: 0,
+        versions: Vec::new(),
+    }
+}
+
+fn key(hash: &str, prefix: &str, team: &str) -> KeyRecord {
+    KeyRecord {
+        hash: hash.into(),
+        prefix: prefix.into(),
+        team: team.into(),
+        label: String::new(),
+        admin: false,
+        created_at_ms: 1,
+        last_used_ms: None,
+    }
+}
+
+pub fn a_secret_name_is_taken_once_and_freed_by_removal(db: &dyn Backend) {
+    let store = db.open();
+    assert!(store.insert_secret(&secret("a", "key")).unwrap());
+    assert!(!store.insert_secret(&secret("b", "key")).unwrap());
+    assert_eq!(store.secret_named(DEFAULT_TEAM, "key").unwrap().unwrap().id, "a");
+    assert!(store.secret_named("acme", "key").unwrap().is_none());
+    let mut theirs = secret("t", "key");
+    theirs.team = "acme".into();
+    assert!(store.insert_secret(&theirs).unwrap(), "names are per team");
+    assert!(store.secret("b").unwrap().is_none());
+    assert!(!store.update_secret(&secret("b", "other")).unwrap());
+    let mut renamed = secret("a", "key");
+    renamed.updated_at_ms = 7;
+    assert!(store.update_secret(&renamed).unwrap());
+    assert_eq!(db.open().secret("a").unwrap().unwrap().updated_at_ms, 7);
+    assert!(store.remove_secret("a").unwrap());
+    assert!(store.insert_secret(&secret("b", "key")).unwrap());
+    assert_eq!(store.secrets().unwrap().len(), 2);
+}
+
+pub fn journal_intents_outlive_the_connection_until_cleared_and_a_torn_one_is_quarantined(db: &dyn Backend) {
+    let intent = |id: &str| Intent {
+        id: id.into(),
+        sandbox: "s1".into(),
+        change: Change::Resume { files: Some("k1".into()) },
+        started_at_ms: 1,
+    };
+    {
+        let store = db.open();
+        store.put_intent(&intent("a")).unwrap();
+        store.put_intent(&intent("b")).unwrap();
+        store.remove_intent("a").unwrap();
+        db.execute("INSERT INTO journal (id, record) VALUES ('c', 'torn')");
+    }
+    let store = db.open();
+    assert_eq!(store.intents().unwrap(), [intent("b")]);
+    let kept = db.quarantined();
+    assert_eq!(kept.iter().map(|(kind, id, _)| (kind.as_str(), id.as_str())).collect::<Vec<_>>(), [("journal", "c")]);
+}
+
+pub fn an_unreadable_row_is_quarantined_and_the_rest_still_listed(db: &dyn Backend) {
+    let store = db.open();
+    store.insert_secret(&secret("a", "key")).unwrap();
+    store.insert_secret(&secret("c", "other")).unwrap();
+    db.execute("UPDATE team_secrets SET record = 'garbage' WHERE id = 'a'");
+    db.execute("INSERT INTO sandboxes (id, end_at_ms, record) VALUES ('x', 0, '{\"id\": 1')");
+
+    assert!(store.all().unwrap().is_empty());
+    assert!(store.get("x").unwrap().is_none());
+    let listed = store.secrets().unwrap();
+    assert_eq!(listed.iter().map(|s| s.id.as_str()).collect::<Vec<_>>(), ["c"]);
+    assert!(store.secret_named(DEFAULT_TEAM, "key").unwrap().is_none());
+    let quarantined = db.quarantined();
+    assert_eq!(quarantined.len(), 2);
+    assert_eq!((quarantined[0].0.as_str(), quarantined[0].1.as_str()), ("sandboxes", "x"));
+    assert_eq!((quarantined[1].0.as_str(), quarantined[1].1.as_str()), ("team_secrets", "a"));
+    assert_eq!(quarantined[1].2, "garbage");
+    // The name is free again.
+    assert!(store.insert_secret(&secret("b", "key")).unwrap());
+}
+
+pub fn snapshot(team: &str, id: &str, key: &str) -> SnapshotRecord {
+    serde_json::from_value(serde_json::json!({
+        "id": id, "team": team, "names": [], "key": key, "template": "base",
+        "source_sandbox": "x", "created_at_ms": 0, "size_bytes": 0
+    }))
+    .unwrap()
+}
+
+pub fn snapshot_names_are_per_team(db: &dyn Backend) {
+    let store = db.open();
+    store.put_snapshot(&snapshot(DEFAULT_TEAM, "s1", "k")).unwrap();
+    store.put_snapshot(&snapshot("acme", "s1", "other")).unwrap();
+    assert_eq!(store.snapshot("acme", "s1").unwrap().unwrap().key, "other");
+    assert_eq!(store.snapshot(DEFAULT_TEAM, "s1").unwrap().unwrap().key, "k");
+    assert!(store.snapshot("nobody", "s1").unwrap().is_none());
+    // Put again: replaced, not added.
+    store.put_snapshot(&snapshot("acme", "s1", "third")).unwrap();
+    let all = db.open().snapshots().unwrap();
+    assert_eq!(
+        all.iter().map(|s| (s.team.as_str(), s.key.as_str())).collect::<Vec<_>>(),
+        [("acme", "third"), (DEFAULT_TEAM, "k")]
+    );
+    assert!(store.remove_snapshot("acme", "s1").unwrap());
+    assert!(!store.remove_snapshot("acme", "s1").unwrap());
+    assert!(store.snapshot(DEFAULT_TEAM, "s1").unwrap().is_some());
+}
+
+pub fn keys_are_revoked_by_an_unambiguous_prefix_and_other_connections_are_noticed(db: &dyn Backend) {
+    let gateway = db.open();
+    let before = gateway.tenancy_generation().unwrap();
+    let cli = db.open();
+    cli.put_key(&key("sha256:aa", "e2b_abc1", "acme")).unwrap();
+    cli.put_key(&key("sha256:bb", "e2b_abc2", "acme")).unwrap();
+    let after = gateway.tenancy_generation().unwrap();
+    assert_ne!(after, before, "the CLI's write is visible");
+    gateway.keys_used(&[("sha256:aa".into(), 42), ("sha256:gone".into(), 43)]).unwrap();
+    assert_eq!(gateway.tenancy_generation().unwrap(), after, "use is no change to reload for");
+    assert_eq!(gateway.keys().unwrap().len(), 2);
+    assert_eq!(cli.keys().unwrap()[0].last_used_ms, Some(42));
+    assert!(cli.revoke_key("e2b_abc").is_err(), "ambiguous");
+    assert!(cli.revoke_key("e2b_zzz").unwrap().is_none());
+    assert_eq!(cli.revoke_key("e2b_abc2").unwrap().unwrap().hash, "sha256:bb");
+    assert_eq!(gateway.keys().unwrap().len(), 1);
+    let revoked = gateway.tenancy_generation().unwrap();
+    assert_ne!(revoked, after, "a revocation is a change");
+    let team = Team { name: "acme".into(), quotas: Default::default(), created_at_ms: 0 };
+    cli.put_team(&team).unwrap();
+    assert_eq!(gateway.teams().unwrap(), vec![team]);
+    assert_ne!(gateway.tenancy_generation().unwrap(), revoked, "so is a team's");
+}
+
+fn sandbox(id: &str, end_at_ms: i64) -> SandboxRecord {
+    let mut json = serde_json::json!({
+        "id": id, "template": "base", "access_token": "t", "metadata": {}, "env_vars": {},
+        "started_at_ms": 0, "end_at_ms": end_at_ms, "state": "running", "allow_internet_access": true,
+        "auto_pause": false, "agent_socket": "/nonexistent",
+        "placement": { "init_pid": 0, "init_start": 0 },
+    });
+    json["limits"] = serde_json::to_value(copse_substrate::Limits::default()).unwrap();
+    serde_json::from_value(json).unwrap()
+}
+
+pub fn sandboxes_are_listed_by_id_and_expire_by_their_end(db: &dyn Backend) {
+    let store = db.open();
+    for (id, end) in [("b", 20), ("a", 10), ("c", 30)] {
+        store.put(&sandbox(id, end)).unwrap();
+    }
+    // A longer timeout moves the expiry, in the indexed column too.
+    store.put(&sandbox("a", 40)).unwrap();
+    let other = db.open();
+    assert_eq!(other.all().unwrap().iter().map(|r| r.id.as_str()).collect::<Vec<_>>(), ["a", "b", "c"]);
+    assert_eq!(other.get("a").unwrap().unwrap().end_at_ms, 40);
+    let mut expired = other.expired(30).unwrap();
+    expired.sort();
+    assert_eq!(expired, ["b", "c"]);
+    assert!(other.remove("b").unwrap());
+    assert!(!other.remove("b").unwrap());
+    assert!(store.get("b").unwrap().is_none());
+}
+
+pub fn templates_are_found_by_id_and_by_name_within_their_team(db: &dyn Backend) {
+    let store = db.open();
+    let template = |id: &str, team: &str, name: &str| -> TemplateRecord {
+        serde_json::from_value(serde_json::json!({
+            "id": id, "team": team, "name": name, "created_at_ms": 0, "build_count": 1, "upload_token": "u",
+            "build": { "id": "b1", "status": "ready", "log": [], "created_at_ms": 0, "updated_at_ms": 0,
+                       "cpu_count": 1, "memory_mb": 512 }
+        }))
+        .unwrap()
+    };
+    store.put_template(&template("t1", "acme", "py")).unwrap();
+    store.put_template(&template("t2", "other", "py")).unwrap();
+    assert_eq!(store.template_named("acme", "py").unwrap().unwrap().id, "t1");
+    assert_eq!(store.template_named("other", "py").unwrap().unwrap().id, "t2");
+    assert!(store.template_named("nobody", "py").unwrap().is_none());
+    assert_eq!(db.open().built_templates().unwrap().len(), 2);
+    let labels = TemplateLabels { public: true, ..TemplateLabels::new("t1", "acme") };
+    store.put_template_labels(&labels).unwrap();
+    assert_eq!(db.open().template_labels("t1").unwrap(), Some(labels));
+    assert!(store.remove_template_labels("t1").unwrap());
+    assert!(store.template_labels("t1").unwrap().is_none());
+    assert!(store.remove_template("t1").unwrap());
+    assert!(store.template("t1").unwrap().is_none());
+    assert!(store.template("t2").unwrap().is_some());
+}

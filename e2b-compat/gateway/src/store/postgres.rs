@@ -1,0 +1,551 @@
+//! The [`Store`] in PostgreSQL (`copse up --database postgres://…`): the
+//! same tables as `sqlite.rs`, so gateways and the CLI on other hosts
+//! share one state.
+//!
+//! The traits are synchronous and called from async code. The blocking
+//! `postgres` client starts a runtime of its own per call, which panics on
+//! a tokio thread, so each store owns one connection on a thread of its
+//! own and calls are sent to it. The caller waits on a channel, as it
+//! waits on SQLite's lock: no `block_in_place`, which would panic on a
+//! current-thread runtime. A lost connection (a restarted server) is made
+//! again before the next call; the call in flight fails.
+
+use std::sync::mpsc;
+
+use anyhow::Context;
+use postgres::types::ToSql;
+use postgres::{Client, NoTls, Transaction};
+use serde::de::DeserializeOwned;
+
+use super::table::Table;
+use crate::model::{
+    BuildLayer, Intent, KeyRecord, SandboxRecord, SecretRecord, SecretStore, SnapshotRecord, Store, Team,
+    TemplateLabels, TemplateRecord, VolumeRecord, VolumeStore,
+};
+
+type Job = Box<dyn FnOnce(&mut Client) + Send>;
+
+pub struct PostgresStore {
+    jobs: mpsc::Sender<Job>,
+}
+
+/// Serializes the migrations of gateways starting together (any constant
+/// the project's other advisory locks do not use).
+const MIGRATION_LOCK: i64 = 0x636f_7073_6501;
+
+impl PostgresStore {
+    /// Connects to `url` (a `postgres://` URL or `key=value` pairs) and
+    /// brings its schema up to date.
+    pub fn open(url: &str) -> anyhow::Result<Self> {
+        let config: postgres::Config = url.parse().context("reading the database URL")?;
+        let (jobs, queue) = mpsc::channel::<Job>();
+        let (ready, opened) = mpsc::sync_channel(1);
+        std::thread::Builder::new().name("copse-postgres".into()).spawn(move || {
+            let mut client = match connect(&config).and_then(|mut client| migrate(&mut client).map(|()| client)) {
+                Ok(client) => {
+                    let _ = ready.send(Ok(()));
+                    client
+                }
+                Err(err) => {
+                    let _ = ready.send(Err(err));
+                    return;
+                }
+            };
+            for job in queue {
+                if client.is_closed() {
+                    match connect(&config) {
+                        Ok(fresh) => client = fresh,
+                        Err(err) => tracing::warn!(error = %err, "reconnecting to the database"),
+                    }
+                }
+                job(&mut client);
+            }
+        })?;
+        opened.recv().context("the database thread ended while connecting")??;
+        Ok(Self { jobs })
+    }
+
+    /// Runs `work` on this store's connection and waits for its result.
+    fn run<T: Send + 'static>(
+        &self,
+        work: impl FnOnce(&mut Client) -> anyhow::Result<T> + Send + 'static,
+    ) -> anyhow::Result<T> {
+        let (reply, result) = mpsc::sync_channel(1);
+        self.jobs
+            .send(Box::new(move |client| {
+                let _ = reply.send(work(client));
+            }))
+            .map_err(|_| anyhow::anyhow!("the database thread has ended"))?;
+        result.recv().context("the database thread has ended")?
+    }
+
+    fn upsert_by_id<T: serde::Serialize>(&self, table: Table, id: &str, record: &T) -> anyhow::Result<()> {
+        let (id, json) = (id.to_owned(), serde_json::to_string(record)?);
+        self.run(move |c| {
+            let sql = format!(
+                "INSERT INTO {} (id, record) VALUES ($1, $2) ON CONFLICT (id) DO UPDATE SET record = excluded.record",
+                table.name()
+            );
+            c.execute(&sql, &[&id, &json])?;
+            Ok(())
+        })
+    }
+
+    fn delete_by_id(&self, table: Table, id: &str) -> anyhow::Result<bool> {
+        let id = id.to_owned();
+        self.run(move |c| delete_by_id(c, table, &id))
+    }
+
+    fn decode_one<T: DeserializeOwned + Send + 'static>(&self, table: Table, id: &str) -> anyhow::Result<Option<T>> {
+        let id = id.to_owned();
+        self.run(move |c| decode_one(c, table, &id))
+    }
+
+    fn decode_named<T: DeserializeOwned + Send + 'static>(
+        &self,
+        table: Table,
+        team: &str,
+        name: &str,
+    ) -> anyhow::Result<Option<T>> {
+        let (team, name) = (team.to_owned(), name.to_owned());
+        self.run(move |c| {
+            let sql = format!("SELECT id FROM {} WHERE team = $1 AND name = $2", table.name());
+            match c.query_opt(&sql, &[&team, &name])? {
+                Some(row) => decode_one(c, table, &row.get::<_, String>(0)),
+                None => Ok(None),
+            }
+        })
+    }
+
+    fn decode_all<T: DeserializeOwned + Send + 'static>(&self, table: Table) -> anyhow::Result<Vec<T>> {
+        self.run(move |c| {
+            let rows = c.query(&format!("SELECT id, record FROM {} ORDER BY id", table.name()), &[])?;
+            let mut records = Vec::with_capacity(rows.len());
+            for row in rows {
+                records.extend(decode_or_quarantine(c, table, &row.get::<_, String>(0), &row.get::<_, String>(1))?);
+            }
+            Ok(records)
+        })
+    }
+
+    /// A team's named record, unless the id or the team's name is taken:
+    /// the UNIQUE name decides between two creates racing for one name,
+    /// whichever gateway they reached.
+    fn insert_named<T: serde::Serialize>(
+        &self,
+        table: Table,
+        id: &str,
+        team: &str,
+        name: &str,
+        record: &T,
+    ) -> anyhow::Result<bool> {
+        let (id, team, name, json) = (id.to_owned(), team.to_owned(), name.to_owned(), serde_json::to_string(record)?);
+        self.run(move |c| {
+            let sql = format!(
+                "INSERT INTO {} (id, team, name, record) VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING",
+                table.name()
+            );
+            Ok(c.execute(&sql, &[&id, &team, &name, &json])? > 0)
+        })
+    }
+
+    /// The records `sql` selects (one column, the JSON), in its order.
+    fn records<T: DeserializeOwned + Send + 'static>(&self, sql: &'static str) -> anyhow::Result<Vec<T>> {
+        self.run(move |c| c.query(sql, &[])?.iter().map(|row| Ok(serde_json::from_str(row.get(0))?)).collect())
+    }
+
+    /// Writes a key or team row and marks tenancy changed, in one
+    /// transaction.
+    fn tenancy_write(&self, sql: &'static str, params: Vec<String>) -> anyhow::Result<()> {
+        self.run(move |c| {
+            let params: Vec<&(dyn ToSql + Sync)> = params.iter().map(|p| p as &(dyn ToSql + Sync)).collect();
+            let mut tx = c.transaction()?;
+            tx.execute(sql, &params)?;
+            bump_tenancy(&mut tx)?;
+            tx.commit()?;
+            Ok(())
+        })
+    }
+}
+
+fn connect(config: &postgres::Config) -> anyhow::Result<Client> {
+    let mut client = config.connect(NoTls).context("connecting to the database")?;
+    // `put_intent` must be durable when it returns, whatever the server's
+    // default says.
+    client.batch_execute("SET synchronous_commit = on")?;
+    Ok(client)
+}
+
+fn migrate(client: &mut Client) -> anyhow::Result<()> {
+    let migrations =
+        [refinery::Migration::unapplied("V1__tables", include_str!("postgres_migrations/V1__tables.sql"))?];
+    client.execute("SELECT pg_advisory_lock($1)", &[&MIGRATION_LOCK])?;
+    let migrated = refinery::Runner::new(&migrations).run(client).context("migrating the database");
+    client.execute("SELECT pg_advisory_unlock($1)", &[&MIGRATION_LOCK])?;
+    migrated.map(drop)
+}
+
+/// Marks keys or teams changed, in the transaction that changes them.
+fn bump_tenancy(tx: &mut Transaction) -> anyhow::Result<()> {
+    tx.execute(
+        "INSERT INTO generations (name, value) VALUES ('tenancy', 1)
+         ON CONFLICT (name) DO UPDATE SET value = generations.value + 1",
+        &[],
+    )?;
+    Ok(())
+}
+
+fn delete_by_id(c: &mut Client, table: Table, id: &str) -> anyhow::Result<bool> {
+    Ok(c.execute(&format!("DELETE FROM {} WHERE id = $1", table.name()), &[&id])? > 0)
+}
+
+fn decode_one<T: DeserializeOwned>(c: &mut Client, table: Table, id: &str) -> anyhow::Result<Option<T>> {
+    let row = c.query_opt(&format!("SELECT record FROM {} WHERE id = $1", table.name()), &[&id])?;
+    match row {
+        Some(row) => decode_or_quarantine(c, table, id, row.get(0)),
+        None => Ok(None),
+    }
+}
+
+/// As in `sqlite.rs`: a row that no longer parses is moved, whole, to
+/// `quarantine`, so one bad record does not fail every listing.
+fn decode_or_quarantine<T: DeserializeOwned>(
+    c: &mut Client,
+    table: Table,
+    id: &str,
+    json: &str,
+) -> anyhow::Result<Option<T>> {
+    let err = match serde_json::from_str(json) {
+        Ok(record) => return Ok(Some(record)),
+        Err(err) => err,
+    };
+    tracing::error!(table = table.name(), id, error = %err, "unreadable record moved to the quarantine table");
+    let mut tx = c.transaction()?;
+    tx.execute(
+        "INSERT INTO quarantine (kind, id, record, reason, at_ms) VALUES ($1, $2, $3, $4, $5)",
+        &[&table.name(), &id, &json, &err.to_string(), &crate::model::now_ms()],
+    )?;
+    tx.execute(&format!("DELETE FROM {} WHERE id = $1", table.name()), &[&id])?;
+    tx.commit()?;
+    Ok(None)
+}
+
+impl Store for PostgresStore {
+    fn put(&self, record: &SandboxRecord) -> anyhow::Result<()> {
+        let (id, end_at_ms, json) = (record.id.clone(), record.end_at_ms, serde_json::to_string(record)?);
+        self.run(move |c| {
+            c.execute(
+                "INSERT INTO sandboxes (id, end_at_ms, record) VALUES ($1, $2, $3)
+                 ON CONFLICT (id) DO UPDATE SET end_at_ms = excluded.end_at_ms, record = excluded.record",
+                &[&id, &end_at_ms, &json],
+            )?;
+            Ok(())
+        })
+    }
+
+    fn get(&self, id: &str) -> anyhow::Result<Option<SandboxRecord>> {
+        self.decode_one(Table::Sandboxes, id)
+    }
+
+    fn all(&self) -> anyhow::Result<Vec<SandboxRecord>> {
+        self.decode_all(Table::Sandboxes)
+    }
+
+    fn expired(&self, now_ms: i64) -> anyhow::Result<Vec<String>> {
+        self.run(move |c| {
+            let rows = c.query("SELECT id FROM sandboxes WHERE end_at_ms <= $1 ORDER BY id", &[&now_ms])?;
+            Ok(rows.iter().map(|row| row.get(0)).collect())
+        })
+    }
+
+    fn remove(&self, id: &str) -> anyhow::Result<bool> {
+        self.delete_by_id(Table::Sandboxes, id)
+    }
+
+    fn put_snapshot(&self, record: &SnapshotRecord) -> anyhow::Result<()> {
+        let (team, id, json) = (record.team.clone(), record.id.clone(), serde_json::to_string(record)?);
+        self.run(move |c| {
+            c.execute(
+                "INSERT INTO team_snapshots (team, id, record) VALUES ($1, $2, $3)
+                 ON CONFLICT (team, id) DO UPDATE SET record = excluded.record",
+                &[&team, &id, &json],
+            )?;
+            Ok(())
+        })
+    }
+
+    fn snapshot(&self, team: &str, id: &str) -> anyhow::Result<Option<SnapshotRecord>> {
+        let (team, id) = (team.to_owned(), id.to_owned());
+        self.run(move |c| {
+            let row = c.query_opt("SELECT record FROM team_snapshots WHERE team = $1 AND id = $2", &[&team, &id])?;
+            row.map(|row| serde_json::from_str(row.get(0)).context("corrupt snapshot record")).transpose()
+        })
+    }
+
+    fn snapshots(&self) -> anyhow::Result<Vec<SnapshotRecord>> {
+        self.records("SELECT record FROM team_snapshots ORDER BY team, id")
+    }
+
+    fn remove_snapshot(&self, team: &str, id: &str) -> anyhow::Result<bool> {
+        let (team, id) = (team.to_owned(), id.to_owned());
+        self.run(move |c| Ok(c.execute("DELETE FROM team_snapshots WHERE team = $1 AND id = $2", &[&team, &id])? > 0))
+    }
+
+    fn put_template(&self, record: &TemplateRecord) -> anyhow::Result<()> {
+        let (id, team, name) = (record.id.clone(), record.team.clone(), record.name.clone());
+        let json = serde_json::to_string(record)?;
+        self.run(move |c| {
+            c.execute(
+                "INSERT INTO built_templates (id, team, name, record) VALUES ($1, $2, $3, $4)
+                 ON CONFLICT (id) DO UPDATE SET record = excluded.record",
+                &[&id, &team, &name, &json],
+            )?;
+            Ok(())
+        })
+    }
+
+    fn template(&self, id: &str) -> anyhow::Result<Option<TemplateRecord>> {
+        self.decode_one(Table::Templates, id)
+    }
+
+    fn template_named(&self, team: &str, name: &str) -> anyhow::Result<Option<TemplateRecord>> {
+        self.decode_named(Table::Templates, team, name)
+    }
+
+    fn built_templates(&self) -> anyhow::Result<Vec<TemplateRecord>> {
+        self.decode_all(Table::Templates)
+    }
+
+    fn remove_template(&self, id: &str) -> anyhow::Result<bool> {
+        self.delete_by_id(Table::Templates, id)
+    }
+
+    fn put_template_labels(&self, labels: &TemplateLabels) -> anyhow::Result<()> {
+        self.upsert_by_id(Table::TemplateLabels, &labels.id, labels)
+    }
+
+    fn template_labels(&self, id: &str) -> anyhow::Result<Option<TemplateLabels>> {
+        self.decode_one(Table::TemplateLabels, id)
+    }
+
+    fn remove_template_labels(&self, id: &str) -> anyhow::Result<bool> {
+        self.delete_by_id(Table::TemplateLabels, id)
+    }
+
+    fn put_build_layer(&self, layer: &BuildLayer) -> anyhow::Result<()> {
+        let (key, team, json) = (layer.key.clone(), layer.team.clone(), serde_json::to_string(layer)?);
+        self.run(move |c| {
+            c.execute(
+                "INSERT INTO build_layers (id, team, record) VALUES ($1, $2, $3)
+                 ON CONFLICT (id) DO UPDATE SET record = excluded.record",
+                &[&key, &team, &json],
+            )?;
+            Ok(())
+        })
+    }
+
+    fn build_layer(&self, team: &str, key: &str) -> anyhow::Result<Option<BuildLayer>> {
+        let found: Option<BuildLayer> = self.decode_one(Table::BuildLayers, key)?;
+        Ok(found.filter(|layer| layer.team == team))
+    }
+
+    fn build_layers(&self) -> anyhow::Result<Vec<BuildLayer>> {
+        self.decode_all(Table::BuildLayers)
+    }
+
+    fn remove_build_layer(&self, key: &str) -> anyhow::Result<bool> {
+        self.delete_by_id(Table::BuildLayers, key)
+    }
+
+    fn put_team(&self, team: &Team) -> anyhow::Result<()> {
+        self.tenancy_write(
+            "INSERT INTO teams (name, record) VALUES ($1, $2)
+             ON CONFLICT (name) DO UPDATE SET record = excluded.record",
+            vec![team.name.clone(), serde_json::to_string(team)?],
+        )
+    }
+
+    fn teams(&self) -> anyhow::Result<Vec<Team>> {
+        self.records("SELECT record FROM teams ORDER BY name")
+    }
+
+    fn put_key(&self, key: &KeyRecord) -> anyhow::Result<()> {
+        self.tenancy_write(
+            "INSERT INTO keys (hash, prefix, record) VALUES ($1, $2, $3)
+             ON CONFLICT (hash) DO UPDATE SET prefix = excluded.prefix, record = excluded.record",
+            vec![key.hash.clone(), key.prefix.clone(), serde_json::to_string(key)?],
+        )
+    }
+
+    fn keys(&self) -> anyhow::Result<Vec<KeyRecord>> {
+        self.records("SELECT record FROM keys ORDER BY prefix")
+    }
+
+    fn revoke_key(&self, prefix: &str) -> anyhow::Result<Option<KeyRecord>> {
+        let prefix = prefix.to_owned();
+        self.run(move |c| {
+            let mut tx = c.transaction()?;
+            let matching =
+                tx.query("SELECT hash, record FROM keys WHERE left(prefix, length($1)) = $1 FOR UPDATE", &[&prefix])?;
+            let (hash, json): (String, String) = match matching.as_slice() {
+                [] => return Ok(None),
+                [one] => (one.get(0), one.get(1)),
+                many => anyhow::bail!("{} keys start with {prefix:?}; give more of the prefix", many.len()),
+            };
+            tx.execute("DELETE FROM keys WHERE hash = $1", &[&hash])?;
+            bump_tenancy(&mut tx)?;
+            tx.commit()?;
+            Ok(Some(serde_json::from_str(&json).context("corrupt key record")?))
+        })
+    }
+
+    fn keys_used(&self, used: &[(String, i64)]) -> anyhow::Result<()> {
+        let used = used.to_vec();
+        self.run(move |c| {
+            let mut tx = c.transaction()?;
+            for (hash, at_ms) in &used {
+                // A key revoked meanwhile stays revoked: only existing rows change.
+                tx.execute(
+                    "UPDATE keys SET record = jsonb_set(record::jsonb, '{last_used_ms}', to_jsonb($2::bigint))::text
+                     WHERE hash = $1",
+                    &[hash, at_ms],
+                )?;
+            }
+            tx.commit()?;
+            Ok(())
+        })
+    }
+
+    fn tenancy_generation(&self) -> anyhow::Result<i64> {
+        self.run(|c| {
+            let row = c.query_opt("SELECT value FROM generations WHERE name = 'tenancy'", &[])?;
+            Ok(row.map(|row| row.get(0)).unwrap_or(0))
+        })
+    }
+
+    fn put_intent(&self, intent: &Intent) -> anyhow::Result<()> {
+        // Durable on return: the connection commits with synchronous_commit on.
+        self.upsert_by_id(Table::Journal, &intent.id, intent)
+    }
+
+    fn intents(&self) -> anyhow::Result<Vec<Intent>> {
+        self.decode_all(Table::Journal)
+    }
+
+    fn remove_intent(&self, id: &str) -> anyhow::Result<()> {
+        self.delete_by_id(Table::Journal, id).map(drop)
+    }
+}
+
+impl SecretStore for PostgresStore {
+    fn insert_secret(&self, record: &SecretRecord) -> anyhow::Result<bool> {
+        self.insert_named(Table::Secrets, &record.id, &record.team, &record.name, record)
+    }
+
+    fn update_secret(&self, record: &SecretRecord) -> anyhow::Result<bool> {
+        let (id, json) = (record.id.clone(), serde_json::to_string(record)?);
+        self.run(move |c| Ok(c.execute("UPDATE team_secrets SET record = $2 WHERE id = $1", &[&id, &json])? > 0))
+    }
+
+    fn secret(&self, id: &str) -> anyhow::Result<Option<SecretRecord>> {
+        self.decode_one(Table::Secrets, id)
+    }
+
+    fn secret_named(&self, team: &str, name: &str) -> anyhow::Result<Option<SecretRecord>> {
+        self.decode_named(Table::Secrets, team, name)
+    }
+
+    fn secrets(&self) -> anyhow::Result<Vec<SecretRecord>> {
+        self.decode_all(Table::Secrets)
+    }
+
+    fn remove_secret(&self, id: &str) -> anyhow::Result<bool> {
+        self.delete_by_id(Table::Secrets, id)
+    }
+}
+
+impl VolumeStore for PostgresStore {
+    fn insert_volume(&self, record: &VolumeRecord) -> anyhow::Result<bool> {
+        self.insert_named(Table::Volumes, &record.id, &record.team, &record.name, record)
+    }
+
+    fn volume(&self, id: &str) -> anyhow::Result<Option<VolumeRecord>> {
+        self.decode_one(Table::Volumes, id)
+    }
+
+    fn volume_named(&self, team: &str, name: &str) -> anyhow::Result<Option<VolumeRecord>> {
+        self.decode_named(Table::Volumes, team, name)
+    }
+
+    fn volumes(&self) -> anyhow::Result<Vec<VolumeRecord>> {
+        self.decode_all(Table::Volumes)
+    }
+
+    fn remove_volume(&self, id: &str) -> anyhow::Result<bool> {
+        self.delete_by_id(Table::Volumes, id)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::Database;
+    use crate::store::behaviour::{Backend, behaviours};
+    use crate::store::test_postgres::TestPostgres;
+
+    impl Backend for TestPostgres {
+        fn open(&self) -> Box<dyn Database> {
+            Box::new(PostgresStore::open(&self.url()).unwrap())
+        }
+
+        fn execute(&self, sql: &str) {
+            Client::connect(&self.url(), NoTls).unwrap().batch_execute(sql).unwrap();
+        }
+
+        fn quarantined(&self) -> Vec<(String, String, String)> {
+            let mut client = Client::connect(&self.url(), NoTls).unwrap();
+            let rows = client.query("SELECT kind, id, record FROM quarantine ORDER BY kind, id", &[]).unwrap();
+            rows.iter().map(|r| (r.get(0), r.get(1), r.get(2))).collect()
+        }
+    }
+
+    behaviours!(TestPostgres::start());
+
+    /// The gateway calls the store from its tokio workers, where the
+    /// blocking client alone would panic.
+    #[tokio::test(flavor = "current_thread")]
+    async fn the_store_is_usable_from_async_code() {
+        let server = TestPostgres::start();
+        let store = PostgresStore::open(&server.url()).unwrap();
+        store.put_snapshot(&crate::store::behaviour::snapshot("acme", "s1", "k")).unwrap();
+        assert_eq!(store.snapshots().unwrap().len(), 1);
+    }
+
+    #[test]
+    fn a_second_gateway_finds_the_schema_migrated_once() {
+        let server = TestPostgres::start();
+        let url = server.url();
+        let stores: Vec<PostgresStore> = std::thread::scope(|s| {
+            let opening: Vec<_> = (0..3).map(|_| s.spawn(|| PostgresStore::open(&url))).collect();
+            opening.into_iter().map(|h| h.join().unwrap().unwrap()).collect()
+        });
+        stores[0]
+            .put_intent(&Intent {
+                id: "i".into(),
+                sandbox: "s".into(),
+                change: crate::model::Change::Resume { files: None },
+                started_at_ms: 0,
+            })
+            .unwrap();
+        assert_eq!(stores[2].intents().unwrap().len(), 1);
+        let mut client = Client::connect(&server.url(), NoTls).unwrap();
+        let applied: i64 = client.query_one("SELECT count(*) FROM refinery_schema_history", &[]).unwrap().get(0);
+        assert_eq!(applied, 1);
+    }
+
+    #[test]
+    fn a_bad_url_is_an_error_not_a_hang() {
+        assert!(PostgresStore::open("postgres://nobody@127.0.0.1:1/none?connect_timeout=2").is_err());
+        assert!(PostgresStore::open("not a url at all ===").is_err());
+    }
+}
