@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use clap::Subcommand;
 use copse_gateway::config;
-use copse_gateway::model::{DEFAULTS_ROW, Quotas, Store};
+use copse_gateway::model::{DEFAULTS_ROW, Quotas};
 use copse_gateway::server;
 use copse_gateway::store::Database;
 use copse_gateway::tenancy::accounts;

@@ -559,7 +559,6 @@ fn main() -> anyhow::Result<()> {
 }
 
 fn snapshot(command: SnapshotCommand) -> anyhow::Result<()> {
-    use copse_gateway::model::Store;
     use copse_gateway::snapshot_file;
     use std::io::{BufReader, BufWriter};
     let open = |paths: Paths| -> anyhow::Result<_> {
@@ -607,7 +606,7 @@ fn snapshot(command: SnapshotCommand) -> anyhow::Result<()> {
 }
 
 fn volume(command: VolumeCommand) -> anyhow::Result<()> {
-    use copse_gateway::model::{Store, VolumeStore};
+    use copse_gateway::model::Store;
     let open = |paths: Paths| -> anyhow::Result<_> {
         let config = local_config(paths)?;
         Ok((server::open_store(&config)?, server::open_substrate(&config)?))
