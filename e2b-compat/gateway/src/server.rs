@@ -121,6 +121,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     }
     let reaper = reaper::spawn(&svc);
     let refresher = directory.spawn_refresher();
+    let warmer = svc.spawn_warmer();
     let pools = svc.spawn_pools();
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
@@ -158,6 +159,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             // Sandboxes go first: their command streams are the responses
             // graceful shutdown would otherwise wait on for ever.
             svc.drain_pools(pools).await;
+            svc.stop_warmer(warmer).await;
             if !keep_sandboxes {
                 kill_all(&svc).await;
             }
