@@ -149,7 +149,6 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         let svc = svc.clone();
         async move {
             shutdown_signal().await;
-            let _ = stopping_tx.send(());
             reaper.abort();
             if let Some(metrics) = metrics {
                 metrics.abort();
@@ -164,6 +163,10 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
                 kill_all(&svc).await;
             }
             svc.settle().await;
+            // The grace for streams still open starts now: counted from the
+            // signal, it could cut short a drain that waits for a boot or a
+            // warm-up in flight, leaving its sandbox behind.
+            let _ = stopping_tx.send(());
         }
     };
     let server = serve::serve(listener, tls, app, config.limits, stop);

@@ -37,6 +37,8 @@ use crate::model::new_id;
 use crate::pool::Booted;
 use crate::{agent_link, services, templates};
 
+/// How many times the warm snapshot is tried before the template stays cold.
+const DUMP_ATTEMPTS: u32 = 4;
 /// How long a boot waits for a warm-up in progress before it boots cold.
 const WARM_WAIT: Duration = Duration::from_secs(60);
 
@@ -184,11 +186,24 @@ impl Sandboxes {
         let taken = async {
             services::wait_settled(&booted.agent_socket, &service).await?;
             let _quiet = agent_link::quiesce(&booted.agent_socket).await;
-            let (id, key) = (id.clone(), key.clone());
-            let started = Instant::now();
-            let taken = self.blocking(move |s| s.snapshot(&id, &key, true)).await;
-            self.observe_checkpoint(false, taken.is_ok(), started.elapsed());
-            Ok::<_, anyhow::Error>(taken?)
+            let mut attempt = 1;
+            loop {
+                let (id, key) = (id.clone(), key.clone());
+                let started = Instant::now();
+                let taken = self.blocking(move |s| s.snapshot(&id, &key, true)).await;
+                self.observe_checkpoint(false, taken.is_ok(), started.elapsed());
+                match taken {
+                    Ok(info) => break Ok::<_, anyhow::Error>(info),
+                    // CRIU now and then finds a socket mid-close; a moment
+                    // later it does not.
+                    Err(e) if attempt < DUMP_ATTEMPTS => {
+                        tracing::info!("the warm snapshot of {template} is retried after: {e}");
+                        attempt += 1;
+                        tokio::time::sleep(Duration::from_millis(300)).await;
+                    }
+                    Err(e) => break Err(e.into()),
+                }
+            }
         }
         .await;
         self.discard(&id).await;
