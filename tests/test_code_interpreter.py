@@ -245,3 +245,48 @@ def test_javascript_and_typescript_contexts(sbx):
     with pytest.raises(TimeoutException):
         sbx.run_code("while (true) {}", language="js", timeout=2)
     assert sbx.run_code("seen.length", language="js", timeout=20).text == "3"
+
+
+def server_ready_at(sbx) -> float:
+    """When the sandbox's interpreter found its default kernel ready (the
+    server says so on /health, asked from inside the sandbox)."""
+    probe = sbx.commands.run(
+        "python3 -c \"import urllib.request as u; "
+        "print(u.urlopen('http://127.0.0.1:49999/health').headers['X-Copse-Ready-At'])\""
+    )
+    return float(probe.stdout)
+
+
+@pytest.mark.timeout(300, func_only=True)
+def test_with_no_pool_a_create_restores_the_warm_kernel_with_its_own_identity(gateway):
+    """The suite's gateway keeps no code-interpreter pool, so every create
+    misses it: the sandbox is restored from the template's memory snapshot,
+    its server and kernel started before the create was asked for and not
+    started again; each restored sandbox still has its own hostname, token
+    and environment."""
+    # The gateway's first code-interpreter boot may be the one that takes
+    # the warm snapshot.
+    Sandbox.create(timeout=60).kill()
+    asked_at = time.time()
+    first = Sandbox.create(timeout=120, envs={"MARK": "first"})
+    second = Sandbox.create(timeout=120, envs={"MARK": "second"})
+    try:
+        hosts = []
+        for sbx, mark in ((first, "first"), (second, "second")):
+            answer = sbx.run_code("import os, socket\n[os.environ.get('MARK'), socket.gethostname()]")
+            assert answer.error is None
+            got_mark, host = eval(answer.text)
+            assert got_mark == mark
+            assert sbx.sandbox_id.startswith(host)
+            hosts.append(host)
+            # Ready before anyone asked: restored, not started.
+            assert server_ready_at(sbx) < asked_at
+        assert hosts[0] != hosts[1]
+        assert first._envd_access_token != second._envd_access_token
+        # The kernel is the same process as before the first cell: the
+        # cell above ran in it, state persists.
+        assert first.run_code("x = 6 * 7").error is None
+        assert first.run_code("x").text == "42"
+    finally:
+        first.kill()
+        second.kill()

@@ -1721,3 +1721,34 @@ def test_tags_cannot_carry_paths_floods_or_reach_another_teams_template(gateway)
         assert call("GET", f"/templates/{info.template_id}").json()["public"] is False
     finally:
         httpx.delete(f"{gateway.url}/templates/{name}", headers={"X-API-KEY": key})
+
+
+@pytest.mark.timeout(300, func_only=True)
+def test_what_a_restored_code_interpreter_changes_never_reaches_the_next_one(gateway):
+    """Code-interpreter sandboxes the pool cannot serve are restored from one
+    warm memory snapshot: whatever one of them plants in its kernel, its
+    files or the interpreter's own code stays in that sandbox."""
+    from e2b_code_interpreter import Sandbox as CodeSandbox
+
+    # After this one the warm snapshot exists (the first boot may take it).
+    CodeSandbox.create(timeout=60).kill()
+    tenant = CodeSandbox.create(timeout=120)
+    try:
+        assert tenant.run_code("planted = 'by the tenant'").error is None
+        tenant.commands.run(
+            "echo planted > /home/user/planted; echo planted > /tmp/planted; "
+            "echo '# copse-planted' >> /opt/copse/copse_interpreter.py",
+            user="root",
+        )
+        assert "copse-planted" in tenant.commands.run("tail -1 /opt/copse/copse_interpreter.py").stdout
+        after = CodeSandbox.create(timeout=120)
+        try:
+            assert after.run_code("'planted' in globals()").text == "False"
+            left = after.commands.run(
+                "ls /home/user/planted /tmp/planted 2>/dev/null; grep -c copse-planted /opt/copse/copse_interpreter.py || true"
+            ).stdout
+            assert left.strip() == "0", left
+        finally:
+            after.kill()
+    finally:
+        tenant.kill()

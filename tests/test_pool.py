@@ -10,6 +10,7 @@ import urllib.request
 import pytest
 
 import leakcheck
+from test_code_interpreter import server_ready_at
 from test_leaks import live_ids
 
 
@@ -67,10 +68,10 @@ def test_code_interpreter_sandboxes_come_from_the_pool_with_a_warm_kernel(gatewa
         sbx = CodeSandbox.create(timeout=120)
         try:
             assert sbx.sandbox_id in pooled
-            # The kernel process started before anyone asked for the sandbox.
-            kernel_age = sbx.run_code("import os, time; time.time() - os.stat(f'/proc/{os.getpid()}').st_ctime")
-            assert kernel_age.error is None
-            assert float(kernel_age.text) > time.time() - asked_at
+            # The kernel was ready before anyone asked for the sandbox (its
+            # process may be younger: a pool refill restores the template's
+            # warm memory snapshot where the host has them).
+            assert server_ready_at(sbx) < asked_at
             assert sbx.run_code("1+1").text == "2"
         finally:
             sbx.kill()

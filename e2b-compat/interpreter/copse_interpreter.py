@@ -401,6 +401,8 @@ class Context:
 
 
 # Where the agent serves kernel requests (copse_protocol::kernels).
+# /health's header saying when the default kernel became ready.
+READY_AT_HEADER = "X-Copse-Ready-At"
 AGENT_KERNEL_SOCKET = "\0copse-agent-kernels" if sys.platform.startswith("linux") else "/var/run/copse-agent-kernels.sock"
 PYTHON_KERNEL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "copse_python_kernel.py")
 
@@ -1251,6 +1253,8 @@ class Registry:
         self.defaults = {}
         self.default_locks = {lang: threading.Lock() for lang in SUPPORTED_LANGUAGES}
         self.ready = threading.Event()
+        self.ready_at = None
+        self.settled = threading.Event()
 
     def create(self, language, cwd):
         check_language(language)
@@ -1337,10 +1341,12 @@ class Handler(http.server.BaseHTTPRequestHandler):
     def _headers_common(self):
         self.send_header("Access-Control-Allow-Origin", "*")
 
-    def send_json(self, status, obj):
+    def send_json(self, status, obj, headers=None):
         body = json.dumps(obj).encode("utf-8")
         self.send_response(status)
         self._headers_common()
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
@@ -1471,8 +1477,15 @@ class Handler(http.server.BaseHTTPRequestHandler):
     # -- routes --------------------------------------------------------------
 
     def get_health(self):
-        if REGISTRY.ready.is_set():
-            self.send_json(200, "OK")
+        # ``?settled=1``: the contexts warmed in the background are ready
+        # too. A memory snapshot of a warm server waits for it, so it never
+        # catches a kernel half-started.
+        query = urllib.parse.parse_qs(urllib.parse.urlsplit(self.path).query)
+        event = REGISTRY.settled if query.get("settled") == ["1"] else REGISTRY.ready
+        if event.is_set():
+            # When the default kernel became ready: a sandbox restored from
+            # a memory snapshot reports a time before its own creation.
+            self.send_json(200, "OK", headers={READY_AT_HEADER: f"{REGISTRY.ready_at:.6f}"})
         else:
             self.send_json(503, {"error": "the default python kernel is starting"})
 
@@ -1572,6 +1585,11 @@ def warm_default(language):
         log.exception("warming the default %s context failed; it starts on first use", language)
 
 
+def warm_then_settle(language):
+    warm_default(language)
+    REGISTRY.settled.set()
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description="E2B-compatible code interpreter server (runs inside a sandbox)")
     parser.add_argument("--port", type=int, default=49999)
@@ -1636,13 +1654,16 @@ def main(argv=None):
     else:
         log.error("no python kernel; exiting")
         os._exit(1)
+    REGISTRY.ready_at = time.time()
     REGISTRY.ready.set()
     log.info("ready")
     if "javascript" in SUPPORTED_LANGUAGES:
         # Warmed after /health turns 200, so it never delays a sandbox: a
         # Node.js start is most of a first JavaScript call, and an idle one
         # costs about 9 MiB of its own (its code is the template's, shared).
-        threading.Thread(target=warm_default, args=("javascript",), daemon=True, name="warm-js").start()
+        threading.Thread(target=warm_then_settle, args=("javascript",), daemon=True, name="warm-js").start()
+    else:
+        REGISTRY.settled.set()
     while True:
         time.sleep(3600)
 

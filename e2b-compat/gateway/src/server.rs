@@ -128,6 +128,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     }
     let reaper = reaper::spawn(&svc);
     let refresher = directory.spawn_refresher();
+    let warmer = svc.spawn_warmer();
     let pools = svc.spawn_pools();
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
@@ -156,7 +157,6 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         let svc = svc.clone();
         async move {
             shutdown_signal().await;
-            let _ = stopping_tx.send(());
             reaper.abort();
             if let Some(metrics) = metrics {
                 metrics.abort();
@@ -166,10 +166,15 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             // Sandboxes go first: their command streams are the responses
             // graceful shutdown would otherwise wait on for ever.
             svc.drain_pools(pools).await;
+            svc.stop_warmer(warmer).await;
             if !keep_sandboxes {
                 kill_all(&svc).await;
             }
             svc.settle().await;
+            // The grace for streams still open starts now: counted from the
+            // signal, it could cut short a drain that waits for a boot or a
+            // warm-up in flight, leaving its sandbox behind.
+            let _ = stopping_tx.send(());
         }
     };
     let server = serve::serve(listener, tls, app, config.limits, stop);

@@ -42,9 +42,20 @@ async fn launch(agent_socket: &Path, service: &Service) -> anyhow::Result<()> {
 }
 
 pub async fn wait_ready(agent_socket: &Path, service: &Service) -> anyhow::Result<()> {
+    wait_for(agent_socket, service, service.health_path).await
+}
+
+/// Waits until the service has also finished what it warms in the
+/// background after it is ready: what a memory snapshot of it waits for,
+/// so no process is caught half-started.
+pub async fn wait_settled(agent_socket: &Path, service: &Service) -> anyhow::Result<()> {
+    wait_for(agent_socket, service, service.settled_path).await
+}
+
+async fn wait_for(agent_socket: &Path, service: &Service, path: &str) -> anyhow::Result<()> {
     let deadline = Instant::now() + READY_TIMEOUT;
     loop {
-        let status = probe(agent_socket, service).await?;
+        let status = probe(agent_socket, service, path).await?;
         if status.is_success() {
             return Ok(());
         }
@@ -57,11 +68,11 @@ pub async fn wait_ready(agent_socket: &Path, service: &Service) -> anyhow::Resul
 
 /// Whether the service answers its health check right now.
 pub async fn is_ready(agent_socket: &Path, service: &Service) -> bool {
-    probe(agent_socket, service).await.is_ok_and(|status| status.is_success())
+    probe(agent_socket, service, service.health_path).await.is_ok_and(|status| status.is_success())
 }
 
-async fn probe(agent_socket: &Path, service: &Service) -> anyhow::Result<hyper::StatusCode> {
-    let request = Request::get(service.health_path)
+async fn probe(agent_socket: &Path, service: &Service, path: &str) -> anyhow::Result<hyper::StatusCode> {
+    let request = Request::get(path)
         .header("host", AGENT_HOST)
         .header(SANDBOX_PORT, service.port.to_string())
         .body(Body::empty())?;

@@ -177,8 +177,14 @@ impl Sandboxes {
                 None => {
                     self.check_template(&request.template).await?;
                     origin.template = Some(request.template.clone());
-                    let network = Network::New(policy.clone());
-                    self.boot_from(new_id(), &request.template, None, network, false, &request.volumes).await?
+                    match request.volumes.is_empty() {
+                        // A warm snapshot holds memory: no mounts under it.
+                        true => self.boot_warm_or_cold(&request.template, &policy).await?,
+                        false => {
+                            let network = Network::New(policy.clone());
+                            self.boot_from(new_id(), &request.template, None, network, false, &request.volumes).await?
+                        }
+                    }
                 }
             }
         };
@@ -238,7 +244,7 @@ impl Sandboxes {
     /// started.
     pub(super) async fn boot(&self, template: &str, policy: &Policy) -> Result<Booted> {
         self.check_template(template).await?;
-        self.boot_from(new_id(), template, None, Network::New(policy.clone()), false, &[]).await
+        self.boot_warm_or_cold(template, policy).await
     }
 
     /// Gives a booted sandbox the caller's policy if it was booted under

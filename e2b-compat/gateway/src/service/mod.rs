@@ -25,6 +25,7 @@ mod secrets;
 mod snapshot;
 mod transitions;
 mod volumes;
+mod warm;
 
 #[cfg(test)]
 mod tests;
@@ -76,6 +77,8 @@ pub struct Sandboxes {
     template_files: PathBuf,
     /// Registries and blob cache of builds from images (`builds/image.rs`).
     images: builds::ImageSource,
+    /// Templates whose service is restored running (`warm.rs`).
+    warmer: warm::Warmer,
 }
 
 impl Sandboxes {
@@ -106,6 +109,7 @@ impl Sandboxes {
             quota: Default::default(),
             template_files,
             images: builds::ImageSource::new(Default::default(), blob_dir),
+            warmer: Default::default(),
         }
     }
 
