@@ -25,7 +25,9 @@ from e2b.api.client.models import LogLevel, LogsDirection, TemplateUpdateRequest
 from e2b.api.client_sync import get_api_client
 from e2b.connection_config import ConnectionConfig
 from e2b.exceptions import TemplateException
-from test_templates import api, delete_template, unique
+import leakcheck
+from conftest import DATA_DIR
+from test_templates import api, delete_template, snapshot_files, unique
 from test_tenancy import new_key, new_team
 
 pytestmark = pytest.mark.timeout(600, func_only=True)
@@ -71,19 +73,33 @@ def test_tags_name_builds_and_sandbox_create_takes_name_colon_tag(gateway):
         with pytest.raises(TemplateException):
             Template.remove_tags(name, "canary")
 
-        # A second build under a new tag: the old tags keep their build,
-        # but only the latest image is kept, and create says so.
+        # A second build under a new tag: the old tags keep their build and
+        # its image, so each tag boots its own build's files.
+        with_first = snapshot_files()
         second = build(f"{name}:v2", "two")
         tags = tags_of(name)
         assert tags["v2"] == second.build_id and tags["v1"] == first.build_id
-        sbx = Sandbox.create(f"{name}:v2", timeout=60)
+        assert with_first < snapshot_files(), "the first build's image was deleted"
+        for ref, text in ((f"{name}:v2", "two"), (f"{name}:v1", "one"), (f"{name}:prod", "one"), (name, "two")):
+            sbx = Sandbox.create(ref, timeout=60)
+            try:
+                assert marker(sbx) == text, ref
+            finally:
+                sbx.kill()
+        # Once no tag names the first build, its image is collected; a
+        # sandbox still running on it keeps its files until it ends.
+        running_old = Sandbox.create(f"{name}:stable", timeout=120)
         try:
-            assert marker(sbx) == "two"
+            Template.assign_tags(f"{name}:v2", "prod")
+            Template.remove_tags(name, "stable")
+            assert with_first < snapshot_files(), "v1 still names the first build"
+            Template.assign_tags(f"{name}:v2", "v1")
+            gone = with_first - snapshot_files()
+            assert len(gone) == 1, gone
+            assert marker(running_old) == "one"
         finally:
-            sbx.kill()
-        with pytest.raises(Exception, match="replaced"):
-            Sandbox.create(f"{name}:v1", timeout=30)
-        Template.assign_tags(f"{name}:v2", "v1")
+            running_old.kill()
+        assert leakcheck.unnamed_layers(DATA_DIR) == []
         sbx = Sandbox.create(f"{name}:v1", timeout=60)
         try:
             assert marker(sbx) == "two"
@@ -92,7 +108,7 @@ def test_tags_name_builds_and_sandbox_create_takes_name_colon_tag(gateway):
 
         # The raw routes, parsed by the SDK's generated client.
         c = client()
-        assert get_templates_template_id_tags_count.sync(name, client=c).total == 4
+        assert get_templates_template_id_tags_count.sync(name, client=c).total == 3
         exists = get_templates_template_id_tags_exists.sync(name, client=c, tag=" V2 ")
         assert exists.exists and exists.normalized_tag == "v2"
         assert not get_templates_template_id_tags_exists.sync(name, client=c, tag="v9").exists
@@ -102,7 +118,7 @@ def test_tags_name_builds_and_sandbox_create_takes_name_colon_tag(gateway):
         assert groups.tags[0].has_more and len(groups.tags[0].assignments) == 1
         assert str(groups.tags[0].assignments[0].build_id) == second.build_id
         rest = get_templates_template_id_tags_groups.sync(name, client=c, tags_cursor=groups.next_cursor)
-        assert rest.next_cursor is None and len(rest.tags) == 2
+        assert rest.next_cursor is None and len(rest.tags) == 1
         history = get_templates_template_id_tags_tag_assignments.sync(name, "v1", client=c, limit=1)
         assert [str(a.build_id) for a in history.data] == [second.build_id] and history.next_cursor == "1"
         older = get_templates_template_id_tags_tag_assignments.sync(name, "v1", client=c, cursor="1")

@@ -365,7 +365,7 @@ async fn assign_tags(
     body: Option<Json<wire::AssignTags>>,
 ) -> ApiResult<(StatusCode, Json<wire::AssignedTags>)> {
     let Json(body) = body.ok_or_else(|| ApiError::bad_request("request body must be a JSON object"))?;
-    let (build_id, tags) = svc.assign_tags(&who.caller, &body.target, &body.tags)?;
+    let (build_id, tags) = svc.assign_tags(&who.caller, &body.target, &body.tags).await?;
     Ok((StatusCode::CREATED, Json(wire::AssignedTags { tags, build_id })))
 }
 
@@ -375,7 +375,7 @@ async fn remove_tags(
     body: Option<Json<wire::RemoveTags>>,
 ) -> ApiResult<StatusCode> {
     let Json(body) = body.ok_or_else(|| ApiError::bad_request("request body must be a JSON object"))?;
-    svc.remove_tags(&who.caller, &body.name, &body.tags)?;
+    svc.remove_tags(&who.caller, &body.name, &body.tags).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 

@@ -7,6 +7,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::error::{Result, SandboxError};
+use super::template::Image;
 
 /// The tag a name without one means (E2B's).
 pub const DEFAULT_TAG: &str = "default";
@@ -57,6 +58,18 @@ pub struct TemplateLabels {
     /// running or has failed (the image is the last successful build's).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image_build: Option<String>,
+    /// Images of older builds a tag still points at: a rebuild moves the
+    /// replaced image here instead of deleting it, so `name:oldtag` keeps
+    /// booting the old build's files until no tag names that build.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub kept_images: Vec<KeptImage>,
+}
+
+/// The image of a build that is no longer the template's latest.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeptImage {
+    pub build_id: String,
+    pub image: Image,
 }
 
 impl TemplateLabels {
@@ -83,6 +96,36 @@ impl TemplateLabels {
         }
         self.tags.push(Tag { name: tag.into(), assignments: vec![assignment] });
         Ok(())
+    }
+
+    /// Whether some tag points at `build_id` now.
+    pub fn names_build(&self, build_id: &str) -> bool {
+        self.tags.iter().any(|t| t.build_id() == build_id)
+    }
+
+    /// The kept image of `build_id`, if one is kept.
+    pub fn kept_image(&self, build_id: &str) -> Option<&Image> {
+        self.kept_images.iter().find(|k| k.build_id == build_id).map(|k| &k.image)
+    }
+
+    /// Keeps `image` of `build_id` if a tag points at that build; else
+    /// hands it back for deletion.
+    pub fn keep_if_tagged(&mut self, build_id: &str, image: Image) -> Option<Image> {
+        if !self.names_build(build_id) {
+            return Some(image);
+        }
+        self.kept_images.retain(|k| k.build_id != build_id);
+        self.kept_images.push(KeptImage { build_id: build_id.into(), image });
+        None
+    }
+
+    /// Takes out the kept images no tag points at any more: theirs are
+    /// the snapshots to delete.
+    pub fn take_untagged(&mut self) -> Vec<Image> {
+        let (keep, drop): (Vec<KeptImage>, Vec<KeptImage>) =
+            std::mem::take(&mut self.kept_images).into_iter().partition(|k| self.names_build(&k.build_id));
+        self.kept_images = keep;
+        drop.into_iter().map(|k| k.image).collect()
     }
 
     /// Whether the tag was there.
@@ -180,6 +223,34 @@ mod tests {
         assert_eq!(tag.assignments.len(), 2);
         assert!(labels.remove("prod"));
         assert!(!labels.remove("prod"));
+    }
+
+    fn image(key: &str) -> Image {
+        Image { snapshot_key: key.into(), ..Default::default() }
+    }
+
+    #[test]
+    fn an_old_build_is_kept_while_a_tag_names_it() {
+        let mut labels = TemplateLabels::new("t", "team");
+        labels.assign("v1", "b1", "a1".into(), 1).unwrap();
+        labels.assign("default", "b2", "a2".into(), 2).unwrap();
+        assert_eq!(labels.keep_if_tagged("b1", image("s1")), None);
+        assert_eq!(labels.kept_image("b1").unwrap().snapshot_key, "s1");
+        // No tag names b0: its image goes.
+        assert_eq!(labels.keep_if_tagged("b0", image("s0")).unwrap().snapshot_key, "s0");
+        assert!(labels.take_untagged().is_empty());
+        labels.assign("v1", "b2", "a3".into(), 3).unwrap();
+        let dropped = labels.take_untagged();
+        assert_eq!(dropped.len(), 1);
+        assert_eq!(dropped[0].snapshot_key, "s1");
+        assert!(labels.kept_image("b1").is_none());
+    }
+
+    #[test]
+    fn labels_stored_before_kept_images_read_without_them() {
+        let old = r#"{"id":"t","team":"x","public":false,"tags":[]}"#;
+        let labels: TemplateLabels = serde_json::from_str(old).unwrap();
+        assert!(labels.kept_images.is_empty());
     }
 
     #[test]

@@ -66,7 +66,12 @@ impl Sandboxes {
         let mut named: HashSet<String> = rows.into_iter().map(|r| r.key).collect();
         named.extend(self.store.all()?.into_iter().filter_map(|r| r.paused.and_then(|p| p.files_only)));
         // Built templates' images and the build cache are snapshots too.
-        named.extend(self.store.built_templates()?.into_iter().filter_map(|t| t.image.map(|i| i.snapshot_key)));
+        for template in self.store.built_templates()? {
+            if let Some(labels) = self.store.template_labels(&template.id)? {
+                named.extend(labels.kept_images.into_iter().map(|k| k.image.snapshot_key));
+            }
+            named.extend(template.image.map(|i| i.snapshot_key));
+        }
         named.extend(layers.into_iter().map(|l| l.snapshot_key));
         for orphan in on_host.into_iter().filter(|s| !named.contains(&s.id)) {
             tracing::info!("removing snapshot {} that no record names", orphan.id);

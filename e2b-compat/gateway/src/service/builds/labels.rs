@@ -1,8 +1,10 @@
 //! Tags and visibility of built templates: `name:tag` at build and at
 //! create, assigning and removing tags, listing them, and `PATCH`'s
-//! public flag. A template keeps one image (its latest successful
-//! build's), so a tag resolves at create only while it points at that
-//! build; the others stay listed with their history.
+//! public flag. A template's image is its latest successful build's;
+//! the images of older builds a tag still points at are kept beside it
+//! (`TemplateLabels::kept_images`) and collected once no tag names their
+//! build (a sandbox still running on one keeps its files: the substrate
+//! removes a layer only once nothing stacks on it).
 
 use super::Sandboxes;
 use crate::model::{
@@ -67,7 +69,7 @@ impl Sandboxes {
 
     /// `POST /templates/tags`: points `tags` at the build `target`
     /// (`name:tag`, or `name` for its default tag) points at.
-    pub fn assign_tags(&self, caller: &Caller, target: &str, tags: &[String]) -> Result<(String, Vec<String>)> {
+    pub async fn assign_tags(&self, caller: &Caller, target: &str, tags: &[String]) -> Result<(String, Vec<String>)> {
         let tags = normalize_tags(tags)?;
         let (bare, source) = split_tag(target)?;
         let source = source.unwrap_or_else(|| DEFAULT_TAG.into());
@@ -80,12 +82,14 @@ impl Sandboxes {
         for tag in &tags {
             labels.assign(tag, &build, new_uuid(), now)?;
         }
+        let untagged = labels.take_untagged();
         self.store.put_template_labels(&labels)?;
+        self.drop_images(untagged).await;
         Ok((build, tags))
     }
 
     /// `DELETE /templates/tags`: all of them, or none when one is missing.
-    pub fn remove_tags(&self, caller: &Caller, name: &str, tags: &[String]) -> Result<()> {
+    pub async fn remove_tags(&self, caller: &Caller, name: &str, tags: &[String]) -> Result<()> {
         let tags = normalize_tags(tags)?;
         let record = self.built_template(caller, name)?;
         let mut labels = self.template_labels(&record)?;
@@ -94,7 +98,9 @@ impl Sandboxes {
                 return Err(SandboxError::TemplateNotFound(format!("{}:{tag}", record.name)));
             }
         }
+        let untagged = labels.take_untagged();
         self.store.put_template_labels(&labels)?;
+        self.drop_images(untagged).await;
         Ok(())
     }
 
@@ -128,16 +134,40 @@ impl Sandboxes {
                 _ => None,
             },
         };
-        let Some(record) = record.filter(|t| t.image.is_some()) else { return Ok(None) };
-        let Some(tag) = tag else { return Ok(Some(record)) };
+        let Some(mut record) = record.filter(|t| t.image.is_some()) else { return Ok(None) };
         let labels = self.template_labels(&record)?;
+        // A bare name means the default tag, where the template has one.
+        let (tag, explicit) = match tag {
+            Some(tag) => (tag, true),
+            None if labels.tag(DEFAULT_TAG).is_some() => (DEFAULT_TAG.to_string(), false),
+            None => return Ok(Some(record)),
+        };
         let wanted = tag_build(&record, &labels, &tag).ok_or_else(|| SandboxError::TemplateNotFound(name.into()))?;
-        match image_build(&record, &labels) {
-            Some(kept) if kept == wanted => Ok(Some(record)),
-            _ => Err(SandboxError::Invalid(format!(
-                "tag {tag:?} of {bare} points at build {wanted}, whose image a later build replaced \
-                 (copse keeps the latest successful build's image); assign the tag again to use it"
-            ))),
+        if image_build(&record, &labels) == Some(wanted) {
+            return Ok(Some(record));
+        }
+        if let Some(kept) = labels.kept_image(wanted) {
+            record.image = Some(kept.clone());
+            return Ok(Some(record));
+        }
+        if !explicit {
+            // The default tag points at a build still running (or failed):
+            // the latest image serves meanwhile, as before tags existed.
+            return Ok(Some(record));
+        }
+        Err(SandboxError::Invalid(format!(
+            "tag {tag:?} of {bare} points at build {wanted}, which has no image (still building, or it failed)"
+        )))
+    }
+
+    /// Deletes the snapshots of images no tag names any more. A failure
+    /// leaves an orphan `recover`'s reconcile removes, so it is logged.
+    pub(super) async fn drop_images(&self, images: Vec<crate::model::Image>) {
+        for image in images {
+            let key = image.snapshot_key;
+            if let Err(e) = self.blocking(move |s| s.delete_snapshot(&key)).await {
+                tracing::warn!("deleting an image no tag names: {e}");
+            }
         }
     }
 }

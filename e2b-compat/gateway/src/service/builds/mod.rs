@@ -255,12 +255,14 @@ impl Sandboxes {
             Err(SandboxError::TemplateNotFound(_)) => return Ok(false),
             Err(e) => return Err(e),
         };
+        let kept = self.template_labels(&record)?.kept_images;
         self.store.remove_template(&record.id)?;
         self.store.remove_template_labels(&record.id)?;
         self.remove_uploads(&record.id);
         if let Some(image) = record.image {
             self.blocking(move |s| s.delete_snapshot(&image.snapshot_key)).await?;
         }
+        self.drop_images(kept.into_iter().map(|k| k.image).collect()).await;
         let collected = self.collect_layers(&record.team, &record.id).await?;
         tracing::info!(template = %record.id, collected, "deleted a built template and its unshared build layers");
         Ok(true)

@@ -186,7 +186,7 @@ impl Sandboxes {
                     self.drop_image(console.record.image.take()).await;
                     self.collect_after_delete(&console.record).await;
                 } else {
-                    self.drop_image(old).await;
+                    self.settle_replaced_image(&console.record, old).await;
                 }
             }
             Err(failed) => {
@@ -242,6 +242,32 @@ impl Sandboxes {
         if let Err(e) = self.record_layer(layer).await {
             console.line("warn", None, format!("recording the step in the build cache failed: {e:#}"));
         }
+    }
+
+    /// The image a successful build replaced stays while a tag still
+    /// points at its build; kept images the new build's tags moved away
+    /// from go.
+    async fn settle_replaced_image(&self, record: &TemplateRecord, old: Option<Image>) {
+        let mut labels = match self.template_labels(record) {
+            Ok(labels) => labels,
+            Err(e) => {
+                tracing::warn!("reading the tags of template {}: {e}", record.id);
+                return self.drop_image(old).await;
+            }
+        };
+        let mut dropped = labels.take_untagged();
+        if let Some(old) = old {
+            match labels.image_build.clone() {
+                Some(build) => dropped.extend(labels.keep_if_tagged(&build, old)),
+                None => dropped.push(old),
+            }
+        }
+        if let Err(e) = self.store.put_template_labels(&labels) {
+            // Unrecorded, a kept image would be an orphan: delete none.
+            tracing::warn!("recording the kept images of template {}: {e:#}", record.id);
+            return;
+        }
+        self.drop_images(dropped).await;
     }
 
     async fn drop_image(&self, image: Option<Image>) {
