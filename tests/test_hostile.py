@@ -1752,3 +1752,72 @@ def test_what_a_restored_code_interpreter_changes_never_reaches_the_next_one(gat
             after.kill()
     finally:
         tenant.kill()
+
+
+# The egress proxy (see test_egress_proxy.py for its fixtures): a name is
+# evidence of where a connection is going only if the host agrees.
+from test_egress_proxy import OTHER as WEB_OTHER  # noqa: E402
+from test_egress_proxy import WEB, create, egress_gateway, fetch, web  # noqa: E402,F401
+
+FORGE = """
+import socket, sys
+s = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=3)
+s.sendall(sys.argv[3].encode().decode("unicode_escape").encode())
+s.settimeout(3)
+try:
+    print("answered" if s.recv(64) else "closed")
+except OSError as e:
+    print("closed", e)
+"""
+
+
+def test_an_allowed_host_or_sni_sent_to_another_address_is_refused(egress_gateway):
+    env, _ = egress_gateway
+    sbx = create(env, allow_out=["allowed.test"], deny_out=["0.0.0.0/0"])
+    try:
+        assert fetch(sbx, "http://allowed.test/", f"allowed.test:80:{WEB}") == "200", "the control must pass"
+        assert fetch(sbx, f"http://{WEB_OTHER}/", header="Host: allowed.test") == "000"
+        assert fetch(sbx, "https://allowed.test/", f"allowed.test:443:{WEB_OTHER}") == "000", "forged SNI"
+        # Two Host headers name nothing, so the (denied) address decides.
+        sbx.files.write("/tmp/forge.py", FORGE)
+        two_hosts = r"GET / HTTP/1.1\r\nHost: allowed.test\r\nHost: other.test\r\n\r\n"
+        out = sbx.commands.run(f"python3 /tmp/forge.py {WEB} 80 '{two_hosts}'").stdout
+        assert out.startswith("closed"), out
+        one_host = r"GET / HTTP/1.1\r\nHost: allowed.test\r\nConnection: close\r\n\r\n"
+        out = sbx.commands.run(f"python3 /tmp/forge.py {WEB} 80 '{one_host}'").stdout
+        assert out.startswith("answered"), out
+    finally:
+        sbx.kill()
+
+
+def test_the_egress_proxy_is_no_service_and_never_reaches_the_host(egress_gateway):
+    """A proxied sandbox cannot address the proxy's port itself, nor make the
+    proxy connect to the host (whose own connections nftables would let
+    through)."""
+    import socket as sockets
+
+    env, bridge = egress_gateway
+    sbx = create(env, deny_out=["denied.test"])
+    rules = subprocess.run(["nft", "list", "chain", "inet", f"copse_{bridge}", "prerouting"],
+                           capture_output=True, text=True, check=True).stdout
+    port = int(rules.split("redirect to :")[1].split()[0])
+    shown = subprocess.run(["ip", "-4", "-o", "addr", "show", "dev", bridge], capture_output=True, text=True).stdout
+    gateway_addr = shown.split(" inet ")[1].split("/")[0]
+    listener = sockets.socket()
+    listener.setsockopt(sockets.SOL_SOCKET, sockets.SO_REUSEADDR, 1)
+    listener.bind((gateway_addr, 80))
+    listener.listen()
+    listener.settimeout(0.5)
+    try:
+        out = sbx.commands.run(f"python3 -c \"import socket; socket.create_connection(('{gateway_addr}', {port}), "
+                               f"timeout=3)\" && echo connected || echo refused").stdout
+        assert "refused" in out, out
+        sbx.files.write("/tmp/forge.py", FORGE)
+        out = sbx.commands.run(
+            f"python3 /tmp/forge.py {gateway_addr} 80 'GET / HTTP/1.1\\r\\nHost: x.test\\r\\n\\r\\n'").stdout
+        assert out.startswith("closed"), out
+        with pytest.raises(TimeoutError):
+            listener.accept()
+    finally:
+        listener.close()
+        sbx.kill()

@@ -165,7 +165,7 @@ def test_bad_network_rules_are_refused_with_e2b_errors(gateway):
     from e2b.exceptions import InvalidArgumentException, SandboxException
 
     with pytest.raises((InvalidArgumentException, SandboxException)) as err:
-        Sandbox.create(template="base", network={"deny_out": ["example.com"]})
+        Sandbox.create(template="base", network={"deny_out": ["10.0.0.0/33"]})
     assert "deny_out" in str(err.value)
 
 

@@ -21,6 +21,7 @@
 
 pub mod addresses;
 pub mod dns;
+pub mod egress;
 pub mod freebsd;
 pub mod linux;
 pub mod neighbourhood;

@@ -28,6 +28,10 @@ pub struct NetConfig {
     /// What sandboxes may reach of the host's own networks.
     #[serde(default)]
     pub neighbourhood: Neighbourhood,
+    /// Names the operator pins to addresses (`--egress-hosts-file`), used
+    /// before the host's resolver when policies name hosts.
+    #[serde(default)]
+    pub static_hosts: Vec<(String, Ipv4Addr)>,
 }
 
 impl Default for NetConfig {
@@ -36,6 +40,7 @@ impl Default for NetConfig {
             bridge: DEFAULT_BRIDGE.into(),
             subnet: DEFAULT_SUBNET.parse().expect("valid default subnet"),
             neighbourhood: Neighbourhood::default(),
+            static_hosts: Vec::new(),
         }
     }
 }
@@ -55,7 +60,12 @@ impl NetConfig {
                 "bridge name '{bridge}' must be 1-{MAX_BRIDGE_NAME} letters, digits or '_', starting with a letter"
             );
         }
-        Ok(Self { bridge: bridge.into(), subnet: subnet.trunc(), neighbourhood: Neighbourhood::default() })
+        Ok(Self {
+            bridge: bridge.into(),
+            subnet: subnet.trunc(),
+            neighbourhood: Neighbourhood::default(),
+            static_hosts: Vec::new(),
+        })
     }
 
     /// The same network with the operator's decisions about the host's
@@ -63,6 +73,12 @@ impl NetConfig {
     /// resolver is exempt).
     pub fn with_neighbourhood(self, neighbourhood: Neighbourhood) -> Self {
         Self { neighbourhood, ..self }
+    }
+
+    /// The same network with names pinned to addresses (see
+    /// [`crate::dns::parse_hosts`]).
+    pub fn with_static_hosts(self, static_hosts: Vec<(String, Ipv4Addr)>) -> Self {
+        Self { static_hosts, ..self }
     }
 
     /// The host's address on the bridge: the sandboxes' default route.

@@ -9,11 +9,16 @@
 //!   and `allow_internet_access: false` means exactly that;
 //! - `allow_out` entries win over `deny_out` ones, so "deny 0.0.0.0/0 plus an
 //!   allow list" admits only the listed targets;
-//! - hostnames are allowed in `allow_out` only. They are resolved when the
-//!   policy is applied (and re-resolved on every refresh); when any is
-//!   present, the `dns_servers` (8.8.8.8 unless given) are allowed too, on
-//!   port 53 (TCP and UDP) only: E2B opens every port of them, which would
-//!   make "a DNS server" a way to name any host.
+//! - host names (and wildcards, `*.example.com`: any name under it, not
+//!   the apex) in either list are matched by name, on TCP ports 80 and 443,
+//!   by the host's egress proxy ([`crate::egress`]): against the HTTP
+//!   `Host` or the TLS SNI, whatever address they resolve to. Exact names
+//!   in `allow_out` are also resolved when the policy is applied (and
+//!   re-resolved on every refresh) and admitted by address on the other
+//!   ports. When `allow_out` names any host, the `dns_servers` (8.8.8.8
+//!   unless given) are allowed too, on port 53 (TCP and UDP) only: E2B
+//!   opens every port of them, which would make "a DNS server" a way to
+//!   name any host.
 //!
 //! Sandboxes have IPv4 only, so IPv6 entries are accepted and have nothing
 //! to act on: every IPv6 packet from a sandbox is dropped anyway.
@@ -35,14 +40,8 @@ pub const DNS_PORT: u16 = 53;
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum PolicyError {
-    #[error("invalid network target '{0}': expected an IPv4 address, a CIDR block or a host name")]
-    InvalidTarget(String),
-    #[error("deny_out accepts only IP addresses and CIDR blocks, not host names ('{0}')")]
-    HostInDeny(String),
-    #[error(
-        "wildcard host '{0}' is not supported: copse resolves allowed host names itself and has no DNS proxy to match subdomains"
-    )]
-    Wildcard(String),
+    #[error("invalid {0} entry '{1}': expected an IP address, a CIDR block, a host name or *.<host name>")]
+    InvalidTarget(&'static str, String),
     #[error("invalid DNS server '{0}': expected an IPv4 address")]
     InvalidDnsServer(String),
     #[error("at most {MAX_DNS_SERVERS} DNS servers are allowed, got {0}")]
@@ -63,6 +62,10 @@ pub struct Policy {
     pub allow: Vec<Target>,
     /// Blocked unless an allow entry admits them.
     pub deny: Vec<Ipv4Net>,
+    /// Host names (or `*.` wildcards) refused by name at the egress proxy
+    /// unless an allow entry names them too.
+    #[serde(default)]
+    pub deny_hosts: Vec<String>,
     /// Resolvers admitted on port 53 when `allow` names a host.
     pub dns_servers: Vec<Ipv4Addr>,
 }
@@ -85,15 +88,15 @@ impl Policy {
     ) -> Result<Self, PolicyError> {
         let mut allow = Vec::new();
         for entry in allow_out {
-            if let Some(target) = parse_target(entry)? {
+            if let Some(target) = parse_target(entry).map_err(|e| e.in_list("allow_out"))? {
                 allow.push(target);
             }
         }
-        let mut deny = Vec::new();
+        let (mut deny, mut deny_hosts) = (Vec::new(), Vec::new());
         for entry in deny_out {
-            match parse_target(entry)? {
+            match parse_target(entry).map_err(|e| e.in_list("deny_out"))? {
                 Some(Target::Net(net)) => deny.push(net),
-                Some(Target::Host(host)) => return Err(PolicyError::HostInDeny(host)),
+                Some(Target::Host(host)) => deny_hosts.push(host),
                 None => {}
             }
         }
@@ -108,7 +111,7 @@ impl Policy {
                 .map(|s| s.trim().parse::<Ipv4Addr>().map_err(|_| PolicyError::InvalidDnsServer(s.clone())))
                 .collect::<Result<_, _>>()?,
         };
-        Ok(Self { allow, deny, dns_servers })
+        Ok(Self { allow, deny, deny_hosts, dns_servers })
     }
 
     /// Whether the sandbox may reach the internet at large, as E2B reports
@@ -121,6 +124,32 @@ impl Policy {
         self.allow.iter().any(|t| matches!(t, Target::Host(_)))
     }
 
+    /// Whether some entry is a name, so the sandbox's web traffic must go
+    /// through the egress proxy to be matched by name.
+    pub fn proxied(&self) -> bool {
+        self.has_hosts() || !self.deny_hosts.is_empty()
+    }
+
+    /// What the name entries say about `name` (a Host or SNI): admitted,
+    /// refused, or `None` when no name entry matches and the destination
+    /// address decides. Allow entries win, as they do for addresses.
+    pub fn name_verdict(&self, name: &str) -> Option<bool> {
+        let name = name.trim_end_matches('.').to_ascii_lowercase();
+        let allowed = self.allow.iter().any(|t| matches!(t, Target::Host(p) if name_matches(p, &name)));
+        if allowed {
+            return Some(true);
+        }
+        self.deny_hosts.iter().any(|p| name_matches(p, &name)).then_some(false)
+    }
+
+    /// The policy's plain-address part only: what decides a connection
+    /// whose name no entry matches (addresses that allowed names resolve
+    /// to do not admit other names).
+    pub fn addresses_only(&self) -> ResolvedPolicy {
+        Policy { allow: self.allow.iter().filter(|t| matches!(t, Target::Net(_))).cloned().collect(), ..self.clone() }
+            .resolve(|_| Vec::new())
+    }
+
     /// Turns host names into addresses with `lookup`. A name that does not
     /// resolve admits nothing (allow entries only ever widen), and is
     /// reported in [`ResolvedPolicy::unresolved`].
@@ -130,6 +159,8 @@ impl Policy {
         for target in &self.allow {
             match target {
                 Target::Net(net) => allow.push(*net),
+                // A wildcard names no address; the proxy matches it.
+                Target::Host(host) if host.starts_with("*.") => {}
                 Target::Host(host) => {
                     let addrs = lookup(host);
                     if addrs.is_empty() {
@@ -145,7 +176,14 @@ impl Policy {
         };
         let deny_all = !self.internet_access();
         let deny = if deny_all { Vec::new() } else { Ipv4Net::aggregate(&self.deny) };
-        ResolvedPolicy { allow: Ipv4Net::aggregate(&allow), dns: Ipv4Net::aggregate(&dns), deny, deny_all, unresolved }
+        ResolvedPolicy {
+            allow: Ipv4Net::aggregate(&allow),
+            dns: Ipv4Net::aggregate(&dns),
+            deny,
+            deny_all,
+            unresolved,
+            proxied: self.proxied(),
+        }
     }
 }
 
@@ -164,6 +202,10 @@ pub struct ResolvedPolicy {
     /// Host names that resolved to no IPv4 address.
     #[serde(default)]
     pub unresolved: Vec<String>,
+    /// TCP to ports 80 and 443 goes to the egress proxy (the policy names
+    /// hosts).
+    #[serde(default)]
+    pub proxied: bool,
 }
 
 impl ResolvedPolicy {
@@ -212,13 +254,33 @@ fn parse_target(entry: &str) -> Result<Option<Target>, PolicyError> {
             IpAddr::V6(_) => None,
         });
     }
-    if entry.starts_with("*.") {
-        return Err(PolicyError::Wildcard(entry.to_string()));
+    if let Some(rest) = entry.strip_prefix("*.")
+        && is_host_name(rest)
+    {
+        return Ok(Some(Target::Host(format!("*.{}", rest.trim_end_matches('.').to_ascii_lowercase()))));
     }
     if is_host_name(entry) {
         return Ok(Some(Target::Host(entry.trim_end_matches('.').to_ascii_lowercase())));
     }
-    Err(PolicyError::InvalidTarget(entry.to_string()))
+    Err(PolicyError::InvalidTarget("", entry.to_string()))
+}
+
+impl PolicyError {
+    fn in_list(self, list: &'static str) -> Self {
+        match self {
+            PolicyError::InvalidTarget(_, entry) => PolicyError::InvalidTarget(list, entry),
+            other => other,
+        }
+    }
+}
+
+/// `pattern` is a lowercase name or `*.suffix`, which matches names under
+/// `suffix` at any depth but not `suffix` itself.
+fn name_matches(pattern: &str, name: &str) -> bool {
+    match pattern.strip_prefix("*.") {
+        Some(suffix) => name.strip_suffix(suffix).is_some_and(|head| head.len() > 1 && head.ends_with('.')),
+        None => pattern == name,
+    }
 }
 
 fn is_host_name(s: &str) -> bool {
@@ -295,23 +357,48 @@ mod tests {
     fn bad_entries_are_refused_with_the_offending_text() {
         assert_eq!(
             Policy::from_e2b(None, &strings(&["10.0.0.0/33"]), &[], None),
-            Err(PolicyError::InvalidTarget("10.0.0.0/33".into()))
+            Err(PolicyError::InvalidTarget("allow_out", "10.0.0.0/33".into()))
         );
-        assert_eq!(
-            Policy::from_e2b(None, &[], &strings(&["example.com"]), None),
-            Err(PolicyError::HostInDeny("example.com".into()))
-        );
-        assert!(matches!(
-            Policy::from_e2b(None, &strings(&["*.example.com"]), &[], None),
-            Err(PolicyError::Wildcard(_))
-        ));
-        assert!(matches!(Policy::from_e2b(None, &strings(&["a b"]), &[], None), Err(PolicyError::InvalidTarget(_))));
+        assert!(matches!(Policy::from_e2b(None, &strings(&["*.a b"]), &[], None), Err(PolicyError::InvalidTarget(..))));
+        assert!(matches!(Policy::from_e2b(None, &strings(&["a.*.b"]), &[], None), Err(PolicyError::InvalidTarget(..))));
+        assert!(matches!(Policy::from_e2b(None, &strings(&["a b"]), &[], None), Err(PolicyError::InvalidTarget(..))));
         assert!(matches!(
             Policy::from_e2b(None, &[], &[], Some(&strings(&["x"]))),
             Err(PolicyError::InvalidDnsServer(_))
         ));
         let eleven: Vec<String> = (1..=11).map(|i| format!("192.0.2.{i}")).collect();
         assert_eq!(Policy::from_e2b(None, &[], &[], Some(&eleven)), Err(PolicyError::TooManyDnsServers(11)));
+    }
+
+    #[test]
+    fn names_are_matched_by_name_with_allow_winning_and_wildcards_below_the_apex() {
+        let policy = Policy::from_e2b(
+            Some(false),
+            &strings(&["api.example.com", "*.Allowed.test", "198.51.100.10"]),
+            &strings(&["*.example.com", "evil.test"]),
+            None,
+        )
+        .unwrap();
+        assert!(policy.proxied());
+        assert_eq!(policy.name_verdict("API.example.com."), Some(true), "allow wins over the deny wildcard");
+        assert_eq!(policy.name_verdict("www.example.com"), Some(false));
+        assert_eq!(policy.name_verdict("a.b.allowed.test"), Some(true));
+        assert_eq!(policy.name_verdict("allowed.test"), None, "a wildcard does not match its apex");
+        assert_eq!(policy.name_verdict("xallowed.test"), None);
+        assert_eq!(policy.name_verdict("evil.test"), Some(false));
+        assert_eq!(policy.name_verdict("other.test"), None);
+        // Names do not widen the address part, and wildcards resolve to nothing.
+        let addresses = policy.addresses_only();
+        assert!(addresses.admits(ip("198.51.100.10"), 443));
+        assert!(!addresses.admits(ip("93.184.216.34"), 443));
+        let resolved = policy.resolve(|h| {
+            assert!(!h.starts_with('*'), "wildcards are never resolved");
+            vec![ip("93.184.216.34")]
+        });
+        assert!(resolved.proxied && resolved.unresolved.is_empty());
+        assert!(resolved.admits(ip("93.184.216.34"), 22), "exact allowed names still open other ports by address");
+        assert!(!Policy::from_e2b(None, &[], &strings(&["10.0.0.0/8"]), None).unwrap().proxied());
+        assert!(Policy::from_e2b(None, &[], &strings(&["evil.test"]), None).unwrap().proxied());
     }
 
     #[test]

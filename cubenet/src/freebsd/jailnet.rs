@@ -60,8 +60,9 @@ impl<R: Runner> JailNetwork<R> {
     /// Puts the VNET jail `jid` of sandbox `id` on the bridge with
     /// `network.policy`. On error, whatever was made is removed.
     pub fn attach(&self, id: &str, jid: i32, network: &SandboxNetwork) -> anyhow::Result<()> {
+        refuse_name_matching(&network.policy)?;
         let attachment = self.cfg.attachment(id, network.address);
-        let policy = resolve(&network.policy);
+        let policy = resolve(&self.cfg, &network.policy);
         let epair = vnet::parse_epair(&self.runner.run(&vnet::create_epair())?).map_err(|e| anyhow!(e))?;
         if let Err(e) = self.run_all(&vnet::attach(&self.cfg, &attachment, &epair, jid, &policy)) {
             let interfaces = self.interfaces().unwrap_or_default();
@@ -79,7 +80,8 @@ impl<R: Runner> JailNetwork<R> {
     pub fn update(&self, id: &str, policy: &Policy) -> anyhow::Result<()> {
         let mut attached = self.lock();
         let Some((attachment, current)) = attached.get_mut(id) else { bail!("sandbox {id} has no network attachment") };
-        let resolved = resolve(policy);
+        refuse_name_matching(policy)?;
+        let resolved = resolve(&self.cfg, policy);
         self.run_all(&vnet::update(&self.cfg, attachment, &resolved, current))?;
         *current = resolved;
         Ok(())
@@ -98,7 +100,7 @@ impl<R: Runner> JailNetwork<R> {
     /// network is flushed and every other epair of it destroyed.
     pub fn reconcile(&self, known: &[(String, SandboxNetwork)]) -> anyhow::Result<()> {
         let known: Vec<(Attachment, ResolvedPolicy)> =
-            known.iter().map(|(id, n)| (self.cfg.attachment(id, n.address), resolve(&n.policy))).collect();
+            known.iter().map(|(id, n)| (self.cfg.attachment(id, n.address), resolve(&self.cfg, &n.policy))).collect();
         *self.lock() = known.iter().map(|(a, p)| (a.id.clone(), (a.clone(), p.clone()))).collect();
         // No parent anchor yet just means no sandbox was ever attached.
         let anchors = match self.runner.run(&pf::list_anchors(&self.cfg)) {
@@ -138,6 +140,16 @@ impl<R: Runner> JailNetwork<R> {
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, (Attachment, ResolvedPolicy)>> {
         self.attached.lock().unwrap_or_else(|p| p.into_inner())
     }
+}
+
+/// Entries only the egress proxy can enforce (denied names, wildcards),
+/// which does not run on FreeBSD yet: refused rather than dropped.
+fn refuse_name_matching(policy: &Policy) -> anyhow::Result<()> {
+    let wildcard = policy.allow.iter().any(|t| matches!(t, crate::policy::Target::Host(h) if h.starts_with("*.")));
+    if wildcard || !policy.deny_hosts.is_empty() {
+        bail!("host names in deny_out and wildcard hosts need the egress proxy, which copse runs on Linux only");
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -13,6 +13,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use crate::dns::resolve;
+use crate::linux::egress_proxy::{EgressProxy, Policies};
 use crate::linux::janitor::Janitor;
 use crate::linux::netlink::{self, Rtnl};
 use crate::linux::nft;
@@ -23,13 +24,18 @@ use anyhow::{Context, bail};
 
 struct Attached {
     attachment: Attachment,
+    /// As asked for: the egress proxy matches its names.
+    wanted: Policy,
     policy: ResolvedPolicy,
 }
 
+type AttachedMap = Arc<Mutex<HashMap<String, Attached>>>;
+
 pub struct HostNetwork {
     cfg: NetConfig,
-    attached: Mutex<HashMap<String, Attached>>,
+    attached: AttachedMap,
     janitor: Arc<Janitor>,
+    proxy: EgressProxy,
 }
 
 impl HostNetwork {
@@ -47,9 +53,14 @@ impl HostNetwork {
         // NAT needs forwarding; this is host-wide (documented in cubenet/README.md).
         std::fs::write("/proc/sys/net/ipv4/ip_forward", "1").context("enabling IPv4 forwarding")?;
         let janitor = Janitor::start(cfg.clone())?;
-        let network = Self { cfg, attached: Mutex::new(HashMap::new()), janitor };
+        let attached: AttachedMap = Arc::default();
+        let proxy = EgressProxy::start(cfg.clone(), policies_of(attached.clone()))?;
+        let network = Self { cfg, attached, janitor, proxy };
+        // An existing table is rewritten by `reconcile`, which a restarted
+        // gateway runs before attaching anything (it also points the
+        // redirect at this proxy's port).
         if !network.table_exists() {
-            nft_apply(&nft::table(&network.cfg, &[]))?;
+            nft_apply(&nft::table(&network.cfg, Some(network.proxy.port()), &[]))?;
         }
         Ok(network)
     }
@@ -67,7 +78,7 @@ impl HostNetwork {
     /// (its policy, its spoofing guard) are in place.
     pub fn attach(&self, id: &str, init_pid: i32, network: &SandboxNetwork) -> anyhow::Result<()> {
         let attachment = self.cfg.attachment(id, network.address);
-        let policy = resolve(&network.policy);
+        let policy = resolve(&self.cfg, &network.policy);
         self.janitor.wait_for(&attachment);
         let started = std::time::Instant::now();
         let result = self.plumb_host(&attachment, init_pid).and_then(|host_index| {
@@ -84,7 +95,8 @@ impl HostNetwork {
             })?;
             Rtnl::open()?.set_up(host_index)?;
             tracing::debug!(id, ?plumbed, total = ?started.elapsed(), "attached");
-            self.lock().insert(id.to_string(), Attached { attachment: attachment.clone(), policy });
+            let wanted = network.policy.clone();
+            self.lock().insert(id.to_string(), Attached { attachment: attachment.clone(), wanted, policy });
             Ok(())
         });
         if result.is_err() {
@@ -126,9 +138,10 @@ impl HostNetwork {
     pub fn update(&self, id: &str, policy: &Policy) -> anyhow::Result<()> {
         let mut attached = self.lock();
         let Some(entry) = attached.get_mut(id) else { bail!("sandbox {id} has no network attachment") };
-        let resolved = resolve(policy);
+        let resolved = resolve(&self.cfg, policy);
         nft_apply(&nft::update(&self.cfg, &entry.attachment, &resolved))?;
         entry.policy = resolved;
+        entry.wanted = policy.clone();
         Ok(())
     }
 
@@ -158,7 +171,8 @@ impl HostNetwork {
             attached.clear();
             for (id, network) in known {
                 let attachment = self.cfg.attachment(id, network.address);
-                attached.insert(id.clone(), Attached { attachment, policy: resolve(&network.policy) });
+                let policy = resolve(&self.cfg, &network.policy);
+                attached.insert(id.clone(), Attached { attachment, wanted: network.policy.clone(), policy });
             }
         }
         self.rewrite()?;
@@ -182,8 +196,8 @@ impl HostNetwork {
     /// applies the ones whose addresses changed.
     pub fn refresh_hosts(&self, policies: &[(String, Policy)]) -> anyhow::Result<()> {
         for (id, policy) in policies.iter().filter(|(_, p)| p.has_hosts()) {
-            let resolved = resolve(policy);
-            let changed = self.lock().get(id).is_some_and(|a| a.policy != resolved);
+            let resolved = resolve(&self.cfg, policy);
+            let changed = self.lock().get(id).is_some_and(|a| a.policy != resolved || a.wanted != *policy);
             if changed {
                 self.update(id, policy)?;
             }
@@ -208,7 +222,7 @@ impl HostNetwork {
         // vanished (they are being destroyed).
         let present: Vec<(Attachment, ResolvedPolicy)> =
             sandboxes.into_iter().filter(|(a, _)| Path::new("/sys/class/net").join(&a.host_if).exists()).collect();
-        nft_apply(&nft::table(&self.cfg, &present))
+        nft_apply(&nft::table(&self.cfg, Some(self.proxy.port()), &present))
     }
 
     fn table_exists(&self) -> bool {
@@ -224,6 +238,15 @@ impl HostNetwork {
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Attached>> {
         self.attached.lock().unwrap_or_else(|p| p.into_inner())
     }
+}
+
+/// The egress proxy's view of the attached sandboxes: their policies by
+/// address.
+fn policies_of(attached: AttachedMap) -> Policies {
+    Arc::new(move |address| {
+        let attached = attached.lock().unwrap_or_else(|p| p.into_inner());
+        attached.values().find(|a| a.attachment.address == address).map(|a| a.wanted.clone())
+    })
 }
 
 /// Deletes interface `name` of the host's namespace, if it exists.

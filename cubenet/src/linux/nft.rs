@@ -28,6 +28,15 @@
 //! Sandbox-to-sandbox frames never reach these hooks: bridge ports are
 //! `isolated`, so the bridge does not switch between them at all.
 //!
+//! - Sandboxes whose policy names hosts are in `proxied`: their TCP to
+//!   ports 80 and 443 is redirected (`prerouting`) to the egress proxy's
+//!   port on the bridge address, which `input` admits for redirected
+//!   connections only (`ct status dnat`), so the proxy is not a service a
+//!   sandbox can address. Redirected flows never cross `forward`: the
+//!   proxy's own connections carry [`PROXY_MARK`], and `output` refuses
+//!   them what `from_sandbox` refuses every sandbox (`always_blocked`,
+//!   `protected`) and every address of the host itself.
+//!
 //! Every change is one script, which `nft -f` applies as one transaction.
 
 use std::fmt::Write;
@@ -44,9 +53,13 @@ const DNS_REPLY: &str = "meta l4proto { tcp, udp } th sport 53";
 
 const REJECT: &str = "reject with icmpx admin-prohibited";
 
+/// The fwmark of the egress proxy's upstream connections ("cops").
+pub const PROXY_MARK: u32 = 0x636f_7073;
+
 /// The whole table with `sandboxes` attached, replacing whatever table of
-/// that name exists (at start-up, and to reconcile after a crash).
-pub fn table(cfg: &NetConfig, sandboxes: &[(Attachment, ResolvedPolicy)]) -> String {
+/// that name exists (at start-up, and to reconcile after a crash), with
+/// web traffic of proxied sandboxes sent to `proxy_port` if given.
+pub fn table(cfg: &NetConfig, proxy_port: Option<u16>, sandboxes: &[(Attachment, ResolvedPolicy)]) -> String {
     let t = cfg.table();
     let mut out = String::new();
     // Declaring first makes the delete valid when no table exists yet.
@@ -57,6 +70,13 @@ pub fn table(cfg: &NetConfig, sandboxes: &[(Attachment, ResolvedPolicy)]) -> Str
     out.push_str(&interval_set("always_blocked", &always_blocked(cfg.subnet)));
     out.push_str(&interval_set("protected", &cfg.neighbourhood.blocked()));
     out.push_str(&interval_set("resolvers", &cfg.neighbourhood.exempt_resolvers()));
+    let proxied: Vec<String> =
+        sandboxes.iter().filter(|(_, p)| p.proxied).map(|(a, _)| a.address.to_string()).collect();
+    let _ = write!(out, "\tset proxied {{\n\t\ttype ipv4_addr\n");
+    if !proxied.is_empty() {
+        let _ = writeln!(out, "\t\telements = {{ {} }}", proxied.join(", "));
+    }
+    out.push_str("\t}\n");
     let bridge = &cfg.bridge;
     let _ = writeln!(
         out,
@@ -74,10 +94,28 @@ pub fn table(cfg: &NetConfig, sandboxes: &[(Attachment, ResolvedPolicy)]) -> Str
         "\tchain to_sandbox {{\n\t\tip saddr @resolvers {DNS_REPLY} ip daddr vmap @ingress\n\
          \t\tip saddr @protected drop\n\t\tip daddr vmap @ingress\n\t\tdrop\n\t}}"
     );
+    let admit_proxy = match proxy_port {
+        Some(port) => {
+            let _ = writeln!(
+                out,
+                "\tchain prerouting {{\n\t\ttype nat hook prerouting priority dstnat; policy accept;\n\
+                 \t\tiifname \"{bridge}\" ip saddr @proxied tcp dport {{ 80, 443 }} redirect to :{port}\n\t}}"
+            );
+            let m = format!("meta mark {PROXY_MARK:#x}");
+            let _ = writeln!(
+                out,
+                "\tchain output {{\n\t\ttype filter hook output priority filter; policy accept;\n\
+                 \t\t{m} ip daddr @always_blocked {REJECT}\n\t\t{m} ip daddr @protected {REJECT}\n\
+                 \t\t{m} fib daddr type local {REJECT}\n\t}}"
+            );
+            format!("\t\tiifname \"{bridge}\" tcp dport {port} ct status dnat accept\n")
+        }
+        None => String::new(),
+    };
     let _ = writeln!(
         out,
         "\tchain input {{\n\t\ttype filter hook input priority filter; policy accept;\n\
-         \t\tiifname \"{bridge}\" {REJECT}\n\t}}"
+         {admit_proxy}\t\tiifname \"{bridge}\" {REJECT}\n\t}}"
     );
     let _ = writeln!(
         out,
@@ -99,10 +137,23 @@ pub fn attach(cfg: &NetConfig, attachment: &Attachment, policy: &ResolvedPolicy)
     let (addr, id) = (attachment.address, &attachment.id);
     format!(
         "table inet {t} {{\n{}{}}}\nadd element inet {t} egress {{ {addr} : jump egress_{id} }}\n\
-         add element inet {t} ingress {{ {addr} : jump ingress_{id} }}\n",
+         add element inet {t} ingress {{ {addr} : jump ingress_{id} }}\n{}",
         policy_objects(attachment, policy),
-        spoof_chain(attachment)
+        spoof_chain(attachment),
+        set_proxied(cfg, attachment, policy.proxied)
     )
+}
+
+/// Puts the sandbox in or out of `proxied`, whether it was there or not
+/// (adding an element that exists is no error; deleting one that does not
+/// is, hence the add first).
+fn set_proxied(cfg: &NetConfig, attachment: &Attachment, proxied: bool) -> String {
+    let (t, addr) = (cfg.table(), attachment.address);
+    let mut out = format!("add element inet {t} proxied {{ {addr} }}\n");
+    if !proxied {
+        let _ = writeln!(out, "delete element inet {t} proxied {{ {addr} }}");
+    }
+    out
 }
 
 /// Replaces one sandbox's policy; effective from the next packet.
@@ -119,6 +170,7 @@ pub fn update(cfg: &NetConfig, attachment: &Attachment, policy: &ResolvedPolicy)
         let _ = writeln!(out, "flush {object}");
     }
     let _ = write!(out, "table inet {t} {{\n{}}}\n", policy_objects(attachment, policy));
+    out.push_str(&set_proxied(cfg, attachment, policy.proxied));
     out
 }
 
@@ -127,9 +179,10 @@ pub fn detach(cfg: &NetConfig, attachment: &Attachment) -> String {
     let t = cfg.table();
     let (addr, id) = (attachment.address, &attachment.id);
     format!(
-        "delete element inet {t} egress {{ {addr} }}\ndelete element inet {t} ingress {{ {addr} }}\n\
+        "{}delete element inet {t} egress {{ {addr} }}\ndelete element inet {t} ingress {{ {addr} }}\n\
          delete chain inet {t} spoof_{id}\ndelete chain inet {t} egress_{id}\ndelete chain inet {t} ingress_{id}\n\
-         delete set inet {t} allow_{id}\ndelete set inet {t} deny_{id}\ndelete set inet {t} dns_{id}\n"
+         delete set inet {t} allow_{id}\ndelete set inet {t} deny_{id}\ndelete set inet {t} dns_{id}\n",
+        set_proxied(cfg, attachment, false)
     )
 }
 
@@ -230,12 +283,12 @@ mod tests {
 
     #[test]
     fn full_table() {
-        golden("table.nft", &table(&cfg(), &sandboxes()));
+        golden("table.nft", &table(&cfg(), Some(40080), &sandboxes()));
     }
 
     #[test]
     fn empty_table() {
-        golden("table-empty.nft", &table(&cfg(), &[]));
+        golden("table-empty.nft", &table(&cfg(), None, &[]));
     }
 
     #[test]
@@ -249,7 +302,7 @@ mod tests {
         )
         .unwrap();
         let cfg = cfg().with_neighbourhood(neighbourhood);
-        golden("table-neighbourhood.nft", &table(&cfg, &[]));
+        golden("table-neighbourhood.nft", &table(&cfg, None, &[]));
     }
 
     #[test]

@@ -80,6 +80,12 @@ enum Command {
         /// environment variable.
         #[arg(long = "allow-egress-range", env = "COPSE_ALLOW_EGRESS_RANGE", value_delimiter = ',')]
         allow_egress_ranges: Vec<String>,
+        /// A hosts(5) file of names the egress policies resolve before the
+        /// host's resolver does: private names, and test hosts. Policies
+        /// that name a host admit its address from here, and the egress
+        /// proxy checks an allowed Host/SNI against it.
+        #[arg(long, env = "COPSE_EGRESS_HOSTS_FILE")]
+        egress_hosts_file: Option<PathBuf>,
         /// Name sandbox ports `{port}-{sandboxID}.DOMAIN` (what the SDK's
         /// `get_host` returns) and route requests by that host name.
         #[arg(long, env = "COPSE_DOMAIN")]
@@ -406,6 +412,7 @@ fn main() -> anyhow::Result<()> {
             bridge,
             subnet,
             allow_egress_ranges,
+            egress_hosts_file,
             domain,
             tls_cert,
             tls_key,
@@ -426,9 +433,13 @@ fn main() -> anyhow::Result<()> {
                 agent_binary: config::find_agent(paths.agent)?,
                 keep_sandboxes,
                 pools,
-                network: Some(copse_substrate::NetConfig::new(&bridge, &subnet)?.with_neighbourhood(
-                    copse_cubenet::Neighbourhood::of_host(&allow_egress_ranges).map_err(anyhow::Error::msg)?,
-                )),
+                network: Some(
+                    copse_substrate::NetConfig::new(&bridge, &subnet)?
+                        .with_neighbourhood(
+                            copse_cubenet::Neighbourhood::of_host(&allow_egress_ranges).map_err(anyhow::Error::msg)?,
+                        )
+                        .with_static_hosts(egress_hosts(egress_hosts_file.as_deref())?),
+                ),
                 domain,
                 tls: tls_cert.zip(tls_key).map(|(cert, key)| config::TlsFiles { cert, key }),
                 disk_mb,
@@ -709,4 +720,11 @@ mod client {
         println!("killed {id}");
         Ok(())
     }
+}
+
+/// The operator's pinned names (`--egress-hosts-file`), none without one.
+fn egress_hosts(path: Option<&std::path::Path>) -> anyhow::Result<Vec<(String, std::net::Ipv4Addr)>> {
+    let Some(path) = path else { return Ok(Vec::new()) };
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    copse_cubenet::dns::parse_hosts(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
 }

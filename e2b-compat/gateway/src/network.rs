@@ -90,7 +90,7 @@ mod tests {
 
     #[test]
     fn bad_targets_are_invalid_requests() {
-        let request = NetworkRequest { deny_out: Some(vec!["example.com".into()]), ..Default::default() };
+        let request = NetworkRequest { deny_out: Some(vec!["not a host".into()]), ..Default::default() };
         assert!(matches!(request.policy(), Err(SandboxError::Invalid(_))));
     }
 }

@@ -1,0 +1,204 @@
+//! The egress proxy's executor on Linux: a listener on the bridge address
+//! that nftables redirects proxied sandboxes' web connections to (see
+//! [`super::nft`]), one thread pair per connection.
+//!
+//! Per connection: the sandbox is known by its source address (the
+//! spoofing guard makes that trustworthy), the destination it chose by
+//! `SO_ORIGINAL_DST`; the first bytes are peeked and kept, the policy
+//! decides ([`crate::egress::decide`]), and an admitted connection is
+//! spliced to that destination from a socket carrying
+//! [`super::nft::PROXY_MARK`], so nftables refuses it the host and the
+//! ranges no sandbox may reach, whatever the proxy decided.
+
+use std::collections::HashMap;
+use std::io::{self, Read, Write};
+use std::net::{Ipv4Addr, Shutdown, SocketAddr, SocketAddrV4, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use socket2::{Domain, SockRef, Socket, Type};
+
+use crate::dns;
+use crate::egress::sniff::{Sniffed, sniff};
+use crate::egress::{MAX_PEEK, Verdict, decide};
+use crate::linux::nft::PROXY_MARK;
+use crate::net::NetConfig;
+use crate::policy::Policy;
+
+/// The policy of the sandbox at an address, if one is attached there.
+pub type Policies = Arc<dyn Fn(Ipv4Addr) -> Option<Policy> + Send + Sync>;
+
+/// How long a client may take to send its request head or ClientHello;
+/// one that sends nothing in that time is decided by address alone (a
+/// protocol whose server speaks first).
+const PEEK_TIMEOUT: Duration = Duration::from_secs(5);
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Open connections one sandbox may hold through the proxy (two threads
+/// each), so one tenant cannot exhaust the host's threads.
+const MAX_PER_SANDBOX: usize = 256;
+
+pub struct EgressProxy {
+    port: u16,
+    stop: Arc<AtomicBool>,
+    address: SocketAddrV4,
+}
+
+impl EgressProxy {
+    /// Listens on the bridge address of `cfg` (an ephemeral port) and
+    /// serves until dropped.
+    pub fn start(cfg: NetConfig, policies: Policies) -> anyhow::Result<Self> {
+        let listener = TcpListener::bind((cfg.gateway(), 0)).context("binding the egress proxy")?;
+        let address = match listener.local_addr()? {
+            SocketAddr::V4(a) => a,
+            SocketAddr::V6(_) => bail!("the egress proxy bound an IPv6 address"),
+        };
+        let stop = Arc::new(AtomicBool::new(false));
+        let shared = Arc::new(Shared { cfg, policies, open: Mutex::new(HashMap::new()) });
+        let stopping = stop.clone();
+        std::thread::Builder::new().name("egress-proxy".into()).spawn(move || {
+            for client in listener.incoming() {
+                if stopping.load(Ordering::Relaxed) {
+                    break;
+                }
+                let Ok(client) = client else { continue };
+                let shared = shared.clone();
+                let spawned = std::thread::Builder::new().name("egress-conn".into()).spawn(move || {
+                    if let Err(e) = shared.serve(client) {
+                        tracing::debug!("egress proxy connection: {e:#}");
+                    }
+                });
+                if let Err(e) = spawned {
+                    tracing::warn!("egress proxy: no thread for a connection: {e}");
+                }
+            }
+        })?;
+        Ok(Self { port: address.port(), stop, address })
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+}
+
+impl Drop for EgressProxy {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        // Wakes the accept loop so it sees the flag.
+        let _ = TcpStream::connect_timeout(&self.address.into(), Duration::from_secs(1));
+    }
+}
+
+struct Shared {
+    cfg: NetConfig,
+    policies: Policies,
+    open: Mutex<HashMap<Ipv4Addr, usize>>,
+}
+
+impl Shared {
+    fn serve(&self, client: TcpStream) -> anyhow::Result<()> {
+        let SocketAddr::V4(source) = client.peer_addr()? else { bail!("IPv6 client") };
+        let source = *source.ip();
+        let Some(policy) = (self.policies)(source) else { bail!("{source} is no attached sandbox") };
+        let dst = original_destination(&client)?;
+        let _slot = Slot::take(self, source)?;
+        let (name, head) = peek(&client)?;
+        match decide(&policy, name.as_deref(), dst, |n| dns::lookup(&self.cfg, n)) {
+            Verdict::Refuse(why) => {
+                tracing::info!(%source, %dst, ?name, why, "egress refused");
+                let _ = client.shutdown(Shutdown::Both);
+                Ok(())
+            }
+            Verdict::Splice => {
+                let upstream = connect_marked(dst)?;
+                splice(client, upstream, &head)
+            }
+        }
+    }
+}
+
+/// One of a sandbox's [`MAX_PER_SANDBOX`] connections, given back on drop.
+struct Slot<'a> {
+    shared: &'a Shared,
+    source: Ipv4Addr,
+}
+
+impl<'a> Slot<'a> {
+    fn take(shared: &'a Shared, source: Ipv4Addr) -> anyhow::Result<Self> {
+        let mut open = shared.open.lock().unwrap_or_else(|p| p.into_inner());
+        let count = open.entry(source).or_default();
+        if *count >= MAX_PER_SANDBOX {
+            bail!("{source} holds {MAX_PER_SANDBOX} proxied connections already");
+        }
+        *count += 1;
+        Ok(Self { shared, source })
+    }
+}
+
+impl Drop for Slot<'_> {
+    fn drop(&mut self) {
+        let mut open = self.shared.open.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(count) = open.get_mut(&self.source) {
+            *count -= 1;
+            if *count == 0 {
+                open.remove(&self.source);
+            }
+        }
+    }
+}
+
+fn original_destination(client: &TcpStream) -> anyhow::Result<SocketAddrV4> {
+    let original = SockRef::from(client).original_dst_v4().context("SO_ORIGINAL_DST")?;
+    original.as_socket_ipv4().context("the original destination is not IPv4")
+}
+
+/// The name the client asks for and the bytes read to learn it.
+fn peek(client: &TcpStream) -> anyhow::Result<(Option<String>, Vec<u8>)> {
+    client.set_read_timeout(Some(PEEK_TIMEOUT))?;
+    let mut head = Vec::with_capacity(2048);
+    let mut chunk = [0u8; 4096];
+    let name = loop {
+        match sniff(&head) {
+            Sniffed::Name(name) => break Some(name),
+            Sniffed::Nameless => break None,
+            Sniffed::NeedMore if head.len() >= MAX_PEEK => break None,
+            Sniffed::NeedMore => {}
+        }
+        match (&*client).read(&mut chunk) {
+            Ok(0) => bail!("the client closed before naming a host"),
+            Ok(n) => head.extend_from_slice(&chunk[..n]),
+            Err(e) if head.is_empty() && matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {
+                break None;
+            }
+            Err(e) => return Err(e).context("reading the client's first bytes"),
+        }
+    };
+    client.set_read_timeout(None)?;
+    Ok((name, head))
+}
+
+fn connect_marked(dst: SocketAddrV4) -> anyhow::Result<TcpStream> {
+    let socket = Socket::new(Domain::IPV4, Type::STREAM, None)?;
+    socket.set_mark(PROXY_MARK).context("marking the upstream socket")?;
+    socket
+        .connect_timeout(&SocketAddr::V4(dst).into(), CONNECT_TIMEOUT)
+        .with_context(|| format!("connecting to {dst}"))?;
+    Ok(socket.into())
+}
+
+/// Copies both ways until both sides are done, after sending `head`.
+fn splice(client: TcpStream, mut upstream: TcpStream, head: &[u8]) -> anyhow::Result<()> {
+    upstream.write_all(head)?;
+    let (mut from_client, mut to_upstream) = (client.try_clone()?, upstream.try_clone()?);
+    let outbound = std::thread::Builder::new().name("egress-up".into()).spawn(move || {
+        let _ = io::copy(&mut from_client, &mut to_upstream);
+        let _ = to_upstream.shutdown(Shutdown::Write);
+    })?;
+    let (mut from_upstream, mut to_client) = (upstream, client);
+    let _ = io::copy(&mut from_upstream, &mut to_client);
+    let _ = to_client.shutdown(Shutdown::Write);
+    let _ = outbound.join();
+    Ok(())
+}
