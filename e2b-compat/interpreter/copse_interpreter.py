@@ -332,6 +332,10 @@ class Context:
             sink.keepalive_if_due()
         return True
 
+    def reseed(self):
+        """Gives the language's own random generator fresh entropy (bash's
+        $RANDOM reseeds per process; V8's Math.random cannot be reseeded)."""
+
     def execute(self, code, env_vars, sink):
         """Runs one cell and streams its output; the caller holds the lock."""
         if self.closed:
@@ -347,6 +351,9 @@ class Context:
                 return
         if not self.envs_applied:
             self.envs_applied = True
+            # The kernel may be a restore of one warm snapshot shared by many
+            # sandboxes: its random state would be theirs too.
+            self.reseed()
             envs = fetch_sandbox_envs()
             if envs:
                 self.set_envs_permanently(envs)
@@ -797,6 +804,9 @@ class PythonContext(Context):
                 self._drain_shell()
                 return
         log.warning("context %s: setup code did not finish in %ss", self.id, timeout)
+
+    def reseed(self):
+        self._run_silent("import random as _copse_random_\n_copse_random_.seed()\ndel _copse_random_\n")
 
     def set_envs_permanently(self, envs):
         self._run_silent(f"import os as _copse_os_\n_copse_os_.environ.update({envs!r})\ndel _copse_os_\n")
