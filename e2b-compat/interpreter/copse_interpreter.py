@@ -1188,7 +1188,13 @@ class JavaScriptContext(BashContext):
     def start(self):
         self.token = f"__COPSE_{uuid.uuid4().hex}__"
         env = {"COPSE_KERNEL_TOKEN": self.token, "PAGER": "cat"}
-        self._spawn([shutil.which("node") or "node", JS_KERNEL, *self.kernel_args], env)
+        # V8 guards WebAssembly code with a memory protection key where the
+        # CPU has them; a kernel restored from a memory snapshot no longer
+        # owns that key (CRIU does not restore pkey allocations), so its
+        # first wasm compile - `import()` of a CommonJS package parses it
+        # with wasm - aborted the kernel as "out of memory".
+        node = [shutil.which("node") or "node", "--no-wasm-memory-protection-keys"]
+        self._spawn([*node, JS_KERNEL, *self.kernel_args], env)
         try:
             self._command({"op": "env", "envs": {}})
         except Exception:
