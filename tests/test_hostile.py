@@ -1042,6 +1042,48 @@ ID_BASE = 1 << 31
 NS_GET_OWNER_UID = 0xB704
 
 
+ROOT_PROBES_THE_AGENT = """
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+agents = [p for p in os.listdir('/proc') if p.isdigit() and int(p) != os.getpid()
+          and open(f'/proc/{p}/comm').read().strip() == 'copse-agent']
+print('agents', len(agents))
+for pid in agents:
+    for what, attempt in [('environ', lambda: open(f'/proc/{pid}/environ', 'rb').read()),
+                          ('mem', lambda: open(f'/proc/{pid}/mem', 'rb').read(1)),
+                          ('fds', lambda: os.listdir(f'/proc/{pid}/fd')),
+                          ('exe', lambda: os.readlink(f'/proc/{pid}/exe'))]:
+        try:
+            attempt()
+            print(what, 'reached')
+        except OSError as e:
+            print(what, 'refused', e.errno)
+    if libc.ptrace(16, int(pid), None, None) == 0:  # PTRACE_ATTACH
+        print('ptrace reached')
+        libc.ptrace(17, int(pid), None, None)  # PTRACE_DETACH
+    else:
+        print('ptrace refused', ctypes.get_errno())
+"""
+
+
+def test_root_in_a_sandbox_cannot_read_or_trace_the_agent_that_holds_its_token(gateway):
+    """Root keeps a container root's capabilities (chown, setuid, ...) but
+    never all of the agent's, so the kernel refuses it the agent's memory,
+    environment, descriptors and ptrace: the access token stays out of
+    reach of whatever runs as root (a template's daemon, a package's
+    maintainer script)."""
+    sbx = Sandbox.create(timeout=60)
+    try:
+        sbx.files.write("/tmp/probe.py", ROOT_PROBES_THE_AGENT)
+        out = sbx.commands.run("python3 /tmp/probe.py", user="root").stdout
+        lines = out.splitlines()
+        assert lines[0] in ("agents 1", "agents 2"), out
+        assert "reached" not in out, out
+        assert sum("refused" in line for line in lines) == 5 * int(lines[0].split()[1]), out
+    finally:
+        sbx.kill()
+
+
 def test_sandbox_root_is_an_unprivileged_host_id(gateway):
     """The sandbox's uid and gid maps put its root at R, not host root."""
     sbx = Sandbox.create(timeout=60)

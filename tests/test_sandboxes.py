@@ -307,13 +307,34 @@ def test_ten_sandboxes_created_in_parallel_all_work(gateway):
     assert list_all(SandboxQuery(metadata={"parallel": tag})) == []
 
 
-def test_sandbox_processes_cannot_mount_and_have_no_capabilities(sandbox):
-    for user in ("root", "user"):
+# CAP_CHOWN, CAP_DAC_OVERRIDE, CAP_FOWNER, CAP_FSETID, CAP_KILL, CAP_SETGID,
+# CAP_SETUID, CAP_NET_BIND_SERVICE: a container root's own few.
+ROOT_CAPABILITIES = 0x4FB
+
+
+def test_sandbox_processes_cannot_mount_and_root_keeps_only_a_container_roots_capabilities(sandbox):
+    for user, expected in (("root", ROOT_CAPABILITIES), ("user", 0)):
         with pytest.raises(CommandExitException):
             sandbox.commands.run("mount -t tmpfs x /mnt", user=user)
         status = sandbox.commands.run("cat /proc/self/status", user=user).stdout
         fields = dict(line.split(":\t", 1) for line in status.splitlines() if ":\t" in line)
-        assert int(fields["CapEff"].strip(), 16) == 0, f"CapEff as {user}: {fields['CapEff']}"
-        assert int(fields["CapPrm"].strip(), 16) == 0, f"CapPrm as {user}: {fields['CapPrm']}"
+        for field in ("CapEff", "CapPrm"):
+            assert int(fields[field].strip(), 16) == expected, f"{field} as {user}: {fields[field]}"
+        assert int(fields["CapAmb"].strip(), 16) == 0, f"CapAmb as {user}"
         assert fields["NoNewPrivs"].strip() == "1", f"NoNewPrivs as {user}"
     assert " /mnt " not in sandbox.commands.run("cat /proc/mounts").stdout
+
+
+def test_root_chowns_switches_users_and_binds_low_ports_as_in_a_container(sandbox):
+    """What a Dockerfile's RUN lines and packages' maintainer scripts do as
+    root works; the same as `user` is refused."""
+    script = (
+        "set -e; rm -rf /srv/x; mkdir -p /srv/x && chown user:user /srv/x && stat -c %U /srv/x; "
+        "setpriv --reuid user --regid user --init-groups id -un; "
+        "python3 -c \"import socket; s = socket.socket(); s.bind(('127.0.0.1', 81)); print('bound')\""
+    )
+    assert sandbox.commands.run(script, user="root").stdout.split() == ["user", "user", "bound"]
+    with pytest.raises(CommandExitException):
+        sandbox.commands.run("touch /tmp/mine && chown root /tmp/mine", user="user")
+    with pytest.raises(CommandExitException):
+        sandbox.commands.run("python3 -c \"import socket; socket.socket().bind(('127.0.0.1', 82))\"", user="user")

@@ -199,6 +199,47 @@ def test_a_ready_command_that_never_succeeds_fails_the_build_with_its_output(gat
     assert not [s for s in Sandbox.list().next_items() if (s.metadata or {}).get("copse.build")]
 
 
+def test_workdir_makes_missing_directories_owned_by_the_build_user(gateway):
+    """As Docker's WORKDIR: a missing directory is made, with its missing
+    parents, owned by the current USER, even under a directory that user
+    cannot write (/opt) or enter (/root); an existing one is left as it is."""
+    name = unique("workdir")
+    template = (
+        Template()
+        .from_template("base")
+        .set_user("user")
+        .set_workdir("/opt/app/sub")
+        .run_cmd("touch made-here")
+        .set_workdir("/root/private")
+        .run_cmd("touch mine")
+        .set_workdir("/etc")
+        .run_cmd("pwd > /tmp/where")
+    )
+    try:
+        Template.build(template, alias=name)
+        sbx = Sandbox.create(name, timeout=60)
+        try:
+            owners = sbx.commands.run(
+                "stat -c '%n %U' /opt /opt/app /opt/app/sub /opt/app/sub/made-here /root /root/private /etc",
+                user="root",
+            ).stdout.split("\n")
+            assert owners[:-1] == [
+                "/opt root",
+                "/opt/app user",
+                "/opt/app/sub user",
+                "/opt/app/sub/made-here user",
+                "/root root",
+                "/root/private user",
+                "/etc root",
+            ], owners
+            assert sbx.commands.run("test -f /root/private/mine", user="root").exit_code == 0
+            assert sbx.commands.run("cat /tmp/where").stdout == "/etc\n"
+        finally:
+            sbx.kill()
+    finally:
+        delete_template(gateway, name)
+
+
 def test_a_template_built_from_another_keeps_its_files_and_settings(gateway):
     parent, child = unique("parent"), unique("child")
     try:

@@ -1,5 +1,6 @@
-//! Linux confinement: no core dumps, no capabilities, `no_new_privs`, and a
-//! seccomp allow-list for x86-64 (x32 and i386 system calls are refused).
+//! Linux confinement: no core dumps, `no_new_privs`, a seccomp allow-list
+//! for x86-64 (x32 and i386 system calls are refused), no capabilities for
+//! a user's process and a container root's few for root's.
 
 use std::io;
 
@@ -325,15 +326,16 @@ impl Confinement {
         Ok(Self { filter: super::seccomp::program(ALLOWED, REFUSED_IOCTLS) })
     }
 
-    /// No core dumps, drop every capability, forbid gaining new ones,
-    /// install the filter. Only system calls: safe between `fork` and `exec`.
+    /// No core dumps, capabilities down to [`ROOT_CAPABILITIES`] for root
+    /// and none for anyone else, forbid gaining new ones, install the
+    /// filter. Only system calls: safe between `fork` and `exec`.
     pub fn apply(&self) -> io::Result<()> {
         // A core file would hold the process's secrets wherever the kernel
         // puts it; hard 0 so no process in the sandbox can raise it again.
         let no_core = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
         // SAFETY: setrlimit reads a valid rlimit.
         check(unsafe { libc::setrlimit(libc::RLIMIT_CORE, &no_core) })?;
-        drop_capabilities()?;
+        limit_capabilities()?;
         // SAFETY: plain prctl with integer arguments.
         check(unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) })?;
         let program = libc::sock_fprog { len: self.filter.len() as u16, filter: self.filter.as_ptr().cast_mut() };
@@ -345,7 +347,9 @@ impl Confinement {
     }
 }
 
+const CAP_DAC_READ_SEARCH: libc::c_int = 2;
 const CAP_SETPCAP: libc::c_int = 8;
+const CAP_NET_BIND_SERVICE: libc::c_int = 10;
 const LAST_CAP: libc::c_int = 63;
 
 /// What the agent (and init, which forks it) keep of the capabilities
@@ -359,14 +363,40 @@ const LAST_CAP: libc::c_int = 63;
 pub const AGENT_CAPABILITIES: &[libc::c_int] = &[
     0, // CAP_CHOWN
     1, // CAP_DAC_OVERRIDE
-    2, // CAP_DAC_READ_SEARCH
+    CAP_DAC_READ_SEARCH,
     3, // CAP_FOWNER
     4, // CAP_FSETID
     5, // CAP_KILL
     6, // CAP_SETGID
     7, // CAP_SETUID
     CAP_SETPCAP,
+    CAP_NET_BIND_SERVICE,
 ];
+
+/// What a process started as the sandbox's root keeps: what root in a
+/// container may do to its own files, users and ports (chown, permission
+/// and owner overrides, setuid bits, signals, switching users, ports below
+/// 1024), all of it scoped to the sandbox's user namespace, so a template's
+/// `RUN chown`, a package's maintainer scripts or `runuser` work as they do
+/// in E2B. Never all of [`AGENT_CAPABILITIES`]: the agent keeps
+/// `CAP_SETPCAP` and `CAP_DAC_READ_SEARCH` besides, so its permitted set is
+/// never a subset of a root process's, and the kernel refuses that process
+/// `ptrace` of the agent and its `/proc/<pid>/{mem,environ,fd}` (the agent
+/// holds the sandbox's access token).
+pub const ROOT_CAPABILITIES: &[libc::c_int] = &[
+    0, // CAP_CHOWN
+    1, // CAP_DAC_OVERRIDE
+    3, // CAP_FOWNER
+    4, // CAP_FSETID
+    5, // CAP_KILL
+    6, // CAP_SETGID
+    7, // CAP_SETUID
+    CAP_NET_BIND_SERVICE,
+];
+
+fn bits(caps: &[libc::c_int]) -> u32 {
+    caps.iter().fold(0, |bits, cap| bits | 1 << cap)
+}
 
 /// Limits this process (the sandbox's init, before it forks the agent) to
 /// [`AGENT_CAPABILITIES`]: bounding, permitted, effective and inheritable
@@ -381,7 +411,7 @@ pub fn keep_agent_capabilities() -> io::Result<()> {
     }
     // SAFETY: prctl with integer arguments only.
     unsafe { libc::prctl(libc::PR_CAP_AMBIENT, libc::PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) };
-    let kept = AGENT_CAPABILITIES.iter().fold(0u32, |bits, cap| bits | 1 << cap);
+    let kept = bits(AGENT_CAPABILITIES);
     let header = CapHeader { version: 0x2008_0522, pid: 0 };
     let data = [
         CapData { effective: kept, permitted: kept, inheritable: 0 },
@@ -390,9 +420,11 @@ pub fn keep_agent_capabilities() -> io::Result<()> {
     // SAFETY: header and data are valid for capset's v3 layout.
     check(unsafe { libc::syscall(libc::SYS_capset, &header, data.as_ptr()) as libc::c_int })
 }
-/// SECBIT_NOROOT | SECBIT_NOROOT_LOCKED | SECBIT_NO_SETUID_FIXUP(_LOCKED)
-/// | SECBIT_KEEP_CAPS_LOCKED: uid 0 gets no capabilities from exec.
-const SECURE_BITS: libc::c_ulong = 0x01 | 0x02 | 0x04 | 0x08 | 0x20;
+/// SECBIT_NOROOT_LOCKED | SECBIT_NO_SETUID_FIXUP_LOCKED |
+/// SECBIT_KEEP_CAPS_LOCKED, with the three bits they lock clear: root keeps
+/// its bounding set across exec, and a switch to another user drops every
+/// capability, for good.
+const SECURE_BITS: libc::c_ulong = 0x02 | 0x08 | 0x20;
 
 #[repr(C)]
 struct CapHeader {
@@ -408,27 +440,48 @@ struct CapData {
     inheritable: u32,
 }
 
-fn drop_capabilities() -> io::Result<()> {
-    // A process that already lost CAP_SETPCAP (a non-root user after
-    // setuid) has nothing left to drop from its bounding set that it could
-    // use; no_new_privs covers exec of setuid files.
+fn limit_capabilities() -> io::Result<()> {
+    // Only root (with the agent's CAP_SETPCAP) has a bounding set to narrow;
+    // a user's process lost its capabilities when it switched to the user,
+    // and no_new_privs covers exec of setuid files.
     // SAFETY: prctl with integer arguments only.
-    let has_setpcap =
+    let root =
         unsafe { libc::prctl(libc::PR_CAPBSET_READ, CAP_SETPCAP, 0, 0, 0) } == 1 && unsafe { libc::geteuid() } == 0;
-    if has_setpcap {
+    if root {
         // SAFETY: prctl with integer arguments only.
         unsafe {
             check(libc::prctl(libc::PR_SET_SECUREBITS, SECURE_BITS, 0, 0, 0))?;
             for cap in 0..=LAST_CAP {
-                // EINVAL past the kernel's last capability is expected.
-                libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0);
+                if !ROOT_CAPABILITIES.contains(&cap) {
+                    // EINVAL past the kernel's last capability is expected.
+                    libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0);
+                }
             }
         }
     }
     // SAFETY: prctl with integer arguments only.
     unsafe { libc::prctl(libc::PR_CAP_AMBIENT, libc::PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) };
+    let kept = if root { bits(ROOT_CAPABILITIES) } else { 0 };
     let header = CapHeader { version: 0x2008_0522, pid: 0 };
-    let data = [CapData { effective: 0, permitted: 0, inheritable: 0 }; 2];
+    let data = [
+        CapData { effective: kept, permitted: kept, inheritable: 0 },
+        CapData { effective: 0, permitted: 0, inheritable: 0 },
+    ];
     // SAFETY: header and data are valid for capset's v3 layout.
     check(unsafe { libc::syscall(libc::SYS_capset, &header, data.as_ptr()) as libc::c_int })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn root_keeps_only_what_the_agent_has_and_never_all_of_it() {
+        let (agent, root) = (bits(AGENT_CAPABILITIES), bits(ROOT_CAPABILITIES));
+        assert_eq!(root & !agent, 0, "root cannot be given what init's bounding set dropped");
+        // The kernel lets a same-uid process ptrace (or read the /proc files
+        // of) a target only if the target's permitted set is within its own.
+        assert_ne!(agent & !root, 0, "root must not be able to trace the agent");
+        assert_eq!(root & 1 << CAP_SETPCAP, 0, "root could widen its own bounding set again");
+    }
 }

@@ -144,12 +144,23 @@ pub fn copy_archive(hash: &str) -> String {
     format!("{COPY_ARCHIVE_DIR}/.copse-copy-{hash}.tar")
 }
 
-/// Makes `dir` (for WORKDIR) as root and gives it to `user` if it did not
-/// exist yet.
+/// Makes `dir` (for WORKDIR): each missing component, parents included, is
+/// made and given to `user`, so the user's later steps can write there;
+/// existing ones keep their owner. As root, so a directory the user may not
+/// write (`/opt`) or enter (`/root`) can still hold the user's workdir.
 pub fn workdir_script(dir: &str, user: &str) -> String {
-    let dir = quote(dir);
+    let mut prefixes = Vec::new();
+    let mut path = String::new();
+    for part in dir.split('/').filter(|p| !p.is_empty() && *p != ".") {
+        path.push('/');
+        path.push_str(part);
+        prefixes.push(quote(&path));
+    }
     let user = quote(user);
-    format!("[ -d {dir} ] || {{ mkdir -p -- {dir} && chown -- {user}: {dir}; }}")
+    format!(
+        "for d in {}; do [ -d \"$d\" ] || {{ mkdir -- \"$d\" && chown -- {user}: \"$d\"; }} || exit 1; done",
+        prefixes.join(" ")
+    )
 }
 
 /// Creates `user` (for USER) if the root has no such account.
@@ -275,6 +286,9 @@ mod tests {
         assert!(script.contains(r"dest='/home/user/o'\''k/'"));
         assert!(script.contains("set -- app\n"));
         assert!(script.contains("chmod 0644"));
-        assert!(workdir_script("/w", "user").contains("chown -- 'user': '/w'"));
+        assert_eq!(
+            workdir_script("/opt//app/", "us'er"),
+            r#"for d in '/opt' '/opt/app'; do [ -d "$d" ] || { mkdir -- "$d" && chown -- 'us'\''er': "$d"; } || exit 1; done"#
+        );
     }
 }
