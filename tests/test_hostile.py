@@ -1077,9 +1077,10 @@ def test_root_in_a_sandbox_cannot_read_or_trace_the_agent_that_holds_its_token(g
         sbx.files.write("/tmp/probe.py", ROOT_PROBES_THE_AGENT)
         out = sbx.commands.run("python3 /tmp/probe.py", user="root").stdout
         lines = out.splitlines()
-        assert lines[0] in ("agents 1", "agents 2"), out
+        agents = int(lines[0].split()[1])
+        assert agents >= 1, out
         assert "reached" not in out, out
-        assert sum("refused" in line for line in lines) == 5 * int(lines[0].split()[1]), out
+        assert sum("refused" in line for line in lines) == 5 * agents, out
     finally:
         sbx.kill()
 
