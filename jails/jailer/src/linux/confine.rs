@@ -420,11 +420,12 @@ pub fn keep_agent_capabilities() -> io::Result<()> {
     // SAFETY: header and data are valid for capset's v3 layout.
     check(unsafe { libc::syscall(libc::SYS_capset, &header, data.as_ptr()) as libc::c_int })
 }
-/// SECBIT_NOROOT_LOCKED | SECBIT_NO_SETUID_FIXUP_LOCKED |
-/// SECBIT_KEEP_CAPS_LOCKED, with the three bits they lock clear: root keeps
-/// its bounding set across exec, and a switch to another user drops every
-/// capability, for good.
-const SECURE_BITS: libc::c_ulong = 0x02 | 0x08 | 0x20;
+
+/// None: root keeps its bounding set across exec, and a switch to another
+/// user drops its capabilities unless it asked to keep them
+/// (`PR_SET_KEEPCAPS`, which `setpriv` and `capsh` use), as in a container.
+/// Set rather than inherited, so nothing the agent's own bits say leaks in.
+const SECURE_BITS: libc::c_ulong = 0;
 
 #[repr(C)]
 struct CapHeader {
