@@ -200,9 +200,9 @@ def test_a_ready_command_that_never_succeeds_fails_the_build_with_its_output(gat
 
 
 def test_workdir_makes_missing_directories_owned_by_the_build_user(gateway):
-    """As Docker's WORKDIR: a missing directory is made, with its missing
-    parents, owned by the current USER, even under a directory that user
-    cannot write (/opt) or enter (/root); an existing one is left as it is."""
+    """A missing directory is made, with its missing parents, owned by the
+    current USER, even under a directory that user cannot write (/opt) or
+    enter (/root); an existing one is left as it is."""
     name = unique("workdir")
     template = (
         Template()
