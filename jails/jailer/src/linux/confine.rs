@@ -356,10 +356,12 @@ const LAST_CAP: libc::c_int = 63;
 /// root of the sandbox's user namespace has: switching to a user's ids and
 /// acting on files for the files API as any user (chown, permission and
 /// owner overrides, keeping setgid bits on uploads), signalling any user's
-/// processes, and `CAP_SETPCAP`, which the processes it starts need to
-/// empty their bounding set (see [`Confinement::apply`]). Everything else
-/// (`CAP_NET_ADMIN` over the sandbox's own network namespace, `CAP_SYS_ADMIN`
-/// and mounts, `CAP_NET_RAW`, ...) goes.
+/// processes, `CAP_SETPCAP`, which the processes it starts need to narrow
+/// their bounding set (see [`Confinement::apply`]), and what root's
+/// processes keep besides ([`ROOT_CAPABILITIES`]: `CAP_NET_BIND_SERVICE`),
+/// since no process can be given more than its parent's bounding set.
+/// Everything else (`CAP_NET_ADMIN` over the sandbox's own network
+/// namespace, `CAP_SYS_ADMIN` and mounts, `CAP_NET_RAW`, ...) goes.
 pub const AGENT_CAPABILITIES: &[libc::c_int] = &[
     0, // CAP_CHOWN
     1, // CAP_DAC_OVERRIDE
