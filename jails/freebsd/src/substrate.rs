@@ -190,6 +190,21 @@ impl JailSubstrate {
         Executor::new(None).run_all(&steps)
     }
 
+    /// Runs a snapshot plan; on failure removes whatever of it exists.
+    fn take_snapshot(&self, source: &SnapshotSource, snapshot_id: &str) -> anyhow::Result<()> {
+        let taken = Executor::new(None).run_all(&lifecycle::snapshot(&self.layout, source, snapshot_id));
+        if taken.is_err() {
+            // One step at a time, so a jail gone meanwhile (its SIGCONT
+            // fails) does not keep the copies from being removed.
+            for step in lifecycle::snapshot_undo(&self.layout, source, snapshot_id) {
+                if let Err(undo) = Executor::new(None).run_all(std::slice::from_ref(&step)) {
+                    tracing::error!(sandbox = %source.id, "after a failed snapshot: {undo:#}");
+                }
+            }
+        }
+        taken
+    }
+
     fn build_template(&self, recipe: &Recipe, progress: Progress<'_>) -> anyhow::Result<()> {
         let name = &recipe.name;
         let dist = std::env::var(tpl::ENV_DIST).ok();
@@ -316,17 +331,14 @@ impl Substrate for JailSubstrate {
                 .map_err(|e| anyhow!(e))?,
             paused: lifecycle::is_paused(&run_cmd(&lifecycle::processes(jid), None)?),
         };
-        let taken = Executor::new(None).run_all(&lifecycle::snapshot(&self.layout, &source, snapshot_id));
-        if let Err(e) = taken {
-            // One step at a time, so a jail gone meanwhile (its SIGCONT
-            // fails) does not keep the copies from being removed.
-            for step in lifecycle::snapshot_undo(&self.layout, &source, snapshot_id) {
-                if let Err(undo) = Executor::new(None).run_all(std::slice::from_ref(&step)) {
-                    tracing::error!(sandbox = %id, "after a failed snapshot: {undo:#}");
-                }
-            }
-            return Err(e.context(format!("snapshot {snapshot_id} of sandbox {id}")));
+        let mut taken = self.take_snapshot(&source, snapshot_id);
+        if let (Err(e), Some(parent)) = (&taken, &source.parent) {
+            // The layer it stacked on was deleted since it was looked up:
+            // the same snapshot, sent from the origin, only holds more.
+            tracing::warn!(sandbox = %id, "snapshot {snapshot_id} on {parent} failed, retrying from the origin: {e:#}");
+            taken = self.take_snapshot(&SnapshotSource { parent: None, ..source.clone() }, snapshot_id);
         }
+        taken.with_context(|| format!("snapshot {snapshot_id} of sandbox {id}"))?;
         self.stored_snapshots()?
             .iter()
             .find(|s| s.id.as_deref() == Some(snapshot_id) && !s.deleted)
