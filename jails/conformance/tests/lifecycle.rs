@@ -69,6 +69,47 @@ fn a_snapshot_keeps_files_for_new_sandboxes_and_outlives_deletion_of_its_users()
 
 #[test]
 #[ignore = "needs root, COPSE_AGENT and a template: run `mise run conformance`"]
+fn layered_snapshots_keep_working_whatever_order_their_layers_are_deleted_in() {
+    // What a template build does with snapshots: one after each step of a
+    // build sandbox, a rebuild's sandbox on a cached layer, and the
+    // layers deleted while what stacks on them still lives.
+    let _serial = serial();
+    let build = Sandbox::create("layers", SMALL).unwrap();
+    build.agent().write_file("/home/user/one.txt", b"1\n").unwrap();
+    let first = Snapshot(fresh_id("layer1"));
+    substrate().snapshot(build.id(), &first.0, false).unwrap();
+    build.agent().write_file("/home/user/two.txt", b"2\n").unwrap();
+    build.agent().sh("rm /home/user/one.txt").unwrap();
+    let second = Snapshot(fresh_id("layer2"));
+    substrate().snapshot(build.id(), &second.0, false).unwrap();
+    drop(build);
+
+    let rebuild = Sandbox::from_snapshot("layers-re", SMALL, &first.0).unwrap();
+    rebuild.agent().write_file("/home/user/other.txt", b"o\n").unwrap();
+    let other = Snapshot(fresh_id("layer2b"));
+    substrate().snapshot(rebuild.id(), &other.0, false).unwrap();
+    drop(rebuild);
+
+    // The first layer goes first, then the second while a sandbox of it runs.
+    substrate().delete_snapshot(&first.0).unwrap();
+    let user = Sandbox::from_snapshot("layers-user", SMALL, &second.0).unwrap();
+    substrate().delete_snapshot(&second.0).unwrap();
+    let out = user.agent().sh("cat /home/user/two.txt; test -e /home/user/one.txt && echo one || echo no-one").unwrap();
+    assert_eq!(out.stdout, "2\nno-one\n", "the second layer lost a write or a removal");
+    let sibling = Sandbox::from_snapshot("layers-other", SMALL, &other.0).unwrap();
+    let out =
+        sibling.agent().sh("cat /home/user/one.txt /home/user/other.txt; test -e /home/user/two.txt || echo no-two");
+    assert_eq!(out.unwrap().stdout, "1\no\nno-two\n", "a layer on a deleted one lost files or gained its sibling's");
+    drop((user, sibling));
+    substrate().delete_snapshot(&other.0).unwrap();
+    let left = substrate().snapshots().unwrap();
+    for gone in [&first, &second, &other] {
+        assert!(!left.iter().any(|s| s.id == gone.0), "deleted snapshot {} still listed", gone.0);
+    }
+}
+
+#[test]
+#[ignore = "needs root, COPSE_AGENT and a template: run `mise run conformance`"]
 fn a_snapshot_of_a_paused_sandbox_leaves_it_paused() {
     let _serial = serial();
     let sandbox = Sandbox::create("snap-paused", SMALL).unwrap();

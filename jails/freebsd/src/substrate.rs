@@ -13,7 +13,7 @@ use crate::exec::{Executor, run_cmd, run_from, run_into, succeeds};
 use crate::plan::lifecycle::{self, SnapshotSource, StoredSnapshot};
 use crate::plan::recover::{self as reconcile, HostTraces};
 use crate::plan::template::{self as tpl, BuildInputs};
-use crate::plan::{Layout, devfs, host, jail_name, mounts, rctl, sandbox, validate_id, volume, zfs};
+use crate::plan::{Layout, devfs, host, jail_name, layers, mounts, rctl, sandbox, validate_id, volume, zfs};
 use crate::{plan, sys};
 use copse_substrate::template::{Backend, check_backend, validate_name};
 use copse_substrate::{
@@ -99,8 +99,19 @@ impl JailSubstrate {
         Ok(())
     }
 
-    fn cloned_snapshots(&self) -> anyhow::Result<Vec<String>> {
-        Ok(lifecycle::parse_cloned(&run_cmd(&lifecycle::list_clones(&self.layout), None)?))
+    /// Every copse snapshot's guid and clones.
+    fn snapshot_uses(&self) -> anyhow::Result<Vec<layers::Use>> {
+        layers::parse_uses(&run_cmd(&layers::list_uses(&self.layout), None)?).map_err(|e| anyhow!(e))
+    }
+
+    /// The copse snapshot of sandbox `id` its next snapshot stacks on.
+    fn stack_parent(&self, id: &str) -> anyhow::Result<Option<String>> {
+        let marks = run_cmd(&layers::list_bookmarks(&self.layout, id), None)?;
+        let marks = layers::parse_bookmarks(&self.layout, id, &marks).map_err(|e| anyhow!(e))?;
+        if marks.is_empty() {
+            return Ok(None);
+        }
+        Ok(layers::stack_parent(&marks, &self.stored_snapshots()?, &self.snapshot_uses()?))
     }
 
     fn property(&self, dataset: &str, property: &str) -> anyhow::Result<String> {
@@ -172,10 +183,26 @@ impl JailSubstrate {
         self.network.as_ref().map_or(Ok(()), |network| network.detach(id))
     }
 
-    /// Destroys deleted snapshots no sandbox is cloned from any more.
+    /// Destroys deleted snapshots no sandbox or live snapshot is cloned
+    /// from any more, later layers first.
     fn collect_snapshots(&self) -> anyhow::Result<()> {
-        let steps = lifecycle::collect(&self.stored_snapshots()?, &self.cloned_snapshots()?);
+        let steps = layers::collect(&self.stored_snapshots()?, &self.snapshot_uses()?);
         Executor::new(None).run_all(&steps)
+    }
+
+    /// Runs a snapshot plan; on failure removes whatever of it exists.
+    fn take_snapshot(&self, source: &SnapshotSource, snapshot_id: &str) -> anyhow::Result<()> {
+        let taken = Executor::new(None).run_all(&lifecycle::snapshot(&self.layout, source, snapshot_id));
+        if taken.is_err() {
+            // One step at a time, so a jail gone meanwhile (its SIGCONT
+            // fails) does not keep the copies from being removed.
+            for step in lifecycle::snapshot_undo(&self.layout, source, snapshot_id) {
+                if let Err(undo) = Executor::new(None).run_all(std::slice::from_ref(&step)) {
+                    tracing::error!(sandbox = %source.id, "after a failed snapshot: {undo:#}");
+                }
+            }
+        }
+        taken
     }
 
     fn build_template(&self, recipe: &Recipe, progress: Progress<'_>) -> anyhow::Result<()> {
@@ -298,22 +325,20 @@ impl Substrate for JailSubstrate {
             id: id.to_string(),
             jid,
             origin: self.property(&dataset, "origin")?,
+            parent: self.stack_parent(id)?,
             template: self.property(&dataset, plan::PROP_TEMPLATE)?,
             template_guid: zfs::parse_number(&self.property(&dataset, plan::PROP_TEMPLATE_GUID)?)
                 .map_err(|e| anyhow!(e))?,
             paused: lifecycle::is_paused(&run_cmd(&lifecycle::processes(jid), None)?),
         };
-        let taken = Executor::new(None).run_all(&lifecycle::snapshot(&self.layout, &source, snapshot_id));
-        if let Err(e) = taken {
-            // One step at a time, so a jail gone meanwhile (its SIGCONT
-            // fails) does not keep the copies from being removed.
-            for step in lifecycle::snapshot_undo(&self.layout, &source, snapshot_id) {
-                if let Err(undo) = Executor::new(None).run_all(std::slice::from_ref(&step)) {
-                    tracing::error!(sandbox = %id, "after a failed snapshot: {undo:#}");
-                }
-            }
-            return Err(e.context(format!("snapshot {snapshot_id} of sandbox {id}")));
+        let mut taken = self.take_snapshot(&source, snapshot_id);
+        if let (Err(e), Some(parent)) = (&taken, &source.parent) {
+            // The layer it stacked on was deleted since it was looked up:
+            // the same snapshot, sent from the origin, only holds more.
+            tracing::warn!(sandbox = %id, "snapshot {snapshot_id} on {parent} failed, retrying from the origin: {e:#}");
+            taken = self.take_snapshot(&SnapshotSource { parent: None, ..source.clone() }, snapshot_id);
         }
+        taken.with_context(|| format!("snapshot {snapshot_id} of sandbox {id}"))?;
         self.stored_snapshots()?
             .iter()
             .find(|s| s.id.as_deref() == Some(snapshot_id) && !s.deleted)
@@ -334,10 +359,16 @@ impl Substrate for JailSubstrate {
         let Some(found) = lifecycle::find(&stored, snapshot_id) else {
             return Ok(());
         };
-        let has_clones = self.cloned_snapshots()?.contains(&found.dataset);
+        let has_clones = layers::cloned(&self.snapshot_uses()?).contains(&found.dataset);
         Executor::new(None)
             .run_all(&lifecycle::delete(found, has_clones))
-            .with_context(|| format!("deleting snapshot {snapshot_id}"))
+            .with_context(|| format!("deleting snapshot {snapshot_id}"))?;
+        // The last layer of a deleted built template frees the ones it
+        // stacked on.
+        if let Err(e) = self.collect_snapshots() {
+            tracing::warn!("collecting deleted snapshots: {e:#}");
+        }
+        Ok(())
     }
 
     fn rollback(&self, spec: &SandboxSpec, snapshot_id: &str) -> anyhow::Result<Placement> {

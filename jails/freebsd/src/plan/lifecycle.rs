@@ -10,14 +10,14 @@
 //! the sandbox, and the sandbox's quota never pays for it. Sandboxes
 //! created from it are `zfs clone`s of `@snapshot`. Each snapshot dataset
 //! carries `copse:snapshot=<id>`; nothing without that mark is listed or
-//! destroyed.
+//! destroyed. A sandbox's later snapshots stack on its earlier ones (see
+//! `layers`), which is what a template build's layers are.
 
 use std::fmt;
 
 use super::zfs::{self, Origin, prop};
 use super::{
-    Cmd, Layout, PROP_DELETED, PROP_SNAPSHOT, PROP_TEMPLATE, PROP_TEMPLATE_GUID, SNAPSHOT_SNAPSHOT, Step, jail_name,
-    sandbox, tool,
+    Cmd, Layout, PROP_DELETED, PROP_SNAPSHOT, PROP_TEMPLATE, PROP_TEMPLATE_GUID, Step, jail_name, layers, sandbox, tool,
 };
 use copse_substrate::SandboxSpec;
 
@@ -77,6 +77,10 @@ pub struct SnapshotSource {
     pub jid: i32,
     /// The ZFS snapshot the sandbox's dataset is a clone of (its `origin`).
     pub origin: String,
+    /// The copse snapshot of this sandbox to stack on (its bookmark is in
+    /// the sandbox's dataset; see [`layers::stack_parent`]); `None`: the
+    /// new snapshot is sent from `origin`.
+    pub parent: Option<String>,
     pub template: String,
     pub template_guid: u64,
     /// Already paused: leave it so, and send no SIGCONT afterwards.
@@ -89,7 +93,14 @@ pub struct SnapshotSource {
 pub fn snapshot(layout: &Layout, source: &SnapshotSource, snapshot_id: &str) -> Vec<Step> {
     let transient = transient_snapshot(layout, &source.id, snapshot_id);
     let dataset = layout.snapshot_dataset(snapshot_id);
-    let origin = &source.origin;
+    // Sent from the parent's bookmark, the copy is a clone of the parent's
+    // `@snapshot` (the snapshot the bookmark was made from, received
+    // under the same guid) and holds only what was written since.
+    let (from, origin) = match &source.parent {
+        Some(parent) => (layers::bookmark(layout, &source.id, parent), layout.snapshot_origin(parent)),
+        None => (source.origin.clone(), source.origin.clone()),
+    };
+    let origin = &origin;
     let mut steps = Vec::new();
     if !source.paused {
         steps.push(signal(&source.id, source.jid, JailSignal::Stop));
@@ -103,7 +114,7 @@ pub fn snapshot(layout: &Layout, source: &SnapshotSource, snapshot_id: &str) -> 
     // again. (The origin is a dependency from then on; `delete` and
     // `collect` respect it.)
     steps.push(Step::Pipe {
-        from: Cmd::new(tool::ZFS, ["send", "-c", "-i", origin, &transient]),
+        from: Cmd::new(tool::ZFS, ["send", "-c", "-i", &from, &transient]),
         to: Cmd::new(
             tool::ZFS,
             [
@@ -129,6 +140,10 @@ pub fn snapshot(layout: &Layout, source: &SnapshotSource, snapshot_id: &str) -> 
     });
     let received = format!("{dataset}@copse-{snapshot_id}");
     steps.push(Step::Run(Cmd::new(tool::ZFS, ["rename", &received, &layout.snapshot_origin(snapshot_id)])));
+    // What the next snapshot is sent from; without it that one is sent
+    // from the origin and only holds more.
+    let mark = layers::bookmark(layout, &source.id, snapshot_id);
+    steps.push(Step::Run(Cmd::new(tool::ZFS, ["bookmark", &transient, &mark]).may_fail()));
     // Already copied; a leftover only costs the sandbox quota until it is
     // destroyed with the sandbox.
     steps.push(Step::Run(Cmd::new(tool::ZFS, ["destroy", &transient]).may_fail()));
@@ -144,6 +159,9 @@ pub fn snapshot_undo(layout: &Layout, source: &SnapshotSource, snapshot_id: &str
     }
     steps.push(Step::Run(
         Cmd::new(tool::ZFS, ["destroy", &transient_snapshot(layout, &source.id, snapshot_id)]).may_fail(),
+    ));
+    steps.push(Step::Run(
+        Cmd::new(tool::ZFS, ["destroy", &layers::bookmark(layout, &source.id, snapshot_id)]).may_fail(),
     ));
     steps.push(Step::Run(zfs::destroy(&layout.snapshot_dataset(snapshot_id)).may_fail()));
     steps
@@ -214,27 +232,11 @@ pub fn find<'a>(stored: &'a [StoredSnapshot], snapshot_id: &str) -> Option<&'a S
     stored.iter().find(|s| !s.deleted && s.id.as_deref() == Some(snapshot_id))
 }
 
-/// Which ZFS snapshots under `<root>/snapshots` have clones (sandboxes).
-pub fn list_clones(layout: &Layout) -> Cmd {
-    Cmd::new(tool::ZFS, ["list", "-H", "-p", "-t", "snapshot", "-o", "name,clones", "-r", &layout.snapshots_dataset()])
-}
-
-/// Datasets whose `@snapshot` has at least one clone, from [`list_clones`].
-pub fn parse_cloned(text: &str) -> Vec<String> {
-    let suffix = format!("@{SNAPSHOT_SNAPSHOT}");
-    text.lines()
-        .filter_map(|line| {
-            let (name, clones) = line.split_once('\t')?;
-            let dataset = name.strip_suffix(&suffix)?;
-            prop(clones.trim()).map(|_| dataset.to_string())
-        })
-        .collect()
-}
-
-/// The steps of `Substrate::delete_snapshot`. A snapshot sandboxes were
-/// cloned from cannot be destroyed while they run, so it is marked
-/// deleted and renamed out of the way (ids never contain `.`, so the new
-/// name frees the id at once); [`collect`] destroys it later.
+/// The steps of `Substrate::delete_snapshot`. A snapshot sandboxes (or
+/// later snapshots) were cloned from cannot be destroyed while they exist,
+/// so it is marked deleted and renamed out of the way (ids never contain
+/// `.`, so the new name frees the id at once); [`layers::collect`]
+/// destroys it later.
 pub fn delete(stored: &StoredSnapshot, has_clones: bool) -> Vec<Step> {
     if !has_clones {
         return vec![Step::Run(zfs::destroy(&stored.dataset))];
@@ -246,16 +248,6 @@ pub fn delete(stored: &StoredSnapshot, has_clones: bool) -> Vec<Step> {
             ["rename", &stored.dataset, &format!("{}.deleted.{}", stored.dataset, stored.createtxg)],
         )),
     ]
-}
-
-/// Destroys deleted snapshots nothing is cloned from any more (after a
-/// sandbox destroy and at recovery). Untagged datasets are never touched.
-pub fn collect(stored: &[StoredSnapshot], cloned: &[String]) -> Vec<Step> {
-    stored
-        .iter()
-        .filter(|s| s.deleted && s.id.is_some() && !cloned.contains(&s.dataset))
-        .map(|s| Step::Run(zfs::destroy(&s.dataset).may_fail()))
-        .collect()
 }
 
 /// The steps of `Substrate::rollback`: the sandbox as it is goes entirely
@@ -316,6 +308,7 @@ mod tests {
             id: "i3k2m9x".into(),
             jid: 12,
             origin: "zroot/copse/templates/base@base".into(),
+            parent: None,
             template: "base".into(),
             template_guid: 77,
             paused,
@@ -347,6 +340,7 @@ run /sbin/zfs snapshot zroot/copse/sandboxes/i3k2m9x@copse-snap1
 signal CONT every process in jail 12 (copse-i3k2m9x)
 run /sbin/zfs send -c -i zroot/copse/templates/base@base zroot/copse/sandboxes/i3k2m9x@copse-snap1 | /sbin/zfs recv -u -o origin=zroot/copse/templates/base@base -o mountpoint=none -o canmount=off -o readonly=on -o copse:snapshot=snap1 -o copse:template=base -o copse:template_guid=77 zroot/copse/snapshots/snap1
 run /sbin/zfs rename zroot/copse/snapshots/snap1@copse-snap1 zroot/copse/snapshots/snap1@snapshot
+run /sbin/zfs bookmark zroot/copse/sandboxes/i3k2m9x@copse-snap1 'zroot/copse/sandboxes/i3k2m9x#copse-snap1'
 run /sbin/zfs destroy zroot/copse/sandboxes/i3k2m9x@copse-snap1
 ",
         );
@@ -380,6 +374,7 @@ run /sbin/zfs destroy zroot/copse/sandboxes/i3k2m9x@copse-snap1
             "
 signal CONT every process in jail 12 (copse-i3k2m9x)
 run /sbin/zfs destroy zroot/copse/sandboxes/i3k2m9x@copse-snap1
+run /sbin/zfs destroy 'zroot/copse/sandboxes/i3k2m9x#copse-snap1'
 run /sbin/zfs destroy -r -f zroot/copse/snapshots/snap1
 ",
         );
@@ -432,19 +427,6 @@ run /sbin/zfs destroy -r -f zroot/copse/snapshots/snap1
         assert!(parse_snapshots(&l, "zroot/copse/snapshots/x\tx\n").is_err());
     }
 
-    #[test]
-    fn clones_listing_names_only_snapshots_in_use() {
-        assert_eq!(
-            list_clones(&layout()).to_string(),
-            "/sbin/zfs list -H -p -t snapshot -o name,clones -r zroot/copse/snapshots"
-        );
-        let text = "zroot/copse/snapshots/a@snapshot\tzroot/copse/sandboxes/x,zroot/copse/sandboxes/y\n\
-                    zroot/copse/snapshots/b@snapshot\t\n\
-                    zroot/copse/snapshots/c@snapshot\t-\n\
-                    zroot/copse/snapshots/d@copse-d\tzroot/copse/sandboxes/z\n";
-        assert_eq!(parse_cloned(text), ["zroot/copse/snapshots/a"]);
-    }
-
     fn stored(id: &str, deleted: bool) -> StoredSnapshot {
         StoredSnapshot {
             dataset: format!("zroot/copse/snapshots/{id}"),
@@ -470,15 +452,6 @@ run /sbin/zfs set copse:deleted=on zroot/copse/snapshots/s1
 run /sbin/zfs rename zroot/copse/snapshots/s1 zroot/copse/snapshots/s1.deleted.500
 ",
         );
-    }
-
-    #[test]
-    fn collect_destroys_only_deleted_snapshots_without_clones() {
-        let mut untagged = stored("u", true);
-        untagged.id = None;
-        let all = [stored("live", false), stored("busy", true), stored("free", true), untagged];
-        let cloned = ["zroot/copse/snapshots/busy".to_string()];
-        assert_golden(&render(&collect(&all, &cloned)), "run /sbin/zfs destroy -r -f zroot/copse/snapshots/free\n");
     }
 
     #[test]

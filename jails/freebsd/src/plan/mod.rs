@@ -17,6 +17,7 @@ use std::path::{Path, PathBuf};
 pub mod devfs;
 pub mod host;
 pub mod jail;
+pub mod layers;
 pub mod lifecycle;
 pub mod mounts;
 pub mod rctl;
