@@ -10,6 +10,7 @@ import time
 
 import httpx
 import pytest
+from e2b import Sandbox
 from websockets.sync.client import connect as websocket_connect
 
 from conftest import API_KEY
@@ -114,3 +115,35 @@ def test_code_interpreter_port_answers_by_host_name(gateway):
         assert response.status_code == 200, response.text
     finally:
         sandbox.kill()
+
+
+def test_a_masked_sandbox_hands_its_servers_the_mask_as_their_host(gateway):
+    """`network.mask_request_host`: a server in the sandbox is handed the
+    mask as `Host`, `${PORT}` filled in, whether the caller named the port
+    by host name or by header; info reports the mask; the SDK, on the
+    agent's port, is unaffected."""
+    sbx = Sandbox.create(timeout=60, network={"mask_request_host": "${PORT}-myapp.example.com"})
+    try:
+        sbx.files.write("/tmp/server.py", SERVER)
+        sbx.commands.run(f"python3 /tmp/server.py {PORT}", background=True)
+        host = sbx.get_host(PORT)
+        deadline = time.monotonic() + 20
+        while (response := get(gateway, host, "/hello")).status_code != 200:
+            assert response.status_code == 502 and time.monotonic() < deadline, response.text
+            time.sleep(0.05)
+        assert response.text == f"hello from port {PORT}, host {PORT}-myapp.example.com"
+        by_header = httpx.get(
+            gateway.url + "/hello",
+            headers={"e2b-sandbox-id": sbx.sandbox_id, "e2b-sandbox-port": str(PORT)},
+            timeout=10,
+        )
+        assert by_header.text == f"hello from port {PORT}, host {PORT}-myapp.example.com"
+        assert Sandbox.get_info(sbx.sandbox_id).network["mask_request_host"] == "${PORT}-myapp.example.com"
+        assert sbx.commands.run("echo envd").stdout == "envd\n"
+    finally:
+        sbx.kill()
+
+
+def test_an_unmasked_sandbox_reports_no_mask(sandbox):
+    network = Sandbox.get_info(sandbox.sandbox_id).network
+    assert "mask_request_host" not in network and network["allow_public_traffic"] is True

@@ -653,6 +653,42 @@ def test_a_public_sandbox_serves_anyone_and_its_listeners_never_see_the_access_t
         sbx.kill()
 
 
+def test_a_host_mask_cannot_smuggle_headers_or_a_path_to_the_sandboxs_servers(gateway):
+    """`maskRequestHost` becomes the `Host` every in-sandbox server is
+    handed: a mask carrying a line break (a second header, such as a forged
+    access token), a path, user info or another placeholder is a 400 with
+    E2B's `{code, message}` and creates nothing; a mask cannot be slipped
+    in later through the network update either."""
+    headers = {"X-API-KEY": os.environ["E2B_API_KEY"]}
+    nonce = os.urandom(6).hex()
+    for bad in (
+        "${PORT}-a.example.com\r\nx-access-token: forged",
+        "a.example.com/admin?x=",
+        "user@a.example.com",
+        "${HOME}.example.com",
+        "a.example.com ",
+        "",
+    ):
+        body = {"templateID": "base", "metadata": {"probe": nonce}, "network": {"maskRequestHost": bad}}
+        response = httpx.post(gateway.url + "/sandboxes", json=body, headers=headers, timeout=30)
+        assert response.status_code == 400, (bad, response.text)
+        assert response.json()["code"] == 400 and "maskRequestHost" in response.json()["message"]
+    listed = httpx.get(gateway.url + "/v2/sandboxes", params={"metadata": f"probe={nonce}"}, headers=headers)
+    assert listed.status_code == 200 and listed.json() == [], listed.text
+    # Not a blanket refusal: a host name with the placeholder is taken.
+    sbx = Sandbox.create(timeout=60, network={"mask_request_host": "${PORT}-ok.example.com"})
+    assert Sandbox.get_info(sbx.sandbox_id).network["mask_request_host"] == "${PORT}-ok.example.com"
+    sbx.kill()
+    sbx = Sandbox.create(timeout=60)
+    try:
+        update = {"allowOut": [], "maskRequestHost": "${PORT}-mine.example.com"}
+        response = httpx.put(f"{gateway.url}/sandboxes/{sbx.sandbox_id}/network", json=update, headers=headers)
+        assert response.status_code == 400 and "maskRequestHost" in response.json()["message"], response.text
+        assert "mask_request_host" not in Sandbox.get_info(sbx.sandbox_id).network
+    finally:
+        sbx.kill()
+
+
 def test_a_listener_as_user_never_sees_the_access_or_traffic_token(gateway):
     """Untrusted code listening on a port is handed requests without the
     envd access token (which would make it root through the agent) and

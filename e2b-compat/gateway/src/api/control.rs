@@ -52,9 +52,14 @@ pub async fn create(
         }
     };
     let private_traffic = body.network.as_ref().and_then(|n| n.allow_public_traffic) == Some(false);
+    let mask_request_host = body.network.as_ref().and_then(|n| n.mask_request_host.clone());
+    if let Some(mask) = &mask_request_host {
+        model::validate_host_mask(mask)?;
+    }
     let request = CreateRequest {
         template: body.template_id.unwrap_or_else(|| DEFAULT_TEMPLATE.to_string()),
         private_traffic,
+        mask_request_host,
         timeout_s: body.timeout,
         metadata: body.metadata.unwrap_or_default(),
         env_vars: body.env_vars.unwrap_or_default(),
@@ -276,6 +281,10 @@ pub async fn detail(
             auto_resume: record.auto_resume,
             on_timeout: if record.auto_pause { "pause" } else { "kill" },
         },
+        network: wire::DetailNetwork {
+            allow_public_traffic: record.traffic_access_token.is_none(),
+            mask_request_host: record.mask_request_host.clone(),
+        },
     }))
 }
 
@@ -288,6 +297,9 @@ pub async fn update_network(
 ) -> ApiResult<StatusCode> {
     let Json(body) = body.ok_or_else(|| ApiError::bad_request("request body must be a JSON object"))?;
     refuse_unsupported(body.unsupported())?;
+    if body.mask_request_host.is_some() {
+        return Err(ApiError::bad_request("'network.maskRequestHost' is set when a sandbox is created, not updated"));
+    }
     svc.update_network(&who.caller, &id, network_request(body.allow_internet_access, Some(body))).await?;
     Ok(StatusCode::NO_CONTENT)
 }

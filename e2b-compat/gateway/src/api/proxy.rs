@@ -26,7 +26,7 @@ use axum::response::{IntoResponse, Response};
 use super::error::ApiError;
 use super::host_routing::Exposure;
 use crate::agent_link;
-use crate::model::{Caller, SandboxRecord};
+use crate::model::{self, Caller, SandboxRecord};
 use crate::service::Sandboxes;
 use crate::store::{AccessTokens, SignedLink};
 
@@ -248,10 +248,17 @@ fn unix_now() -> u64 {
 
 async fn forward(record: &SandboxRecord, port: Option<u16>, mut request: Request) -> Response {
     // A server in the sandbox sees the name the client used, as on E2B
-    // (HTTP/2 carries it in the URI, which becomes origin-form below).
-    let host = match request.headers().get(header::HOST) {
-        Some(host) => host.clone(),
-        None => request
+    // (HTTP/2 carries it in the URI, which becomes origin-form below),
+    // unless the sandbox was created with a mask for it.
+    let named_port = port.or_else(|| request.headers().get(SANDBOX_PORT_HEADER)?.to_str().ok()?.parse().ok());
+    let masked = match (named_port, &record.mask_request_host) {
+        (Some(port), Some(mask)) if port != AGENT_PORT => HeaderValue::from_str(&model::masked_host(mask, port)).ok(),
+        _ => None,
+    };
+    let host = match (masked, request.headers().get(header::HOST)) {
+        (Some(masked), _) => masked,
+        (None, Some(host)) => host.clone(),
+        (None, None) => request
             .uri()
             .authority()
             .and_then(|a| HeaderValue::from_str(a.as_str()).ok())

@@ -56,9 +56,11 @@ pub struct NetworkConfig {
     /// `false`: requests to the sandbox's ports need its traffic token.
     /// Only read on create, as E2B does.
     pub allow_public_traffic: Option<bool>,
+    /// The `Host` the sandbox's servers are handed. Only read on create,
+    /// as E2B does.
+    pub mask_request_host: Option<String>,
     // Read only to be refused when set (`NetworkConfig::unsupported`).
     egress_proxy: Option<serde_json::Value>,
-    mask_request_host: Option<serde_json::Value>,
     https_ports: Option<serde_json::Value>,
     rules: Option<serde_json::Value>,
 }
@@ -68,7 +70,6 @@ impl NetworkConfig {
     pub fn unsupported(&self) -> Option<&'static str> {
         [
             ("network.egressProxy", &self.egress_proxy),
-            ("network.maskRequestHost", &self.mask_request_host),
             ("network.httpsPorts", &self.https_ports),
             ("network.rules", &self.rules),
         ]
@@ -217,6 +218,17 @@ pub struct SandboxDetail {
     pub allow_internet_access: bool,
     pub domain: Option<String>,
     pub lifecycle: Lifecycle,
+    pub network: DetailNetwork,
+}
+
+/// What info reports of a sandbox's network (the SDK's
+/// `SandboxInfo.network`): the ingress settings fixed at create.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DetailNetwork {
+    pub allow_public_traffic: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mask_request_host: Option<String>,
 }
 
 #[derive(Debug, Serialize)]
@@ -457,6 +469,10 @@ mod tests {
         let body = r#"{"templateID":"base","network":{"allowPublicTraffic":false}}"#;
         let parsed: NewSandbox = serde_json::from_str(body).unwrap();
         assert_eq!(parsed.network.unwrap().allow_public_traffic, Some(false));
+        let body = r#"{"network":{"maskRequestHost":"${PORT}-app.example.com"}}"#;
+        let parsed: NewSandbox = serde_json::from_str(body).unwrap();
+        assert_eq!(parsed.unsupported(), None);
+        assert_eq!(parsed.network.unwrap().mask_request_host.as_deref(), Some("${PORT}-app.example.com"));
     }
 
     #[test]
@@ -467,7 +483,6 @@ mod tests {
         assert_eq!(refused(r#"{"iam":{"tokens":{"t":{}}}}"#), Some("iam"));
         assert_eq!(refused(r#"{"network":{"rules":{"api.example.com":{}}}}"#), Some("network.rules"));
         assert_eq!(refused(r#"{"network":{"egressProxy":{"url":"socks5://p"}}}"#), Some("network.egressProxy"));
-        assert_eq!(refused(r#"{"network":{"maskRequestHost":"x.${PORT}"}}"#), Some("network.maskRequestHost"));
         assert_eq!(refused(r#"{"network":{"httpsPorts":[8443]}}"#), Some("network.httpsPorts"));
     }
 

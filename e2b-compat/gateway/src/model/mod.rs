@@ -30,7 +30,10 @@ pub use error::{Result, SandboxError};
 pub use ids::{new_id, new_token, new_uuid, snapshot_key};
 pub use journal::{Change, Intent};
 pub use key::KeyRecord;
-pub use sandbox::{DEFAULT_TIMEOUT_S, ENVD_VERSION, MAX_TIMEOUT_S, Paused, SandboxRecord, State, validate_timeout};
+pub use sandbox::{
+    DEFAULT_TIMEOUT_S, ENVD_VERSION, MAX_TIMEOUT_S, Paused, SandboxRecord, State, masked_host, validate_host_mask,
+    validate_timeout,
+};
 pub use secret::{
     KEPT_VERSIONS, MAX_VALUE_BYTES, SealedValue, SealedVersion, SecretError, SecretRecord, validate_secret_metadata,
     validate_secret_name, validate_secret_value,

@@ -65,6 +65,10 @@ pub struct SandboxRecord {
     /// again under its id (a resume from files, a rollback) and in forks.
     #[serde(default)]
     pub volume_mounts: Vec<VolumeMount>,
+    /// E2B's `maskRequestHost`: the `Host` its servers are handed instead
+    /// of the name the caller used, `${PORT}` replaced by the port.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mask_request_host: Option<String>,
 }
 
 /// How a paused sandbox is held.
@@ -103,9 +107,71 @@ pub fn validate_timeout(timeout_s: i64) -> Result<i64> {
     Ok(timeout_s)
 }
 
+/// The placeholder a request host mask may carry, as E2B spells it.
+pub const PORT_PLACEHOLDER: &str = "${PORT}";
+
+/// A `maskRequestHost` the data plane can put in a `Host` header as it
+/// is: a host name (letters, digits, `.`, `-`), an optional `:port`, and
+/// `${PORT}` anywhere. Anything else (spaces, control characters, `@`,
+/// `/`, other `$`) would let a caller smuggle headers or a path into what
+/// the sandbox's servers are handed.
+pub fn validate_host_mask(mask: &str) -> Result<()> {
+    let filled = mask.replace(PORT_PLACEHOLDER, "65535");
+    let (name, port) = match filled.rsplit_once(':') {
+        Some((name, port)) => (name, Some(port)),
+        None => (filled.as_str(), None),
+    };
+    let name_ok = !name.is_empty()
+        && name.len() <= 253
+        && name.split('.').all(|label| {
+            !label.is_empty()
+                && label.len() <= 63
+                && !label.starts_with('-')
+                && !label.ends_with('-')
+                && label.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+        });
+    let port_ok = port.is_none_or(|p| !p.is_empty() && p.len() <= 5 && p.bytes().all(|b| b.is_ascii_digit()));
+    if name_ok && port_ok {
+        return Ok(());
+    }
+    Err(SandboxError::Invalid(format!(
+        "network.maskRequestHost must be a host name, optionally with :port, where {PORT_PLACEHOLDER} stands for \
+         the sandbox port (e.g. \"{PORT_PLACEHOLDER}-myapp.example.com\")"
+    )))
+}
+
+/// The `Host` a server on `port` is handed under `mask`.
+pub fn masked_host(mask: &str, port: u16) -> String {
+    mask.replace(PORT_PLACEHOLDER, &port.to_string())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn host_masks_are_host_names_with_the_port_placeholder() {
+        for good in ["${PORT}-myapp.example.com", "app.example.com", "${PORT}.x.io:8443", "a-${PORT}-b.c"] {
+            assert!(validate_host_mask(good).is_ok(), "{good}");
+        }
+        for bad in [
+            "",
+            "a b.com",
+            "evil.com\r\nx-access-token: t",
+            "user@host.com",
+            "host.com/path",
+            "${HOME}.com",
+            "-x.com",
+            "x..com",
+            "x.com:",
+            "x.com:123456",
+            "[::1]",
+            &"a".repeat(64),
+        ] {
+            assert!(validate_host_mask(bad).is_err(), "{bad:?}");
+        }
+        assert_eq!(masked_host("${PORT}-app.example.com", 8080), "8080-app.example.com");
+    }
 
     #[test]
     fn timeouts_outside_the_allowed_range_are_refused() {

@@ -40,6 +40,8 @@ pub struct CreateRequest {
     /// Its ports answer only requests carrying its traffic token (E2B's
     /// `allowPublicTraffic: false`).
     pub private_traffic: bool,
+    /// E2B's `maskRequestHost`, already validated.
+    pub mask_request_host: Option<String>,
     /// Volumes to mount, already found in the caller's team.
     pub volumes: Vec<VolumeMount>,
     /// A template build's own sandbox: a built base's start command is
@@ -224,6 +226,7 @@ impl Sandboxes {
             agent_socket,
             network,
             volume_mounts: request.volumes,
+            mask_request_host: request.mask_request_host,
         };
         if let Err(e) = self.hand_over(&record, agent_token.as_deref()).await {
             self.discard(&record.id).await;
