@@ -16,6 +16,8 @@
 //!   by `copse-rig-create`.
 //! - `run_code`: requests, `/execute` decoding and the create → first result
 //!   scenario (`copse-rig-run-code`; `copse-rig-template` reuses the scenario).
+//! - `template`: the template the template rig builds, its context and
+//!   the sandbox port host name (`copse-rig-template`).
 //! - `density`: memory figures and batch sizing (`copse-rig-density`).
 //! - `load`: hey's CSV (`copse-rig-load`).
 //! - `net`: the whole Linux network rig (`copse-rig-net`).
@@ -36,6 +38,7 @@ pub mod load;
 #[cfg(target_os = "linux")]
 pub mod net;
 pub mod run_code;
+pub mod template;
 
 pub use client::{Conn, Created, LEAN_CLIENT, ms};
 pub use gateway::{Binaries, Gateway};
