@@ -204,7 +204,7 @@ impl Builder<'_> {
     fn cold(&self, rt: &tokio::runtime::Runtime, n: usize, warmup: usize) -> Scenario {
         let (mut times, mut errors) = (Vec::new(), Vec::new());
         for i in 0..warmup + n {
-            let result = random_hex(6).map_err(anyhow::Error::from).and_then(|nonce| {
+            let result = random_hex(6).and_then(|nonce| {
                 let name = format!("bench-cold-{nonce}");
                 let took = self.build(&name, &nonce, false);
                 let deleted = rt.block_on(delete_template(self.addr, self.key, &name));
