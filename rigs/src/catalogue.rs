@@ -104,6 +104,40 @@ pub const RIGS: &[RigDef] = &[
         ],
     },
     RigDef {
+        name: "template",
+        version: 1,
+        task: "bench:template",
+        title: "Your own template: build and create",
+        clock: &[
+            (
+                "build_ms",
+                "`copse template build --from-json` spawned → exited 0 (the SDK's template API routes; includes the CLI's 200 ms status poll)",
+            ),
+            (
+                "total_ms",
+                "client sends POST /v2/sandboxes → receives the `end` event of the first command (/bin/true through the agent's process API)",
+            ),
+            (
+                "first_http_ms",
+                "client sends POST /v2/sandboxes → first 200 to GET / on port 8080 through the gateway's host routing (502s retried)",
+            ),
+            ("exec_ms", "create response read → `end` event of /bin/true"),
+            ("http_ms", "create response read → first 200 on port 8080"),
+            (
+                "first_result_ms",
+                "client sends POST /v2/sandboxes (code-interpreter-v1, no pool) → main `result` line of the first /execute received",
+            ),
+            ("create_ms", "create round trip, response body read"),
+            ("execute_ms", "create response read → main result line"),
+            ("execute_end_ms", "create response read → `end_of_execution` line"),
+            ("delete_ms", "DELETE round trip; untimed clean-up, for information"),
+            SERVER_TIMING[0],
+            SERVER_TIMING[1],
+            SERVER_TIMING[2],
+            SERVER_TIMING[3],
+        ],
+    },
+    RigDef {
         name: "density",
         version: 1,
         task: "bench:density",

@@ -55,12 +55,12 @@ impl Conn {
     }
 
     /// `POST /v2/sandboxes` with `body`, response read; expects 201.
-    pub async fn create_sandbox(&mut self, key: &str, body: &'static str) -> anyhow::Result<Created> {
+    pub async fn create_sandbox(&mut self, key: &str, body: impl Into<Bytes>) -> anyhow::Result<Created> {
         let req = self
             .request(Method::POST, "/v2/sandboxes")
             .header("x-api-key", key)
             .header("content-type", "application/json")
-            .body(Full::new(Bytes::from_static(body.as_bytes())))?;
+            .body(Full::new(body.into()))?;
         let resp = self.send(req).await?;
         let status = resp.status();
         let server_timing = resp

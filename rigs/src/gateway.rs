@@ -84,6 +84,18 @@ impl Gateway {
     /// Starts `copse up` with one `--pool SPEC` per entry of `pools` and
     /// waits until it listens. Its output goes to `$TMPDIR/<log_prefix>-<port>.log`.
     pub fn start(bins: &Binaries, key: &str, pools: &[String], log_prefix: &str) -> anyhow::Result<Self> {
+        Self::start_with_env(bins, key, pools, log_prefix, &[])
+    }
+
+    /// `start`, with `env` added to the gateway's environment (e.g.
+    /// `COPSE_CRIU` naming a missing binary: a gateway without memory snapshots).
+    pub fn start_with_env(
+        bins: &Binaries,
+        key: &str,
+        pools: &[String],
+        log_prefix: &str,
+        env: &[(&str, &str)],
+    ) -> anyhow::Result<Self> {
         let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
         let addr: SocketAddr = ([127, 0, 0, 1], port).into();
         let log = std::env::temp_dir().join(format!("{log_prefix}-{port}.log"));
@@ -93,6 +105,7 @@ impl Gateway {
         for p in pools {
             cmd.args(["--pool", p]);
         }
+        cmd.envs(env.iter().copied());
         let child = cmd
             .env("COPSE_API_KEY", key)
             .env("COPSE_AGENT", &bins.agent)

@@ -7,13 +7,17 @@
 //! - `facts`: host, checkout and binary facts for the result file.
 //! - `gateway`: the private gateway each rig starts and stops.
 //! - `client`: the lean HTTP/1.1 client the rigs time the gateway with.
+//! - `exec`: the first command of a new sandbox (`/bin/true` through the agent).
 //! - `report`: scenarios, targets and the result file (`benchmarks/schema.md`).
 //! - `catalogue`: every rig with its task and clock definitions.
 //!
 //! One rig each:
 //! - `anchors`: fork+exec, unshare, runc and podman, measured beside copse
 //!   by `copse-rig-create`.
-//! - `run_code`: requests and `/execute` decoding (`copse-rig-run-code`).
+//! - `run_code`: requests, `/execute` decoding and the create → first result
+//!   scenario (`copse-rig-run-code`; `copse-rig-template` reuses the scenario).
+//! - `template`: the template the template rig builds, its context and
+//!   the sandbox port host name (`copse-rig-template`).
 //! - `density`: memory figures and batch sizing (`copse-rig-density`).
 //! - `load`: hey's CSV (`copse-rig-load`).
 //! - `net`: the whole Linux network rig (`copse-rig-net`).
@@ -21,6 +25,7 @@
 
 pub mod catalogue;
 pub mod client;
+pub mod exec;
 pub mod facts;
 pub mod gateway;
 pub mod report;
@@ -33,6 +38,7 @@ pub mod load;
 #[cfg(target_os = "linux")]
 pub mod net;
 pub mod run_code;
+pub mod template;
 
 pub use client::{Conn, Created, LEAN_CLIENT, ms};
 pub use gateway::{Binaries, Gateway};

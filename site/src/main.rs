@@ -62,11 +62,23 @@ const HEADLINES: &[(&str, &str, &str, &str, &str, &str)] = &[
     ("Create from a 1 GiB snapshot, p50", "from-snapshot", "from-1024mb", "create_ms", "p50", "ms"),
     ("Clone 100 sandboxes (10 requests), wall, p50", "clone", "clone-100-c10", "wall_ms", "p50", "ms"),
     ("Sandbox → peer TCP round trip, p50", "net", "rtt-sandbox-peer", "rtt_ms", "p50", "ms"),
+    ("Cached rebuild of a small template, p50", "template", "build-cached", "build_ms", "p50", "ms"),
+    ("Create → first command, own template restored running, p50", "template", "running-exec", "total_ms", "p50", "ms"),
+    (
+        "Create → first run_code result, no pool, p50",
+        "template",
+        "code-interpreter-cold",
+        "first_result_ms",
+        "p50",
+        "ms",
+    ),
 ];
 
 /// The metric a scenario's bar shows: the first of these it recorded.
 const PRIMARY: &[&str] = &[
     "total_ms",
+    "first_http_ms",
+    "build_ms",
     "first_result_ms",
     "roundtrip_ms",
     "latency_ms",
@@ -118,21 +130,7 @@ fn main() -> anyhow::Result<()> {
         rig_rows.push(json!({"title": title, "task": task, "href": page, "file": files.first().map(|f| &f.file)}));
     }
 
-    let headlines: Vec<Value> = HEADLINES
-        .iter()
-        .map(|(label, rig, sc, metric, stat, unit)| {
-            let task = RIGS.iter().find(|r| r.name == *rig).map_or(String::new(), |r| r.task.to_string());
-            let newest = model::newest_figure(results.get(*rig), sc, metric, stat);
-            let latest = newest.map(|(f, _)| f).or_else(|| results.get(*rig).and_then(|f| f.first()));
-            let value = newest.map(|(_, v)| v);
-            json!({
-                "label": label, "unit": unit, "task": task,
-                "value": value.map(fmt),
-                "href": format!("rig-{rig}.html#{sc}"),
-                "detail": latest.map(|f| format!("{sc} · {} · {}", if metric.is_empty() { stat } else { metric }, f.file)),
-            })
-        })
-        .collect();
+    let headlines = headlines(&results);
     write(
         "index.html",
         env.get_template("index.html")?.render(context! {
@@ -180,6 +178,25 @@ fn main() -> anyhow::Result<()> {
     )?;
     println!("site written to {}", args.out.display());
     Ok(())
+}
+
+/// The home page's figures, each from the newest result that recorded it.
+fn headlines(results: &std::collections::BTreeMap<String, Vec<ResultFile>>) -> Vec<Value> {
+    HEADLINES
+        .iter()
+        .map(|(label, rig, sc, metric, stat, unit)| {
+            let task = RIGS.iter().find(|r| r.name == *rig).map_or(String::new(), |r| r.task.to_string());
+            let newest = model::newest_figure(results.get(*rig), sc, metric, stat);
+            let latest = newest.map(|(f, _)| f).or_else(|| results.get(*rig).and_then(|f| f.first()));
+            let value = newest.map(|(_, v)| v);
+            json!({
+                "label": label, "unit": unit, "task": task,
+                "value": value.map(fmt),
+                "href": format!("rig-{rig}.html#{sc}"),
+                "detail": latest.map(|f| format!("{sc} · {} · {}", if metric.is_empty() { stat } else { metric }, f.file)),
+            })
+        })
+        .collect()
 }
 
 fn rig_context(name: &str, title: &str, task: &str, files: &[ResultFile]) -> anyhow::Result<minijinja::Value> {
@@ -316,4 +333,71 @@ fn compare_context(
         })
         .collect();
     context! { title => "Comparison", about => published["about"], figures }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use copse_rigs::Scenario;
+
+    fn scenario(name: &str, metric: &str, values: &[f64]) -> Value {
+        let mut s = Scenario { name: name.into(), client: "lean-rust".into(), concurrency: 1, ..Scenario::default() };
+        s.series.insert(metric.into(), values.iter().map(|v| Some(*v)).collect());
+        s.to_json()
+    }
+
+    /// A result as `copse-rig-template` writes it (the scenarios and targets it records).
+    fn template_result() -> ResultFile {
+        let json = json!({
+            "rig": "template", "started_at": "2026-11-27T03:00:00Z",
+            "git": {"commit": "abc1234", "dirty": false},
+            "host": {"cores": 2},
+            "clock": {"build_ms": "copse template build spawned → exited 0"},
+            "params": {}, "derived": {}, "notes": ["a note"],
+            "scenarios": [
+                scenario("build-cold", "build_ms", &[2200.0, 2400.0]),
+                scenario("build-cached", "build_ms", &[610.0, 630.0]),
+                scenario("running-exec", "total_ms", &[120.0, 140.0]),
+                scenario("running-http", "first_http_ms", &[125.0, 145.0]),
+                scenario("boot-http", "first_http_ms", &[900.0, 950.0]),
+                scenario("code-interpreter-cold", "first_result_ms", &[230.0, 250.0]),
+            ],
+            "targets": [{"claim": "cached rebuild of a small template <= 1 s (p50)", "value_ms": 620.0, "met": true}],
+        });
+        ResultFile { file: "template-2026-11-27-abc1234.json".into(), json }
+    }
+
+    #[test]
+    fn a_template_result_renders_its_page() {
+        let mut env = Environment::new();
+        env.add_template("layout.html", include_str!("../templates/layout.html")).unwrap();
+        env.add_template("rig.html", include_str!("../templates/rig.html")).unwrap();
+        let rig = copse_rigs::catalogue::find("template").unwrap();
+        let ctx = rig_context(rig.name, rig.title, rig.task, &[template_result()]).unwrap();
+        let html = env.get_template("rig.html").unwrap().render(ctx).unwrap();
+        for needle in [
+            "template-2026-11-27-abc1234.json",
+            "bench:template",
+            "code-interpreter-cold",
+            "cached rebuild of a small template",
+            "<svg",
+            // Each scenario's bar shows the metric it times.
+            "build-cached · build_ms",
+            "running-http · first_http_ms",
+            "running-exec · total_ms",
+        ] {
+            assert!(html.contains(needle), "{needle} missing from the page");
+        }
+    }
+
+    #[test]
+    fn template_headlines_quote_the_newest_result() {
+        let results = std::collections::BTreeMap::from([("template".to_string(), vec![template_result()])]);
+        let h = headlines(&results);
+        let value = |label: &str| h.iter().find(|x| x["label"] == label).map(|x| x["value"].clone());
+        assert_eq!(value("Cached rebuild of a small template, p50"), Some(json!("620")));
+        assert_eq!(value("Create → first command, own template restored running, p50"), Some(json!("130")));
+        assert_eq!(value("Create → first run_code result, no pool, p50"), Some(json!("240")));
+        assert_eq!(value("Create → first command, cold, p50"), Some(Value::Null));
+    }
 }

@@ -11,19 +11,17 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use anyhow::bail;
 use clap::Parser;
-use copse_protocol::{ProcessEvent, ProcessStream, StartProcess, headers};
+
 use copse_rigs::anchors;
+use copse_rigs::exec::{first_exec, true_command};
 use copse_rigs::facts::random_hex;
 use copse_rigs::gateway::zombie_notes;
 use copse_rigs::report::{
     find, p50_difference, p50_target, pool_miss_counters, print_footer, server_timing, server_timing_series,
 };
 use copse_rigs::{Conn, Gateway, LEAN_CLIENT, RigArgs, Run, Scenario, SdkRun, ms, round3};
-use http_body_util::BodyExt;
-use hyper::StatusCode;
-use hyper::header::HeaderValue;
+
 use serde_json::{Value, json};
 
 const RIG: &str = "create-latency";
@@ -241,52 +239,6 @@ async fn one_sample(conn: &mut Conn, key: &str) -> anyhow::Result<Sample> {
         delete_ms,
         server: created.server_timing,
     })
-}
-
-/// The command every sample runs: `/bin/true`, no stdin.
-fn true_command() -> StartProcess {
-    StartProcess::new("/bin/true", Vec::<String>::new())
-}
-
-/// `process.Process/Start` of `/bin/true`. Returns the instant its `end`
-/// event arrived; the rest of the stream (the end-of-stream envelope) is read
-/// after that instant so the connection stays reusable.
-async fn first_exec(conn: &mut Conn, id: &str, token: &str) -> anyhow::Result<(Instant, Instant)> {
-    let mut req = true_command().request(&conn.host())?;
-    for (name, value) in [
-        (headers::SANDBOX_ID, id),
-        (headers::SANDBOX_PORT, &headers::AGENT_PORT.to_string()),
-        (headers::ACCESS_TOKEN, token),
-        ("connect-content-encoding", "identity"),
-        ("connect-accept-encoding", "identity"),
-    ] {
-        req.headers_mut().insert(name, HeaderValue::from_str(value)?);
-    }
-    let resp = conn.send(req).await?;
-    if resp.status() != StatusCode::OK {
-        let st = resp.status();
-        let body = resp.into_body().collect().await?.to_bytes();
-        bail!("Process/Start: HTTP {st}: {}", String::from_utf8_lossy(&body));
-    }
-    let mut stream = ProcessStream::new(resp.into_body());
-    let mut started: Option<Instant> = None;
-    let mut ended: Option<(i64, Option<String>)> = None;
-    while ended.is_none() {
-        match stream.next().await.map_err(|e| anyhow::anyhow!("Process/Start stream: {e}"))? {
-            Some(ProcessEvent::Start { .. }) => started = started.or(Some(Instant::now())),
-            Some(ProcessEvent::End { exit_code, error }) => ended = Some((exit_code, error)),
-            Some(_) => {}
-            None => break,
-        }
-    }
-    let t_end = Instant::now();
-    let Some((code, error)) = ended else { bail!("Process/Start stream ended without an end event") };
-    let Some(t_start) = started else { bail!("Process/Start: end event without a start event") };
-    if code != 0 || error.is_some() {
-        bail!("/bin/true exited {code} (error {error:?})");
-    }
-    stream.drain().await?;
-    Ok((t_start, t_end))
 }
 
 #[allow(clippy::too_many_arguments)]
