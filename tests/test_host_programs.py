@@ -40,6 +40,7 @@ COMPUTED_SITES = {
     ("e2b-compat/gateway/tests/template_backend.rs", 'env!("CARGO_BIN_EXE_copse"'): {"copse"},
     ("rigs/src/gateway.rs", "&bins.copse"): {"copse"},
     ("rigs/src/gateway.rs", "&self.copse"): {"copse"},
+    ("rigs/src/bin/template.rs", "self.copse"): {"copse"},
     ("rigs/src/report.rs", "python"): {"python3"},
     ("rigs/src/anchors.rs", "b"): {"podman", "runc"},
     ("rigs/src/anchors.rs", "&argv[0]"): {"podman", "runc", "unshare"},

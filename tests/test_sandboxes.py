@@ -199,7 +199,7 @@ def test_unknown_template_error_names_the_available_templates(gateway):
 @pytest.mark.parametrize(
     "options, field",
     [
-        ({"network": {"mask_request_host": "app.example.com"}}, "network.maskRequestHost"),
+        ({"network": {"https_ports": [3000]}}, "network.httpsPorts"),
         ({"network": {"rules": {"api.example.com": [{"transform": {"headers": {"X-Key": "k"}}}]}}}, "network.rules"),
     ],
 )
