@@ -79,7 +79,7 @@ pub async fn switch(State(svc): State<Arc<Sandboxes>>, request: Request, next: N
 /// rest (process input and output streams, other ports' traffic), which
 /// would drown it.
 fn envd_call(host_port: Option<u16>, request: &Request) -> Option<(String, Vec<(&'static str, String)>)> {
-    let port = host_port.or_else(|| request.headers().get(SANDBOX_PORT_HEADER)?.to_str().ok()?.parse().ok());
+    let port = named_port(host_port, request.headers());
     if port.unwrap_or(AGENT_PORT) != AGENT_PORT {
         return None;
     }
@@ -110,9 +110,15 @@ fn envd_call(host_port: Option<u16>, request: &Request) -> Option<(String, Vec<(
 /// agent demands that token (or a signature made with it) on every route
 /// but `/health` itself, so the gateway lets the agent judge — which also
 /// keeps signed `/files` links working, as they carry no headers.
+/// The sandbox port a request is for: its host name's, else the port
+/// header's; `None` means the agent's.
+fn named_port(host_port: Option<u16>, headers: &HeaderMap) -> Option<u16> {
+    host_port.or_else(|| headers.get(SANDBOX_PORT_HEADER)?.to_str().ok()?.parse().ok())
+}
+
 fn traffic_allowed(expected: Option<&str>, host_port: Option<u16>, headers: &HeaderMap) -> bool {
     let Some(expected) = expected else { return true };
-    let port = host_port.or_else(|| headers.get(SANDBOX_PORT_HEADER)?.to_str().ok()?.parse().ok());
+    let port = named_port(host_port, headers);
     if port.unwrap_or(AGENT_PORT) == AGENT_PORT {
         return true;
     }
@@ -250,8 +256,7 @@ async fn forward(record: &SandboxRecord, port: Option<u16>, mut request: Request
     // A server in the sandbox sees the name the client used, as on E2B
     // (HTTP/2 carries it in the URI, which becomes origin-form below),
     // unless the sandbox was created with a mask for it.
-    let named_port = port.or_else(|| request.headers().get(SANDBOX_PORT_HEADER)?.to_str().ok()?.parse().ok());
-    let masked = match (named_port, &record.mask_request_host) {
+    let masked = match (named_port(port, request.headers()), &record.mask_request_host) {
         (Some(port), Some(mask)) if port != AGENT_PORT => HeaderValue::from_str(&model::masked_host(mask, port)).ok(),
         _ => None,
     };
