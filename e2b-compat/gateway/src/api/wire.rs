@@ -56,8 +56,8 @@ pub struct NetworkConfig {
     /// `false`: requests to the sandbox's ports need its traffic token.
     /// Only read on create, as E2B does.
     pub allow_public_traffic: Option<bool>,
+    pub egress_proxy: Option<EgressProxyConfig>,
     // Read only to be refused when set (`NetworkConfig::unsupported`).
-    egress_proxy: Option<serde_json::Value>,
     mask_request_host: Option<serde_json::Value>,
     https_ports: Option<serde_json::Value>,
     rules: Option<serde_json::Value>,
@@ -66,8 +66,9 @@ pub struct NetworkConfig {
 impl NetworkConfig {
     /// As [`NewSandbox::unsupported`], named as the SDK names it.
     pub fn unsupported(&self) -> Option<&'static str> {
+        let proxy_tls = self.egress_proxy.as_ref().and_then(|p| p.tls.clone());
         [
-            ("network.egressProxy", &self.egress_proxy),
+            ("network.egressProxy.tls", &proxy_tls),
             ("network.maskRequestHost", &self.mask_request_host),
             ("network.httpsPorts", &self.https_ports),
             ("network.rules", &self.rules),
@@ -76,6 +77,42 @@ impl NetworkConfig {
         .find(|(_, value)| is_set(value))
         .map(|(name, _)| name)
     }
+}
+
+/// `network.egressProxy`: a SOCKS5 upstream. `Debug` leaves the password out.
+#[derive(Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EgressProxyConfig {
+    pub address: String,
+    pub username: Option<String>,
+    pub password: Option<String>,
+    // Read only to be refused when set: TLS to the upstream is not built.
+    tls: Option<serde_json::Value>,
+}
+
+impl std::fmt::Debug for EgressProxyConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EgressProxyConfig")
+            .field("address", &self.address)
+            .field("username", &self.username)
+            .field("password", &self.password.as_ref().map(|_| "<redacted>"))
+            .finish()
+    }
+}
+
+/// `network` of the sandbox info, as far as copse reports it: the SOCKS5
+/// upstream without its password (E2B never returns it either).
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NetworkInfo {
+    pub egress_proxy: EgressProxyInfo,
+}
+
+#[derive(Debug, Serialize)]
+pub struct EgressProxyInfo {
+    pub address: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub username: Option<String>,
 }
 
 /// Whether the caller asked for something: SDKs send `null`, `[]` or `{}`
@@ -217,6 +254,8 @@ pub struct SandboxDetail {
     pub allow_internet_access: bool,
     pub domain: Option<String>,
     pub lifecycle: Lifecycle,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub network: Option<NetworkInfo>,
 }
 
 #[derive(Debug, Serialize)]
@@ -466,7 +505,11 @@ mod tests {
         assert_eq!(refused(r#"{"mcp":{"github":{}}}"#), Some("mcp"));
         assert_eq!(refused(r#"{"iam":{"tokens":{"t":{}}}}"#), Some("iam"));
         assert_eq!(refused(r#"{"network":{"rules":{"api.example.com":{}}}}"#), Some("network.rules"));
-        assert_eq!(refused(r#"{"network":{"egressProxy":{"url":"socks5://p"}}}"#), Some("network.egressProxy"));
+        assert_eq!(
+            refused(r#"{"network":{"egressProxy":{"address":"p:1080","tls":{"enabled":true}}}}"#),
+            Some("network.egressProxy.tls")
+        );
+        assert_eq!(refused(r#"{"network":{"egressProxy":{"address":"p:1080","tls":null}}}"#), None);
         assert_eq!(refused(r#"{"network":{"maskRequestHost":"x.${PORT}"}}"#), Some("network.maskRequestHost"));
         assert_eq!(refused(r#"{"network":{"httpsPorts":[8443]}}"#), Some("network.httpsPorts"));
     }
