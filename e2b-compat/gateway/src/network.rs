@@ -132,4 +132,27 @@ mod tests {
         let request = NetworkRequest { deny_out: Some(vec!["not a host".into()]), ..Default::default() };
         assert!(matches!(request.policy(), Err(SandboxError::Invalid(_))));
     }
+
+    fn with_proxy(address: &str) -> NetworkRequest {
+        let egress_proxy = EgressProxyRequest {
+            address: address.into(),
+            username: Some("user".into()),
+            password: Some("s3cret-pw".into()),
+        };
+        NetworkRequest { egress_proxy: Some(egress_proxy), ..Default::default() }
+    }
+
+    #[test]
+    fn an_egress_proxy_becomes_the_policys_upstream_and_is_checked() {
+        let request = with_proxy("192.0.2.10:1080");
+        assert!(!format!("{request:?}").contains("s3cret"), "Debug redacts the password");
+        let policy = request.policy().unwrap();
+        assert_eq!(policy.upstream.as_ref().unwrap().address(), "192.0.2.10:1080");
+        let addresses = Addresses::new(Some(&NetConfig::new("t", "10.9.0.0/29").unwrap()));
+        addresses.check_upstream(&policy).unwrap();
+        let on_the_host = with_proxy("127.0.0.1:1080").policy().unwrap();
+        assert!(matches!(addresses.check_upstream(&on_the_host), Err(SandboxError::Invalid(_))));
+        assert!(matches!(Addresses::new(None).check_upstream(&policy), Err(SandboxError::Invalid(_))));
+        assert!(matches!(with_proxy("no-port").policy(), Err(SandboxError::Invalid(_))));
+    }
 }
