@@ -141,8 +141,23 @@ pub fn attach(cfg: &NetConfig, attachment: &Attachment, policy: &ResolvedPolicy)
          add element inet {t} ingress {{ {addr} : jump ingress_{id} }}\n{}",
         policy_objects(attachment, policy),
         spoof_chain(attachment),
-        set_proxied(cfg, attachment, policy)
+        join_sets(cfg, attachment, policy)
     )
+}
+
+/// Puts a new sandbox in the sets its policy names. Nothing is deleted:
+/// every detach (and every table rewrite) has already taken the address out
+/// of both sets, and a deleted element would make the create wait an RCU
+/// grace period (≈ 10 ms here) for the transaction to return.
+fn join_sets(cfg: &NetConfig, attachment: &Attachment, policy: &ResolvedPolicy) -> String {
+    let (t, addr) = (cfg.table(), attachment.address);
+    let mut out = String::new();
+    for (set, member) in [("proxied", policy.proxied), ("tunnelled", policy.tunnelled)] {
+        if member {
+            let _ = writeln!(out, "add element inet {t} {set} {{ {addr} }}");
+        }
+    }
+    out
 }
 
 /// Puts the sandbox in or out of `proxied`, whether it was there or not
