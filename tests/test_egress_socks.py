@@ -22,6 +22,7 @@ import pytest
 from e2b import Sandbox
 
 from conftest import DATA_DIR
+from test_egress_proxy import _reachable, sh
 
 SOCKS = "198.51.100.10"  # in 198.51.100.0/28, the host at .1
 DEST = "198.51.100.130"  # in 198.51.100.128/28, the host at .129
@@ -61,20 +62,6 @@ socks pass {{
     command: connect
 }}
 """
-
-
-def sh(*args, check=True):
-    return subprocess.run(args, check=check, capture_output=True, text=True)
-
-
-def _reachable(addr, port):
-    import socket
-
-    try:
-        socket.create_connection((addr, port), timeout=0.5).close()
-        return True
-    except OSError:
-        return False
 
 
 def _wait(addr, port):

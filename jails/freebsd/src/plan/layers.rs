@@ -32,7 +32,7 @@
 //!   being destroyed too, each after the clones that depend on it.
 
 use super::lifecycle::StoredSnapshot;
-use super::zfs::{self, prop};
+use super::zfs::{self, prop, rows};
 use super::{Cmd, Layout, SNAPSHOT_SNAPSHOT, Step, tool};
 
 /// The mark a copse snapshot `snapshot_id` leaves in sandbox `id`'s
@@ -62,11 +62,7 @@ pub struct Bookmark {
 pub fn parse_bookmarks(layout: &Layout, id: &str, text: &str) -> Result<Vec<Bookmark>, String> {
     let prefix = format!("{}#copse-", layout.sandbox_dataset(id));
     let mut out = Vec::new();
-    for line in text.lines().filter(|l| !l.trim().is_empty()) {
-        let cols: Vec<&str> = line.split('\t').collect();
-        let [name, guid, txg] = cols[..] else {
-            return Err(format!("unexpected zfs list line {line:?}"));
-        };
+    for (line, [name, guid, txg]) in rows(text)? {
         let Some(snapshot_id) = name.strip_prefix(&prefix) else {
             continue;
         };
@@ -104,11 +100,7 @@ pub struct Use {
 pub fn parse_uses(text: &str) -> Result<Vec<Use>, String> {
     let suffix = format!("@{SNAPSHOT_SNAPSHOT}");
     let mut out = Vec::new();
-    for line in text.lines().filter(|l| !l.trim().is_empty()) {
-        let cols: Vec<&str> = line.split('\t').collect();
-        let [name, guid, clones] = cols[..] else {
-            return Err(format!("unexpected zfs list line {line:?}"));
-        };
+    for (line, [name, guid, clones]) in rows(text)? {
         let Some(dataset) = name.strip_suffix(&suffix) else {
             continue;
         };

@@ -15,7 +15,7 @@
 
 use std::fmt;
 
-use super::zfs::{self, Origin, prop};
+use super::zfs::{self, Origin, prop, rows};
 use super::{
     Cmd, Layout, PROP_DELETED, PROP_SNAPSHOT, PROP_TEMPLATE, PROP_TEMPLATE_GUID, Step, jail_name, layers, sandbox, tool,
 };
@@ -205,11 +205,7 @@ pub fn list_snapshots(layout: &Layout) -> Cmd {
 pub fn parse_snapshots(layout: &Layout, text: &str) -> Result<Vec<StoredSnapshot>, String> {
     let parent = format!("{}/", layout.snapshots_dataset());
     let mut out = Vec::new();
-    for line in text.lines().filter(|l| !l.trim().is_empty()) {
-        let cols: Vec<&str> = line.split('\t').collect();
-        let [name, id, template, guid, deleted, used, txg] = cols[..] else {
-            return Err(format!("unexpected zfs list line {line:?}"));
-        };
+    for (line, [name, id, template, guid, deleted, used, txg]) in rows(text)? {
         if !name.starts_with(&parent) {
             continue;
         }

@@ -137,6 +137,19 @@ pub struct SandboxDataset {
     pub createtxg: u64,
 }
 
+/// The rows of `zfs list -H` output, each with its `N` tab-separated
+/// columns; a row of another width is an error naming it.
+pub(super) fn rows<const N: usize>(text: &str) -> Result<Vec<(&str, [&str; N])>, String> {
+    text.lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|line| {
+            let cols: Vec<&str> = line.split('\t').collect();
+            let cols: [&str; N] = cols.try_into().map_err(|_| format!("unexpected zfs list line {line:?}"))?;
+            Ok((line, cols))
+        })
+        .collect()
+}
+
 pub(super) fn prop(value: &str) -> Option<&str> {
     (value != "-" && !value.is_empty()).then_some(value)
 }
@@ -146,11 +159,7 @@ pub(super) fn prop(value: &str) -> Option<&str> {
 pub fn parse_sandboxes(layout: &Layout, text: &str) -> Result<Vec<SandboxDataset>, String> {
     let parent = format!("{}/", layout.sandboxes_dataset());
     let mut out = Vec::new();
-    for line in text.lines().filter(|l| !l.trim().is_empty()) {
-        let cols: Vec<&str> = line.split('\t').collect();
-        let [name, sandbox, socket, txg] = cols[..] else {
-            return Err(format!("unexpected zfs list line {line:?}"));
-        };
+    for (line, [name, sandbox, socket, txg]) in rows(text)? {
         if !name.starts_with(&parent) {
             continue;
         }
@@ -181,11 +190,7 @@ pub fn parse_templates(layout: &Layout, text: &str) -> Result<Vec<TemplateSnapsh
     let parent = format!("{}/", layout.templates_dataset());
     let suffix = format!("@{TEMPLATE_SNAPSHOT}");
     let mut out = Vec::new();
-    for line in text.lines().filter(|l| !l.trim().is_empty()) {
-        let cols: Vec<&str> = line.split('\t').collect();
-        let [name, guid, referenced, built_at] = cols[..] else {
-            return Err(format!("unexpected zfs list line {line:?}"));
-        };
+    for (line, [name, guid, referenced, built_at]) in rows(text)? {
         let Some(template) = name.strip_prefix(&parent).and_then(|n| n.strip_suffix(&suffix)) else {
             continue;
         };
