@@ -285,8 +285,8 @@ pub async fn detail(
     }))
 }
 
-/// What info says of the sandbox's network: its SOCKS5 upstream, if any,
-/// never with the password.
+/// What info says of the sandbox's network: the ingress settings fixed at
+/// create, and its SOCKS5 upstream, if any, never with the password.
 fn network_info(record: &model::SandboxRecord) -> wire::NetworkInfo {
     let upstream = record.network.as_ref().and_then(|n| n.policy.upstream.as_ref());
     wire::NetworkInfo {
