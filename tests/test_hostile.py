@@ -1901,3 +1901,106 @@ def test_the_egress_proxy_is_no_service_and_never_reaches_the_host(egress_gatewa
     finally:
         listener.close()
         sbx.kill()
+
+
+# A SOCKS5 upstream (`network.egress_proxy`, see test_egress_socks.py for
+# its fixtures) is dialled by the host, not the sandbox: it must not make
+# the host a way into what no sandbox reaches, nor hand the sandbox its
+# credentials.
+from test_egress_socks import HOST_SIDE as SOCKS_HOST_SIDE  # noqa: E402
+from test_egress_socks import proxy as socks_proxy  # noqa: E402
+from test_egress_socks import refused as socks_refused  # noqa: E402
+from test_egress_socks import fetch as socks_fetch, socks_world  # noqa: E402,F401
+from test_egress_socks import SOCKS as SOCKS_ADDR  # noqa: E402
+
+
+def test_an_egress_proxy_where_no_sandbox_may_go_is_refused(gateway):
+    from conftest import SUBNET
+
+    bridge = str(next(ipaddress_network(SUBNET).hosts()))
+    for address in ("127.0.0.1:1080", f"{bridge}:1080", "169.254.169.254:80", "10.0.0.5:1080", "224.0.0.1:1080"):
+        socks_refused({"egress_proxy": {"address": address}})
+
+
+def ipaddress_network(cidr):
+    import ipaddress
+
+    return ipaddress.ip_network(cidr)
+
+
+def _listener():
+    listener = socket.socket()
+    listener.bind(("0.0.0.0", 0))
+    listener.listen()
+    listener.settimeout(1)
+    return listener
+
+
+def test_an_egress_proxy_name_that_resolves_to_the_host_reaches_nothing(gateway):
+    # Names pass create (they resolve when dialled); the dial carries the
+    # proxy's fwmark, which nftables refuses the host's own addresses.
+    listener = _listener()
+    port = listener.getsockname()[1]
+    sbx = Sandbox.create(template="base", network={"egress_proxy": {"address": f"localhost:{port}"}})
+    try:
+        out = sbx.commands.run("curl -s -o /dev/null -w '%{http_code}' --connect-timeout 5 -m 8 http://198.51.100.140/"
+                               " || true").stdout
+        assert out.strip() == "000", out
+        with pytest.raises(TimeoutError):
+            listener.accept()
+    finally:
+        listener.close()
+        sbx.kill()
+
+
+def test_a_tunnelled_sandbox_cannot_reach_the_host_through_its_upstream(socks_world):
+    # The upstream would connect to the host's own address for it (the
+    # SOCKS server routes through the host); the proxy refuses such a
+    # destination before dialling, as `forward` would refuse it directly.
+    user, password = socks_world
+    listener = _listener()
+    port = listener.getsockname()[1]
+    sbx = Sandbox.create(template="base", network={"egress_proxy": socks_proxy(user, password)})
+    try:
+        assert socks_fetch(sbx) == SOCKS_ADDR, "the control must pass"
+        out = sbx.commands.run(f"curl -s -o /dev/null -w '%{{http_code}}' --connect-timeout 5 -m 8 "
+                               f"http://{SOCKS_HOST_SIDE}:{port}/ || true").stdout
+        assert out.strip() == "000", out
+        with pytest.raises(TimeoutError):
+            listener.accept()
+    finally:
+        listener.close()
+        sbx.kill()
+
+
+FIND_SECRET = """
+import base64, glob, os, sys
+needle = base64.b64decode(sys.argv[1])
+hits = sum(needle in v.encode() for v in os.environ.values())
+paths = glob.glob("/proc/[0-9]*/environ") + glob.glob("/proc/[0-9]*/cmdline")
+for top in ("/etc", "/run", "/tmp", "/home", "/root", "/var"):
+    for d, _, files in os.walk(top):
+        paths += [os.path.join(d, f) for f in files]
+for path in paths:
+    try:
+        with open(path, "rb") as f:
+            hits += needle in f.read(1 << 20)
+    except OSError:
+        pass
+print(hits)
+"""
+
+
+def test_a_tunnelled_sandbox_never_holds_its_upstream_password(socks_world):
+    user, password = socks_world
+    sbx = Sandbox.create(template="base", network={"egress_proxy": socks_proxy(user, password)})
+    try:
+        assert socks_fetch(sbx) == SOCKS_ADDR, "the control must pass"
+        # The needle travels base64-encoded, so the search's own command
+        # line does not hold it.
+        sbx.files.write("/tmp/find.py", FIND_SECRET)
+        needle = base64.b64encode(password.encode()).decode()
+        found = sbx.commands.run(f"python3 /tmp/find.py {needle}", user="root").stdout
+        assert found.strip() == "0", found
+    finally:
+        sbx.kill()

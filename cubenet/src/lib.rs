@@ -27,6 +27,7 @@ pub mod linux;
 pub mod neighbourhood;
 pub mod net;
 pub mod policy;
+pub mod upstream;
 
 #[cfg(any(target_os = "linux", target_os = "freebsd"))]
 mod process;
@@ -38,3 +39,4 @@ pub use addresses::{AddressPool, SubnetFull};
 pub use neighbourhood::Neighbourhood;
 pub use net::{Attachment, NetConfig, SandboxNetwork};
 pub use policy::{Policy, PolicyError, ResolvedPolicy, Target};
+pub use upstream::{Upstream, UpstreamError};

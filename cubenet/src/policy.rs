@@ -28,6 +28,8 @@ use std::net::{IpAddr, Ipv4Addr};
 use ipnet::{IpNet, Ipv4Net};
 use serde::{Deserialize, Serialize};
 
+use crate::upstream::Upstream;
+
 /// E2B's default resolver, allowed when `allow_out` names a host and the
 /// caller gave no `dns_servers`.
 pub const DEFAULT_DNS: Ipv4Addr = Ipv4Addr::new(8, 8, 8, 8);
@@ -68,6 +70,10 @@ pub struct Policy {
     pub deny_hosts: Vec<String>,
     /// Resolvers admitted on port 53 when `allow` names a host.
     pub dns_servers: Vec<Ipv4Addr>,
+    /// The SOCKS5 server all the sandbox's TCP is tunnelled through, after
+    /// this policy admitted it (E2B's `egress_proxy`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upstream: Option<Upstream>,
 }
 
 impl Policy {
@@ -111,7 +117,7 @@ impl Policy {
                 .map(|s| s.trim().parse::<Ipv4Addr>().map_err(|_| PolicyError::InvalidDnsServer(s.clone())))
                 .collect::<Result<_, _>>()?,
         };
-        Ok(Self { allow, deny, deny_hosts, dns_servers })
+        Ok(Self { allow, deny, deny_hosts, dns_servers, upstream: None })
     }
 
     /// Whether the sandbox may reach the internet at large, as E2B reports
@@ -183,6 +189,7 @@ impl Policy {
             deny_all,
             unresolved,
             proxied: self.proxied(),
+            tunnelled: self.upstream.is_some(),
         }
     }
 }
@@ -206,6 +213,10 @@ pub struct ResolvedPolicy {
     /// hosts).
     #[serde(default)]
     pub proxied: bool,
+    /// All TCP goes to the egress proxy, which tunnels it through the
+    /// policy's upstream.
+    #[serde(default)]
+    pub tunnelled: bool,
 }
 
 impl ResolvedPolicy {
@@ -283,7 +294,7 @@ fn name_matches(pattern: &str, name: &str) -> bool {
     }
 }
 
-fn is_host_name(s: &str) -> bool {
+pub(crate) fn is_host_name(s: &str) -> bool {
     let s = s.trim_end_matches('.');
     !s.is_empty()
         && s.len() <= 253

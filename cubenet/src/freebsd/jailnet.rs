@@ -149,6 +149,9 @@ fn refuse_name_matching(policy: &Policy) -> anyhow::Result<()> {
     if wildcard || !policy.deny_hosts.is_empty() {
         bail!("host names in deny_out and wildcard hosts need the egress proxy, which copse runs on Linux only");
     }
+    if policy.upstream.is_some() {
+        bail!("egress_proxy needs the egress proxy, which copse runs on Linux only");
+    }
     Ok(())
 }
 

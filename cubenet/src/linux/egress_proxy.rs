@@ -8,7 +8,9 @@
 //! decides ([`crate::egress::decide`]), and an admitted connection is
 //! spliced to that destination from a socket carrying
 //! [`super::nft::PROXY_MARK`], so nftables refuses it the host and the
-//! ranges no sandbox may reach, whatever the proxy decided.
+//! ranges no sandbox may reach, whatever the proxy decided. A sandbox
+//! with a SOCKS5 upstream has all its TCP here, and the admitted
+//! connection goes through that upstream instead ([`super::socks`]).
 
 use std::collections::HashMap;
 use std::io::{self, Read, Write};
@@ -24,8 +26,10 @@ use crate::dns;
 use crate::egress::sniff::{Sniffed, sniff};
 use crate::egress::{MAX_PEEK, Verdict, decide};
 use crate::linux::nft::PROXY_MARK;
+use crate::linux::socks;
 use crate::net::NetConfig;
 use crate::policy::Policy;
+use crate::upstream::destination_blocked;
 
 /// The policy of the sandbox at an address, if one is attached there.
 pub type Policies = Arc<dyn Fn(Ipv4Addr) -> Option<Policy> + Send + Sync>;
@@ -104,7 +108,20 @@ impl Shared {
         let Some(policy) = (self.policies)(source) else { bail!("{source} is no attached sandbox") };
         let dst = original_destination(&client)?;
         let _slot = Slot::take(self, source)?;
-        let (name, head) = peek(&client)?;
+        // A tunnelled connection never crosses `forward`, where the blocks
+        // every sandbox gets live, and the host's connection goes to the
+        // upstream, not `dst`: the blocks are checked here instead.
+        if policy.upstream.is_some() && (destination_blocked(&self.cfg, *dst.ip()) || is_local(*dst.ip())) {
+            tracing::info!(%source, %dst, "tunnelled egress refused: a blocked destination");
+            let _ = client.shutdown(Shutdown::Both);
+            return Ok(());
+        }
+        // Only names in the policy need the client's first bytes; a
+        // tunnelled protocol whose server speaks first is not held up.
+        let (name, head) = match policy.proxied() {
+            true => peek(&client)?,
+            false => (None, Vec::new()),
+        };
         match decide(&policy, name.as_deref(), dst, |n| dns::lookup(&self.cfg, n)) {
             Verdict::Refuse(why) => {
                 tracing::info!(%source, %dst, ?name, why, "egress refused");
@@ -112,7 +129,14 @@ impl Shared {
                 Ok(())
             }
             Verdict::Splice => {
-                let upstream = connect_marked(dst)?;
+                let upstream = match &policy.upstream {
+                    Some(upstream) => socks::dial(upstream, dst),
+                    None => connect_marked(dst),
+                };
+                let upstream = upstream.inspect_err(|e| {
+                    tracing::info!(%source, %dst, "egress failed: {e:#}");
+                    let _ = client.shutdown(Shutdown::Both);
+                })?;
                 splice(client, upstream, &head)
             }
         }
@@ -147,6 +171,11 @@ impl Drop for Slot<'_> {
             }
         }
     }
+}
+
+/// Whether `ip` is one of the host's own addresses (binding to it works).
+fn is_local(ip: Ipv4Addr) -> bool {
+    std::net::UdpSocket::bind((ip, 0)).is_ok()
 }
 
 fn original_destination(client: &TcpStream) -> anyhow::Result<SocketAddrV4> {

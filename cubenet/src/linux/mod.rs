@@ -15,6 +15,8 @@ mod janitor;
 #[cfg(target_os = "linux")]
 mod netlink;
 #[cfg(target_os = "linux")]
+mod socks;
+#[cfg(target_os = "linux")]
 mod tools;
 
 #[cfg(target_os = "linux")]

@@ -36,6 +36,11 @@
 //!   proxy's own connections carry [`PROXY_MARK`], and `output` refuses
 //!   them what `from_sandbox` refuses every sandbox (`always_blocked`,
 //!   `protected`) and every address of the host itself.
+//! - Sandboxes with a SOCKS5 upstream are in `tunnelled`: all their TCP
+//!   is redirected to the same proxy, which checks the destination
+//!   against the sandbox's policy and the blocks above itself (the
+//!   connection it makes goes to the upstream, not the destination) and
+//!   tunnels it.
 //!
 //! Every change is one script, which `nft -f` applies as one transaction.
 
@@ -70,13 +75,8 @@ pub fn table(cfg: &NetConfig, proxy_port: Option<u16>, sandboxes: &[(Attachment,
     out.push_str(&interval_set("always_blocked", &always_blocked(cfg.subnet)));
     out.push_str(&interval_set("protected", &cfg.neighbourhood.blocked()));
     out.push_str(&interval_set("resolvers", &cfg.neighbourhood.exempt_resolvers()));
-    let proxied: Vec<String> =
-        sandboxes.iter().filter(|(_, p)| p.proxied).map(|(a, _)| a.address.to_string()).collect();
-    let _ = write!(out, "\tset proxied {{\n\t\ttype ipv4_addr\n");
-    if !proxied.is_empty() {
-        let _ = writeln!(out, "\t\telements = {{ {} }}", proxied.join(", "));
-    }
-    out.push_str("\t}\n");
+    out.push_str(&address_set("proxied", sandboxes, |p| p.proxied));
+    out.push_str(&address_set("tunnelled", sandboxes, |p| p.tunnelled));
     let bridge = &cfg.bridge;
     let _ = writeln!(
         out,
@@ -99,6 +99,7 @@ pub fn table(cfg: &NetConfig, proxy_port: Option<u16>, sandboxes: &[(Attachment,
             let _ = writeln!(
                 out,
                 "\tchain prerouting {{\n\t\ttype nat hook prerouting priority dstnat; policy accept;\n\
+                 \t\tiifname \"{bridge}\" ip saddr @tunnelled meta l4proto tcp redirect to :{port}\n\
                  \t\tiifname \"{bridge}\" ip saddr @proxied tcp dport {{ 80, 443 }} redirect to :{port}\n\t}}"
             );
             let m = format!("meta mark {PROXY_MARK:#x}");
@@ -140,19 +141,49 @@ pub fn attach(cfg: &NetConfig, attachment: &Attachment, policy: &ResolvedPolicy)
          add element inet {t} ingress {{ {addr} : jump ingress_{id} }}\n{}",
         policy_objects(attachment, policy),
         spoof_chain(attachment),
-        set_proxied(cfg, attachment, policy.proxied)
+        join_sets(cfg, attachment, policy)
     )
+}
+
+/// Puts a new sandbox in the sets its policy names. Nothing is deleted:
+/// every detach (and every table rewrite) has already taken the address out
+/// of both sets, and a deleted element would make the create wait an RCU
+/// grace period (≈ 10 ms here) for the transaction to return.
+fn join_sets(cfg: &NetConfig, attachment: &Attachment, policy: &ResolvedPolicy) -> String {
+    let (t, addr) = (cfg.table(), attachment.address);
+    let mut out = String::new();
+    for (set, member) in [("proxied", policy.proxied), ("tunnelled", policy.tunnelled)] {
+        if member {
+            let _ = writeln!(out, "add element inet {t} {set} {{ {addr} }}");
+        }
+    }
+    out
 }
 
 /// Puts the sandbox in or out of `proxied`, whether it was there or not
 /// (adding an element that exists is no error; deleting one that does not
 /// is, hence the add first).
-fn set_proxied(cfg: &NetConfig, attachment: &Attachment, proxied: bool) -> String {
+fn set_proxied(cfg: &NetConfig, attachment: &Attachment, policy: &ResolvedPolicy) -> String {
     let (t, addr) = (cfg.table(), attachment.address);
-    let mut out = format!("add element inet {t} proxied {{ {addr} }}\n");
-    if !proxied {
-        let _ = writeln!(out, "delete element inet {t} proxied {{ {addr} }}");
+    let mut out = String::new();
+    for (set, member) in [("proxied", policy.proxied), ("tunnelled", policy.tunnelled)] {
+        let _ = writeln!(out, "add element inet {t} {set} {{ {addr} }}");
+        if !member {
+            let _ = writeln!(out, "delete element inet {t} {set} {{ {addr} }}");
+        }
     }
+    out
+}
+
+/// A set of the addresses of the `sandboxes` whose policy is `member`.
+fn address_set(name: &str, sandboxes: &[(Attachment, ResolvedPolicy)], member: fn(&ResolvedPolicy) -> bool) -> String {
+    let members: Vec<String> =
+        sandboxes.iter().filter(|(_, p)| member(p)).map(|(a, _)| a.address.to_string()).collect();
+    let mut out = format!("\tset {name} {{\n\t\ttype ipv4_addr\n");
+    if !members.is_empty() {
+        let _ = writeln!(out, "\t\telements = {{ {} }}", members.join(", "));
+    }
+    out.push_str("\t}\n");
     out
 }
 
@@ -170,7 +201,7 @@ pub fn update(cfg: &NetConfig, attachment: &Attachment, policy: &ResolvedPolicy)
         let _ = writeln!(out, "flush {object}");
     }
     let _ = write!(out, "table inet {t} {{\n{}}}\n", policy_objects(attachment, policy));
-    out.push_str(&set_proxied(cfg, attachment, policy.proxied));
+    out.push_str(&set_proxied(cfg, attachment, policy));
     out
 }
 
@@ -182,7 +213,7 @@ pub fn detach(cfg: &NetConfig, attachment: &Attachment) -> String {
         "{}delete element inet {t} egress {{ {addr} }}\ndelete element inet {t} ingress {{ {addr} }}\n\
          delete chain inet {t} spoof_{id}\ndelete chain inet {t} egress_{id}\ndelete chain inet {t} ingress_{id}\n\
          delete set inet {t} allow_{id}\ndelete set inet {t} deny_{id}\ndelete set inet {t} dns_{id}\n",
-        set_proxied(cfg, attachment, false)
+        set_proxied(cfg, attachment, &ResolvedPolicy::default())
     )
 }
 
@@ -256,6 +287,7 @@ mod tests {
     use crate::golden::check as golden;
     use crate::neighbourhood::Neighbourhood;
     use crate::policy::Policy;
+    use crate::upstream::Upstream;
 
     fn cfg() -> NetConfig {
         NetConfig::new("copse0", "10.88.0.0/16").unwrap()
@@ -278,6 +310,10 @@ mod tests {
                 Policy::from_e2b(Some(false), &strings(&["example.com", "198.51.100.0/24"]), &[], None).unwrap(),
             ),
             sandbox(4, Policy::from_e2b(None, &[], &strings(&["203.0.113.0/24", "192.0.2.7"]), None).unwrap()),
+            sandbox(
+                5,
+                Policy { upstream: Some(Upstream::from_e2b("192.0.2.10:1080", None, None).unwrap()), ..Policy::open() },
+            ),
         ]
     }
 

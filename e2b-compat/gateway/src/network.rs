@@ -9,6 +9,7 @@ use std::net::Ipv4Addr;
 use std::sync::Mutex;
 
 use copse_cubenet::AddressPool;
+use copse_cubenet::Upstream;
 use copse_substrate::{NetConfig, Policy};
 
 use crate::model::SandboxError;
@@ -20,17 +21,43 @@ pub struct NetworkRequest {
     pub allow_out: Option<Vec<String>>,
     pub deny_out: Option<Vec<String>>,
     pub dns_servers: Option<Vec<String>>,
+    pub egress_proxy: Option<EgressProxyRequest>,
+}
+
+/// E2B's `egress_proxy`, as asked for. `Debug` leaves the password out.
+#[derive(Clone)]
+pub struct EgressProxyRequest {
+    pub address: String,
+    pub username: Option<String>,
+    pub password: Option<String>,
+}
+
+impl std::fmt::Debug for EgressProxyRequest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EgressProxyRequest")
+            .field("address", &self.address)
+            .field("username", &self.username)
+            .field("password", &self.password.as_ref().map(|_| "<redacted>"))
+            .finish()
+    }
 }
 
 impl NetworkRequest {
     pub fn policy(&self) -> Result<Policy, SandboxError> {
-        Policy::from_e2b(
+        let invalid = |e: &dyn std::fmt::Display| SandboxError::Invalid(e.to_string());
+        let mut policy = Policy::from_e2b(
             self.allow_internet_access,
             self.allow_out.as_deref().unwrap_or_default(),
             self.deny_out.as_deref().unwrap_or_default(),
             self.dns_servers.as_deref(),
         )
-        .map_err(|e| SandboxError::Invalid(e.to_string()))
+        .map_err(|e| invalid(&e))?;
+        if let Some(p) = &self.egress_proxy {
+            let upstream = Upstream::from_e2b(&p.address, p.username.as_deref(), p.password.as_deref())
+                .map_err(|e| invalid(&e))?;
+            policy.upstream = Some(upstream);
+        }
+        Ok(policy)
     }
 }
 
@@ -38,11 +65,23 @@ impl NetworkRequest {
 /// Without a network, nobody gets an address.
 pub struct Addresses {
     pool: Mutex<Option<AddressPool>>,
+    config: Option<NetConfig>,
 }
 
 impl Addresses {
     pub fn new(config: Option<&NetConfig>) -> Self {
-        Self { pool: Mutex::new(config.map(|c| AddressPool::new(c.subnet))) }
+        Self { pool: Mutex::new(config.map(|c| AddressPool::new(c.subnet))), config: config.cloned() }
+    }
+
+    /// Refuses a SOCKS5 upstream the host may not dial for a sandbox: one
+    /// at an address no sandbox reaches, or any without a sandbox network
+    /// (no proxy runs then).
+    pub fn check_upstream(&self, policy: &Policy) -> Result<(), SandboxError> {
+        let Some(upstream) = &policy.upstream else { return Ok(()) };
+        let Some(config) = &self.config else {
+            return Err(SandboxError::Invalid("egress_proxy needs a gateway with a sandbox network".into()));
+        };
+        upstream.check_reachable(config).map_err(|e| SandboxError::Invalid(e.to_string()))
     }
 
     /// A free address for sandbox `id`; `None` when there is no network.
@@ -92,5 +131,28 @@ mod tests {
     fn bad_targets_are_invalid_requests() {
         let request = NetworkRequest { deny_out: Some(vec!["not a host".into()]), ..Default::default() };
         assert!(matches!(request.policy(), Err(SandboxError::Invalid(_))));
+    }
+
+    fn with_proxy(address: &str) -> NetworkRequest {
+        let egress_proxy = EgressProxyRequest {
+            address: address.into(),
+            username: Some("user".into()),
+            password: Some("s3cret-pw".into()),
+        };
+        NetworkRequest { egress_proxy: Some(egress_proxy), ..Default::default() }
+    }
+
+    #[test]
+    fn an_egress_proxy_becomes_the_policys_upstream_and_is_checked() {
+        let request = with_proxy("192.0.2.10:1080");
+        assert!(!format!("{request:?}").contains("s3cret"), "Debug redacts the password");
+        let policy = request.policy().unwrap();
+        assert_eq!(policy.upstream.as_ref().unwrap().address(), "192.0.2.10:1080");
+        let addresses = Addresses::new(Some(&NetConfig::new("t", "10.9.0.0/29").unwrap()));
+        addresses.check_upstream(&policy).unwrap();
+        let on_the_host = with_proxy("127.0.0.1:1080").policy().unwrap();
+        assert!(matches!(addresses.check_upstream(&on_the_host), Err(SandboxError::Invalid(_))));
+        assert!(matches!(Addresses::new(None).check_upstream(&policy), Err(SandboxError::Invalid(_))));
+        assert!(matches!(with_proxy("no-port").policy(), Err(SandboxError::Invalid(_))));
     }
 }

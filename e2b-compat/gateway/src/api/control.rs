@@ -16,7 +16,7 @@ use super::error::ApiError;
 use super::host_routing::Exposure;
 use super::wire;
 use crate::model::{self, SandboxRecord, SnapshotRecord};
-use crate::network::NetworkRequest;
+use crate::network::{EgressProxyRequest, NetworkRequest};
 use crate::sandbox_log;
 use crate::service::{self, Connected, CreateRequest, ListFilter, Sandboxes, Volumes};
 use crate::tenancy::Principal;
@@ -281,11 +281,22 @@ pub async fn detail(
             auto_resume: record.auto_resume,
             on_timeout: if record.auto_pause { "pause" } else { "kill" },
         },
-        network: wire::DetailNetwork {
-            allow_public_traffic: record.traffic_access_token.is_none(),
-            mask_request_host: record.mask_request_host.clone(),
-        },
+        network: network_info(&record),
     }))
+}
+
+/// What info says of the sandbox's network: the ingress settings fixed at
+/// create, and its SOCKS5 upstream, if any, never with the password.
+fn network_info(record: &model::SandboxRecord) -> wire::NetworkInfo {
+    let upstream = record.network.as_ref().and_then(|n| n.policy.upstream.as_ref());
+    wire::NetworkInfo {
+        allow_public_traffic: record.traffic_access_token.is_none(),
+        mask_request_host: record.mask_request_host.clone(),
+        egress_proxy: upstream.map(|upstream| wire::EgressProxyInfo {
+            address: upstream.address(),
+            username: upstream.username().map(str::to_string),
+        }),
+    }
 }
 
 /// `PUT /sandboxes/{id}/network`: replaces the egress rules as a whole.
@@ -321,6 +332,11 @@ fn network_request(allow_internet_access: Option<bool>, network: Option<wire::Ne
         allow_out: network.allow_out,
         deny_out: network.deny_out,
         dns_servers: network.dns_servers,
+        egress_proxy: network.egress_proxy.map(|p| EgressProxyRequest {
+            address: p.address,
+            username: p.username,
+            password: p.password,
+        }),
     }
 }
 

@@ -59,8 +59,7 @@ pub struct NetworkConfig {
     /// The `Host` the sandbox's servers are handed. Only read on create,
     /// as E2B does.
     pub mask_request_host: Option<String>,
-    // Read only to be refused when set (`NetworkConfig::unsupported`).
-    egress_proxy: Option<serde_json::Value>,
+    pub egress_proxy: Option<EgressProxyConfig>,
     https_ports: Option<serde_json::Value>,
     rules: Option<serde_json::Value>,
 }
@@ -68,8 +67,9 @@ pub struct NetworkConfig {
 impl NetworkConfig {
     /// As [`NewSandbox::unsupported`], named as the SDK names it.
     pub fn unsupported(&self) -> Option<&'static str> {
+        let proxy_tls = self.egress_proxy.as_ref().and_then(|p| p.tls.clone());
         [
-            ("network.egressProxy", &self.egress_proxy),
+            ("network.egressProxy.tls", &proxy_tls),
             ("network.httpsPorts", &self.https_ports),
             ("network.rules", &self.rules),
         ]
@@ -77,6 +77,47 @@ impl NetworkConfig {
         .find(|(_, value)| is_set(value))
         .map(|(name, _)| name)
     }
+}
+
+/// `network.egressProxy`: a SOCKS5 upstream. `Debug` leaves the password out.
+#[derive(Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EgressProxyConfig {
+    pub address: String,
+    pub username: Option<String>,
+    pub password: Option<String>,
+    // Read only to be refused when set: TLS to the upstream is not built.
+    tls: Option<serde_json::Value>,
+}
+
+impl std::fmt::Debug for EgressProxyConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EgressProxyConfig")
+            .field("address", &self.address)
+            .field("username", &self.username)
+            .field("password", &self.password.as_ref().map(|_| "<redacted>"))
+            .finish()
+    }
+}
+
+/// `network` of the sandbox info (the SDK's `SandboxInfo.network`), as far
+/// as copse reports it: the ingress settings fixed at create, and the SOCKS5
+/// upstream without its password (E2B never returns it either).
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NetworkInfo {
+    pub allow_public_traffic: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mask_request_host: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub egress_proxy: Option<EgressProxyInfo>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct EgressProxyInfo {
+    pub address: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub username: Option<String>,
 }
 
 /// Whether the caller asked for something: SDKs send `null`, `[]` or `{}`
@@ -218,17 +259,7 @@ pub struct SandboxDetail {
     pub allow_internet_access: bool,
     pub domain: Option<String>,
     pub lifecycle: Lifecycle,
-    pub network: DetailNetwork,
-}
-
-/// What info reports of a sandbox's network (the SDK's
-/// `SandboxInfo.network`): the ingress settings fixed at create.
-#[derive(Debug, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct DetailNetwork {
-    pub allow_public_traffic: bool,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub mask_request_host: Option<String>,
+    pub network: NetworkInfo,
 }
 
 #[derive(Debug, Serialize)]
@@ -482,7 +513,11 @@ mod tests {
         assert_eq!(refused(r#"{"mcp":{"github":{}}}"#), Some("mcp"));
         assert_eq!(refused(r#"{"iam":{"tokens":{"t":{}}}}"#), Some("iam"));
         assert_eq!(refused(r#"{"network":{"rules":{"api.example.com":{}}}}"#), Some("network.rules"));
-        assert_eq!(refused(r#"{"network":{"egressProxy":{"url":"socks5://p"}}}"#), Some("network.egressProxy"));
+        assert_eq!(
+            refused(r#"{"network":{"egressProxy":{"address":"p:1080","tls":{"enabled":true}}}}"#),
+            Some("network.egressProxy.tls")
+        );
+        assert_eq!(refused(r#"{"network":{"egressProxy":{"address":"p:1080","tls":null}}}"#), None);
         assert_eq!(refused(r#"{"network":{"httpsPorts":[8443]}}"#), Some("network.httpsPorts"));
     }
 

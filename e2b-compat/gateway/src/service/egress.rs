@@ -13,6 +13,7 @@ impl Sandboxes {
     /// sandbox paused without memory gets it when it resumes.
     pub async fn update_network(&self, caller: &Caller, id: &str, request: NetworkRequest) -> Result<SandboxRecord> {
         let policy = request.policy()?;
+        self.addresses.check_upstream(&policy)?;
         let mut record = self.get(caller, id)?;
         let attached = !record.has_no_processes();
         // Without a network the sandbox has no egress at all, which every
