@@ -14,6 +14,7 @@ reaches the same IPv4 listener), and the children see a resolv.conf naming
 only loopback: no lookup leaves the machine even if one slips past the
 hosts file."""
 
+import ipaddress
 import json
 import os
 import pathlib
@@ -29,7 +30,7 @@ import pytest
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect as websocket_connect
 
-from conftest import API_KEY, COPSE, DATA_DIR, Gateway, share_templates
+from conftest import API_KEY, BRIDGE, COPSE, DATA_DIR, SUBNET, Gateway, share_templates
 
 HOSTS = pathlib.Path("/etc/hosts")
 
@@ -95,15 +96,20 @@ def domain_mode(gateway, tmp_path_factory):
     share_templates(data_dir)
     gw = Gateway(data_dir, host=address, port=443)
     hosts = HostsFile(address, domain)
+    # A network of its own: a bridge belongs to one gateway at a time.
+    bridge = f"{BRIDGE[:9]}d"
+    subnet = f"10.{(ipaddress.ip_network(SUBNET).network_address.packed[1] + 140) % 256}.0.0/16"
     try:
         hosts.add(f"api.{domain}")
         gw.start(extra_args=["--domain", domain, "--tls-cert", str(tls_dir / "cert.pem"),
-                             "--tls-key", str(tls_dir / "key.pem")])
+                             "--tls-key", str(tls_dir / "key.pem"), "--bridge", bridge, "--subnet", subnet])
         yield {"domain": domain, "address": address, "ca": tls_dir / "ca.pem", "hosts": hosts,
                "resolv_conf": resolv_conf}
     finally:
         gw.stop()
         hosts.clean()
+        subprocess.run(["nft", "delete", "table", "inet", f"copse_{bridge}"], capture_output=True)
+        subprocess.run(["ip", "link", "del", bridge], capture_output=True)
 
 
 def sdk(domain_mode, script: str, *args: str, stdin: str = "") -> dict:

@@ -391,3 +391,24 @@ def test_a_fork_of_an_air_gapped_sandbox_is_blocked_from_its_first_instant(gatew
     finally:
         for sbx in [source, *children]:
             sbx.kill()
+
+
+def test_a_second_gateway_on_a_bridge_in_use_is_refused_and_leaves_the_first_ones_sandboxes_alone(gateway):
+    """Starting, a gateway rewrites its bridge's table for its own sandboxes
+    and deletes the veths of any others: on a bridge another live gateway
+    drives, that would cut every one of its sandboxes off."""
+    from conftest import Gateway, second_data_dir
+
+    sandbox = Sandbox.create(template="base")
+    try:
+        links = "ls /sys/class/net"
+        before = sandbox.commands.run(links).stdout.split()
+        assert [name for name in before if name != "lo"]
+        intruder = Gateway(second_data_dir("intruder"))
+        with pytest.raises(RuntimeError, match="exited"):
+            intruder.start()
+        assert f"bridge {BRIDGE} is in use by another copse process" in (
+            intruder.data_dir / "gateway.log").read_text()
+        assert sandbox.commands.run(links).stdout.split() == before
+    finally:
+        sandbox.kill()

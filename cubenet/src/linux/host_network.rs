@@ -9,6 +9,7 @@
 //! ([`super::janitor`]).
 
 use std::collections::HashMap;
+use std::fs::File;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
@@ -21,6 +22,7 @@ use crate::linux::tools::{ip_batch, nft_apply, nft_table_exists};
 use crate::net::{Attachment, NetConfig, SandboxNetwork};
 use crate::policy::{Policy, ResolvedPolicy};
 use anyhow::{Context, bail};
+use nix::fcntl::{Flock, FlockArg};
 
 struct Attached {
     attachment: Attachment,
@@ -36,12 +38,38 @@ pub struct HostNetwork {
     attached: AttachedMap,
     janitor: Arc<Janitor>,
     proxy: EgressProxy,
+    _claim: Flock<File>,
+}
+
+/// Where each live network's claim on its bridge is held (`/run` is
+/// emptied at boot, and the kernel drops a dead process's lock).
+const CLAIMS_DIR: &str = "/run/copse/networks";
+
+/// Claims `bridge` for this process until it exits. A second gateway on the
+/// same bridge would rewrite the table for its own sandboxes only (pointing
+/// the redirect at its own proxy) and delete the first one's veths as
+/// strays; it is refused instead.
+fn claim(bridge: &str) -> anyhow::Result<Flock<File>> {
+    std::fs::create_dir_all(CLAIMS_DIR).with_context(|| format!("creating {CLAIMS_DIR}"))?;
+    let path = Path::new(CLAIMS_DIR).join(format!("{bridge}.lock"));
+    let file = File::options()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .with_context(|| format!("opening {}", path.display()))?;
+    Flock::lock(file, FlockArg::LockExclusiveNonblock).map_err(|(_, errno)| {
+        anyhow::anyhow!(
+            "bridge {bridge} is in use by another copse process ({errno}); give this one its own --bridge and --subnet"
+        )
+    })
 }
 
 impl HostNetwork {
     /// Creates the bridge (and an empty table) unless they exist; leaves
     /// existing rules alone until [`Self::reconcile`].
     pub fn open(cfg: NetConfig) -> anyhow::Result<Self> {
+        let claim = claim(&cfg.bridge)?;
         let bridge = &cfg.bridge;
         if !Path::new("/sys/class/net").join(bridge).exists() {
             ip_batch(&format!("link add {bridge} type bridge\n"))?;
@@ -55,7 +83,7 @@ impl HostNetwork {
         let janitor = Janitor::start(cfg.clone())?;
         let attached: AttachedMap = Arc::default();
         let proxy = EgressProxy::start(cfg.clone(), policies_of(attached.clone()))?;
-        let network = Self { cfg, attached, janitor, proxy };
+        let network = Self { cfg, attached, janitor, proxy, _claim: claim };
         // An existing table is rewritten by `reconcile`, which a restarted
         // gateway runs before attaching anything (it also points the
         // redirect at this proxy's port).
