@@ -40,9 +40,11 @@ pub trait Store: Send + Sync {
     /// Every built template of every team, ordered by id.
     fn built_templates(&self) -> anyhow::Result<Vec<TemplateRecord>>;
     fn remove_template(&self, id: &str) -> anyhow::Result<bool>;
-    /// Inserts or replaces a built template's tags and visibility (by its
-    /// id).
-    fn put_template_labels(&self, labels: &TemplateLabels) -> anyhow::Result<()>;
+    /// Writes a built template's tags and visibility (by its id) if the
+    /// stored row is still at `labels.revision - 1` (a missing row counts
+    /// as revision 0); false, writing nothing, when another write came
+    /// first.
+    fn swap_template_labels(&self, labels: &TemplateLabels) -> anyhow::Result<bool>;
     fn template_labels(&self, id: &str) -> anyhow::Result<Option<TemplateLabels>>;
     fn remove_template_labels(&self, id: &str) -> anyhow::Result<bool>;
 

@@ -63,6 +63,12 @@ pub struct TemplateLabels {
     /// booting the old build's files until no tag names that build.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub kept_images: Vec<KeptImage>,
+    /// Bumped by every write, which names the revision it read: of two
+    /// edits that read the same labels (two tag requests, a build ending),
+    /// the second to write finds the row moved on and starts again from it
+    /// instead of undoing the first. Rows from before revisions read as 0.
+    #[serde(default)]
+    pub revision: u64,
 }
 
 /// The image of a build that is no longer the template's latest.

@@ -319,3 +319,36 @@ async fn a_pooled_sandbox_whose_service_runs_goes_only_to_a_caller_asking_for_th
     assert!(f.svc.take_pooled(CODE_INTERPRETER, &policy).await.is_none());
     assert_eq!(f.svc.pools[0].ready(), 1, "the pooled sandbox waits for a caller it suits");
 }
+
+#[tokio::test]
+async fn a_label_edit_that_lost_a_race_runs_again_on_the_winners_labels() {
+    let f = fixture(&[]);
+    let record: crate::model::TemplateRecord = serde_json::from_value(serde_json::json!({
+        "id": "t1", "team": "acme", "name": "app", "created_at_ms": 0, "build_count": 1, "upload_token": "u",
+        "build": { "id": "b1", "status": "ready", "log": [], "created_at_ms": 0, "updated_at_ms": 0,
+                   "cpu_count": 1, "memory_mb": 512 }
+    }))
+    .unwrap();
+    let mut runs = 0;
+    let (labels, ()) = f
+        .svc
+        .change_labels(&record, |labels| {
+            runs += 1;
+            if runs == 1 {
+                // Another edit reads and writes between this one's read and
+                // its write.
+                f.svc
+                    .change_labels(&record, |other| {
+                        other.public = true;
+                        Ok(())
+                    })
+                    .unwrap();
+            }
+            labels.assign("v1", "b1", "a1".into(), 0)
+        })
+        .unwrap();
+    assert_eq!(runs, 2);
+    assert!(labels.public, "the other edit was undone");
+    assert_eq!(labels.tag("v1").map(|t| t.build_id()), Some("b1"));
+    assert_eq!(labels.revision, 2);
+}

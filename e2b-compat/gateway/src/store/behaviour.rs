@@ -272,9 +272,17 @@ pub fn templates_are_found_by_id_and_by_name_within_their_team(db: &dyn Backend)
     assert_eq!(store.template_named("other", "py").unwrap().unwrap().id, "t2");
     assert!(store.template_named("nobody", "py").unwrap().is_none());
     assert_eq!(db.open().built_templates().unwrap().len(), 2);
-    let labels = TemplateLabels { public: true, ..TemplateLabels::new("t1", "acme") };
-    store.put_template_labels(&labels).unwrap();
-    assert_eq!(db.open().template_labels("t1").unwrap(), Some(labels));
+    let labels = TemplateLabels { public: true, revision: 1, ..TemplateLabels::new("t1", "acme") };
+    assert!(store.swap_template_labels(&labels).unwrap());
+    assert_eq!(db.open().template_labels("t1").unwrap(), Some(labels.clone()));
+    // Two edits that read revision 1: the second to write loses and
+    // changes nothing.
+    let first = TemplateLabels { public: false, revision: 2, ..labels.clone() };
+    let second = TemplateLabels { image_build: Some("b0".into()), revision: 2, ..labels.clone() };
+    assert!(db.open().swap_template_labels(&first).unwrap());
+    assert!(!store.swap_template_labels(&second).unwrap());
+    assert!(!store.swap_template_labels(&labels).unwrap(), "a first write must find no row");
+    assert_eq!(store.template_labels("t1").unwrap(), Some(first));
     assert!(store.remove_template_labels("t1").unwrap());
     assert!(store.template_labels("t1").unwrap().is_none());
     assert!(store.remove_template("t1").unwrap());

@@ -320,8 +320,18 @@ impl Store for PostgresStore {
         self.delete_by_id(Table::Templates, id)
     }
 
-    fn put_template_labels(&self, labels: &TemplateLabels) -> anyhow::Result<()> {
-        self.upsert_by_id(Table::TemplateLabels, &labels.id, labels)
+    fn swap_template_labels(&self, labels: &TemplateLabels) -> anyhow::Result<bool> {
+        let (id, json) = (labels.id.clone(), serde_json::to_string(labels)?);
+        let read = labels.revision.saturating_sub(1) as i64;
+        self.run(move |c| {
+            let written = c.execute(
+                "INSERT INTO template_labels (id, record) VALUES ($1, $2)
+                 ON CONFLICT (id) DO UPDATE SET record = excluded.record
+                 WHERE COALESCE((template_labels.record::jsonb ->> 'revision')::bigint, 0) = $3",
+                &[&id, &json, &read],
+            )?;
+            Ok(written > 0)
+        })
     }
 
     fn template_labels(&self, id: &str) -> anyhow::Result<Option<TemplateLabels>> {

@@ -279,8 +279,16 @@ impl Store for SqliteStore {
         delete_by_id(&self.lock(), Table::BuildLayers, key)
     }
 
-    fn put_template_labels(&self, labels: &TemplateLabels) -> anyhow::Result<()> {
-        upsert_by_id(&self.lock(), Table::TemplateLabels, &labels.id, labels)
+    fn swap_template_labels(&self, labels: &TemplateLabels) -> anyhow::Result<bool> {
+        let json = serde_json::to_string(labels)?;
+        let read = labels.revision.saturating_sub(1) as i64;
+        let written = self.lock().execute(
+            "INSERT INTO template_labels (id, record) VALUES (?1, ?2)
+             ON CONFLICT(id) DO UPDATE SET record = excluded.record
+             WHERE COALESCE(json_extract(template_labels.record, '$.revision'), 0) = ?3",
+            params![labels.id, json, read],
+        )?;
+        Ok(written > 0)
     }
 
     fn template_labels(&self, id: &str) -> anyhow::Result<Option<TemplateLabels>> {

@@ -169,8 +169,8 @@ impl Store for Indexed {
         self.inner.remove_build_layer(key)
     }
 
-    fn put_template_labels(&self, labels: &TemplateLabels) -> anyhow::Result<()> {
-        self.inner.put_template_labels(labels)
+    fn swap_template_labels(&self, labels: &TemplateLabels) -> anyhow::Result<bool> {
+        self.inner.swap_template_labels(labels)
     }
 
     fn template_labels(&self, id: &str) -> anyhow::Result<Option<TemplateLabels>> {

@@ -7,6 +7,9 @@
 //! removes a layer only once nothing stacks on it).
 
 use super::Sandboxes;
+
+/// How many times a label edit starts again after losing a race.
+const LABEL_WRITE_ATTEMPTS: usize = 16;
 use crate::model::{
     BuildStatus, Caller, DEFAULT_TAG, Result, SandboxError, Tag, TemplateLabels, TemplateRecord, new_uuid,
     normalize_tags, now_ms, split_tag, split_template_name,
@@ -36,6 +39,26 @@ impl Sandboxes {
         Ok(self.store.template_labels(&record.id)?.unwrap_or_else(|| TemplateLabels::new(&record.id, &record.team)))
     }
 
+    /// Applies `change` to the template's labels and writes them; when
+    /// another write got in between (another gateway's too), `change` runs
+    /// again on what that write left. Returns what the written labels and
+    /// the last run of `change` gave.
+    pub(in crate::service) fn change_labels<T>(
+        &self,
+        record: &TemplateRecord,
+        mut change: impl FnMut(&mut TemplateLabels) -> Result<T>,
+    ) -> Result<(TemplateLabels, T)> {
+        for _ in 0..LABEL_WRITE_ATTEMPTS {
+            let mut labels = self.template_labels(record)?;
+            let outcome = change(&mut labels)?;
+            labels.revision += 1;
+            if self.store.swap_template_labels(&labels)? {
+                return Ok((labels, outcome));
+            }
+        }
+        Err(SandboxError::Conflict(format!("the tags of template {} kept changing meanwhile; try again", record.name)))
+    }
+
     /// The tags a new build of `name` (maybe `name:tag`) gets: its own, the
     /// request's extra ones, else the default tag.
     pub(super) fn build_tags(name: &str, extra: &[String]) -> Result<Vec<String>> {
@@ -55,15 +78,16 @@ impl Sandboxes {
         record: &TemplateRecord,
         tags: &[String],
     ) -> Result<TemplateLabels> {
-        let mut labels = self.template_labels(record)?;
-        if let Some(previous) = previous {
-            labels.image_build = image_build(previous, &labels).map(str::to_string);
-        }
-        let now = now_ms();
-        for tag in tags {
-            labels.assign(tag, &record.build.id, new_uuid(), now)?;
-        }
-        self.store.put_template_labels(&labels)?;
+        let (labels, ()) = self.change_labels(record, |labels| {
+            if let Some(previous) = previous {
+                labels.image_build = image_build(previous, labels).map(str::to_string);
+            }
+            let now = now_ms();
+            for tag in tags {
+                labels.assign(tag, &record.build.id, new_uuid(), now)?;
+            }
+            Ok(())
+        })?;
         Ok(labels)
     }
 
@@ -74,16 +98,16 @@ impl Sandboxes {
         let (bare, source) = split_tag(target)?;
         let source = source.unwrap_or_else(|| DEFAULT_TAG.into());
         let record = self.built_template(caller, bare)?;
-        let mut labels = self.template_labels(&record)?;
-        let build = tag_build(&record, &labels, &source)
-            .ok_or_else(|| SandboxError::TemplateNotFound(format!("{bare}:{source}")))?
-            .to_string();
-        let now = now_ms();
-        for tag in &tags {
-            labels.assign(tag, &build, new_uuid(), now)?;
-        }
-        let untagged = labels.take_untagged();
-        self.store.put_template_labels(&labels)?;
+        let (_, (build, untagged)) = self.change_labels(&record, |labels| {
+            let build = tag_build(&record, labels, &source)
+                .ok_or_else(|| SandboxError::TemplateNotFound(format!("{bare}:{source}")))?
+                .to_string();
+            let now = now_ms();
+            for tag in &tags {
+                labels.assign(tag, &build, new_uuid(), now)?;
+            }
+            Ok((build, labels.take_untagged()))
+        })?;
         self.drop_images(untagged).await;
         Ok((build, tags))
     }
@@ -92,14 +116,14 @@ impl Sandboxes {
     pub async fn remove_tags(&self, caller: &Caller, name: &str, tags: &[String]) -> Result<()> {
         let tags = normalize_tags(tags)?;
         let record = self.built_template(caller, name)?;
-        let mut labels = self.template_labels(&record)?;
-        for tag in &tags {
-            if !labels.remove(tag) {
-                return Err(SandboxError::TemplateNotFound(format!("{}:{tag}", record.name)));
+        let (_, untagged) = self.change_labels(&record, |labels| {
+            for tag in &tags {
+                if !labels.remove(tag) {
+                    return Err(SandboxError::TemplateNotFound(format!("{}:{tag}", record.name)));
+                }
             }
-        }
-        let untagged = labels.take_untagged();
-        self.store.put_template_labels(&labels)?;
+            Ok(labels.take_untagged())
+        })?;
         self.drop_images(untagged).await;
         Ok(())
     }
@@ -114,9 +138,10 @@ impl Sandboxes {
     /// `PATCH /templates/{id}`: only its own team may.
     pub fn set_public(&self, caller: &Caller, id_or_name: &str, public: bool) -> Result<TemplateRecord> {
         let record = self.built_template(caller, id_or_name)?;
-        let mut labels = self.template_labels(&record)?;
-        labels.public = public;
-        self.store.put_template_labels(&labels)?;
+        self.change_labels(&record, |labels| {
+            labels.public = public;
+            Ok(())
+        })?;
         Ok(record)
     }
 

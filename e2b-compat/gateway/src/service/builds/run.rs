@@ -248,26 +248,21 @@ impl Sandboxes {
     /// points at its build; kept images the new build's tags moved away
     /// from go.
     async fn settle_replaced_image(&self, record: &TemplateRecord, old: Option<Image>) {
-        let mut labels = match self.template_labels(record) {
-            Ok(labels) => labels,
-            Err(e) => {
-                tracing::warn!("reading the tags of template {}: {e}", record.id);
-                return self.drop_image(old).await;
+        let settled = self.change_labels(record, |labels| {
+            let mut dropped = labels.take_untagged();
+            if let Some(old) = old.clone() {
+                match labels.image_build.clone() {
+                    Some(build) => dropped.extend(labels.keep_if_tagged(&build, old)),
+                    None => dropped.push(old),
+                }
             }
-        };
-        let mut dropped = labels.take_untagged();
-        if let Some(old) = old {
-            match labels.image_build.clone() {
-                Some(build) => dropped.extend(labels.keep_if_tagged(&build, old)),
-                None => dropped.push(old),
-            }
-        }
-        if let Err(e) = self.store.put_template_labels(&labels) {
+            Ok(dropped)
+        });
+        match settled {
+            Ok((_, dropped)) => self.drop_images(dropped).await,
             // Unrecorded, a kept image would be an orphan: delete none.
-            tracing::warn!("recording the kept images of template {}: {e:#}", record.id);
-            return;
+            Err(e) => tracing::warn!("recording the kept images of template {}: {e:#}", record.id),
         }
-        self.drop_images(dropped).await;
     }
 
     async fn drop_image(&self, image: Option<Image>) {
