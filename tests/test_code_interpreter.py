@@ -283,9 +283,14 @@ def test_with_no_pool_a_create_restores_the_warm_kernel_with_its_own_identity(ga
             assert server_ready_at(sbx) < asked_at
         assert hosts[0] != hosts[1]
         assert first._envd_access_token != second._envd_access_token
-        # One snapshot, many kernels: Python's random state is not shared.
-        draws = [sbx.run_code("import random\nrandom.getrandbits(64)").text for sbx in (first, second)]
-        assert draws[0] != draws[1]
+        # One snapshot, many kernels: no random state is shared, neither
+        # Python's nor the OpenSSL generator in its process, nor JavaScript's
+        # (V8's Math.random, and OpenSSL's behind Node's `crypto`).
+        python = "import random, ssl\nf'{random.getrandbits(64)} {ssl.RAND_bytes(16).hex()}'"
+        javascript = "[Math.random(), require('node:crypto').randomUUID()].join(' ')"
+        for code, language in ((python, "python"), (javascript, "js")):
+            draws = [sbx.run_code(code, language=language).text.strip("'").split() for sbx in (first, second)]
+            assert len(draws[0]) == 2 and all(a != b for a, b in zip(*draws)), (language, draws)
         # The kernel is the same process as before the first cell: the
         # cell above ran in it, state persists.
         assert first.run_code("x = 6 * 7").error is None

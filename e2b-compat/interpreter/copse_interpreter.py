@@ -57,8 +57,11 @@ declarations persist, the last expression is the result and top-level
 ``await`` works; TypeScript is transpiled by the ``typescript`` module first.
 The process is driven like bash: a JSON command per line on stdin, sentinels
 on both output streams, the cell's result or error in a file. The default
-JavaScript context starts in the background once the server is ready, so a
-first JavaScript call finds it warm. They are offered when ``node`` is installed (the code-interpreter template installs
+JavaScript context starts in the background at the server's first request
+other than ``/health``, not at its start: a Node.js process keeps random state
+that cannot be reseeded (V8's ``Math.random``, and the OpenSSL generator behind
+``crypto``), and a server started in a template's memory snapshot is restored
+into every sandbox of that template, which would then share it. They are offered when ``node`` is installed (the code-interpreter template installs
 it). R and Java (which need kernels from outside the package registries) get
 a 400 "language not supported".
 
@@ -1270,7 +1273,6 @@ class Registry:
         self.default_locks = {lang: threading.Lock() for lang in SUPPORTED_LANGUAGES}
         self.ready = threading.Event()
         self.ready_at = None
-        self.settled = threading.Event()
 
     def create(self, language, cwd):
         check_language(language)
@@ -1421,6 +1423,12 @@ class Handler(http.server.BaseHTTPRequestHandler):
                 self.read_body()
                 self.send_json(401, {"code": 401, "message": "unauthorized access, please provide a valid access token"})
                 return
+            if path != "/health":
+                # The first request after a restore (or a boot) comes from
+                # the sandbox's own user; warming on it never delays a
+                # sandbox, and a Node.js start is most of a first
+                # JavaScript call.
+                warm_after_restore()
             if route is None:
                 # Drain any body so the connection stays usable.
                 self.read_body()
@@ -1493,12 +1501,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
     # -- routes --------------------------------------------------------------
 
     def get_health(self):
-        # ``?settled=1``: the contexts warmed in the background are ready
-        # too. A memory snapshot of a warm server waits for it, so it never
-        # catches a kernel half-started.
-        query = urllib.parse.parse_qs(urllib.parse.urlsplit(self.path).query)
-        event = REGISTRY.settled if query.get("settled") == ["1"] else REGISTRY.ready
-        if event.is_set():
+        if REGISTRY.ready.is_set():
             # When the default kernel became ready: a sandbox restored from
             # a memory snapshot reports a time before its own creation.
             self.send_json(200, "OK", headers={READY_AT_HEADER: f"{REGISTRY.ready_at:.6f}"})
@@ -1601,9 +1604,20 @@ def warm_default(language):
         log.exception("warming the default %s context failed; it starts on first use", language)
 
 
-def warm_then_settle(language):
-    warm_default(language)
-    REGISTRY.settled.set()
+_warm_after_restore = threading.Lock()
+_warmed_after_restore = False
+
+
+def warm_after_restore():
+    """Starts, once, what must not be in a memory snapshot: the default
+    JavaScript context (see the module's docstring)."""
+    global _warmed_after_restore
+    with _warm_after_restore:
+        if _warmed_after_restore:
+            return
+        _warmed_after_restore = True
+    if "javascript" in SUPPORTED_LANGUAGES:
+        threading.Thread(target=warm_default, args=("javascript",), daemon=True, name="warm-js").start()
 
 
 def main(argv=None):
@@ -1673,13 +1687,6 @@ def main(argv=None):
     REGISTRY.ready_at = time.time()
     REGISTRY.ready.set()
     log.info("ready")
-    if "javascript" in SUPPORTED_LANGUAGES:
-        # Warmed after /health turns 200, so it never delays a sandbox: a
-        # Node.js start is most of a first JavaScript call, and an idle one
-        # costs about 9 MiB of its own (its code is the template's, shared).
-        threading.Thread(target=warm_then_settle, args=("javascript",), daemon=True, name="warm-js").start()
-    else:
-        REGISTRY.settled.set()
     while True:
         time.sleep(3600)
 

@@ -45,13 +45,6 @@ pub async fn wait_ready(agent_socket: &Path, service: &Service) -> anyhow::Resul
     wait_for(agent_socket, service, service.health_path).await
 }
 
-/// Waits until the service has also finished what it warms in the
-/// background after it is ready: what a memory snapshot of it waits for,
-/// so no process is caught half-started.
-pub async fn wait_settled(agent_socket: &Path, service: &Service) -> anyhow::Result<()> {
-    wait_for(agent_socket, service, service.settled_path).await
-}
-
 async fn wait_for(agent_socket: &Path, service: &Service, path: &str) -> anyhow::Result<()> {
     let deadline = Instant::now() + READY_TIMEOUT;
     loop {

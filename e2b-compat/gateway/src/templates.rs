@@ -28,9 +28,6 @@ pub struct Service {
     pub port: u16,
     /// Answers 2xx once the service is ready.
     pub health_path: &'static str,
-    /// Answers 2xx once what the service warms in the background after it
-    /// is ready (another language's kernel) is ready too.
-    pub settled_path: &'static str,
 }
 
 pub fn recipes() -> Vec<Recipe> {
@@ -89,7 +86,6 @@ pub fn service(template: &str) -> Option<Service> {
         user: INTERPRETER_USER,
         port: INTERPRETER_PORT,
         health_path: "/health",
-        settled_path: "/health?settled=1",
     })
 }
 

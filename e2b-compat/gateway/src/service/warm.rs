@@ -5,9 +5,10 @@
 //! create (~2 s) when no pooled sandbox is left. Where the substrate keeps
 //! memory, the first time a template with a service is asked for (by the
 //! warm pool's first refill, or a create), a background task boots one
-//! sandbox of it, waits until its service and everything the service warms
-//! in the background are ready, snapshots it with its memory and removes
-//! it. Every boot of the template (a create the pool cannot serve, a pool
+//! sandbox of it, waits until its service is ready, snapshots it with its
+//! memory and removes it (the service must keep out of that snapshot what
+//! each sandbox needs its own of, such as a process whose random state
+//! cannot be reseeded: the interpreter starts Node.js only after it). Every boot of the template (a create the pool cannot serve, a pool
 //! refill) restores that snapshot, its service already running, instead
 //! of booting and starting it. Boots that arrive while the snapshot is
 //! being taken wait for it rather than start a second interpreter beside
@@ -146,7 +147,7 @@ impl Sandboxes {
         self.boot_from(new_id(), template, None, Network::New(policy.clone()), false, &[]).await
     }
 
-    /// Boots a sandbox of `template`, waits until its service has settled,
+    /// Boots a sandbox of `template`, waits until its service is ready,
     /// snapshots it with its memory, removes it.
     async fn warm_up(&self, template: &str) -> Warmth {
         let support = self.substrate.capabilities_for(template).memory_snapshots;
@@ -184,7 +185,7 @@ impl Sandboxes {
         let id = new_id();
         let booted = self.boot_from(id.clone(), template, None, Network::New(sealed), false, &[]).await?;
         let taken = async {
-            services::wait_settled(&booted.agent_socket, &service).await?;
+            services::wait_ready(&booted.agent_socket, &service).await?;
             let _quiet = agent_link::quiesce(&booted.agent_socket).await;
             let mut attempt = 1;
             loop {
