@@ -1454,6 +1454,101 @@ def test_links_and_fifos_planted_in_a_volume_are_never_followed_by_the_content_a
         sbx.kill()
 
 
+def test_a_volume_export_stores_planted_links_as_links_and_never_opens_a_fifo(gateway, volume, tmp_path):
+    """Export runs as host root over files a sandbox wrote: a link to a host
+    file is stored as that link (never the file's bytes), a FIFO is skipped
+    without being opened (opening one for reading would block)."""
+    import tarfile
+
+    sbx = Sandbox.create(timeout=90, volume_mounts={"/mnt/data": volume})
+    try:
+        sbx.commands.run(
+            "cd /mnt/data && ln -s /etc/shadow shadow && ln -s / root && mkfifo pipe"
+            " && mkdir d && echo ok > d/plain && ln -s ../../../../etc/hostname d/up"
+        )
+        archive = tmp_path / "hostile.tar"
+        done = subprocess.run(
+            [str(COPSE), "volume", "export", volume.name, "--out", str(archive), "--data-dir", str(DATA_DIR)],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert done.returncode == 0, done.stderr
+        assert "skipped /pipe" in done.stderr, done.stderr
+    finally:
+        sbx.kill()
+    with tarfile.open(archive) as tar:
+        members = {m.name: m for m in tar.getmembers()}
+    assert members["data/shadow"].issym() and members["data/shadow"].linkname == "/etc/shadow"
+    assert members["data/shadow"].size == 0
+    assert members["data/root"].issym() and "data/root/etc" not in " ".join(members)
+    assert members["data/d/up"].issym() and members["data/d/plain"].isfile()
+    assert "data/pipe" not in members
+    host_shadow = pathlib.Path("/etc/shadow").read_bytes()
+    assert host_shadow[:16] not in archive.read_bytes(), "the host's file is not in the archive"
+    # Links that lead out of the volume make its import refused whole.
+    name = f"hostile-copy-{os.urandom(4).hex()}"
+    back = subprocess.run(
+        [str(COPSE), "volume", "import", str(archive), "--name", name, "--data-dir", str(DATA_DIR)],
+        capture_output=True,
+        text=True,
+    )
+    assert back.returncode != 0 and "link" in back.stderr, back.stderr
+    assert name not in subprocess.run(
+        [str(COPSE), "volume", "ls", "--data-dir", str(DATA_DIR)], capture_output=True, text=True
+    ).stdout
+
+
+def test_a_volume_import_refuses_names_and_links_that_lead_out_and_writes_nothing(gateway, tmp_path):
+    """A crafted archive: `..` and absolute names, a link to a host dir then
+    a file through it, a hard link to a host file, a device node. Each is
+    refused whole; no file appears outside and no volume is left."""
+    import tarfile
+
+    from test_volumes import tar_member, volume_manifest
+
+    marker = f"copse-import-escape-{os.urandom(4).hex()}"
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    volumes_dir = DATA_DIR / "disk" / ".volumes"
+    before = set(os.listdir(volumes_dir)) if volumes_dir.exists() else set()
+    attacks = {
+        "dot-dot": tar_member(f"data/../../../../../..{outside}/{marker}", b"x"),
+        "absolute": tar_member(f"{outside}/{marker}", b"x"),
+        "outside data": tar_member(f"../{marker}", b"x"),
+        "link then write": tar_member("data/l", type=tarfile.SYMTYPE, linkname=str(outside))
+        + tar_member(f"data/l/{marker}", b"x"),
+        "relative link then write": tar_member("data/d", type=tarfile.DIRTYPE)
+        + tar_member("data/d/up", type=tarfile.SYMTYPE, linkname="..")
+        + tar_member("data/d/out", type=tarfile.SYMTYPE, linkname="up/.."),
+        "write through a link inside": tar_member("data/here", type=tarfile.SYMTYPE, linkname=".")
+        + tar_member(f"data/here/{marker}", b"x"),
+        "hard link": tar_member("data/h", type=tarfile.LNKTYPE, linkname="/etc/shadow"),
+        "relative hard link": tar_member("data/h", type=tarfile.LNKTYPE, linkname="data/../../../../../../etc/shadow"),
+        "device": tar_member("data/null", type=tarfile.CHRTYPE, devmajor=1, devminor=3),
+        "fifo": tar_member("data/pipe", type=tarfile.FIFOTYPE),
+    }
+    for what, body in attacks.items():
+        name = f"hostile-import-{os.urandom(4).hex()}"
+        archive = tmp_path / "attack.tar"
+        archive.write_bytes(tar_member("copse-volume.json", volume_manifest(name)) + body + b"\0" * 1024)
+        done = subprocess.run(
+            [str(COPSE), "volume", "import", str(archive), "--data-dir", str(DATA_DIR)],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert done.returncode != 0, (what, done.stdout)
+        assert "refused" in done.stderr, (what, done.stderr)
+        assert not list(outside.iterdir()), what
+        assert not pathlib.Path(f"/{marker}").exists() and not (DATA_DIR / marker).exists(), what
+        after = set(os.listdir(volumes_dir)) if volumes_dir.exists() else set()
+        assert after == before, (what, after - before)
+        listed = subprocess.run([str(COPSE), "volume", "ls", "--data-dir", str(DATA_DIR)], capture_output=True, text=True)
+        assert name not in listed.stdout, what
+    assert pathlib.Path("/etc/shadow").stat().st_nlink == 1
+
+
 def test_a_volume_mount_never_follows_a_link_in_the_sandboxs_tree(gateway, volume):
     """The mount point is the sandbox's: a snapshot whose /mnt is a link to
     the host's /tmp must not carry the volume, or a directory made for it,

@@ -6,9 +6,11 @@ own token), with or without a sandbox mounting the volume. Attacks through
 a volume are in test_hostile.py."""
 
 import io
+import json
 import os
 import secrets
 import subprocess
+import tarfile
 
 import httpx
 import pytest
@@ -52,6 +54,7 @@ def volumes(gateway):
         return vol
 
     make.sandboxes = sandboxes
+    make.made = made
     yield make
     for sbx in sandboxes:
         try:
@@ -270,3 +273,99 @@ def test_a_volume_holds_no_more_than_its_teams_max_disk_gb(volumes):
     assert "Disk quota exceeded" in fill and "rc=0" not in fill, fill
     with pytest.raises(VolumeException, match="507"):
         vol.write_file("/more.bin", secrets.token_bytes(64 << 20))
+
+
+def tar_member(name: str, data: bytes = b"", size=None, **fields) -> bytes:
+    """One raw tar member (header, then its data padded to 512 bytes), for
+    archives `tarfile` would not write: a size with no data behind it,
+    names it would clean up."""
+    info = tarfile.TarInfo(name)
+    info.size = len(data) if size is None else size
+    for key, value in fields.items():
+        setattr(info, key, value)
+    return info.tobuf(format=tarfile.GNU_FORMAT) + data + b"\0" * (-len(data) % 512)
+
+
+def volume_manifest(name: str, team: str = "default") -> bytes:
+    return json.dumps(
+        {"format": "copse-volume 1", "id": "x", "name": name, "team": team,
+         "created_at_ms": 1, "quota_bytes": 1, "exported_at_ms": 1}
+    ).encode()
+
+
+def imported(volumes, output: str) -> Volume:
+    """The volume `copse volume import` reported, deleted after the test."""
+    volume_id = output.split()[2]
+    vol = Volume.connect(volume_id)
+    volumes.made.append((vol, {}))
+    return vol
+
+
+def test_an_exported_volume_imports_under_a_new_name_with_the_same_files(volumes, tmp_path):
+    vol = volumes()
+    vol.write_file("/docs/readme.md", "# hello")
+    blob = secrets.token_bytes(3 << 20)
+    vol.write_file("/data/blob.bin", io.BytesIO(blob))
+    vol.update_metadata("/docs/readme.md", mode=0o600, uid=0, gid=0)
+    sbx = mounted(volumes, vol)
+    sbx.commands.run("cd /mnt/data && ln -s docs/readme.md link && mkdir -p empty/deeper")
+
+    # Exported while the gateway runs and a sandbox mounts it.
+    archive = tmp_path / "vol.tar"
+    copse("volume", "export", vol.name, "--out", str(archive))
+    with tarfile.open(archive) as tar:
+        members = tar.getmembers()
+        manifest = json.load(tar.extractfile("copse-volume.json"))
+    assert members[0].name == "copse-volume.json"
+    assert (manifest["name"], manifest["team"], manifest["id"]) == (vol.name, "default", vol.volume_id)
+    assert manifest["quota_bytes"] > 0 and manifest["created_at_ms"] > 0
+    assert vol.token not in archive.read_bytes().decode("latin-1"), "the token never leaves the host"
+    link = next(m for m in members if m.name == "data/link")
+    assert link.issym() and link.linkname == "docs/readme.md"
+
+    copy = imported(volumes, copse("volume", "import", str(archive), "--name", unique("copy")))
+    assert copy.volume_id != vol.volume_id and copy.token != vol.token
+    assert copy.read_file("/docs/readme.md") == "# hello"
+    assert copy.read_file("/data/blob.bin", format="bytes") == blob
+    readme = copy.get_info("/docs/readme.md")
+    assert (readme.mode, readme.uid, readme.gid) == (0o600, 0, 0)
+    listed = {e.name: e for e in copy.list("/", depth=2)}
+    assert listed["link"].type == VolumeFileType.SYMLINK and listed["link"].target == "docs/readme.md"
+    assert listed["deeper"].type == VolumeFileType.DIRECTORY
+    # Mounted, the copy reads as the original did.
+    reader = mounted(volumes, copy)
+    assert reader.commands.run("cat /mnt/data/link", user="root").stdout == "# hello"
+
+    # The same name again is refused; stdin works.
+    again = subprocess.run(
+        [str(COPSE), "volume", "import", str(archive), "--name", copy.name, "--data-dir", str(DATA_DIR)],
+        capture_output=True,
+        text=True,
+    )
+    assert again.returncode != 0 and "already" in again.stderr, again.stderr
+    piped = subprocess.run(
+        [str(COPSE), "volume", "import", "-", "--name", unique("piped"), "--data-dir", str(DATA_DIR)],
+        input=archive.read_bytes(),
+        capture_output=True,
+    )
+    assert piped.returncode == 0, piped.stderr
+    assert imported(volumes, piped.stdout.decode()).read_file("/docs/readme.md") == "# hello"
+
+
+def test_an_import_larger_than_the_teams_volume_quota_is_refused_whole(volumes, tmp_path):
+    team = unique("vqi")
+    copse("keys", "create", "--team", team)
+    copse("teams", "set", team, "--max-disk-gb", "1")
+    name = unique("too-big")
+    # The header claims 2 GiB; the refusal comes before any byte is read.
+    archive = tmp_path / "big.tar"
+    archive.write_bytes(
+        tar_member("copse-volume.json", volume_manifest(name, team))
+        + tar_member("data/small.txt", b"small")
+        + tar_member("data/huge.bin", size=2 << 30)
+    )
+    done = subprocess.run(
+        [str(COPSE), "volume", "import", str(archive), "--data-dir", str(DATA_DIR)], capture_output=True, text=True
+    )
+    assert done.returncode != 0 and "quota" in done.stderr, done.stderr
+    assert name not in copse("volume", "ls"), "nothing of a refused import is kept"

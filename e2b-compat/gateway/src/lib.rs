@@ -28,4 +28,5 @@ pub mod templates;
 pub mod tenancy;
 pub mod tls;
 pub mod vault;
+pub mod volume_archive;
 pub mod volume_files;

@@ -144,7 +144,8 @@ enum Command {
         #[command(subcommand)]
         command: SnapshotCommand,
     },
-    /// Persistent volumes: list them, delete one no sandbox mounts.
+    /// Persistent volumes: list them, delete one no sandbox mounts, move
+    /// one between hosts as a tar stream.
     Volume {
         #[command(subcommand)]
         command: VolumeCommand,
@@ -363,6 +364,37 @@ enum VolumeCommand {
         volume: String,
         #[arg(long, default_value = copse_gateway::model::DEFAULT_TEAM)]
         team: String,
+        #[command(flatten)]
+        paths: Paths,
+    },
+    /// Write a volume as a tar stream: copse-volume.json (name, team,
+    /// created, quota; never its token), then its tree under data/. Links
+    /// are stored as links; FIFOs, sockets and devices are skipped. Safe
+    /// while the gateway runs; each file is copied as it is when opened
+    /// (pause the sandboxes mounting it for a point-in-time copy).
+    Export {
+        /// Its id, or its name in --team.
+        volume: String,
+        #[arg(long, default_value = copse_gateway::model::DEFAULT_TEAM)]
+        team: String,
+        /// Where to write ("-": stdout, the default).
+        #[arg(long, default_value = "-")]
+        out: PathBuf,
+        #[command(flatten)]
+        paths: Paths,
+    },
+    /// Make a new volume from an export (a new id and token). Refuses
+    /// absolute or `..` names, devices, FIFOs, links leading out of the
+    /// volume and more bytes than the team's volume quota, leaving nothing.
+    Import {
+        /// The export ("-": stdin).
+        file: PathBuf,
+        /// Its name (default: the exported volume's).
+        #[arg(long)]
+        name: Option<String>,
+        /// Its team (default: the exported volume's).
+        #[arg(long)]
+        team: Option<String>,
         #[command(flatten)]
         paths: Paths,
     },
@@ -654,6 +686,66 @@ fn volume(command: VolumeCommand) -> anyhow::Result<()> {
             substrate.delete_volume(&record.id)?;
             store.remove_volume(&record.id)?;
             println!("deleted volume {} ({}, team {})", record.id, record.name, record.team);
+            Ok(())
+        }
+        VolumeCommand::Export { volume, team, out, paths } => {
+            let (store, substrate) = open(paths)?;
+            let record = match store.volume(&volume)? {
+                Some(record) => record,
+                None => store
+                    .volume_named(&team, &volume)?
+                    .with_context(|| format!("no volume {volume:?} (by id, or by name in team {team})"))?,
+            };
+            let users = mounting(&*store, &record.id)?;
+            if !users.is_empty() {
+                eprintln!(
+                    "note: sandbox {} mounts {}: files written during the export are copied as they were when \
+                     opened (pause or kill them for a point-in-time copy)",
+                    users.join(", "),
+                    record.name
+                );
+            }
+            let mut sink: Box<dyn std::io::Write> = if out.as_os_str() == "-" {
+                Box::new(std::io::BufWriter::new(std::io::stdout().lock()))
+            } else {
+                Box::new(std::io::BufWriter::new(
+                    std::fs::File::create(&out).with_context(|| format!("creating {}", out.display()))?,
+                ))
+            };
+            let report = copse_gateway::volume_archive::export(&*store, substrate.as_ref(), &record, &mut sink)?;
+            for (path, why) in &report.skipped {
+                eprintln!("skipped {path}: {why}");
+            }
+            for path in &report.changed {
+                eprintln!("changed while read (its tail is zeros): {path}");
+            }
+            eprintln!(
+                "exported volume {} ({}, team {}): {} files, {} directories, {} links, {} bytes; {} skipped",
+                record.id,
+                record.name,
+                record.team,
+                report.files,
+                report.directories,
+                report.symlinks,
+                report.bytes,
+                report.skipped.len()
+            );
+            Ok(())
+        }
+        VolumeCommand::Import { file, name, team, paths } => {
+            let (store, substrate) = open(paths)?;
+            let mut input: Box<dyn std::io::Read> = if file.as_os_str() == "-" {
+                Box::new(std::io::BufReader::new(std::io::stdin().lock()))
+            } else {
+                Box::new(std::io::BufReader::new(
+                    std::fs::File::open(&file).with_context(|| format!("opening {}", file.display()))?,
+                ))
+            };
+            let done = copse_gateway::volume_archive::import(&*store, substrate.as_ref(), &mut input, name, team)?;
+            println!(
+                "imported volume {} ({}, team {}): {} files, {} bytes",
+                done.record.id, done.record.name, done.record.team, done.files, done.bytes
+            );
             Ok(())
         }
     }

@@ -29,6 +29,8 @@ const ID_RANGE: u32 = 65536;
 const MAX_PATH_BYTES: usize = 4096;
 /// Entries one listing returns at most, whatever its depth.
 const MAX_ENTRIES: usize = 10_000;
+/// Directories a walk descends at most (each level holds a descriptor).
+const MAX_WALK_DEPTH: usize = 256;
 
 #[derive(Debug, thiserror::Error)]
 pub enum FileError {
@@ -59,6 +61,17 @@ pub enum Kind {
     Directory,
     Symlink,
     Other,
+}
+
+/// What a walk found at one entry.
+#[derive(Debug)]
+pub enum Walked {
+    Directory,
+    /// Opened for reading, already checked to be the entry listed.
+    File(std::fs::File),
+    Symlink(String),
+    /// Not read, with why (a FIFO, socket or device; nesting too deep).
+    Skipped(&'static str),
 }
 
 /// What `stat` says about one entry, ids as the sandboxes see them.
@@ -248,6 +261,90 @@ impl VolumeFiles {
             }
         }
         Ok(())
+    }
+
+    /// Every entry under the root, parents before children, in name order;
+    /// `visit` gets each with what it is. Links are reported, never
+    /// followed; only a regular file is opened (its `fstat` must match
+    /// what the listing saw, so nothing swapped in since is read); FIFOs,
+    /// sockets and devices are reported as skipped, never opened. An entry
+    /// that vanishes mid-walk (a sandbox removed it) is left out.
+    pub fn walk(&self, visit: &mut dyn FnMut(&Entry, Walked) -> Result<()>) -> Result<()> {
+        self.walk_dir(self.open_root()?, "", 0, visit)
+    }
+
+    fn walk_dir(
+        &self,
+        dir: OwnedFd,
+        prefix: &str,
+        depth: usize,
+        visit: &mut dyn FnMut(&Entry, Walked) -> Result<()>,
+    ) -> Result<()> {
+        for name in names(&dir, if prefix.is_empty() { "/" } else { prefix })? {
+            let path = format!("{prefix}/{name}");
+            let Ok(stat) = fstatat(&dir, name.as_str(), AtFlags::AT_SYMLINK_NOFOLLOW) else { continue };
+            let entry = self.entry(&dir, &name, &path, &stat);
+            match entry.kind {
+                Kind::Directory if depth >= MAX_WALK_DEPTH => visit(&entry, Walked::Skipped("nested too deep"))?,
+                Kind::Directory => {
+                    // Swapped for a link since the stat: the open refuses it.
+                    let Ok(child) = openat(&dir, name.as_str(), dir_flags(), Mode::empty()) else { continue };
+                    visit(&entry, Walked::Directory)?;
+                    self.walk_dir(child, &path, depth + 1, visit)?;
+                }
+                Kind::File => {
+                    let flags =
+                        OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC | OFlag::O_NOCTTY;
+                    let Ok(fd) = openat(&dir, name.as_str(), flags, Mode::empty()) else { continue };
+                    let Ok(opened) = fstat(&fd) else { continue };
+                    if (opened.st_dev, opened.st_ino) != (stat.st_dev, stat.st_ino) {
+                        continue;
+                    }
+                    let entry = self.entry(&dir, &name, &path, &opened);
+                    visit(&entry, Walked::File(std::fs::File::from(fd)))?;
+                }
+                Kind::Symlink => match entry.target.clone() {
+                    Some(target) => visit(&entry, Walked::Symlink(target))?,
+                    None => continue,
+                },
+                Kind::Other => visit(&entry, Walked::Skipped("not a file, directory or link"))?,
+            }
+        }
+        Ok(())
+    }
+
+    /// A symlink at `path` to `target`, stored as given (the caller vets
+    /// it); parent directories are made as needed.
+    pub fn symlink(&self, path: &str, target: &str, owner: Owner) -> Result<()> {
+        let (dir, name, shown) = self.parent(path, Some(Owner { mode: None, ..owner }))?;
+        let name = name.ok_or_else(|| FileError::Exists("/".into()))?;
+        nix::unistd::symlinkat(target, &dir, name.as_str()).map_err(|e| walk_error(e, &shown))?;
+        let uid = self.host_id(owner.uid.unwrap_or(DEFAULT_OWNER))?;
+        let gid = self.host_id(owner.gid.unwrap_or(DEFAULT_OWNER))?;
+        nix::unistd::fchownat(
+            &dir,
+            name.as_str(),
+            Some(Uid::from_raw(uid)),
+            Some(Gid::from_raw(gid)),
+            AtFlags::AT_SYMLINK_NOFOLLOW,
+        )
+        .map_err(|e| FileError::Io(shown, e))
+    }
+
+    /// A second name `path` for the regular file at `existing`, both in
+    /// this volume; neither is followed if it is a link.
+    pub fn hard_link(&self, existing: &str, path: &str) -> Result<()> {
+        let (from_dir, from_name, from_shown) = self.parent(existing, None)?;
+        let from_name = from_name.ok_or_else(|| FileError::Invalid("the volume's root cannot be linked".into()))?;
+        let stat = fstatat(&from_dir, from_name.as_str(), AtFlags::AT_SYMLINK_NOFOLLOW)
+            .map_err(|e| walk_error(e, &from_shown))?;
+        if SFlag::from_bits_truncate(stat.st_mode) & SFlag::S_IFMT != SFlag::S_IFREG {
+            return Err(FileError::Invalid(format!("{from_shown} is not a regular file")));
+        }
+        let (dir, name, shown) = self.parent(path, Some(Owner::default()))?;
+        let name = name.ok_or_else(|| FileError::Exists("/".into()))?;
+        nix::unistd::linkat(&from_dir, from_name.as_str(), &dir, name.as_str(), AtFlags::empty())
+            .map_err(|e| walk_error(e, &shown))
     }
 
     // `mode_t` is 32 bits on Linux, 16 on FreeBSD: the cast is needed there.

@@ -48,7 +48,7 @@ pub use fork::{MAX_CLONES, MAX_FORKS};
 pub use metrics::Metric;
 pub use pause::Connected;
 pub use secrets::Secrets;
-pub use volumes::{DEFAULT_VOLUME_GB, Volumes};
+pub use volumes::{DEFAULT_VOLUME_GB, Volumes, team_volume_limit};
 
 #[derive(Debug, Default)]
 pub struct ListFilter {

@@ -11,8 +11,8 @@ use copse_substrate::Substrate;
 
 use super::Sandboxes;
 use crate::model::{
-    Caller, VolumeError, VolumeMount, VolumeRecord, VolumeStore, new_id, new_token, now_ms, validate_mount_path,
-    validate_mounts, validate_volume_name,
+    Caller, DEFAULTS_ROW, Quotas, Store, VolumeError, VolumeMount, VolumeRecord, VolumeStore, new_id, new_token,
+    now_ms, validate_mount_path, validate_mounts, validate_volume_name,
 };
 use crate::tenancy::Directory;
 use crate::volume_files::VolumeFiles;
@@ -43,8 +43,7 @@ impl Volumes {
     /// Each volume may hold up to its team's whole disk quota: the kernel
     /// refuses writes past it (not the sum over the team's volumes).
     fn limit_bytes(&self, team: &str) -> u64 {
-        let quotas = self.directory.as_ref().map(|d| d.quotas(team)).unwrap_or_default();
-        quotas.max_disk_gb.unwrap_or(DEFAULT_VOLUME_GB).saturating_mul(1 << 30)
+        limit_for(self.directory.as_ref().map(|d| d.quotas(team)).unwrap_or_default())
     }
 
     pub fn create(&self, caller: &Caller, name: &str) -> Result<VolumeRecord> {
@@ -136,6 +135,19 @@ impl Sandboxes {
             .map(|r| r.id)
             .collect())
     }
+}
+
+fn limit_for(quotas: Quotas) -> u64 {
+    quotas.max_disk_gb.unwrap_or(DEFAULT_VOLUME_GB).saturating_mul(1 << 30)
+}
+
+/// A volume's size limit in `team` read from the store, as the CLI (which
+/// has no tenancy directory) needs it: the team's own limit, else the
+/// defaults row's, else `DEFAULT_VOLUME_GB`.
+pub fn team_volume_limit(store: &dyn Store, team: &str) -> anyhow::Result<u64> {
+    let teams = store.teams()?;
+    let row = |name: &str| teams.iter().find(|t| t.name == name).map(|t| t.quotas).unwrap_or_default();
+    Ok(limit_for(row(team).or(row(DEFAULTS_ROW))))
 }
 
 /// A substrate's typed refusal keeps its meaning (no volumes on this
