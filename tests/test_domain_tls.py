@@ -97,7 +97,7 @@ def domain_mode(gateway, tmp_path_factory):
     gw = Gateway(data_dir, host=address, port=443)
     hosts = HostsFile(address, domain)
     # A network of its own: a bridge belongs to one gateway at a time.
-    bridge = f"{BRIDGE[:9]}d"
+    bridge = f"{BRIDGE[:9]}t"
     subnet = f"10.{(ipaddress.ip_network(SUBNET).network_address.packed[1] + 140) % 256}.0.0/16"
     try:
         hosts.add(f"api.{domain}")

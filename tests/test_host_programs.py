@@ -51,7 +51,7 @@ COMPUTED_SITES = {
 }
 # Started through another program (`ip netns exec … python3`, `nsenter …
 # iperf3`), so no call site names them first.
-NESTED = {"python3", "iperf3"}
+NESTED = {"python3", "iperf3", "dnsmasq"}
 
 
 def listed() -> dict:

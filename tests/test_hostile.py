@@ -1975,7 +1975,7 @@ def test_the_egress_proxy_is_no_service_and_never_reaches_the_host(egress_gatewa
     sbx = create(env, deny_out=["denied.test"])
     rules = subprocess.run(["nft", "list", "chain", "inet", f"copse_{bridge}", "prerouting"],
                            capture_output=True, text=True, check=True).stdout
-    port = int(rules.split("redirect to :")[1].split()[0])
+    port = int(rules.split("{ 80, 443 } redirect to :")[1].split()[0])
     shown = subprocess.run(["ip", "-4", "-o", "addr", "show", "dev", bridge], capture_output=True, text=True).stdout
     gateway_addr = shown.split(" inet ")[1].split("/")[0]
     listener = sockets.socket()
@@ -2098,4 +2098,79 @@ def test_a_tunnelled_sandbox_never_holds_its_upstream_password(socks_world):
         found = sbx.commands.run(f"python3 /tmp/find.py {needle}", user="root").stdout
         assert found.strip() == "0", found
     finally:
+        sbx.kill()
+
+
+# copse's resolver (test_dns.py) answers every sandbox's port 53 on the
+# host: one sandbox's flood must not starve another's queries, and the
+# addresses it relays open nothing.
+from test_dns import HOST_ADDR, air_gapped, dns_gateway, query, resolve, tenant_dns  # noqa: E402,F401
+
+DNS_FLOOD = r"""
+import os, socket, struct, sys, time
+end = time.monotonic() + float(sys.argv[1])
+q = struct.pack(">HHHHHH", 1, 0x0100, 1, 0, 0, 0) + b"\x05flood\x04test\x00" + struct.pack(">HH", 1, 1)
+big = os.urandom(4000)
+held = []
+for _ in range(64):  # TCP connections that never send a query
+    try:
+        held.append(socket.create_connection(("192.0.2.1", 53), timeout=1))
+    except OSError:
+        pass
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.setblocking(False)
+sent = 0
+while time.monotonic() < end:
+    for packet in (q, q, q, big):
+        try:
+            s.sendto(packet, ("192.0.2.%d" % (1 + sent % 200), 53))
+            sent += 1
+        except OSError:
+            pass
+print(sent, len(held))
+"""
+
+
+def test_a_dns_flood_from_one_sandbox_does_not_stop_another_resolving(gateway):
+    """Queries, oversized datagrams and idle TCP connections as fast as a
+    sandbox can send them; another sandbox's queries are still answered
+    at once. Both are air-gapped, so nothing is forwarded off the host."""
+    flooder = Sandbox.create(template="base", allow_internet_access=False)
+    victim = Sandbox.create(template="base", allow_internet_access=False)
+    try:
+        flooder.files.write("/tmp/flood.py", DNS_FLOOD)
+        flood = flooder.commands.run("python3 /tmp/flood.py 8", background=True)
+        time.sleep(1.5)  # the flood is under way
+        for _ in range(5):
+            started = time.monotonic()
+            assert query(victim, "anything.test") == (3, 0, "-"), "the other sandbox got no answer"
+            assert time.monotonic() - started < 3
+        sent, held = flood.wait().stdout.split()
+        assert int(sent) > 10_000, f"the flood sent only {sent} packets"
+    finally:
+        flooder.kill()
+        victim.kill()
+
+
+def test_a_rebinding_answer_opens_no_egress(dns_gateway, tenant_dns):
+    """An allowed name whose (tenant-chosen) DNS server answers with the
+    host's own address: the sandbox gets the answer, and the connection is
+    still refused, since addresses are checked by nftables, not by DNS."""
+    listener = socket.socket()
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind((HOST_ADDR, 0))
+    listener.listen()
+    listener.settimeout(0.5)
+    port = listener.getsockname()[1]
+    sbx = Sandbox.create(template="base", network=air_gapped(["rebind.test"], dns_servers=[tenant_dns]),
+                         **dns_gateway)
+    try:
+        assert resolve(sbx, "rebind.test") == HOST_ADDR
+        out = sbx.commands.run(f"python3 -c \"import socket; socket.create_connection(('rebind.test', {port}), "
+                               f"timeout=3)\" && echo connected || echo refused").stdout
+        assert "refused" in out, out
+        with pytest.raises(TimeoutError):
+            listener.accept()
+    finally:
+        listener.close()
         sbx.kill()

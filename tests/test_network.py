@@ -332,7 +332,8 @@ def test_an_operator_opens_neighbourhood_ranges_and_tenant_policies_still_apply(
 
 def test_dns_servers_are_reachable_on_port_53_only(gateway, internet):
     """A caller's DNS server is admitted for DNS, not as a way to name any
-    host: its other ports stay closed under an air-gapped policy."""
+    host: its other ports stay closed under an air-gapped policy. (Port 53
+    itself lands at copse's resolver, which forwards there: test_dns.py.)"""
     listener = subprocess.Popen(["ip", "netns", "exec", internet, "python3", "-c",
                                  "import socket, time\ns = socket.create_server(('0.0.0.0', 53))\n"
                                  "while True: s.accept()[0].close()"])

@@ -21,6 +21,7 @@
 
 pub mod addresses;
 pub mod dns;
+pub mod dnsfilter;
 pub mod egress;
 pub mod freebsd;
 pub mod linux;

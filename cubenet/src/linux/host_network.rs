@@ -14,6 +14,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use crate::dns::resolve;
+use crate::linux::dns_proxy::DnsProxy;
 use crate::linux::egress_proxy::{EgressProxy, Policies};
 use crate::linux::janitor::Janitor;
 use crate::linux::netlink::{self, Rtnl};
@@ -38,6 +39,7 @@ pub struct HostNetwork {
     attached: AttachedMap,
     janitor: Arc<Janitor>,
     proxy: EgressProxy,
+    resolver: DnsProxy,
     _claim: Flock<File>,
 }
 
@@ -83,12 +85,13 @@ impl HostNetwork {
         let janitor = Janitor::start(cfg.clone())?;
         let attached: AttachedMap = Arc::default();
         let proxy = EgressProxy::start(cfg.clone(), policies_of(attached.clone()))?;
-        let network = Self { cfg, attached, janitor, proxy, _claim: claim };
+        let resolver = DnsProxy::start(cfg.clone(), policies_of(attached.clone()))?;
+        let network = Self { cfg, attached, janitor, proxy, resolver, _claim: claim };
         // An existing table is rewritten by `reconcile`, which a restarted
         // gateway runs before attaching anything (it also points the
-        // redirect at this proxy's port).
+        // redirects at this proxy's and resolver's ports).
         if !network.table_exists() {
-            nft_apply(&nft::table(&network.cfg, Some(network.proxy.port()), &[]))?;
+            nft_apply(&nft::table(&network.cfg, Some(network.listeners()), &[]))?;
         }
         Ok(network)
     }
@@ -250,7 +253,11 @@ impl HostNetwork {
         // vanished (they are being destroyed).
         let present: Vec<(Attachment, ResolvedPolicy)> =
             sandboxes.into_iter().filter(|(a, _)| Path::new("/sys/class/net").join(&a.host_if).exists()).collect();
-        nft_apply(&nft::table(&self.cfg, Some(self.proxy.port()), &present))
+        nft_apply(&nft::table(&self.cfg, Some(self.listeners()), &present))
+    }
+
+    fn listeners(&self) -> nft::Listeners {
+        nft::Listeners { proxy: self.proxy.port(), dns: self.resolver.port() }
     }
 
     fn table_exists(&self) -> bool {
@@ -268,8 +275,8 @@ impl HostNetwork {
     }
 }
 
-/// The egress proxy's view of the attached sandboxes: their policies by
-/// address.
+/// The egress proxy's and the resolver's view of the attached sandboxes:
+/// their policies by address.
 fn policies_of(attached: AttachedMap) -> Policies {
     Arc::new(move |address| {
         let attached = attached.lock().unwrap_or_else(|p| p.into_inner());

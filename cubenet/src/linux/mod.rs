@@ -7,6 +7,8 @@
 pub mod nft;
 
 #[cfg(target_os = "linux")]
+mod dns_proxy;
+#[cfg(target_os = "linux")]
 mod egress_proxy;
 #[cfg(target_os = "linux")]
 mod host_network;

@@ -42,6 +42,13 @@
 //!   connection it makes goes to the upstream, not the destination) and
 //!   tunnels it.
 //!
+//! - Every sandbox's TCP and UDP to port 53, whatever the destination, is
+//!   redirected (`prerouting`, before the proxy's redirects) to copse's
+//!   resolver on the bridge address (see [`crate::dnsfilter`]), so naming
+//!   another server does not bypass it. `input` admits redirected packets
+//!   only, at most [`DNS_RATE`] per second from each sandbox (`dns_rate`),
+//!   so one sandbox's flood never fills the resolver's queue for others.
+//!
 //! Every change is one script, which `nft -f` applies as one transaction.
 
 use std::fmt::Write;
@@ -61,10 +68,24 @@ const REJECT: &str = "reject with icmpx admin-prohibited";
 /// The fwmark of the egress proxy's upstream connections ("cops").
 pub const PROXY_MARK: u32 = 0x636f_7073;
 
+/// Packets per second (and twice that as a burst) one sandbox may send to
+/// the resolver: far above what a busy build resolves, far below a flood.
+pub const DNS_RATE: u32 = 200;
+
+/// The host's ports that sandbox traffic is redirected to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Listeners {
+    /// The egress proxy (TCP).
+    pub proxy: u16,
+    /// copse's resolver (UDP and TCP).
+    pub dns: u16,
+}
+
 /// The whole table with `sandboxes` attached, replacing whatever table of
 /// that name exists (at start-up, and to reconcile after a crash), with
-/// web traffic of proxied sandboxes sent to `proxy_port` if given.
-pub fn table(cfg: &NetConfig, proxy_port: Option<u16>, sandboxes: &[(Attachment, ResolvedPolicy)]) -> String {
+/// DNS and the web traffic of proxied sandboxes sent to `listeners` if
+/// given.
+pub fn table(cfg: &NetConfig, listeners: Option<Listeners>, sandboxes: &[(Attachment, ResolvedPolicy)]) -> String {
     let t = cfg.table();
     let mut out = String::new();
     // Declaring first makes the delete valid when no table exists yet.
@@ -94,11 +115,16 @@ pub fn table(cfg: &NetConfig, proxy_port: Option<u16>, sandboxes: &[(Attachment,
         "\tchain to_sandbox {{\n\t\tip saddr @resolvers {DNS_REPLY} ip daddr vmap @ingress\n\
          \t\tip saddr @protected drop\n\t\tip daddr vmap @ingress\n\t\tdrop\n\t}}"
     );
-    let admit_proxy = match proxy_port {
-        Some(port) => {
+    let admit_proxy = match listeners {
+        Some(Listeners { proxy: port, dns }) => {
+            let _ = writeln!(
+                out,
+                "\tset dns_rate {{\n\t\ttype ipv4_addr\n\t\tsize 65536\n\t\tflags dynamic,timeout\n\t\ttimeout 1m\n\t}}"
+            );
             let _ = writeln!(
                 out,
                 "\tchain prerouting {{\n\t\ttype nat hook prerouting priority dstnat; policy accept;\n\
+                 \t\tiifname \"{bridge}\" {DNS} redirect to :{dns}\n\
                  \t\tiifname \"{bridge}\" ip saddr @tunnelled meta l4proto tcp redirect to :{port}\n\
                  \t\tiifname \"{bridge}\" ip saddr @proxied tcp dport {{ 80, 443 }} redirect to :{port}\n\t}}"
             );
@@ -109,7 +135,13 @@ pub fn table(cfg: &NetConfig, proxy_port: Option<u16>, sandboxes: &[(Attachment,
                  \t\t{m} ip daddr @always_blocked {REJECT}\n\t\t{m} ip daddr @protected {REJECT}\n\
                  \t\t{m} fib daddr type local {REJECT}\n\t}}"
             );
-            format!("\t\tiifname \"{bridge}\" tcp dport {port} ct status dnat accept\n")
+            let to_dns = format!("iifname \"{bridge}\" meta l4proto {{ tcp, udp }} th dport {dns} ct status dnat");
+            let burst = 2 * DNS_RATE;
+            format!(
+                "\t\tiifname \"{bridge}\" tcp dport {port} ct status dnat accept\n\
+                 \t\t{to_dns} update @dns_rate {{ ip saddr limit rate over {DNS_RATE}/second burst {burst} packets }} drop\n\
+                 \t\t{to_dns} accept\n"
+            )
         }
         None => String::new(),
     };
@@ -319,7 +351,7 @@ mod tests {
 
     #[test]
     fn full_table() {
-        golden("table.nft", &table(&cfg(), Some(40080), &sandboxes()));
+        golden("table.nft", &table(&cfg(), Some(Listeners { proxy: 40080, dns: 40053 }), &sandboxes()));
     }
 
     #[test]

@@ -286,9 +286,16 @@ pub async fn detail(
 }
 
 /// What info says of the sandbox's network: the ingress settings fixed at
-/// create, and its SOCKS5 upstream, if any, never with the password.
+/// create, its SOCKS5 upstream, if any, never with the password, and its
+/// `dns_servers` unless they are the default.
 fn network_info(record: &model::SandboxRecord) -> wire::NetworkInfo {
     let upstream = record.network.as_ref().and_then(|n| n.policy.upstream.as_ref());
+    let dns_servers = record
+        .network
+        .as_ref()
+        .map(|n| &n.policy.dns_servers)
+        .filter(|servers| **servers != [copse_cubenet::policy::DEFAULT_DNS])
+        .map(|servers| servers.iter().map(ToString::to_string).collect());
     wire::NetworkInfo {
         allow_public_traffic: record.traffic_access_token.is_none(),
         mask_request_host: record.mask_request_host.clone(),
@@ -296,6 +303,7 @@ fn network_info(record: &model::SandboxRecord) -> wire::NetworkInfo {
             address: upstream.address(),
             username: upstream.username().map(str::to_string),
         }),
+        dns_servers,
     }
 }
 

@@ -111,6 +111,10 @@ pub struct NetworkInfo {
     pub mask_request_host: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub egress_proxy: Option<EgressProxyInfo>,
+    /// Left out when it is E2B's default (the SDK reads a missing list as
+    /// `8.8.8.8`); `[]` is "no server" and is sent.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dns_servers: Option<Vec<String>>,
 }
 
 #[derive(Debug, Serialize)]
