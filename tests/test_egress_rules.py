@@ -27,6 +27,10 @@ def secret_of(env, value: str) -> str:
     return name
 
 
+def destroy(env, name: str):
+    Secret.destroy(name, api_key=env["api_key"], api_url=env["api_url"])
+
+
 def bearer(name: str) -> dict:
     return {"allowed.test": [{"transform": {"headers": {"Authorization": "Bearer " + Secret.fill(name)}}}]}
 
@@ -85,7 +89,7 @@ def test_a_rule_sets_the_secret_header_on_its_host_only_and_the_sandbox_never_se
         assert leaks(sbx, value) == ""
     finally:
         sbx.kill()
-        Secret.destroy(name, api_key=env["api_key"], api_url=env["api_url"])
+        destroy(env, name)
 
 
 def test_a_rule_host_not_in_allow_out_stays_blocked(env):
@@ -98,6 +102,7 @@ def test_a_rule_host_not_in_allow_out_stays_blocked(env):
         assert fetch(sbx, "http://other.test/", f"other.test:80:{OTHER}") == "200", "the control must pass"
     finally:
         sbx.kill()
+        destroy(env, name)
 
 
 def test_update_network_adds_and_removes_rules_on_a_running_sandbox(env):
@@ -115,6 +120,7 @@ def test_update_network_adds_and_removes_rules_on_a_running_sandbox(env):
         assert headers == [None, f"Bearer {value}", None], headers
     finally:
         sbx.kill()
+        destroy(env, name)
 
 
 @pytest.mark.parametrize(

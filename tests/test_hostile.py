@@ -2030,6 +2030,8 @@ def test_a_rule_hosts_name_sent_to_another_address_carries_no_secret(egress_gate
     """The sandbox picks both the Host (or SNI) and the address: the rule
     host's name sent to another address the sandbox may reach passes, as
     the policy says, without the secret."""
+    from e2b import Secret
+
     env, _ = egress_gateway
     value = f"forged-{os.urandom(8).hex()}"
     name = _rule_secret(env, value)
@@ -2047,10 +2049,11 @@ def test_a_rule_hosts_name_sent_to_another_address_carries_no_secret(egress_gate
         assert value not in json.dumps(seen), seen
     finally:
         sbx.kill()
+        Secret.destroy(name, api_key=env["api_key"], api_url=env["api_url"])
 
 
 def test_header_injection_through_a_rule_or_a_secret_is_refused(egress_gateway):
-    from e2b import SandboxException
+    from e2b import SandboxException, Secret
 
     env, _ = egress_gateway
     injected = {"allowed.test": [{"transform": {"headers": {"X-Key": "v\r\nX-Injected: 1"}}}]}
@@ -2067,6 +2070,7 @@ def test_header_injection_through_a_rule_or_a_secret_is_refused(egress_gateway):
         assert requests_to(path) == []
     finally:
         sbx.kill()
+        Secret.destroy(name, api_key=env["api_key"], api_url=env["api_url"])
 
 
 def test_a_rule_cannot_name_another_teams_secret(gateway):

@@ -139,6 +139,23 @@ mod tests {
         assert!(matches!(request.policy("team"), Err(SandboxError::Invalid(_))));
     }
 
+    #[test]
+    fn rules_become_the_policys_with_the_team_that_owns_their_secrets() {
+        let rule = |value: &str| Rule { headers: Some(vec![("X-Key".into(), value.into())]) };
+        let with = |value: &str| NetworkRequest {
+            rules: Some(vec![("API.test".into(), vec![rule(value)])]),
+            ..Default::default()
+        };
+        let policy = with("${e2b.secrets.k}").policy("team-a").unwrap();
+        let rules = policy.rules.as_ref().unwrap();
+        assert_eq!((rules.owner.as_str(), rules.hosts[0].host.as_str()), ("team-a", "api.test"));
+        assert!(policy.proxied(), "rules need the egress proxy");
+        let identity = with("${e2b.identity.tokens.aws}").policy("t");
+        assert!(matches!(identity, Err(SandboxError::Invalid(m)) if m.contains("workload identity is not supported")));
+        let empty = NetworkRequest { rules: Some(vec![]), ..Default::default() };
+        assert_eq!(empty.policy("t").unwrap().rules, None, "`{}` asks for nothing");
+    }
+
     fn with_proxy(address: &str) -> NetworkRequest {
         let egress_proxy = EgressProxyRequest {
             address: address.into(),
