@@ -153,7 +153,7 @@ mod tests {
         let identity = with("${e2b.identity.tokens.aws}").policy("t");
         assert!(matches!(identity, Err(SandboxError::Invalid(m)) if m.contains("workload identity is not supported")));
         let empty = NetworkRequest { rules: Some(vec![]), ..Default::default() };
-        assert_eq!(empty.policy("t").unwrap().rules, None, "`{}` asks for nothing");
+        assert_eq!(empty.policy("t").unwrap().rules, None, "an empty map asks for nothing");
     }
 
     fn with_proxy(address: &str) -> NetworkRequest {
