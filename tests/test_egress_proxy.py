@@ -26,10 +26,17 @@ WEB = "203.0.113.10"  # allowed.test, denied.test, api.wild.test
 OTHER = "203.0.113.20"  # other.test
 HOSTS = f"{WEB} allowed.test denied.test api.wild.test\n{OTHER} other.test\n"
 
+# Every request the servers get is one JSON line in REQUESTS (see
+# `requests_to`): what a sandbox sent is checked where it arrived.
+REQUESTS = f"{tempfile.gettempdir()}/cn-web-{os.getpid()}.requests.jsonl"
+
 SERVER = """
-import http.server, socketserver, ssl, sys, threading
+import http.server, json, socketserver, ssl, sys, threading
 class H(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
+        seen = {"path": self.path, "to": self.connection.getsockname()[0], "headers": dict(self.headers)}
+        with open(sys.argv[3], "a") as log:
+            log.write(json.dumps(seen) + "\\n")
         body = b"web"
         self.send_response(200); self.send_header("Content-Length", str(len(body))); self.end_headers()
         self.wfile.write(body)
@@ -76,7 +83,7 @@ def web():
         sh("ip", "-n", ns, "link", "set", "eth0", "up")
         sh("ip", "-n", ns, "link", "set", "lo", "up")
         sh("ip", "-n", ns, "route", "add", "default", "via", "203.0.113.1")
-        server = subprocess.Popen(["ip", "netns", "exec", ns, "python3", "-c", SERVER, cert, key])
+        server = subprocess.Popen(["ip", "netns", "exec", ns, "python3", "-c", SERVER, cert, key, REQUESTS])
         deadline = time.monotonic() + 10
         while not (_reachable(WEB, 80) and _reachable(WEB, 443)) and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -87,6 +94,18 @@ def web():
             server.wait()
         sh("ip", "netns", "del", ns, check=False)
         certs.cleanup()
+        if os.path.exists(REQUESTS):
+            os.remove(REQUESTS)
+
+
+def requests_to(path: str) -> list:
+    """The requests the web's servers received for `path`, oldest first."""
+    import json
+
+    if not os.path.exists(REQUESTS):
+        return []
+    with open(REQUESTS) as log:
+        return [seen for seen in map(json.loads, log) if seen["path"] == path]
 
 
 @pytest.fixture(scope="module")

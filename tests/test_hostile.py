@@ -2174,3 +2174,89 @@ def test_a_rebinding_answer_opens_no_egress(dns_gateway, tenant_dns):
     finally:
         listener.close()
         sbx.kill()
+
+
+# `network.rules` (see test_egress_rules.py): a rule's secret goes only to
+# the rule host's own addresses, in the one header the rule names, and only
+# for the team that owns it.
+from test_egress_proxy import requests_to  # noqa: E402
+
+
+def _rule_secret(env: dict, value: str) -> str:
+    from e2b import Secret
+
+    name = f"hostile-{os.urandom(5).hex()}"
+    Secret.create(name, value, api_key=env["api_key"], api_url=env["api_url"])
+    return name
+
+
+def _authorization(name: str) -> dict:
+    from e2b import Secret
+
+    return {"allowed.test": [{"transform": {"headers": {"Authorization": Secret.fill(name)}}}]}
+
+
+def test_a_rule_hosts_name_sent_to_another_address_carries_no_secret(egress_gateway):
+    """The sandbox picks both the Host (or SNI) and the address: the rule
+    host's name sent to another address the sandbox may reach passes, as
+    the policy says, without the secret."""
+    from e2b import Secret
+
+    env, _ = egress_gateway
+    value = f"forged-{os.urandom(8).hex()}"
+    name = _rule_secret(env, value)
+    sbx = create(env, allow_out=["allowed.test", WEB_OTHER], deny_out=["0.0.0.0/0"], rules=_authorization(name))
+    try:
+        control, forged, sni = (f"/{kind}-{os.urandom(4).hex()}" for kind in ("control", "forged", "sni"))
+        assert fetch(sbx, f"http://allowed.test{control}", f"allowed.test:80:{WEB}") == "200"
+        assert [s["headers"].get("Authorization") for s in requests_to(control)] == [value], "the control must pass"
+        assert fetch(sbx, f"http://allowed.test{forged}", f"allowed.test:80:{WEB_OTHER}") == "200"
+        (seen,) = requests_to(forged)
+        assert seen["to"] == WEB_OTHER and value not in json.dumps(seen), seen
+        # TLS is never terminated for another address: it passes untouched.
+        assert fetch(sbx, f"https://allowed.test{sni}", f"allowed.test:443:{WEB_OTHER}") == "200"
+        (seen,) = requests_to(sni)
+        assert value not in json.dumps(seen), seen
+    finally:
+        sbx.kill()
+        Secret.destroy(name, api_key=env["api_key"], api_url=env["api_url"])
+
+
+def test_header_injection_through_a_rule_or_a_secret_is_refused(egress_gateway):
+    from e2b import SandboxException, Secret
+
+    env, _ = egress_gateway
+    injected = {"allowed.test": [{"transform": {"headers": {"X-Key": "v\r\nX-Injected: 1"}}}]}
+    with pytest.raises(SandboxException) as caught:
+        create(env, allow_out=["allowed.test"], rules=injected)
+    assert getattr(caught.value, "status_code", None) == 400
+    # A secret's value is the tenant's to choose too: one that would end
+    # the header is never sent.
+    name = _rule_secret(env, "v\r\nX-Injected: 1")
+    sbx = create(env, allow_out=["allowed.test"], deny_out=["0.0.0.0/0"], rules=_authorization(name))
+    try:
+        path = f"/crlf-{os.urandom(4).hex()}"
+        assert fetch(sbx, f"http://allowed.test{path}", f"allowed.test:80:{WEB}") == "000"
+        assert requests_to(path) == []
+    finally:
+        sbx.kill()
+        Secret.destroy(name, api_key=env["api_key"], api_url=env["api_url"])
+
+
+def test_a_rule_cannot_name_another_teams_secret(gateway):
+    from e2b import SandboxException, Secret
+    from test_tenancy import new_key, new_team
+
+    a, b = new_key(new_team("ra")), new_key(new_team("rb"))
+    name = f"b-only-{os.urandom(4).hex()}"
+    Secret.create(name, "b's value", api_key=b)
+    network = {"allow_out": ["allowed.test"], "rules": _authorization(name)}
+    try:
+        with pytest.raises(SandboxException) as caught:
+            Sandbox.create(template="base", network=network, api_key=a, timeout=30)
+        assert getattr(caught.value, "status_code", None) == 400
+        assert name in str(caught.value)
+        sbx = Sandbox.create(template="base", network=network, api_key=b, timeout=30)
+        sbx.kill()
+    finally:
+        Secret.destroy(name, api_key=b)

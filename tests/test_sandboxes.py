@@ -200,7 +200,6 @@ def test_unknown_template_error_names_the_available_templates(gateway):
     "options, field",
     [
         ({"network": {"https_ports": [3000]}}, "network.httpsPorts"),
-        ({"network": {"rules": {"api.example.com": [{"transform": {"headers": {"X-Key": "k"}}}]}}}, "network.rules"),
     ],
 )
 def test_asking_for_a_feature_copse_lacks_is_refused_by_name(gateway, options, field):

@@ -1,7 +1,6 @@
 """Secrets through the official SDK's `Secret` class: create, read, list,
 new versions, delete; values are write-only; the keyring rotates while the
-gateway runs. (Egress rules that use them are not built yet: asking for
-`network.rules` is refused, see test_sandboxes.py.)"""
+gateway runs. Egress rules that use them: test_egress_rules.py."""
 
 import json
 import os

@@ -37,6 +37,7 @@ mod process;
 mod golden;
 
 pub use addresses::{AddressPool, SubnetFull};
+pub use egress::rules::{HeaderRules, HostRules, Rule, RuleError, SecretResolver};
 pub use neighbourhood::Neighbourhood;
 pub use net::{Attachment, NetConfig, SandboxNetwork};
 pub use policy::{Policy, PolicyError, ResolvedPolicy, Target};

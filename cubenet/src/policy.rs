@@ -28,6 +28,7 @@ use std::net::{IpAddr, Ipv4Addr};
 use ipnet::{IpNet, Ipv4Net};
 use serde::{Deserialize, Serialize};
 
+use crate::egress::rules::HeaderRules;
 use crate::upstream::Upstream;
 
 /// E2B's default resolver, allowed when `allow_out` names a host and the
@@ -74,6 +75,10 @@ pub struct Policy {
     /// this policy admitted it (E2B's `egress_proxy`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub upstream: Option<Upstream>,
+    /// Headers the egress proxy sets on requests to some hosts (E2B's
+    /// `network.rules`), placeholders unresolved.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rules: Option<HeaderRules>,
 }
 
 impl Policy {
@@ -117,7 +122,7 @@ impl Policy {
                 .map(|s| s.trim().parse::<Ipv4Addr>().map_err(|_| PolicyError::InvalidDnsServer(s.clone())))
                 .collect::<Result<_, _>>()?,
         };
-        Ok(Self { allow, deny, deny_hosts, dns_servers, upstream: None })
+        Ok(Self { allow, deny, deny_hosts, dns_servers, upstream: None, rules: None })
     }
 
     /// Whether the sandbox may reach the internet at large, as E2B reports
@@ -131,9 +136,10 @@ impl Policy {
     }
 
     /// Whether some entry is a name, so the sandbox's web traffic must go
-    /// through the egress proxy to be matched by name.
+    /// through the egress proxy to be matched by name, or some request
+    /// gets a rule's headers there.
     pub fn proxied(&self) -> bool {
-        self.has_hosts() || !self.deny_hosts.is_empty()
+        self.has_hosts() || !self.deny_hosts.is_empty() || self.rules.as_ref().is_some_and(|r| !r.hosts.is_empty())
     }
 
     /// What the name entries say about `name` (a Host or SNI): admitted,
@@ -251,7 +257,7 @@ impl ResolvedPolicy {
 }
 
 /// `Ok(None)` for IPv6 entries, which sandboxes cannot use anyway.
-fn parse_target(entry: &str) -> Result<Option<Target>, PolicyError> {
+pub(crate) fn parse_target(entry: &str) -> Result<Option<Target>, PolicyError> {
     let entry = entry.trim();
     if let Ok(net) = entry.parse::<IpNet>() {
         return Ok(match net {
@@ -287,7 +293,7 @@ impl PolicyError {
 
 /// `pattern` is a lowercase name or `*.suffix`, which matches names under
 /// `suffix` at any depth but not `suffix` itself.
-fn name_matches(pattern: &str, name: &str) -> bool {
+pub(crate) fn name_matches(pattern: &str, name: &str) -> bool {
     match pattern.strip_prefix("*.") {
         Some(suffix) => name.strip_suffix(suffix).is_some_and(|head| head.len() > 1 && head.ends_with('.')),
         None => pattern == name,

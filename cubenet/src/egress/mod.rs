@@ -10,6 +10,7 @@
 //! never to one it resolved for the name: a name only ever decides
 //! whether a connection passes, not where it goes.
 
+pub mod rules;
 pub mod sniff;
 
 use std::net::{Ipv4Addr, SocketAddrV4};

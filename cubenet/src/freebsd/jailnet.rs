@@ -152,6 +152,9 @@ fn refuse_name_matching(policy: &Policy) -> anyhow::Result<()> {
     if policy.upstream.is_some() {
         bail!("egress_proxy needs the egress proxy, which copse runs on Linux only");
     }
+    if policy.rules.is_some() {
+        bail!("network.rules needs the egress proxy, which copse runs on Linux only");
+    }
     Ok(())
 }
 

@@ -11,18 +11,21 @@
 //! ranges no sandbox may reach, whatever the proxy decided. A sandbox
 //! with a SOCKS5 upstream has all its TCP here, and the admitted
 //! connection goes through that upstream instead ([`super::socks`]).
+//! A request a rule of the sandbox matches goes out with the rule's headers
+//! ([`crate::egress::rules`]).
 
 use std::collections::HashMap;
 use std::io::{self, Read, Write};
 use std::net::{Ipv4Addr, Shutdown, SocketAddr, SocketAddrV4, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use anyhow::{Context, bail};
 use socket2::{Domain, SockRef, Socket, Type};
 
 use crate::dns;
+use crate::egress::rules::{self, SecretResolver};
 use crate::egress::sniff::{Sniffed, sniff};
 use crate::egress::{MAX_PEEK, Verdict, decide};
 use crate::linux::nft::PROXY_MARK;
@@ -48,6 +51,7 @@ pub struct EgressProxy {
     port: u16,
     stop: Arc<AtomicBool>,
     address: SocketAddrV4,
+    secrets: Arc<OnceLock<SecretResolver>>,
 }
 
 impl EgressProxy {
@@ -60,7 +64,8 @@ impl EgressProxy {
             SocketAddr::V6(_) => bail!("the egress proxy bound an IPv6 address"),
         };
         let stop = Arc::new(AtomicBool::new(false));
-        let shared = Arc::new(Shared { cfg, policies, open: Mutex::new(HashMap::new()) });
+        let secrets = Arc::new(OnceLock::new());
+        let shared = Arc::new(Shared { cfg, policies, open: Mutex::new(HashMap::new()), secrets: secrets.clone() });
         let stopping = stop.clone();
         std::thread::Builder::new().name("egress-proxy".into()).spawn(move || {
             for client in listener.incoming() {
@@ -79,11 +84,18 @@ impl EgressProxy {
                 }
             }
         })?;
-        Ok(Self { port: address.port(), stop, address })
+        Ok(Self { port: address.port(), stop, address, secrets })
     }
 
     pub fn port(&self) -> u16 {
         self.port
+    }
+
+    /// Where the placeholders of `network.rules` are resolved; until it is
+    /// set, a request a rule matches is refused. Set once: later calls are
+    /// ignored.
+    pub fn set_secret_resolver(&self, resolver: SecretResolver) {
+        let _ = self.secrets.set(resolver);
     }
 }
 
@@ -99,6 +111,7 @@ struct Shared {
     cfg: NetConfig,
     policies: Policies,
     open: Mutex<HashMap<Ipv4Addr, usize>>,
+    secrets: Arc<OnceLock<SecretResolver>>,
 }
 
 impl Shared {
@@ -129,6 +142,22 @@ impl Shared {
                 Ok(())
             }
             Verdict::Splice => {
+                let lookup = |n: &str| dns::lookup(&self.cfg, n);
+                let head = match rules::prepare(
+                    policy.rules.as_ref(),
+                    name.as_deref(),
+                    *dst.ip(),
+                    head,
+                    lookup,
+                    self.secrets.get(),
+                ) {
+                    Ok(head) => head,
+                    Err(why) => {
+                        tracing::info!(%source, %dst, ?name, "egress refused: {why}");
+                        let _ = client.shutdown(Shutdown::Both);
+                        return Ok(());
+                    }
+                };
                 let upstream = match &policy.upstream {
                     Some(upstream) => socks::dial(upstream, dst),
                     None => connect_marked(dst),

@@ -100,6 +100,11 @@ impl HostNetwork {
         &self.cfg
     }
 
+    /// See [`EgressProxy::set_secret_resolver`].
+    pub fn set_secret_resolver(&self, resolver: crate::egress::rules::SecretResolver) {
+        self.proxy.set_secret_resolver(resolver);
+    }
+
     /// Puts the sandbox whose init is `init_pid` on the bridge with
     /// `network.policy`. On error, whatever was made is removed.
     ///

@@ -8,8 +8,8 @@
 use std::net::Ipv4Addr;
 use std::sync::Mutex;
 
-use copse_cubenet::AddressPool;
 use copse_cubenet::Upstream;
+use copse_cubenet::{AddressPool, HeaderRules, Rule};
 use copse_substrate::{NetConfig, Policy};
 
 use crate::model::SandboxError;
@@ -22,6 +22,8 @@ pub struct NetworkRequest {
     pub deny_out: Option<Vec<String>>,
     pub dns_servers: Option<Vec<String>>,
     pub egress_proxy: Option<EgressProxyRequest>,
+    /// E2B's `network.rules`: host → ordered rules.
+    pub rules: Option<Vec<(String, Vec<Rule>)>>,
 }
 
 /// E2B's `egress_proxy`, as asked for. `Debug` leaves the password out.
@@ -43,7 +45,8 @@ impl std::fmt::Debug for EgressProxyRequest {
 }
 
 impl NetworkRequest {
-    pub fn policy(&self) -> Result<Policy, SandboxError> {
+    /// `owner`: the team whose secrets the rules' placeholders name.
+    pub fn policy(&self, owner: &str) -> Result<Policy, SandboxError> {
         let invalid = |e: &dyn std::fmt::Display| SandboxError::Invalid(e.to_string());
         let mut policy = Policy::from_e2b(
             self.allow_internet_access,
@@ -56,6 +59,9 @@ impl NetworkRequest {
             let upstream = Upstream::from_e2b(&p.address, p.username.as_deref(), p.password.as_deref())
                 .map_err(|e| invalid(&e))?;
             policy.upstream = Some(upstream);
+        }
+        if let Some(rules) = self.rules.as_ref().filter(|r| !r.is_empty()) {
+            policy.rules = Some(HeaderRules::from_e2b(owner, rules.clone()).map_err(|e| invalid(&e))?);
         }
         Ok(policy)
     }
@@ -130,7 +136,24 @@ mod tests {
     #[test]
     fn bad_targets_are_invalid_requests() {
         let request = NetworkRequest { deny_out: Some(vec!["not a host".into()]), ..Default::default() };
-        assert!(matches!(request.policy(), Err(SandboxError::Invalid(_))));
+        assert!(matches!(request.policy("team"), Err(SandboxError::Invalid(_))));
+    }
+
+    #[test]
+    fn rules_become_the_policys_with_the_team_that_owns_their_secrets() {
+        let rule = |value: &str| Rule { headers: Some(vec![("X-Key".into(), value.into())]) };
+        let with = |value: &str| NetworkRequest {
+            rules: Some(vec![("API.test".into(), vec![rule(value)])]),
+            ..Default::default()
+        };
+        let policy = with("${e2b.secrets.k}").policy("team-a").unwrap();
+        let rules = policy.rules.as_ref().unwrap();
+        assert_eq!((rules.owner.as_str(), rules.hosts[0].host.as_str()), ("team-a", "api.test"));
+        assert!(policy.proxied(), "rules need the egress proxy");
+        let identity = with("${e2b.identity.tokens.aws}").policy("t");
+        assert!(matches!(identity, Err(SandboxError::Invalid(m)) if m.contains("workload identity is not supported")));
+        let empty = NetworkRequest { rules: Some(vec![]), ..Default::default() };
+        assert_eq!(empty.policy("t").unwrap().rules, None, "an empty map asks for nothing");
     }
 
     fn with_proxy(address: &str) -> NetworkRequest {
@@ -146,13 +169,13 @@ mod tests {
     fn an_egress_proxy_becomes_the_policys_upstream_and_is_checked() {
         let request = with_proxy("192.0.2.10:1080");
         assert!(!format!("{request:?}").contains("s3cret"), "Debug redacts the password");
-        let policy = request.policy().unwrap();
+        let policy = request.policy("team").unwrap();
         assert_eq!(policy.upstream.as_ref().unwrap().address(), "192.0.2.10:1080");
         let addresses = Addresses::new(Some(&NetConfig::new("t", "10.9.0.0/29").unwrap()));
         addresses.check_upstream(&policy).unwrap();
-        let on_the_host = with_proxy("127.0.0.1:1080").policy().unwrap();
+        let on_the_host = with_proxy("127.0.0.1:1080").policy("team").unwrap();
         assert!(matches!(addresses.check_upstream(&on_the_host), Err(SandboxError::Invalid(_))));
         assert!(matches!(Addresses::new(None).check_upstream(&policy), Err(SandboxError::Invalid(_))));
-        assert!(matches!(with_proxy("no-port").policy(), Err(SandboxError::Invalid(_))));
+        assert!(matches!(with_proxy("no-port").policy("team"), Err(SandboxError::Invalid(_))));
     }
 }

@@ -110,8 +110,12 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     // the CLI among them, changes keys or teams.
     let directory = Directory::open(open_store(&config)?, keys.clone())?;
     let usage = store.usage();
+    let secrets = Arc::new(Secrets::new(Arc::<dyn Database>::from(open_store(&config)?), vault));
+    // Before any sandbox is adopted: its requests may need a rule's secret.
+    substrate.set_secret_resolver(secrets.resolver());
     let svc = Arc::new(
         Sandboxes::new(substrate.clone(), Box::new(store), config.run_dir(), &config.pools)
+            .with_secrets(secrets.clone())
             .with_network(config.network.as_ref())
             .with_disk_mb(config.disk_mb)
             .with_registries(config.registries.clone(), &config.data_dir)
@@ -144,7 +148,6 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     };
     let exposure = Exposure { domain: config.domain.as_deref().map(|d| d.trim_end_matches('.').to_ascii_lowercase()) };
     print_usage(addr, &exposure, tls.is_some(), keys.origin(), substrate.name());
-    let secrets = Arc::new(Secrets::new(Arc::<dyn Database>::from(open_store(&config)?), vault));
     let volumes = Arc::new(
         Volumes::new(Arc::<dyn Database>::from(open_store(&config)?), substrate.clone(), svc.clone())
             .with_directory(directory.clone()),

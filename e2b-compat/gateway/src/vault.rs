@@ -149,8 +149,8 @@ pub fn seal_context(secret_id: &str, version: u32) -> String {
     format!("copse-secret:{secret_id}:{version}")
 }
 
-/// The current value of `record`, opened: for tests and, later, the egress
-/// proxy that resolves placeholders.
+/// The current value of `record`, opened: for the egress proxy that
+/// resolves placeholders (see `Secrets::resolver`).
 pub fn current_value(vault: &Vault, record: &SecretRecord) -> anyhow::Result<Vec<u8>> {
     let newest = record.versions.first().context("the secret has no value")?;
     vault.unseal(&seal_context(&record.id, newest.version), &newest.value)

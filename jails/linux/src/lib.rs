@@ -596,6 +596,12 @@ impl Substrate for LinuxSubstrate {
         }
     }
 
+    fn set_secret_resolver(&self, resolver: copse_substrate::SecretResolver) {
+        if let Some(network) = &self.network {
+            network.set_secret_resolver(resolver);
+        }
+    }
+
     fn recover_network(&self, known: &[(String, copse_substrate::SandboxNetwork)]) -> anyhow::Result<()> {
         self.network.as_ref().map_or(Ok(()), |network| network.reconcile(known))
     }

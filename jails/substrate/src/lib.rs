@@ -15,7 +15,7 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-pub use copse_cubenet::{NetConfig, Policy, SandboxNetwork};
+pub use copse_cubenet::{NetConfig, Policy, SandboxNetwork, SecretResolver};
 
 pub use error::SubstrateError;
 pub use router::Router;
@@ -252,6 +252,11 @@ pub trait Substrate: Send + Sync + 'static {
     fn update_network(&self, id: &str, _policy: &Policy) -> anyhow::Result<()> {
         Err(SubstrateError::Unsupported(format!("sandbox {id}: this substrate has no sandbox network")).into())
     }
+
+    /// Where the egress proxy resolves the secret placeholders of
+    /// `network.rules` (the gateway's secrets, which the substrate never
+    /// holds). A substrate without the proxy refuses rules instead.
+    fn set_secret_resolver(&self, _resolver: SecretResolver) {}
 
     /// After [`Substrate::recover`]: make the network hold exactly the
     /// `known` (re-adopted) sandboxes' attachments, removing every other.

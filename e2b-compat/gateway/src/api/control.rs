@@ -304,7 +304,22 @@ fn network_info(record: &model::SandboxRecord) -> wire::NetworkInfo {
             username: upstream.username().map(str::to_string),
         }),
         dns_servers,
+        rules: record.network.as_ref().and_then(|n| n.policy.rules.as_ref()).map(rules_info),
     }
+}
+
+fn rules_info(rules: &copse_cubenet::HeaderRules) -> wire::NetworkRules {
+    let rule = |rule: &copse_cubenet::Rule| wire::NetworkRule {
+        transform: rule.headers.as_ref().map(|h| wire::NetworkTransform { headers: Some(h.iter().cloned().collect()) }),
+    };
+    rules.hosts.iter().map(|h| (h.host.clone(), h.rules.iter().map(rule).collect())).collect()
+}
+
+fn rules_request(rules: wire::NetworkRules) -> Vec<(String, Vec<copse_cubenet::Rule>)> {
+    let rule = |rule: wire::NetworkRule| copse_cubenet::Rule {
+        headers: rule.transform.map(|t| t.headers.unwrap_or_default().into_iter().collect()),
+    };
+    rules.into_iter().map(|(host, rules)| (host, rules.into_iter().map(rule).collect())).collect()
 }
 
 /// `PUT /sandboxes/{id}/network`: replaces the egress rules as a whole.
@@ -345,6 +360,7 @@ fn network_request(allow_internet_access: Option<bool>, network: Option<wire::Ne
             username: p.username,
             password: p.password,
         }),
+        rules: network.rules.map(rules_request),
     }
 }
 

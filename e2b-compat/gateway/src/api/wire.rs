@@ -61,21 +61,37 @@ pub struct NetworkConfig {
     pub mask_request_host: Option<String>,
     pub egress_proxy: Option<EgressProxyConfig>,
     https_ports: Option<serde_json::Value>,
-    rules: Option<serde_json::Value>,
+    pub rules: Option<NetworkRules>,
+}
+
+/// `network.rules`: per host (a name, `*.` wildcard, address or CIDR
+/// block), the ordered rules for requests to it.
+pub type NetworkRules = BTreeMap<String, Vec<NetworkRule>>;
+
+#[derive(Debug, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct NetworkRule {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub transform: Option<NetworkTransform>,
+}
+
+/// Header values may hold `${e2b.secrets.<name>}` placeholders, which
+/// stay placeholders everywhere but in the egress proxy.
+#[derive(Debug, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct NetworkTransform {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub headers: Option<BTreeMap<String, String>>,
 }
 
 impl NetworkConfig {
     /// As [`NewSandbox::unsupported`], named as the SDK names it.
     pub fn unsupported(&self) -> Option<&'static str> {
         let proxy_tls = self.egress_proxy.as_ref().and_then(|p| p.tls.clone());
-        [
-            ("network.egressProxy.tls", &proxy_tls),
-            ("network.httpsPorts", &self.https_ports),
-            ("network.rules", &self.rules),
-        ]
-        .into_iter()
-        .find(|(_, value)| is_set(value))
-        .map(|(name, _)| name)
+        [("network.egressProxy.tls", &proxy_tls), ("network.httpsPorts", &self.https_ports)]
+            .into_iter()
+            .find(|(_, value)| is_set(value))
+            .map(|(name, _)| name)
     }
 }
 
@@ -115,6 +131,9 @@ pub struct NetworkInfo {
     /// `8.8.8.8`); `[]` is "no server" and is sent.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub dns_servers: Option<Vec<String>>,
+    /// As asked for: placeholders, never the secrets' values.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rules: Option<NetworkRules>,
 }
 
 #[derive(Debug, Serialize)]
@@ -516,7 +535,9 @@ mod tests {
         assert_eq!(refused(r#"{"volumeMounts":[{"name":"v","path":"/mnt"}]}"#), None);
         assert_eq!(refused(r#"{"mcp":{"github":{}}}"#), Some("mcp"));
         assert_eq!(refused(r#"{"iam":{"tokens":{"t":{}}}}"#), Some("iam"));
-        assert_eq!(refused(r#"{"network":{"rules":{"api.example.com":{}}}}"#), Some("network.rules"));
+        let rules = r#"{"network":{"rules":{"api.example.com":[{"transform":{"headers":{"X-Key":"k"}}}]}}}"#;
+        assert_eq!(refused(rules), None);
+        assert!(serde_json::from_str::<NewSandbox>(r#"{"network":{"rules":{"a.test":[{"match":{}}]}}}"#).is_err());
         assert_eq!(
             refused(r#"{"network":{"egressProxy":{"address":"p:1080","tls":{"enabled":true}}}}"#),
             Some("network.egressProxy.tls")

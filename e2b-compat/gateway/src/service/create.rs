@@ -112,8 +112,7 @@ impl Sandboxes {
         self.quota.check_timeout(caller, &caller.team, timeout)?;
         let _place = self.quota.reserve_for(caller, &caller.team, Kind::Running, 1, self.limits.disk_mb << 20)?;
         let quota = checking.elapsed();
-        let policy = request.network.policy()?;
-        self.addresses.check_upstream(&policy)?;
+        let policy = self.checked_policy(&caller.team, &request.network)?;
         let started = Instant::now();
         let mut template = request.template.clone();
         let mut agent_token = None;

@@ -5,16 +5,17 @@
 use copse_substrate::Policy;
 
 use super::Sandboxes;
-use crate::model::{Caller, Result, SandboxRecord};
+use crate::model::{Caller, Result, SandboxError, SandboxRecord};
 use crate::network::NetworkRequest;
 
 impl Sandboxes {
     /// Replaces the sandbox's egress policy (E2B's `update_network`). A
     /// sandbox paused without memory gets it when it resumes.
     pub async fn update_network(&self, caller: &Caller, id: &str, request: NetworkRequest) -> Result<SandboxRecord> {
-        let policy = request.policy()?;
-        self.addresses.check_upstream(&policy)?;
         let mut record = self.get(caller, id)?;
+        // The sandbox's team, not the caller's (an admin's): its secrets
+        // are the ones its requests may carry.
+        let policy = self.checked_policy(&record.team, &request)?;
         let attached = !record.has_no_processes();
         // Without a network the sandbox has no egress at all, which every
         // policy admits; the policy is kept for when it is asked about.
@@ -27,6 +28,25 @@ impl Sandboxes {
         record.allow_internet_access = policy.internet_access();
         self.store.put(&record)?;
         Ok(record)
+    }
+
+    /// The policy `request` asks for on behalf of `team`: a SOCKS5 upstream
+    /// the host may dial, and rules naming only secrets the team has.
+    pub(super) fn checked_policy(&self, team: &str, request: &NetworkRequest) -> Result<Policy> {
+        let policy = request.policy(team)?;
+        self.addresses.check_upstream(&policy)?;
+        for name in policy.rules.iter().flat_map(|r| r.secret_names()) {
+            let exists = match &self.secrets {
+                Some(secrets) => secrets.exists(team, name)?,
+                None => false,
+            };
+            if !exists {
+                return Err(SandboxError::Invalid(format!(
+                    "network.rules: no secret named '{name}' (placeholders name a secret of the sandbox's team)"
+                )));
+            }
+        }
+        Ok(policy)
     }
 
     pub(super) async fn apply_policy(&self, id: &str, policy: &Policy) -> Result<()> {

@@ -79,6 +79,8 @@ pub struct Sandboxes {
     images: builds::ImageSource,
     /// Templates whose service is restored running (`warm.rs`).
     warmer: warm::Warmer,
+    /// What `network.rules` placeholders may name.
+    secrets: Option<Arc<Secrets>>,
 }
 
 impl Sandboxes {
@@ -110,7 +112,14 @@ impl Sandboxes {
             template_files,
             images: builds::ImageSource::new(Default::default(), blob_dir),
             warmer: Default::default(),
+            secrets: None,
         }
+    }
+
+    /// Sandboxes' `network.rules` may name `secrets` (without, none).
+    pub fn with_secrets(mut self, secrets: Arc<Secrets>) -> Self {
+        self.secrets = Some(secrets);
+        self
     }
 
     /// Sandboxes get an address on `network` (and pooled ones an open policy

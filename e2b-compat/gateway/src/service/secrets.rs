@@ -10,7 +10,7 @@ use crate::model::{
     Caller, SecretError, SecretRecord, SecretStore, new_id, now_ms, validate_secret_metadata, validate_secret_name,
     validate_secret_value,
 };
-use crate::vault::{Vault, seal_context};
+use crate::vault::{Vault, current_value, seal_context};
 
 type Result<T> = std::result::Result<T, SecretError>;
 
@@ -96,6 +96,29 @@ impl Secrets {
         Ok(self.store.secrets()?.into_iter().filter(|r| caller.sees(&r.team)).collect())
     }
 
+    /// Whether `team` has a secret called `name`.
+    pub fn exists(&self, team: &str, name: &str) -> anyhow::Result<bool> {
+        Ok(self.store.secret_named(team, name)?.is_some())
+    }
+
+    /// The egress proxy's view: a secret's current value by team and name.
+    /// Values are opened per request, so a new version or a delete takes
+    /// effect on the next one.
+    pub fn resolver(self: &Arc<Self>) -> copse_substrate::SecretResolver {
+        let secrets = self.clone();
+        Arc::new(move |team, name| {
+            let record = secrets.store.secret_named(team, name).ok()??;
+            match current_value(&secrets.vault, &record).map(String::from_utf8) {
+                Ok(Ok(value)) => Some(value),
+                Ok(Err(_)) => None,
+                Err(e) => {
+                    tracing::warn!(secret = %record.id, "opening a secret for the egress proxy: {e:#}");
+                    None
+                }
+            }
+        })
+    }
+
     pub fn delete(&self, caller: &Caller, id_or_name: &str) -> Result<()> {
         let record = self.get(caller, id_or_name)?;
         if self.store.remove_secret(&record.id)? { Ok(()) } else { Err(SecretError::NotFound(id_or_name.to_string())) }
@@ -107,7 +130,6 @@ mod tests {
     use super::*;
     use crate::model::DEFAULT_TEAM;
     use crate::store::SqliteStore;
-    use crate::vault::current_value;
 
     fn team() -> Caller {
         Caller::team(DEFAULT_TEAM)

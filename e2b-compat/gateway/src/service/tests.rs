@@ -259,7 +259,7 @@ fn create_request(template: &str, network: NetworkRequest) -> CreateRequest {
 #[tokio::test]
 async fn a_cold_create_attaches_the_callers_policy_in_its_one_network_step() {
     let f = fixture(&[]);
-    let policy = air_gapped().policy().unwrap();
+    let policy = air_gapped().policy("team").unwrap();
     let (record, _) = f.svc.create(&op(), create_request("base", air_gapped())).await.unwrap();
     assert_eq!(f.substrate.events(), [Event::Attached { id: record.id.clone(), policy: policy.clone() }]);
     assert_eq!(record.network.unwrap().policy, policy);
@@ -276,7 +276,7 @@ async fn a_create_asking_for_nothing_gets_open_egress_in_one_step() {
 #[tokio::test]
 async fn fork_children_boot_under_their_sources_policy() {
     let f = fixture(&[]);
-    let policy = air_gapped().policy().unwrap();
+    let policy = air_gapped().policy("team").unwrap();
     let (source, _) = f.svc.create(&op(), create_request("base", air_gapped())).await.unwrap();
     let children = f.svc.fork(&op(), &source.id, 2, MAX_FORKS, 60, false).await.unwrap();
     let ids: Vec<String> = children.into_iter().map(|c| c.unwrap().id).collect();
@@ -293,7 +293,7 @@ async fn a_pooled_sandbox_without_a_service_is_updated_on_hand_out() {
     let pooled = f.svc.boot("base", &POOL_POLICY).await.unwrap();
     let pooled_id = pooled.id.clone();
     f.svc.pools[0].put(pooled);
-    let policy = air_gapped().policy().unwrap();
+    let policy = air_gapped().policy("team").unwrap();
     let (record, _) = f.svc.create(&op(), create_request("base", air_gapped())).await.unwrap();
     assert_eq!(record.id, pooled_id);
     assert_eq!(
@@ -315,7 +315,7 @@ async fn a_pooled_sandbox_whose_service_runs_goes_only_to_a_caller_asking_for_th
         agent_socket: "/nonexistent".into(),
         network: None,
     });
-    let policy = air_gapped().policy().unwrap();
+    let policy = air_gapped().policy("team").unwrap();
     assert!(f.svc.take_pooled(CODE_INTERPRETER, &policy).await.is_none());
     assert_eq!(f.svc.pools[0].ready(), 1, "the pooled sandbox waits for a caller it suits");
 }

@@ -1,0 +1,512 @@
+//! Per-host request transforms (E2B's `network.rules`): which rules apply
+//! to a connection the egress proxy admitted, and the request head they
+//! turn it into, with `${e2b.secrets.<name>}` placeholders resolved there
+//! and nowhere else.
+//!
+//! A rule applies to plain HTTP only for now: HTTPS to a host with rules
+//! needs the proxy to terminate TLS, which it does not yet, and is
+//! refused rather than sent without the rule's headers.
+//!
+//! One request per connection is transformed: the head that goes out says
+//! `Connection: close`, so the server ends the connection after its
+//! response and a client's next request opens a new one (which is
+//! transformed in turn). Whatever a client sends after that head reaches a
+//! server that is closing, and never carries a resolved value.
+
+use std::net::Ipv4Addr;
+use std::sync::Arc;
+
+use ipnet::Ipv4Net;
+use serde::{Deserialize, Serialize};
+
+use crate::policy::{Target, name_matches, parse_target};
+
+/// Bounds on what a caller may register, so one sandbox's rules cannot
+/// make every request head the proxy builds arbitrarily large.
+pub const MAX_HOSTS: usize = 64;
+pub const MAX_RULES_PER_HOST: usize = 16;
+pub const MAX_HEADERS_PER_RULE: usize = 32;
+pub const MAX_HEADER_NAME: usize = 256;
+pub const MAX_HEADER_VALUE: usize = 8 * 1024;
+
+/// The most headers a request head the proxy rewrites may have.
+const MAX_REQUEST_HEADERS: usize = 128;
+
+const SECRET_PREFIX: &str = "e2b.secrets.";
+const IDENTITY_PREFIX: &str = "e2b.identity.";
+
+/// A secret's current value by its owner and name (the owner is whatever
+/// [`HeaderRules::owner`] says: the gateway's team). Lives in the process
+/// that holds the secrets; cubenet only calls it.
+pub type SecretResolver = Arc<dyn Fn(&str, &str) -> Option<String> + Send + Sync>;
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum RuleError {
+    #[error("network.rules: invalid host '{0}': expected a host name, *.<host name>, an IP address or a CIDR block")]
+    InvalidHost(String),
+    #[error("network.rules: host '{0}' is given twice (keys are compared in lower case)")]
+    DuplicateHost(String),
+    #[error(
+        "network.rules: at most {MAX_HOSTS} hosts, {MAX_RULES_PER_HOST} rules per host and \
+         {MAX_HEADERS_PER_RULE} headers per rule"
+    )]
+    TooMany,
+    #[error(
+        "network.rules['{0}']: invalid header name '{1}': expected an RFC 7230 token of at most {MAX_HEADER_NAME} bytes"
+    )]
+    InvalidHeaderName(String, String),
+    #[error(
+        "network.rules['{0}']: the value of header '{1}' must be at most {MAX_HEADER_VALUE} bytes without CR, LF or NUL"
+    )]
+    InvalidHeaderValue(String, String),
+    #[error("network.rules['{0}']: workload identity is not supported (header '{1}' uses ${{e2b.identity...}})")]
+    Identity(String, String),
+    #[error("network.rules['{0}']: header '{1}' has an unknown placeholder; only ${{e2b.secrets.<name>}} is resolved")]
+    UnknownPlaceholder(String, String),
+}
+
+/// A sandbox's rules, as asked for (placeholders unresolved).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HeaderRules {
+    /// Whose secrets the placeholders name.
+    pub owner: String,
+    pub hosts: Vec<HostRules>,
+}
+
+/// The ordered rules of one host key.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HostRules {
+    /// Lower-cased, as E2B normalizes keys.
+    pub host: String,
+    pub rules: Vec<Rule>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Rule {
+    /// `None`: a rule without a transform (E2B accepts one; it does nothing).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub headers: Option<Vec<(String, String)>>,
+}
+
+/// What one header value is made of.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Part<'a> {
+    Literal(&'a str),
+    Secret(&'a str),
+}
+
+impl HeaderRules {
+    /// Validates E2B's `rules` map (host → ordered rules).
+    pub fn from_e2b(owner: &str, hosts: Vec<(String, Vec<Rule>)>) -> Result<Self, RuleError> {
+        if hosts.len() > MAX_HOSTS {
+            return Err(RuleError::TooMany);
+        }
+        let mut checked = Vec::with_capacity(hosts.len());
+        for (host, rules) in hosts {
+            let key = host.trim().trim_end_matches('.').to_ascii_lowercase();
+            // An IPv6 key is accepted, as in allow_out, and never matches:
+            // sandboxes have no IPv6.
+            if key.is_empty() || key == "*" || parse_target(&key).is_err() {
+                return Err(RuleError::InvalidHost(host));
+            }
+            if checked.iter().any(|h: &HostRules| h.host == key) {
+                return Err(RuleError::DuplicateHost(host));
+            }
+            if rules.len() > MAX_RULES_PER_HOST {
+                return Err(RuleError::TooMany);
+            }
+            for headers in rules.iter().filter_map(|r| r.headers.as_ref()) {
+                if headers.len() > MAX_HEADERS_PER_RULE {
+                    return Err(RuleError::TooMany);
+                }
+                for (name, value) in headers {
+                    check_header(&key, name, value)?;
+                }
+            }
+            checked.push(HostRules { host: key, rules });
+        }
+        Ok(Self { owner: owner.to_string(), hosts: checked })
+    }
+
+    /// Every secret a placeholder names, once each.
+    pub fn secret_names(&self) -> Vec<&str> {
+        let mut names: Vec<&str> = self
+            .hosts
+            .iter()
+            .flat_map(|h| &h.rules)
+            .filter_map(|r| r.headers.as_ref())
+            .flatten()
+            .flat_map(|(_, value)| parts(value).unwrap_or_default())
+            .filter_map(|part| match part {
+                Part::Secret(name) => Some(name),
+                Part::Literal(_) => None,
+            })
+            .collect();
+        names.sort_unstable();
+        names.dedup();
+        names
+    }
+
+    /// The rules for a connection to `dst` that asked for `name`, if any.
+    ///
+    /// A name key applies only when the destination is an address the
+    /// name resolves to (`lookup`, the host's view): the sandbox picks
+    /// both the `Host` and the address, and the secret must not follow a
+    /// rule host's name to an address of the sandbox's choosing. Exact
+    /// names win over wildcards, longer wildcards over shorter ones, and
+    /// address keys (the longest prefix) come last; rule sets never merge.
+    pub fn matching(
+        &self,
+        name: Option<&str>,
+        dst: Ipv4Addr,
+        lookup: impl FnOnce(&str) -> Vec<Ipv4Addr>,
+    ) -> Option<&HostRules> {
+        let by_name = name.and_then(|name| {
+            let name = name.trim_end_matches('.').to_ascii_lowercase();
+            let exact = self.hosts.iter().find(|h| h.host == name);
+            let wildcard = || {
+                self.hosts
+                    .iter()
+                    .filter(|h| h.host.starts_with("*.") && name_matches(&h.host, &name))
+                    .max_by_key(|h| h.host.len())
+            };
+            exact.or_else(wildcard).filter(|_| lookup(&name).contains(&dst))
+        });
+        by_name.or_else(|| {
+            self.hosts
+                .iter()
+                .filter_map(|h| match parse_target(&h.host) {
+                    Ok(Some(Target::Net(net))) if net.contains(&dst) => Some((net, h)),
+                    _ => None,
+                })
+                .max_by_key(|(net, _): &(Ipv4Net, _)| net.prefix_len())
+                .map(|(_, h)| h)
+        })
+    }
+}
+
+fn check_header(host: &str, name: &str, value: &str) -> Result<(), RuleError> {
+    let invalid_name = || RuleError::InvalidHeaderName(host.to_string(), name.to_string());
+    if name.is_empty() || name.len() > MAX_HEADER_NAME || !name.bytes().all(is_token_byte) {
+        return Err(invalid_name());
+    }
+    // The proxy owns the framing and the connection's fate: a rule that
+    // set these could smuggle a second request or keep the connection
+    // open past the one request it transforms.
+    let framing = ["host", "content-length", "transfer-encoding", "connection", "keep-alive", "upgrade", "te"];
+    if framing.iter().any(|f| name.eq_ignore_ascii_case(f)) {
+        return Err(invalid_name());
+    }
+    if value.len() > MAX_HEADER_VALUE || value.bytes().any(|b| matches!(b, b'\r' | b'\n' | 0)) {
+        return Err(RuleError::InvalidHeaderValue(host.to_string(), name.to_string()));
+    }
+    parts(value).map(|_| ()).map_err(|kind| match kind {
+        PlaceholderError::Identity => RuleError::Identity(host.to_string(), name.to_string()),
+        PlaceholderError::Unknown => RuleError::UnknownPlaceholder(host.to_string(), name.to_string()),
+    })
+}
+
+/// RFC 7230 `tchar`.
+fn is_token_byte(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)
+}
+
+#[derive(Debug, PartialEq, Eq)]
+enum PlaceholderError {
+    Identity,
+    Unknown,
+}
+
+/// Splits a header value into literals and secret placeholders. `${...}`
+/// that does not start with `e2b.` is literal text; an unknown `e2b.`
+/// placeholder is an error rather than text sent as it is.
+fn parts(value: &str) -> Result<Vec<Part<'_>>, PlaceholderError> {
+    let mut out = Vec::new();
+    let mut rest = value;
+    while let Some(start) = rest.find("${") {
+        let Some(len) = rest[start + 2..].find('}') else { break };
+        let inner = &rest[start + 2..start + 2 + len];
+        let part = if let Some(name) = inner.strip_prefix(SECRET_PREFIX).filter(|n| !n.is_empty()) {
+            Part::Secret(name)
+        } else if inner.starts_with(IDENTITY_PREFIX) {
+            return Err(PlaceholderError::Identity);
+        } else if inner.starts_with("e2b.") {
+            return Err(PlaceholderError::Unknown);
+        } else {
+            out.push(Part::Literal(&rest[..start + 3 + len]));
+            rest = &rest[start + 3 + len..];
+            continue;
+        };
+        if start > 0 {
+            out.push(Part::Literal(&rest[..start]));
+        }
+        out.push(part);
+        rest = &rest[start + 3 + len..];
+    }
+    if !rest.is_empty() {
+        out.push(Part::Literal(rest));
+    }
+    Ok(out)
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum TransformError {
+    #[error("not a complete HTTP/1 request head")]
+    NotHttp,
+    #[error("HTTPS to a host with rules needs TLS interception, which the egress proxy does not do yet")]
+    Tls,
+    #[error("secret '{0}' is not available")]
+    MissingSecret(String),
+    #[error("secret '{0}' has a value a header cannot carry (CR, LF or NUL)")]
+    UnsafeSecret(String),
+}
+
+/// What the proxy sends ahead of the rest of an admitted connection:
+/// the client's first bytes as they were when no rule applies (see
+/// [`HeaderRules::matching`]), else the request [`transform`]ed.
+pub fn prepare(
+    rules: Option<&HeaderRules>,
+    name: Option<&str>,
+    dst: Ipv4Addr,
+    head: Vec<u8>,
+    lookup: impl FnOnce(&str) -> Vec<Ipv4Addr>,
+    resolve: Option<&SecretResolver>,
+) -> Result<Vec<u8>, TransformError> {
+    let Some((rules, host)) = rules.and_then(|r| r.matching(name, dst, lookup).map(|h| (r, h))) else {
+        return Ok(head);
+    };
+    if head.first() == Some(&0x16) {
+        return Err(TransformError::Tls);
+    }
+    let unresolved = |_: &str, _: &str| None;
+    let resolve: &dyn Fn(&str, &str) -> Option<String> = match resolve {
+        Some(resolve) => resolve.as_ref(),
+        None => &unresolved,
+    };
+    transform(&head, host, &rules.owner, resolve)
+}
+
+/// `head` (a complete request head, and whatever followed it) with the
+/// rules' headers set, in order (a later rule's header replaces an
+/// earlier one of the same name, and both replace the client's), and
+/// `Connection: close`.
+pub fn transform(
+    head: &[u8],
+    rules: &HostRules,
+    owner: &str,
+    resolve: &dyn Fn(&str, &str) -> Option<String>,
+) -> Result<Vec<u8>, TransformError> {
+    let mut slots = [httparse::EMPTY_HEADER; MAX_REQUEST_HEADERS];
+    let mut request = httparse::Request::new(&mut slots);
+    let len = match request.parse(head) {
+        Ok(httparse::Status::Complete(len)) => len,
+        _ => return Err(TransformError::NotHttp),
+    };
+    let (Some(method), Some(path), Some(version)) = (request.method, request.path, request.version) else {
+        return Err(TransformError::NotHttp);
+    };
+    let hop_by_hop = ["connection", "keep-alive", "proxy-connection"];
+    let mut headers: Vec<(String, Vec<u8>)> = request
+        .headers
+        .iter()
+        .filter(|h| !hop_by_hop.iter().any(|n| h.name.eq_ignore_ascii_case(n)))
+        .map(|h| (h.name.to_string(), h.value.to_vec()))
+        .collect();
+    for set in rules.rules.iter().filter_map(|r| r.headers.as_ref()) {
+        for (name, value) in set {
+            let resolved = resolve_value(value, owner, resolve)?;
+            headers.retain(|(n, _)| !n.eq_ignore_ascii_case(name));
+            headers.push((name.clone(), resolved.into_bytes()));
+        }
+    }
+    headers.push(("Connection".into(), b"close".to_vec()));
+    let mut out = Vec::with_capacity(head.len() + 256);
+    out.extend_from_slice(format!("{method} {path} HTTP/1.{version}\r\n").as_bytes());
+    for (name, value) in &headers {
+        out.extend_from_slice(name.as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(value);
+        out.extend_from_slice(b"\r\n");
+    }
+    out.extend_from_slice(b"\r\n");
+    out.extend_from_slice(&head[len..]);
+    Ok(out)
+}
+
+fn resolve_value(
+    value: &str,
+    owner: &str,
+    resolve: &dyn Fn(&str, &str) -> Option<String>,
+) -> Result<String, TransformError> {
+    // Checked when the rule was accepted; a rule read back from an older
+    // record is held to the same.
+    let parts = parts(value).map_err(|_| TransformError::NotHttp)?;
+    let mut out = String::with_capacity(value.len());
+    for part in parts {
+        match part {
+            Part::Literal(text) => out.push_str(text),
+            Part::Secret(name) => {
+                let secret = resolve(owner, name).ok_or_else(|| TransformError::MissingSecret(name.to_string()))?;
+                if secret.bytes().any(|b| matches!(b, b'\r' | b'\n' | 0)) {
+                    return Err(TransformError::UnsafeSecret(name.to_string()));
+                }
+                out.push_str(&secret);
+            }
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rule(headers: &[(&str, &str)]) -> Rule {
+        Rule { headers: Some(headers.iter().map(|(n, v)| (n.to_string(), v.to_string())).collect()) }
+    }
+
+    fn rules(hosts: &[(&str, Vec<Rule>)]) -> Result<HeaderRules, RuleError> {
+        HeaderRules::from_e2b("team-a", hosts.iter().map(|(h, r)| (h.to_string(), r.clone())).collect())
+    }
+
+    fn lookup(name: &str) -> Vec<Ipv4Addr> {
+        match name {
+            "api.test" | "a.wild.test" | "b.a.wild.test" => vec!["198.51.100.10".parse().unwrap()],
+            _ => vec![],
+        }
+    }
+
+    const RULE_HOST: &str = "198.51.100.10";
+
+    #[test]
+    fn rules_are_validated_when_accepted() {
+        let bearer = rule(&[("Authorization", "Bearer ${e2b.secrets.key}")]);
+        let ok =
+            rules(&[("API.test.", vec![bearer.clone()]), ("*.wild.test", vec![]), ("10.0.0.0/8", vec![])]).unwrap();
+        assert_eq!(ok.hosts[0].host, "api.test", "keys are normalized");
+        assert_eq!(ok.secret_names(), ["key"]);
+        let refused = |host: &str, headers: &[(&str, &str)]| rules(&[(host, vec![rule(headers)])]).unwrap_err();
+        assert!(matches!(refused("*", &[]), RuleError::InvalidHost(_)));
+        assert!(matches!(refused("not a host", &[]), RuleError::InvalidHost(_)));
+        assert!(matches!(refused("api.test", &[("Bad Name", "v")]), RuleError::InvalidHeaderName(..)));
+        assert!(matches!(refused("api.test", &[("X-A:", "v")]), RuleError::InvalidHeaderName(..)));
+        assert!(matches!(refused("api.test", &[("Host", "evil.test")]), RuleError::InvalidHeaderName(..)));
+        assert!(matches!(refused("api.test", &[("Transfer-Encoding", "chunked")]), RuleError::InvalidHeaderName(..)));
+        for value in ["a\r\nX-Injected: 1", "a\nb", "a\0b"] {
+            assert!(matches!(refused("api.test", &[("X-A", value)]), RuleError::InvalidHeaderValue(..)), "{value:?}");
+        }
+        let long = "v".repeat(MAX_HEADER_VALUE + 1);
+        assert!(matches!(refused("api.test", &[("X-A", &long)]), RuleError::InvalidHeaderValue(..)));
+        assert!(matches!(refused("api.test", &[("X-A", "${e2b.identity.tokens.aws}")]), RuleError::Identity(..)));
+        assert!(matches!(refused("api.test", &[("X-A", "${e2b.other}")]), RuleError::UnknownPlaceholder(..)));
+        assert!(matches!(refused("api.test", &[("X-A", "${e2b.secrets.}")]), RuleError::UnknownPlaceholder(..)));
+        let twice = rules(&[("api.test", vec![]), ("API.test", vec![])]).unwrap_err();
+        assert!(matches!(twice, RuleError::DuplicateHost(_)));
+        let many: Vec<(String, Vec<Rule>)> = (0..=MAX_HOSTS).map(|i| (format!("h{i}.test"), vec![])).collect();
+        assert_eq!(HeaderRules::from_e2b("t", many).unwrap_err(), RuleError::TooMany);
+    }
+
+    #[test]
+    fn placeholders_split_values_and_other_braces_are_text() {
+        let got = parts("a ${e2b.secrets.one}-${HOME}${e2b.secrets.two} ${unclosed").unwrap();
+        use Part::*;
+        assert_eq!(got, [Literal("a "), Secret("one"), Literal("-${HOME}"), Secret("two"), Literal(" ${unclosed")]);
+    }
+
+    #[test]
+    fn exact_names_win_then_the_longest_wildcard_then_addresses() {
+        let set = rules(&[
+            ("*.wild.test", vec![rule(&[("X-Which", "short")])]),
+            ("*.a.wild.test", vec![rule(&[("X-Which", "long")])]),
+            ("a.wild.test", vec![rule(&[("X-Which", "exact")])]),
+            ("198.51.100.0/24", vec![rule(&[("X-Which", "net")])]),
+        ])
+        .unwrap();
+        let dst: Ipv4Addr = RULE_HOST.parse().unwrap();
+        let which = |name: Option<&str>, dst: Ipv4Addr| set.matching(name, dst, lookup).map(|h| h.host.as_str());
+        assert_eq!(which(Some("a.wild.test"), dst), Some("a.wild.test"));
+        assert_eq!(which(Some("b.a.wild.test"), dst), Some("*.a.wild.test"));
+        assert_eq!(which(Some("other.test"), dst), Some("198.51.100.0/24"), "no name rule: the address's");
+        assert_eq!(which(None, "203.0.113.1".parse().unwrap()), None);
+    }
+
+    #[test]
+    fn a_rule_name_sent_to_an_address_it_does_not_resolve_to_gets_no_rule() {
+        let set = rules(&[("api.test", vec![rule(&[("Authorization", "${e2b.secrets.key}")])])]).unwrap();
+        assert!(set.matching(Some("api.test"), RULE_HOST.parse().unwrap(), lookup).is_some());
+        assert!(set.matching(Some("api.test"), "203.0.113.66".parse().unwrap(), lookup).is_none(), "a forged Host");
+    }
+
+    fn resolver(owner: &str, name: &str) -> Option<String> {
+        match (owner, name) {
+            ("team-a", "key") => Some("s3cr3t".into()),
+            ("team-a", "crlf") => Some("x\r\nX-Evil: 1".into()),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn the_head_gets_the_rules_headers_resolved_and_connection_close() {
+        let set = rules(&[(
+            "api.test",
+            vec![
+                rule(&[("Authorization", "Bearer ${e2b.secrets.key}"), ("X-Team", "one")]),
+                rule(&[("x-team", "two")]),
+            ],
+        )])
+        .unwrap();
+        let head = b"POST /v1 HTTP/1.1\r\nHost: api.test\r\nauthorization: forged\r\nConnection: keep-alive\r\nContent-Length: 4\r\n\r\nbody";
+        let out = transform(head, &set.hosts[0], &set.owner, &resolver).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        assert_eq!(
+            text,
+            "POST /v1 HTTP/1.1\r\nHost: api.test\r\nContent-Length: 4\r\nAuthorization: Bearer s3cr3t\r\n\
+             x-team: two\r\nConnection: close\r\n\r\nbody"
+        );
+    }
+
+    #[test]
+    fn only_connections_a_rule_matches_are_touched_and_tls_to_them_is_refused() {
+        let set = rules(&[("api.test", vec![rule(&[("X-Key", "${e2b.secrets.key}")])])]).unwrap();
+        let resolver: SecretResolver = Arc::new(resolver);
+        let dst: Ipv4Addr = RULE_HOST.parse().unwrap();
+        let head = b"GET / HTTP/1.1\r\nHost: other.test\r\n\r\n".to_vec();
+        let untouched = prepare(Some(&set), Some("other.test"), dst, head.clone(), lookup, Some(&resolver));
+        assert_eq!(untouched.unwrap(), head);
+        assert_eq!(prepare(None, Some("api.test"), dst, head.clone(), lookup, Some(&resolver)).unwrap(), head);
+        let hello = vec![0x16, 3, 1, 0, 0];
+        assert_eq!(
+            prepare(Some(&set), Some("api.test"), dst, hello, lookup, Some(&resolver)),
+            Err(TransformError::Tls)
+        );
+        let head = b"GET / HTTP/1.1\r\nHost: api.test\r\n\r\n".to_vec();
+        let out = prepare(Some(&set), Some("api.test"), dst, head.clone(), lookup, Some(&resolver)).unwrap();
+        assert!(String::from_utf8(out).unwrap().contains("X-Key: s3cr3t\r\n"));
+        assert_eq!(
+            prepare(Some(&set), Some("api.test"), dst, head, lookup, None),
+            Err(TransformError::MissingSecret("key".into())),
+            "no resolver yet: refused, not sent without the header"
+        );
+    }
+
+    #[test]
+    fn a_missing_or_unsafe_secret_or_a_partial_head_is_an_error() {
+        let with = |value: &str| rules(&[("api.test", vec![rule(&[("X-Key", value)])])]).unwrap();
+        let head = b"GET / HTTP/1.1\r\nHost: api.test\r\n\r\n";
+        let set = with("${e2b.secrets.gone}");
+        assert_eq!(
+            transform(head, &set.hosts[0], &set.owner, &resolver),
+            Err(TransformError::MissingSecret("gone".into()))
+        );
+        let set = with("${e2b.secrets.crlf}");
+        assert_eq!(
+            transform(head, &set.hosts[0], &set.owner, &resolver),
+            Err(TransformError::UnsafeSecret("crlf".into()))
+        );
+        let other_team = HeaderRules { owner: "team-b".into(), ..with("${e2b.secrets.key}") };
+        assert!(transform(head, &other_team.hosts[0], &other_team.owner, &resolver).is_err(), "owners do not share");
+        let set = with("v");
+        assert_eq!(transform(&head[..20], &set.hosts[0], &set.owner, &resolver), Err(TransformError::NotHttp));
+        assert_eq!(transform(b"\x16\x03\x01\x00", &set.hosts[0], &set.owner, &resolver), Err(TransformError::NotHttp));
+    }
+}
