@@ -11,16 +11,14 @@ names in the static table or in dnsmasq's are ever asked for, so no query
 leaves this machine.
 """
 
-import ipaddress
 import os
 import socket
 import subprocess
 import time
 
 import pytest
-from conftest import BRIDGE, SUBNET
 from e2b import InvalidArgumentException, Sandbox, SandboxException
-from test_egress_proxy import OTHER, WEB, web  # noqa: F401 (a fixture)
+from test_egress_proxy import OTHER, WEB, hosts_gateway, web  # noqa: F401 (a fixture)
 
 HOSTS = f"{WEB} allowed.test denied.test\n"
 # The host's own address on the web veth: where dnsmasq's rebinding answer
@@ -79,24 +77,10 @@ def resolve(sbx, name: str) -> str:
 
 @pytest.fixture(scope="module")
 def dns_gateway(gateway, web):  # noqa: F811 (the imported fixture)
-    """A gateway with the test names in its static table (its own bridge
-    and subnet); yields the SDK's connection arguments."""
-    from conftest import Gateway, second_data_dir
-
-    data_dir = second_data_dir("dns")
-    hosts = data_dir / "egress-hosts"
-    hosts.write_text(HOSTS)
-    other = Gateway(data_dir)
-    second = ipaddress.ip_network(SUBNET).network_address.packed[1]
-    bridge = f"{BRIDGE[:9]}d"
-    other.start(extra_args=["--bridge", bridge, "--subnet", f"10.{(second + 102) % 256}.0.0/16",
-                            "--egress-hosts-file", str(hosts)])
-    try:
-        yield dict(api_key=os.environ["E2B_API_KEY"], api_url=other.url, sandbox_url=other.url)
-    finally:
-        other.stop()
-        subprocess.run(["nft", "delete", "table", "inet", f"copse_{bridge}"], capture_output=True)
-        subprocess.run(["ip", "link", "del", bridge], capture_output=True)
+    """A gateway with the test names in its static table; yields the SDK's
+    connection arguments."""
+    with hosts_gateway("dns", "d", 102, HOSTS) as (env, _):
+        yield env
 
 
 @pytest.fixture(scope="module")

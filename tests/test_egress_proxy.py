@@ -11,6 +11,7 @@ host's view of the names; the sandbox names its destination itself
 (`curl --resolve`), so a name can be sent to any address.
 """
 
+import contextlib
 import ipaddress
 import os
 import subprocess
@@ -108,19 +109,20 @@ def requests_to(path: str) -> list:
         return [seen for seen in map(json.loads, log) if seen["path"] == path]
 
 
-@pytest.fixture(scope="module")
-def egress_gateway(gateway, web):
-    """A gateway whose host resolves the test names (its own bridge and
-    subnet); yields the SDK's connection arguments."""
+@contextlib.contextmanager
+def hosts_gateway(name: str, bridge_letter: str, subnet_offset: int, names: str = HOSTS):
+    """A second gateway with `names` (hosts(5) lines) in its static table, on a
+    bridge and subnet of its own; yields the SDK's connection arguments and
+    its bridge."""
     from conftest import Gateway, second_data_dir
 
-    data_dir = second_data_dir("egress")
+    data_dir = second_data_dir(name)
     hosts = data_dir / "egress-hosts"
-    hosts.write_text(HOSTS)
+    hosts.write_text(names)
     other = Gateway(data_dir)
     second = ipaddress.ip_network(SUBNET).network_address.packed[1]
-    bridge = f"{BRIDGE[:9]}e"
-    other.start(extra_args=["--bridge", bridge, "--subnet", f"10.{(second + 101) % 256}.0.0/16",
+    bridge = f"{BRIDGE[:9]}{bridge_letter}"
+    other.start(extra_args=["--bridge", bridge, "--subnet", f"10.{(second + subnet_offset) % 256}.0.0/16",
                             "--egress-hosts-file", str(hosts)])
     try:
         yield dict(api_key=os.environ["E2B_API_KEY"], api_url=other.url, sandbox_url=other.url), bridge
@@ -128,6 +130,14 @@ def egress_gateway(gateway, web):
         other.stop()
         subprocess.run(["nft", "delete", "table", "inet", f"copse_{bridge}"], capture_output=True)
         subprocess.run(["ip", "link", "del", bridge], capture_output=True)
+
+
+@pytest.fixture(scope="module")
+def egress_gateway(gateway, web):
+    """A gateway whose host resolves the test names; yields the SDK's
+    connection arguments and its bridge."""
+    with hosts_gateway("egress", "e", 101) as made:
+        yield made
 
 
 def fetch(sbx, url: str, resolve: str = "", header: str = "") -> str:
