@@ -2180,19 +2180,10 @@ def test_a_rebinding_answer_opens_no_egress(dns_gateway, tenant_dns):
 # the rule host's own addresses, in the one header the rule names, and only
 # for the team that owns it.
 from test_egress_proxy import requests_to  # noqa: E402
-
-
-def _rule_secret(env: dict, value: str) -> str:
-    from e2b import Secret
-
-    name = f"hostile-{os.urandom(5).hex()}"
-    Secret.create(name, value, api_key=env["api_key"], api_url=env["api_url"])
-    return name
+from test_egress_rules import destroy, secret_of  # noqa: E402
 
 
 def _authorization(name: str) -> dict:
-    from e2b import Secret
-
     return {"allowed.test": [{"transform": {"headers": {"Authorization": Secret.fill(name)}}}]}
 
 
@@ -2200,11 +2191,9 @@ def test_a_rule_hosts_name_sent_to_another_address_carries_no_secret(egress_gate
     """The sandbox picks both the Host (or SNI) and the address: the rule
     host's name sent to another address the sandbox may reach passes, as
     the policy says, without the secret."""
-    from e2b import Secret
-
     env, _ = egress_gateway
     value = f"forged-{os.urandom(8).hex()}"
-    name = _rule_secret(env, value)
+    name = secret_of(env, value)
     sbx = create(env, allow_out=["allowed.test", WEB_OTHER], deny_out=["0.0.0.0/0"], rules=_authorization(name))
     try:
         control, forged, sni = (f"/{kind}-{os.urandom(4).hex()}" for kind in ("control", "forged", "sni"))
@@ -2219,12 +2208,10 @@ def test_a_rule_hosts_name_sent_to_another_address_carries_no_secret(egress_gate
         assert value not in json.dumps(seen), seen
     finally:
         sbx.kill()
-        Secret.destroy(name, api_key=env["api_key"], api_url=env["api_url"])
+        destroy(env, name)
 
 
 def test_header_injection_through_a_rule_or_a_secret_is_refused(egress_gateway):
-    from e2b import SandboxException, Secret
-
     env, _ = egress_gateway
     injected = {"allowed.test": [{"transform": {"headers": {"X-Key": "v\r\nX-Injected: 1"}}}]}
     with pytest.raises(SandboxException) as caught:
@@ -2232,7 +2219,7 @@ def test_header_injection_through_a_rule_or_a_secret_is_refused(egress_gateway):
     assert getattr(caught.value, "status_code", None) == 400
     # A secret's value is the tenant's to choose too: one that would end
     # the header is never sent.
-    name = _rule_secret(env, "v\r\nX-Injected: 1")
+    name = secret_of(env, "v\r\nX-Injected: 1")
     sbx = create(env, allow_out=["allowed.test"], deny_out=["0.0.0.0/0"], rules=_authorization(name))
     try:
         path = f"/crlf-{os.urandom(4).hex()}"
@@ -2240,7 +2227,7 @@ def test_header_injection_through_a_rule_or_a_secret_is_refused(egress_gateway):
         assert requests_to(path) == []
     finally:
         sbx.kill()
-        Secret.destroy(name, api_key=env["api_key"], api_url=env["api_url"])
+        destroy(env, name)
 
 
 def test_a_rule_cannot_name_another_teams_secret(gateway):

@@ -1,7 +1,8 @@
 //! The `copse` command: the server (`up`) and thin clients of it.
 
+use std::io::{BufReader, BufWriter};
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::Context;
@@ -603,7 +604,6 @@ fn main() -> anyhow::Result<()> {
 
 fn snapshot(command: SnapshotCommand) -> anyhow::Result<()> {
     use copse_gateway::snapshot_file;
-    use std::io::{BufReader, BufWriter};
     let open = |paths: Paths| -> anyhow::Result<_> {
         let config = local_config(paths)?;
         Ok((server::open_store(&config)?, server::open_substrate(&config)?))
@@ -618,13 +618,7 @@ fn snapshot(command: SnapshotCommand) -> anyhow::Result<()> {
         }
         SnapshotCommand::Export { id, file, team, paths } => {
             let (store, substrate) = open(paths)?;
-            let mut out: Box<dyn std::io::Write> = if file.as_os_str() == "-" {
-                Box::new(BufWriter::new(std::io::stdout().lock()))
-            } else {
-                Box::new(BufWriter::new(
-                    std::fs::File::create(&file).with_context(|| format!("creating {}", file.display()))?,
-                ))
-            };
+            let mut out = writer_to(&file)?;
             snapshot_file::export(&*store, substrate.as_ref(), &team, &id, &mut out)?;
             eprintln!("exported snapshot {id}");
             Ok(())
@@ -634,13 +628,7 @@ fn snapshot(command: SnapshotCommand) -> anyhow::Result<()> {
                 copse_gateway::fault::arm_from_env()?;
             }
             let (store, substrate) = open(paths)?;
-            let mut input: Box<dyn std::io::BufRead> = if file.as_os_str() == "-" {
-                Box::new(BufReader::new(std::io::stdin().lock()))
-            } else {
-                Box::new(BufReader::new(
-                    std::fs::File::open(&file).with_context(|| format!("opening {}", file.display()))?,
-                ))
-            };
+            let mut input = reader_from(&file)?;
             let record = snapshot_file::import(&*store, substrate.as_ref(), &team, &mut input, name)?;
             println!("imported snapshot {} (template {})", record.id, record.template);
             Ok(())
@@ -705,13 +693,7 @@ fn volume(command: VolumeCommand) -> anyhow::Result<()> {
                     record.name
                 );
             }
-            let mut sink: Box<dyn std::io::Write> = if out.as_os_str() == "-" {
-                Box::new(std::io::BufWriter::new(std::io::stdout().lock()))
-            } else {
-                Box::new(std::io::BufWriter::new(
-                    std::fs::File::create(&out).with_context(|| format!("creating {}", out.display()))?,
-                ))
-            };
+            let mut sink = writer_to(&out)?;
             let report = copse_gateway::volume_archive::export(&*store, substrate.as_ref(), &record, &mut sink)?;
             for (path, why) in &report.skipped {
                 eprintln!("skipped {path}: {why}");
@@ -734,13 +716,7 @@ fn volume(command: VolumeCommand) -> anyhow::Result<()> {
         }
         VolumeCommand::Import { file, name, team, paths } => {
             let (store, substrate) = open(paths)?;
-            let mut input: Box<dyn std::io::Read> = if file.as_os_str() == "-" {
-                Box::new(std::io::BufReader::new(std::io::stdin().lock()))
-            } else {
-                Box::new(std::io::BufReader::new(
-                    std::fs::File::open(&file).with_context(|| format!("opening {}", file.display()))?,
-                ))
-            };
+            let mut input = reader_from(&file)?;
             let done = copse_gateway::volume_archive::import(&*store, substrate.as_ref(), &mut input, name, team)?;
             println!(
                 "imported volume {} ({}, team {}): {} files, {} bytes",
@@ -819,4 +795,22 @@ fn egress_hosts(path: Option<&std::path::Path>) -> anyhow::Result<Vec<(String, s
     let Some(path) = path else { return Ok(Vec::new()) };
     let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     copse_cubenet::dns::parse_hosts(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
+}
+
+/// `path` for writing, buffered; "-" is stdout.
+fn writer_to(path: &Path) -> anyhow::Result<Box<dyn std::io::Write>> {
+    if path.as_os_str() == "-" {
+        return Ok(Box::new(BufWriter::new(std::io::stdout().lock())));
+    }
+    let file = std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?;
+    Ok(Box::new(BufWriter::new(file)))
+}
+
+/// `path` for reading, buffered; "-" is stdin.
+fn reader_from(path: &Path) -> anyhow::Result<Box<dyn std::io::BufRead>> {
+    if path.as_os_str() == "-" {
+        return Ok(Box::new(BufReader::new(std::io::stdin().lock())));
+    }
+    let file = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
+    Ok(Box::new(BufReader::new(file)))
 }
