@@ -104,6 +104,11 @@ def _copse_cgroup(cgroup_text: str) -> Optional[tuple[str, str]]:
     return None
 
 
+def sandbox_pids(sandbox_id: str) -> list[int]:
+    """Host pids of the processes in sandbox `sandbox_id`'s copse cgroups."""
+    return [pid for pid in _pids() if (_copse_cgroup(_read(f"/proc/{pid}/cgroup") or "") or ("", ""))[1] == sandbox_id]
+
+
 def _state(pid: int) -> str:
     stat = _read(f"/proc/{pid}/stat") or ""
     rest = stat[stat.rfind(")") + 2 :] if ")" in stat else ""

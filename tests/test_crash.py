@@ -6,6 +6,7 @@ with its files, nothing frozen that it lists as running, snapshot records
 and snapshot files in step, no orphan layers, no leftovers on the host, and
 an empty journal."""
 
+import io
 import ipaddress
 import json
 import os
@@ -16,7 +17,7 @@ import time
 import urllib.request
 
 import pytest
-from e2b import Sandbox, SandboxNotFoundException
+from e2b import Sandbox, SandboxNotFoundException, Volume
 
 import leakcheck
 from conftest import API_KEY, BRIDGE, COPSE, DATA_DIR, SUBNET, Gateway, second_data_dir
@@ -250,6 +251,72 @@ def test_an_import_cut_short_leaves_nothing_after_a_restart(crash_network, tmp_p
         assert layers == [], "no layer outlives the imports"
         assert list(data_dir.glob(".import-*")) == [], "the cut import's staging is collected"
     finally:
+        if gw.proc.poll() is None:
+            gw.stop()
+
+
+@pytest.mark.timeout(180, func_only=True)
+def test_a_volume_import_killed_midway_is_removed_at_the_next_start_and_a_live_one_is_not(
+    crash_network, tmp_path, monkeypatch
+):
+    """`copse volume import` killed while it reads the stream leaves a
+    volume no record names: the gateway's next start removes it. An import
+    still running across that start is left alone and finishes."""
+    data_dir = second_data_dir("crash")
+    gw = Gateway(data_dir)
+    gw.start(extra_args=crash_network)
+    monkeypatch.setenv("E2B_VOLUME_API_URL", gw.url)
+    on_disk = ["--data-dir", str(data_dir)]
+    volumes, claims = data_dir / "disk" / ".volumes", data_dir / "volume-imports"
+    archive = tmp_path / "vol.tar"
+    streams = []
+    try:
+        vol = Volume.create("to-move", api_key=API_KEY, api_url=gw.url)
+        vol.write_file("/ballast.bin", io.BytesIO(os.urandom(4 << 20)))
+        subprocess.run([str(COPSE), "volume", "export", "to-move", "--out", str(archive), *on_disk], check=True)
+        data = archive.read_bytes()
+        before = set(volumes.iterdir())
+
+        def cut_short(name: str) -> subprocess.Popen:
+            """An import fed half the archive, its stream left open."""
+            fifo = tmp_path / name
+            os.mkfifo(fifo)
+            importer = subprocess.Popen([str(COPSE), "volume", "import", str(fifo), "--name", name, *on_disk])
+            stream = open(fifo, "wb")
+            streams.append(stream)
+            stream.write(data[: len(data) // 2])
+            stream.flush()
+            deadline = time.monotonic() + 20
+            while len(set(volumes.iterdir()) - before) < len(streams) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert len(set(volumes.iterdir()) - before) == len(streams), "the import never began"
+            return importer
+
+        dead = cut_short("dead")
+        dead.kill()
+        dead.wait(timeout=10)
+        live = cut_short("live")
+        assert len(list(claims.iterdir())) == 2
+
+        gw.stop()
+        gw.start(extra_args=crash_network)
+        assert len(set(volumes.iterdir()) - before) == 1, "the dead import's volume is removed, the live one's kept"
+        assert len(list(claims.iterdir())) == 1
+
+        streams[-1].write(data[len(data) // 2 :])
+        streams[-1].close()
+        assert live.wait(timeout=60) == 0
+        listed = {v.name: v.volume_id for v in Volume.list(api_key=API_KEY, api_url=gw.url)}
+        assert "dead" not in listed and {"to-move", "live"} <= listed.keys(), listed
+        assert list(claims.iterdir()) == []
+        copy = Volume.connect(listed["live"], api_key=API_KEY, api_url=gw.url)
+        assert copy.read_file("/ballast.bin", format="bytes") == vol.read_file("/ballast.bin", format="bytes")
+    finally:
+        for stream in streams:
+            try:
+                stream.close()
+            except OSError:
+                pass
         if gw.proc.poll() is None:
             gw.stop()
 

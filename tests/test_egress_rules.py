@@ -9,11 +9,13 @@ allowed.test is the rule host, other.test another allowed host. HTTPS to a
 host with rules is refused: the proxy does not terminate TLS yet.
 """
 
+import time
 import uuid
 
 import pytest
 from e2b import Sandbox, SandboxException, Secret
 
+from leakcheck import sandbox_pids
 from test_egress_proxy import OTHER, WEB, create, egress_gateway, fetch, requests_to, web  # noqa: F401
 
 
@@ -41,15 +43,42 @@ def pattern(value: str) -> str:
     return f"{value[0]}[{value[1]}]{value[2:]}"
 
 
+def in_memory(sbx, value: str) -> list[int]:
+    """Host pids of the sandbox's processes whose memory holds `value`,
+    read from the host (as a dump would be): every readable mapping."""
+    needle = value.encode()
+    holding = []
+    for pid in sandbox_pids(sbx.sandbox_id):
+        try:
+            with open(f"/proc/{pid}/maps") as maps, open(f"/proc/{pid}/mem", "rb", buffering=0) as mem:
+                for line in maps:
+                    span, perms = line.split()[:2]
+                    if not perms.startswith("r") or "[vsyscall]" in line or "[vvar]" in line:
+                        continue
+                    start, end = (int(x, 16) for x in span.split("-"))
+                    try:
+                        mem.seek(start)
+                        if needle in mem.read(end - start):
+                            holding.append(pid)
+                            break
+                    except (OSError, OverflowError, ValueError):
+                        continue
+        except OSError:
+            continue
+    return holding
+
+
 def leaks(sbx, value: str) -> str:
     """Where in the sandbox `value` appears: its environment, any process's
-    environment, any file."""
+    environment or memory, any file."""
     regex = pattern(value)
-    return sbx.commands.run(
+    found = sbx.commands.run(
         f"(env; cat /proc/[0-9]*/environ 2>/dev/null | tr '\\0' '\\n') | grep -E '{regex}' | head -3; "
         f"grep -rlsE '{regex}' / --exclude-dir=proc --exclude-dir=sys --exclude-dir=dev 2>/dev/null | head -3; true",
         timeout=180,
     ).stdout.strip()
+    dumped = [f"memory of pid {pid}" for pid in in_memory(sbx, value)]
+    return "\n".join([found, *dumped]).strip()
 
 
 @pytest.fixture
@@ -86,6 +115,15 @@ def test_a_rule_sets_the_secret_header_on_its_host_only_and_the_sandbox_never_se
         control = f"planted-{uuid.uuid4().hex}"
         sbx.files.write("/home/user/planted.txt", control)
         assert "/home/user/planted.txt" in leaks(sbx, control), "the search must find what is there"
+        held = f"held-{uuid.uuid4().hex}"
+        sbx.commands.run(
+            f"python3 -c 'import time; x = bytes.fromhex(\"{held.encode().hex()}\"); time.sleep(120)'", background=True
+        )
+        for _ in range(50):  # the background process takes a moment to start
+            if in_memory(sbx, held):
+                break
+            time.sleep(0.2)
+        assert "memory of pid" in leaks(sbx, held), "the memory scan must find what a process holds"
         assert leaks(sbx, value) == ""
     finally:
         sbx.kill()

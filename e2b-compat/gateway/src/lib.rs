@@ -10,6 +10,7 @@ pub mod api;
 pub mod config;
 pub mod fault;
 pub mod images;
+pub mod import_claims;
 pub mod keys;
 pub mod model;
 pub mod network;

@@ -715,9 +715,11 @@ fn volume(command: VolumeCommand) -> anyhow::Result<()> {
             Ok(())
         }
         VolumeCommand::Import { file, name, team, paths } => {
+            let data_dir = paths.data_dir.clone();
             let (store, substrate) = open(paths)?;
             let mut input = reader_from(&file)?;
-            let done = copse_gateway::volume_archive::import(&*store, substrate.as_ref(), &mut input, name, team)?;
+            let done =
+                copse_gateway::volume_archive::import(&data_dir, &*store, substrate.as_ref(), &mut input, name, team)?;
             println!(
                 "imported volume {} ({}, team {}): {} files, {} bytes",
                 done.record.id, done.record.name, done.record.team, done.files, done.bytes

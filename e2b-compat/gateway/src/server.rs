@@ -126,6 +126,17 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     if !recovery.adopted.is_empty() || !recovery.removed.is_empty() {
         tracing::info!(adopted = ?recovery.adopted, removed = ?recovery.removed, "recovered sandboxes from the previous run");
     }
+    let abandoned = {
+        let (data_dir, substrate) = (config.data_dir.clone(), substrate.clone());
+        let store = open_store(&config)?;
+        tokio::task::spawn_blocking(move || {
+            crate::volume_archive::remove_abandoned_imports(&data_dir, store.as_ref(), substrate.as_ref())
+        })
+        .await??
+    };
+    if !abandoned.is_empty() {
+        tracing::info!(volumes = ?abandoned, "removed volumes whose import a crash cut short");
+    }
     let interrupted = svc.fail_interrupted_builds()?;
     if interrupted > 0 {
         tracing::info!(interrupted, "template builds interrupted by the previous run ended in error");

@@ -26,6 +26,7 @@ use anyhow::{Context, bail};
 use copse_substrate::Substrate;
 use serde::{Deserialize, Serialize};
 
+use crate::import_claims::{self, Claim};
 use crate::model::{VolumeRecord, new_id, new_token, now_ms, validate_team_name, validate_volume_name};
 use crate::service::team_volume_limit;
 use crate::store::Database;
@@ -185,6 +186,7 @@ pub struct Imported {
 /// named `name` (default: the archive's). A volume of that name in the
 /// team is refused, never overwritten.
 pub fn import(
+    data_dir: &Path,
     store: &dyn Database,
     substrate: &dyn Substrate,
     input: &mut dyn Read,
@@ -213,7 +215,11 @@ pub fn import(
     }
     let record = VolumeRecord { id: new_id(), team, name, token: new_token(), created_at_ms: manifest.created_at_ms };
     let limit = team_volume_limit(store, &record.team)?;
-    substrate.create_volume(&record.id, limit)?;
+    let claim = Claim::take(data_dir, &record.id)?;
+    if let Err(err) = substrate.create_volume(&record.id, limit) {
+        undo(substrate, claim);
+        return Err(err);
+    }
     // Files first, the record last: until the record exists no sandbox
     // can mount the volume, so nothing races the unpacking.
     let filled = (|| -> anyhow::Result<(u64, u64)> {
@@ -232,14 +238,44 @@ pub fn import(
         Ok((unpack.files_made, unpack.bytes))
     })();
     match filled {
-        Ok((files, bytes)) => Ok(Imported { record, files, bytes }),
+        Ok((files, bytes)) => {
+            claim.release();
+            Ok(Imported { record, files, bytes })
+        }
         Err(err) => {
-            if let Err(cleanup) = substrate.delete_volume(&record.id) {
-                tracing::warn!("removing the half-imported volume {}: {cleanup:#}", record.id);
-            }
+            undo(substrate, claim);
             Err(err)
         }
     }
+}
+
+/// Removes the half-imported volume of `claim`; the claim stays if that
+/// fails, for the next gateway start to try again.
+fn undo(substrate: &dyn Substrate, claim: Claim) {
+    match substrate.delete_volume(claim.volume_id()) {
+        Ok(()) => claim.release(),
+        Err(e) => tracing::warn!("removing the half-imported volume {}: {e:#}", claim.volume_id()),
+    }
+}
+
+/// Removes what imports that died before their end left (their volumes no
+/// record names); returns those volumes' ids. Live imports are left alone.
+pub fn remove_abandoned_imports(
+    data_dir: &Path,
+    store: &dyn Database,
+    substrate: &dyn Substrate,
+) -> anyhow::Result<Vec<String>> {
+    let mut removed = Vec::new();
+    for claim in import_claims::abandoned(data_dir)? {
+        // The crash came after the record: the import is whole.
+        if store.volume(claim.volume_id())?.is_some() {
+            claim.release();
+            continue;
+        }
+        removed.push(claim.volume_id().to_string());
+        undo(substrate, claim);
+    }
+    Ok(removed)
 }
 
 struct Unpack<'a> {
