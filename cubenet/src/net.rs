@@ -18,6 +18,16 @@ pub const DEFAULT_SUBNET: &str = "10.88.0.0/16";
 /// needs four digits and Linux allows 15 characters.
 const MAX_BRIDGE_NAME: usize = 10;
 
+/// The host's ports, on the bridge address, that sandbox traffic is
+/// redirected to (nftables `redirect` on Linux, pf `rdr` on FreeBSD).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Listeners {
+    /// The egress proxy (TCP).
+    pub proxy: u16,
+    /// copse's resolver (UDP and TCP).
+    pub dns: u16,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NetConfig {
     /// Bridge name; also names the nftables table and the pf root anchor's

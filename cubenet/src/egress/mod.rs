@@ -1,7 +1,8 @@
 //! The host's egress proxy, platform-neutral part: what a sandbox's web
-//! connection asks for ([`sniff`]) and whether its policy admits it
-//! ([`decide`]). The Linux executor that accepts the redirected
-//! connections and splices them is `crate::linux::EgressProxy`.
+//! connection asks for ([`sniff`]), whether its policy admits it
+//! ([`decide`]), and where it was going (`original_destination`, the one
+//! platform-specific lookup). The Linux executor that accepts the
+//! redirected connections and splices them is `crate::linux::EgressProxy`.
 //!
 //! A sandbox whose policy names hosts has its TCP to ports 80 and 443
 //! redirected to the proxy (nftables, per sandbox). The proxy peeks the
@@ -10,8 +11,13 @@
 //! never to one it resolved for the name: a name only ever decides
 //! whether a connection passes, not where it goes.
 
+#[cfg(any(target_os = "linux", target_os = "freebsd"))]
+mod origin;
 pub mod rules;
 pub mod sniff;
+
+#[cfg(any(target_os = "linux", target_os = "freebsd"))]
+pub use origin::original_destination;
 
 use std::net::{Ipv4Addr, SocketAddrV4};
 

@@ -12,7 +12,7 @@ use anyhow::{anyhow, bail};
 use crate::dns::resolve;
 use crate::freebsd::cmd::Cmd;
 use crate::freebsd::{pf, vnet};
-use crate::net::{Attachment, NetConfig, SandboxNetwork};
+use crate::net::{Attachment, Listeners, NetConfig, SandboxNetwork};
 use crate::policy::{Policy, ResolvedPolicy};
 
 pub trait Runner: Send + Sync {
@@ -25,6 +25,9 @@ pub trait Runner: Send + Sync {
 pub struct JailNetwork<R> {
     cfg: NetConfig,
     runner: R,
+    /// Where the anchors redirect DNS and proxied web traffic; none until
+    /// [`Self::with_redirects`].
+    listeners: Option<Listeners>,
     attached: Mutex<HashMap<String, (Attachment, ResolvedPolicy)>>,
 }
 
@@ -48,13 +51,30 @@ impl<R: Runner> JailNetwork<R> {
             true => None,
             false => Some(vnet::parse_created(&runner.run(&vnet::create_bridge())?).map_err(|e| anyhow!(e))?),
         };
-        let network = Self { cfg, runner, attached: Mutex::new(HashMap::new()) };
+        let network = Self { cfg, runner, listeners: None, attached: Mutex::new(HashMap::new()) };
         network.run_all(&vnet::bridge_setup(&network.cfg, created.as_deref()))?;
         Ok(network)
     }
 
     pub fn config(&self) -> &NetConfig {
         &self.cfg
+    }
+
+    /// From now on, anchors send DNS and the web traffic of proxied
+    /// policies to `listeners` on the bridge address (call it before the
+    /// first attach or reconcile: anchors loaded earlier are not
+    /// rewritten). Checks the operator's ruleset evaluates the anchors'
+    /// `rdr` rules.
+    pub fn with_redirects(mut self, listeners: Listeners) -> anyhow::Result<Self> {
+        if !pf::references_rdr_anchor(&self.cfg, &self.runner.run(&pf::main_translation_rules())?) {
+            bail!(
+                "the pf ruleset does not evaluate copse's rdr-anchor, so no sandbox traffic would reach the \
+                 egress proxy or resolver; add this to /etc/pf.conf and run `pfctl -f /etc/pf.conf`:\n{}",
+                pf::pf_conf_fragment(&self.cfg)
+            );
+        }
+        self.listeners = Some(listeners);
+        Ok(self)
     }
 
     /// Puts the VNET jail `jid` of sandbox `id` on the bridge with
@@ -64,7 +84,7 @@ impl<R: Runner> JailNetwork<R> {
         let attachment = self.cfg.attachment(id, network.address);
         let policy = resolve(&self.cfg, &network.policy);
         let epair = vnet::parse_epair(&self.runner.run(&vnet::create_epair())?).map_err(|e| anyhow!(e))?;
-        if let Err(e) = self.run_all(&vnet::attach(&self.cfg, &attachment, &epair, jid, &policy)) {
+        if let Err(e) = self.run_all(&vnet::attach(&self.cfg, &attachment, &epair, jid, &policy, self.listeners)) {
             let interfaces = self.interfaces().unwrap_or_default();
             if let Err(undo) = self.run_each(&vnet::attach_undo(&self.cfg, &attachment, &epair, &interfaces)) {
                 tracing::error!(sandbox = %id, "after a failed network attach: {undo:#}");
@@ -82,7 +102,7 @@ impl<R: Runner> JailNetwork<R> {
         let Some((attachment, current)) = attached.get_mut(id) else { bail!("sandbox {id} has no network attachment") };
         refuse_name_matching(policy)?;
         let resolved = resolve(&self.cfg, policy);
-        self.run_all(&vnet::update(&self.cfg, attachment, &resolved, current))?;
+        self.run_all(&vnet::update(&self.cfg, attachment, &resolved, current, self.listeners))?;
         *current = resolved;
         Ok(())
     }
@@ -111,7 +131,7 @@ impl<R: Runner> JailNetwork<R> {
             }
         };
         let members = vnet::parse_group(&self.runner.run(&vnet::list_group())?);
-        self.run_each(&vnet::reconcile(&self.cfg, &known, &anchors, &members))
+        self.run_each(&vnet::reconcile(&self.cfg, &known, &anchors, &members, self.listeners))
     }
 
     fn interfaces(&self) -> anyhow::Result<Vec<String>> {
@@ -265,6 +285,52 @@ mod tests {
         golden("pf-detach.plan", &network.runner.take());
         network.detach("i3k2m9x").unwrap();
         assert_eq!(network.runner.take(), "", "a second detach does nothing");
+    }
+
+    const LISTENERS: Listeners = Listeners { proxy: 40080, dns: 40053 };
+
+    fn redirecting(extra: Vec<(&'static str, Result<&'static str, &'static str>)>) -> JailNetwork<Scripted> {
+        let mut replies = extra;
+        replies.push(("/sbin/pfctl -s nat", Ok("rdr-anchor \"copse/copse0/*\" all\n")));
+        // A name the test resolves without the host's resolver.
+        let cfg = cfg().with_static_hosts(vec![("api.example.test".into(), "198.51.100.10".parse().unwrap())]);
+        let network = JailNetwork::open(cfg, host(replies)).unwrap().with_redirects(LISTENERS).unwrap();
+        network.runner.take();
+        network
+    }
+
+    #[test]
+    fn a_policy_update_switches_proxying_on_and_off() {
+        let network = redirecting(vec![]);
+        network.attach("i3k2m9x", 12, &sandbox("10.88.0.7", Policy::open())).unwrap();
+        let attached = network.runner.take();
+        assert!(attached.contains("port 53 -> 10.88.0.1 port 40053") && !attached.contains("40080"), "{attached}");
+        // Naming a host sends web traffic to the proxy, in one anchor
+        // load; flows opened directly before it are cut, or they would
+        // carry on unchecked by name.
+        let names = Policy::from_e2b(None, &["api.example.test".to_string()], &[], None).unwrap();
+        network.update("i3k2m9x", &names).unwrap();
+        golden("pf-update-proxy-on.plan", &network.runner.take());
+        // Back to addresses only: the redirect goes, the flows stay (the
+        // open policy admits where they go).
+        network.update("i3k2m9x", &Policy::open()).unwrap();
+        golden("pf-update-proxy-off.plan", &network.runner.take());
+    }
+
+    #[test]
+    fn redirects_need_the_operators_rdr_anchor() {
+        let network = JailNetwork::open(cfg(), host(vec![("/sbin/pfctl -s nat", Ok("nat on em0 all -> (em0)\n"))]));
+        let err = network.unwrap().with_redirects(LISTENERS).err().unwrap().to_string();
+        assert!(err.contains("rdr-anchor \"copse/copse0/*\""), "{err}");
+    }
+
+    #[test]
+    fn reconcile_reloads_the_known_anchors_with_their_redirects() {
+        let network = redirecting(vec![("/sbin/ifconfig -g copse", Ok("copse0-7\n"))]);
+        let names = Policy::from_e2b(None, &["api.example.test".to_string()], &[], None).unwrap();
+        network.reconcile(&[("keep".to_string(), sandbox("10.88.0.7", names))]).unwrap();
+        let steps = network.runner.take();
+        assert!(steps.contains("port { 80, 443 } -> 10.88.0.1 port 40080"), "{steps}");
     }
 
     #[test]

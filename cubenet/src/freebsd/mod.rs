@@ -7,6 +7,7 @@
 
 pub mod cmd;
 pub mod jailnet;
+pub mod natlook;
 pub mod pf;
 pub mod vnet;
 

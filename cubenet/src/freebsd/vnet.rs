@@ -13,7 +13,7 @@
 
 use crate::freebsd::cmd::Cmd;
 use crate::freebsd::pf;
-use crate::net::{Attachment, NetConfig};
+use crate::net::{Attachment, Listeners, NetConfig};
 use crate::policy::ResolvedPolicy;
 
 pub const IFCONFIG: &str = "/sbin/ifconfig";
@@ -113,14 +113,21 @@ pub fn bridge_setup(cfg: &NetConfig, created: Option<&str>) -> Vec<Cmd> {
 /// other end into jail `jid` and configures it there. The jail may hold
 /// running processes (a restore, a fork): the first packet they can send,
 /// once the route exists, already meets the sandbox's rules, never only
-/// the operator's main ruleset.
-pub fn attach(cfg: &NetConfig, a: &Attachment, epair: &Epair, jid: i32, policy: &ResolvedPolicy) -> Vec<Cmd> {
+/// the operator's main ruleset. `listeners`: see [`pf::anchor`].
+pub fn attach(
+    cfg: &NetConfig,
+    a: &Attachment,
+    epair: &Epair,
+    jid: i32,
+    policy: &ResolvedPolicy,
+    listeners: Option<Listeners>,
+) -> Vec<Cmd> {
     let (host, jail, jid) = (a.host_if.as_str(), epair.jail.as_str(), jid.to_string());
     let addr = format!("{}/{}", a.address, cfg.subnet.prefix_len());
     let description = format!("copse:{}", a.id);
     vec![
         Cmd::new(&[IFCONFIG, &epair.host, "name", host]),
-        pf::load(cfg, a, policy),
+        pf::load(cfg, a, policy, listeners),
         Cmd::new(&[IFCONFIG, host, "description", &description, "group", GROUP, "up"]),
         Cmd::new(&[IFCONFIG, &cfg.bridge, "addm", host, "private", host]),
         Cmd::new(&[IFCONFIG, jail, "vnet", &jid]),
@@ -143,11 +150,18 @@ pub fn attach_undo(cfg: &NetConfig, a: &Attachment, epair: &Epair, interfaces: &
 }
 
 /// Replaces the sandbox's anchor; kills its states when the new policy
-/// refuses something the previous one admitted (pf lets an established
-/// state pass without looking at the rules again).
-pub fn update(cfg: &NetConfig, a: &Attachment, policy: &ResolvedPolicy, previous: &ResolvedPolicy) -> Vec<Cmd> {
-    let mut steps = vec![pf::load(cfg, a, policy)];
-    if policy.tightens(previous) {
+/// refuses something the previous one admitted, or sends to the proxy
+/// what the previous one let through directly (pf lets an established
+/// state pass without looking at the rules, or the `rdr` rules, again).
+pub fn update(
+    cfg: &NetConfig,
+    a: &Attachment,
+    policy: &ResolvedPolicy,
+    previous: &ResolvedPolicy,
+    listeners: Option<Listeners>,
+) -> Vec<Cmd> {
+    let mut steps = vec![pf::load(cfg, a, policy, listeners)];
+    if policy.tightens(previous) || (listeners.is_some() && pf::starts_proxying(policy, previous)) {
         steps.push(pf::kill_states(a.address));
     }
     steps
@@ -175,8 +189,9 @@ pub fn reconcile(
     known: &[(Attachment, ResolvedPolicy)],
     anchors: &[String],
     members: &[String],
+    listeners: Option<Listeners>,
 ) -> Vec<Cmd> {
-    let mut steps: Vec<Cmd> = known.iter().map(|(a, policy)| pf::load(cfg, a, policy)).collect();
+    let mut steps: Vec<Cmd> = known.iter().map(|(a, policy)| pf::load(cfg, a, policy, listeners)).collect();
     for id in anchors.iter().filter(|id| !known.iter().any(|(a, _)| &a.id == *id)) {
         steps.extend(pf::flush(cfg, id));
     }

@@ -22,12 +22,12 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use anyhow::{Context, bail};
-use socket2::{Domain, SockRef, Socket, Type};
+use socket2::{Domain, Socket, Type};
 
 use crate::dns;
 use crate::egress::rules::{self, SecretResolver};
 use crate::egress::sniff::{Sniffed, sniff};
-use crate::egress::{MAX_PEEK, Verdict, decide};
+use crate::egress::{MAX_PEEK, Verdict, decide, original_destination};
 use crate::linux::nft::PROXY_MARK;
 use crate::linux::socks;
 use crate::net::NetConfig;
@@ -205,11 +205,6 @@ impl Drop for Slot<'_> {
 /// Whether `ip` is one of the host's own addresses (binding to it works).
 fn is_local(ip: Ipv4Addr) -> bool {
     std::net::UdpSocket::bind((ip, 0)).is_ok()
-}
-
-fn original_destination(client: &TcpStream) -> anyhow::Result<SocketAddrV4> {
-    let original = SockRef::from(client).original_dst_v4().context("SO_ORIGINAL_DST")?;
-    original.as_socket_ipv4().context("the original destination is not IPv4")
 }
 
 /// The name the client asks for and the bytes read to learn it.

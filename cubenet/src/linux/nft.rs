@@ -72,14 +72,7 @@ pub const PROXY_MARK: u32 = 0x636f_7073;
 /// the resolver: far above what a busy build resolves, far below a flood.
 pub const DNS_RATE: u32 = 200;
 
-/// The host's ports that sandbox traffic is redirected to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Listeners {
-    /// The egress proxy (TCP).
-    pub proxy: u16,
-    /// copse's resolver (UDP and TCP).
-    pub dns: u16,
-}
+pub use crate::net::Listeners;
 
 /// The whole table with `sandboxes` attached, replacing whatever table of
 /// that name exists (at start-up, and to reconcile after a crash), with
