@@ -14,6 +14,7 @@ For `egress_proxy.tls`, a third: a TLS terminator in front of danted
 import ipaddress
 import os
 import secrets
+import shutil
 import signal
 import subprocess
 import tempfile
@@ -310,7 +311,7 @@ def tls_front(socks_world):
         _stop(proc)
         if peer:
             peer.delete()
-        subprocess.run(["rm", "-rf", directory], check=False)
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 def danted_accepts() -> int:
