@@ -2247,3 +2247,25 @@ def test_a_rule_cannot_name_another_teams_secret(gateway):
         sbx.kill()
     finally:
         Secret.destroy(name, api_key=b)
+
+
+def test_a_huge_or_garbage_ca_cert_is_refused_and_a_good_one_never_returned(gateway):
+    # `egress_proxy.tls.ca_cert` is the caller's PEM, parsed by the host:
+    # a megabyte of it or garbage is a 400 before anything is stored.
+    pem = subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-days", "1",
+         "-subj", "/CN=copse-hostile-ca", "-keyout", "/dev/null"], check=True, capture_output=True, text=True).stdout
+    address = "socks.test:1443"
+    for ca_cert in (pem * (1024 * 1024 // len(pem)), "\x00" * 4096, "-----BEGIN CERTIFICATE-----\n" + "A" * 8000,
+                    pem.replace("CERTIFICATE", "PRIVATE KEY")):
+        socks_refused({"egress_proxy": {"address": address, "tls": {"ca_cert": ca_cert}}})
+    sbx = Sandbox.create(template="base", network={"egress_proxy": {"address": address, "tls": {"ca_cert": pem}}})
+    try:
+        headers = {"X-API-Key": os.environ["E2B_API_KEY"]}
+        api = os.environ["E2B_API_URL"]
+        for path in (f"/sandboxes/{sbx.sandbox_id}", "/v2/sandboxes", "/sandboxes"):
+            body = httpx.get(f"{api}{path}", headers=headers).text
+            assert "CERTIFICATE" not in body and pem.splitlines()[1] not in body, path
+        assert sbx.get_info().network["egress_proxy"] == {"address": address, "tls": {}}
+    finally:
+        sbx.kill()

@@ -41,4 +41,4 @@ pub use egress::rules::{HeaderRules, HostRules, Rule, RuleError, SecretResolver}
 pub use neighbourhood::Neighbourhood;
 pub use net::{Attachment, NetConfig, SandboxNetwork};
 pub use policy::{Policy, PolicyError, ResolvedPolicy, Target};
-pub use upstream::{Upstream, UpstreamError};
+pub use upstream::{Upstream, UpstreamError, UpstreamTls};

@@ -14,11 +14,22 @@
 //! gateway's store, beside the sandbox's other secrets, such as its envd
 //! token), sent only to the upstream, and never shown: `Debug` redacts it
 //! and nothing serialises it for a reader.
+//!
+//! With E2B's `tls`, the hop to the upstream is TLS (1.2 or newer), the
+//! SOCKS5 handshake and the tunnelled bytes inside it, and the upstream's
+//! certificate is always verified: against `ca_cert` alone when given
+//! (it replaces the system trust store, as E2B documents), else against
+//! the host's trust store. There is no plaintext fallback. The CA
+//! certificate is public and kept with the policy, but, as E2B does,
+//! never reported back.
 
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr};
 
 use serde::{Deserialize, Serialize};
+use tokio_rustls::rustls::RootCertStore;
+use tokio_rustls::rustls::pki_types::pem::PemObject;
+use tokio_rustls::rustls::pki_types::{CertificateDer, ServerName};
 
 use crate::neighbourhood::always_blocked;
 use crate::net::NetConfig;
@@ -28,6 +39,9 @@ pub const MAX_CREDENTIAL: usize = 255;
 
 /// A DNS name (253) plus `:65535`.
 pub const MAX_ADDRESS: usize = 253 + 6;
+
+/// E2B's bound on `tls.ca_cert`, in bytes of PEM.
+pub const MAX_CA_CERT: usize = 8192;
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum UpstreamError {
@@ -39,6 +53,12 @@ pub enum UpstreamError {
     PasswordWithoutUser,
     #[error("egress_proxy username needs a password (RFC 1929 has no empty password)")]
     UserWithoutPassword,
+    #[error("egress_proxy.tls.server_name must be a DNS name of at most 253 characters")]
+    TlsServerName,
+    #[error("egress_proxy.tls takes server_name and ca_cert only when enabled")]
+    TlsDisabled,
+    #[error("egress_proxy.tls.ca_cert must be 1-{MAX_CA_CERT} bytes of PEM CA certificates: {0}")]
+    TlsCaCert(&'static str),
     #[error(
         "egress_proxy address {0} is in a range sandboxes may not reach (loopback, the sandbox network or the host's protected neighbourhood)"
     )]
@@ -51,6 +71,26 @@ pub struct Upstream {
     pub host: String,
     pub port: u16,
     pub credentials: Option<Credentials>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<UpstreamTls>,
+}
+
+/// TLS to the upstream. Both fields validated by [`Upstream::with_tls`].
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UpstreamTls {
+    /// Verified against and sent as SNI; `None`: the host of the address.
+    pub server_name: Option<String>,
+    /// PEM; the only trust anchors when set.
+    pub ca_cert: Option<String>,
+}
+
+impl fmt::Debug for UpstreamTls {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("UpstreamTls")
+            .field("server_name", &self.server_name)
+            .field("ca_cert", &self.ca_cert.as_ref().map(|pem| format!("<{} bytes of PEM>", pem.len())))
+            .finish()
+    }
 }
 
 #[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -66,6 +106,7 @@ impl fmt::Debug for Upstream {
             .field("address", &self.address())
             .field("username", &user)
             .field("password", &self.credentials.as_ref().map(|_| "<redacted>"))
+            .field("tls", &self.tls)
             .finish()
     }
 }
@@ -101,7 +142,24 @@ impl Upstream {
                 Some(Credentials { username: username.to_string(), password: password.to_string() })
             }
         };
-        Ok(Self { host, port, credentials })
+        Ok(Self { host, port, credentials, tls: None })
+    }
+
+    /// E2B's `tls` fields, validated: the upstream is then dialled over TLS.
+    pub fn with_tls(mut self, server_name: Option<&str>, ca_cert: Option<&str>) -> Result<Self, UpstreamError> {
+        let server_name = match server_name {
+            Some(name) if name.len() <= 253 && crate::policy::is_host_name(name) => {
+                Some(name.trim_end_matches('.').to_ascii_lowercase())
+            }
+            Some(_) => return Err(UpstreamError::TlsServerName),
+            None => None,
+        };
+        let tls = UpstreamTls { server_name, ca_cert: ca_cert.map(str::to_string) };
+        if ca_cert.is_some() {
+            tls.trust_anchors()?;
+        }
+        self.tls = Some(tls);
+        Ok(self)
     }
 
     /// `host:port`, as E2B reports it.
@@ -120,6 +178,33 @@ impl Upstream {
             Ok(ip) if destination_blocked(cfg, ip) => Err(UpstreamError::Unreachable(ip)),
             _ => Ok(()),
         }
+    }
+}
+
+impl UpstreamTls {
+    /// The name the certificate must carry: `server_name`, else `host`
+    /// (a name or an IPv4 literal, matched against the certificate's IP
+    /// addresses).
+    pub fn verified_name(&self, host: &str) -> Result<ServerName<'static>, UpstreamError> {
+        let name = self.server_name.as_deref().unwrap_or(host);
+        ServerName::try_from(name.to_string()).map_err(|_| UpstreamError::TlsServerName)
+    }
+
+    /// `ca_cert` as a trust store; `None` when the system's is meant.
+    pub fn trust_anchors(&self) -> Result<Option<RootCertStore>, UpstreamError> {
+        let Some(pem) = &self.ca_cert else { return Ok(None) };
+        if pem.is_empty() || pem.len() > MAX_CA_CERT {
+            return Err(UpstreamError::TlsCaCert("too long or empty"));
+        }
+        let mut store = RootCertStore::empty();
+        for cert in CertificateDer::pem_slice_iter(pem.as_bytes()) {
+            let cert = cert.map_err(|_| UpstreamError::TlsCaCert("not PEM"))?;
+            store.add(cert).map_err(|_| UpstreamError::TlsCaCert("a certificate does not parse"))?;
+        }
+        if store.is_empty() {
+            return Err(UpstreamError::TlsCaCert("no CERTIFICATE block"));
+        }
+        Ok(Some(store))
     }
 }
 
@@ -182,5 +267,40 @@ mod tests {
         }
         assert!(Upstream::from_e2b("192.0.2.10:1080", None, None).unwrap().check_reachable(&cfg).is_ok());
         assert!(Upstream::from_e2b("proxy.test:1080", None, None).unwrap().check_reachable(&cfg).is_ok());
+    }
+
+    /// A self-signed CA made with `openssl req -x509` (P-256).
+    const TEST_CA: &str = "-----BEGIN CERTIFICATE-----\nMIIBhzCCAS2gAwIBAgIUfGikaqIUjN4N6UWPrAo1KKZBnpMwCgYIKoZIzj0EAwIw\nGDEWMBQGA1UEAwwNY29wc2UgdGVzdCBDQTAgFw0yNjExMjcwOTMzNTRaGA8yMTI2\nMTEwMzA5MzM1NFowGDEWMBQGA1UEAwwNY29wc2UgdGVzdCBDQTBZMBMGByqGSM49\nAgEGCCqGSM49AwEHA0IABLBOz2mIygCOjQRmxZoLYcxdvmRjl14VOyPT0sGmYdS2\nAeMEQO+sLa2aYXQasOeqY4LHZx8uNBmBRYANq6qEoV6jUzBRMB0GA1UdDgQWBBSk\n1RBJTqXlmSnKfeMeagKP4QKiCTAfBgNVHSMEGDAWgBSk1RBJTqXlmSnKfeMeagKP\n4QKiCTAPBgNVHRMBAf8EBTADAQH/MAoGCCqGSM49BAMCA0gAMEUCIC0mN88jhDTX\neYCYEsjp7O+Cb2DflFZard4LbW8CcMhLAiEA2UnNLzTUQDWIdiNhs3tWjkfQxMGJ\nWC33pftt2B2sYLE=\n-----END CERTIFICATE-----";
+
+    #[test]
+    fn tls_names_and_ca_certificates_are_checked() {
+        let up = || Upstream::from_e2b("10.0.0.1:1080", None, None).unwrap();
+        let tls = up().with_tls(Some("Proxy.Test."), Some(TEST_CA)).unwrap().tls.unwrap();
+        assert_eq!(tls.server_name.as_deref(), Some("proxy.test"));
+        assert_eq!(tls.trust_anchors().unwrap().unwrap().len(), 1);
+        assert!(format!("{tls:?}").contains("bytes of PEM") && !format!("{tls:?}").contains("MIIB"));
+        let two = format!("{TEST_CA}\n{TEST_CA}");
+        assert_eq!(up().with_tls(None, Some(&two)).unwrap().tls.unwrap().trust_anchors().unwrap().unwrap().len(), 2);
+        for bad in ["", "a b", "-x.test", "1.2.3.4", &"a".repeat(254), "x\n.test"] {
+            assert_eq!(up().with_tls(Some(bad), None), Err(UpstreamError::TlsServerName), "{bad:?}");
+        }
+        let garbage_b64 = "-----BEGIN CERTIFICATE-----\nAAAAAAAA\n-----END CERTIFICATE-----\n";
+        let huge = TEST_CA.repeat(MAX_CA_CERT / TEST_CA.len() + 1);
+        for bad in
+            ["", "not pem at all", garbage_b64, "-----BEGIN CERTIFICATE-----\n!!\n-----END CERTIFICATE-----\n", &huge]
+        {
+            assert!(matches!(up().with_tls(None, Some(bad)), Err(UpstreamError::TlsCaCert(_))), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn tls_verifies_the_address_host_unless_named() {
+        let tls = |address: &str, name: Option<&str>| {
+            let up = Upstream::from_e2b(address, None, None).unwrap().with_tls(name, None).unwrap();
+            format!("{:?}", up.tls.as_ref().unwrap().verified_name(&up.host).unwrap())
+        };
+        assert!(tls("proxy.test:1080", None).contains("proxy.test"));
+        assert!(tls("192.0.2.1:1080", None).contains("IpAddress"));
+        assert!(tls("192.0.2.1:1080", Some("proxy.test")).contains("proxy.test"));
     }
 }

@@ -29,7 +29,7 @@ use crate::egress::rules::{self, SecretResolver};
 use crate::egress::sniff::{Sniffed, sniff};
 use crate::egress::{MAX_PEEK, Verdict, decide, original_destination};
 use crate::linux::nft::PROXY_MARK;
-use crate::linux::socks;
+use crate::linux::socks::{self, Tunnel};
 use crate::net::NetConfig;
 use crate::policy::Policy;
 use crate::upstream::destination_blocked;
@@ -160,13 +160,16 @@ impl Shared {
                 };
                 let upstream = match &policy.upstream {
                     Some(upstream) => socks::dial(upstream, dst),
-                    None => connect_marked(dst),
+                    None => connect_marked(dst).map(Tunnel::Plain),
                 };
                 let upstream = upstream.inspect_err(|e| {
                     tracing::info!(%source, %dst, "egress failed: {e:#}");
                     let _ = client.shutdown(Shutdown::Both);
                 })?;
-                splice(client, upstream, &head)
+                match upstream {
+                    Tunnel::Plain(upstream) => splice(client, upstream, &head),
+                    Tunnel::Tls(tunnel) => tunnel.splice(client, &head),
+                }
             }
         }
     }

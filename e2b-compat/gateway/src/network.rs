@@ -8,8 +8,8 @@
 use std::net::Ipv4Addr;
 use std::sync::Mutex;
 
-use copse_cubenet::Upstream;
 use copse_cubenet::{AddressPool, HeaderRules, Rule};
+use copse_cubenet::{Upstream, UpstreamError};
 use copse_substrate::{NetConfig, Policy};
 
 use crate::model::SandboxError;
@@ -32,6 +32,16 @@ pub struct EgressProxyRequest {
     pub address: String,
     pub username: Option<String>,
     pub password: Option<String>,
+    pub tls: Option<EgressProxyTlsRequest>,
+}
+
+/// E2B's `egress_proxy.tls`, as asked for.
+#[derive(Clone, Default)]
+pub struct EgressProxyTlsRequest {
+    pub enabled: bool,
+    pub server_name: Option<String>,
+    /// PEM. Public, but long: `Debug` gives its length.
+    pub ca_cert: Option<String>,
 }
 
 impl std::fmt::Debug for EgressProxyRequest {
@@ -40,7 +50,29 @@ impl std::fmt::Debug for EgressProxyRequest {
             .field("address", &self.address)
             .field("username", &self.username)
             .field("password", &self.password.as_ref().map(|_| "<redacted>"))
+            .field("tls", &self.tls)
             .finish()
+    }
+}
+
+impl std::fmt::Debug for EgressProxyTlsRequest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EgressProxyTlsRequest")
+            .field("enabled", &self.enabled)
+            .field("server_name", &self.server_name)
+            .field("ca_cert", &self.ca_cert.as_ref().map(String::len))
+            .finish()
+    }
+}
+
+impl EgressProxyRequest {
+    fn upstream(&self) -> Result<Upstream, UpstreamError> {
+        let upstream = Upstream::from_e2b(&self.address, self.username.as_deref(), self.password.as_deref())?;
+        match &self.tls {
+            Some(tls) if tls.enabled => upstream.with_tls(tls.server_name.as_deref(), tls.ca_cert.as_deref()),
+            Some(tls) if tls.server_name.is_some() || tls.ca_cert.is_some() => Err(UpstreamError::TlsDisabled),
+            _ => Ok(upstream),
+        }
     }
 }
 
@@ -56,9 +88,7 @@ impl NetworkRequest {
         )
         .map_err(|e| invalid(&e))?;
         if let Some(p) = &self.egress_proxy {
-            let upstream = Upstream::from_e2b(&p.address, p.username.as_deref(), p.password.as_deref())
-                .map_err(|e| invalid(&e))?;
-            policy.upstream = Some(upstream);
+            policy.upstream = Some(p.upstream().map_err(|e| invalid(&e))?);
         }
         if let Some(rules) = self.rules.as_ref().filter(|r| !r.is_empty()) {
             policy.rules = Some(HeaderRules::from_e2b(owner, rules.clone()).map_err(|e| invalid(&e))?);
@@ -161,6 +191,7 @@ mod tests {
             address: address.into(),
             username: Some("user".into()),
             password: Some("s3cret-pw".into()),
+            tls: None,
         };
         NetworkRequest { egress_proxy: Some(egress_proxy), ..Default::default() }
     }
@@ -177,5 +208,29 @@ mod tests {
         assert!(matches!(addresses.check_upstream(&on_the_host), Err(SandboxError::Invalid(_))));
         assert!(matches!(Addresses::new(None).check_upstream(&policy), Err(SandboxError::Invalid(_))));
         assert!(matches!(with_proxy("no-port").policy("team"), Err(SandboxError::Invalid(_))));
+    }
+
+    #[test]
+    fn egress_proxy_tls_is_checked_and_off_means_no_fields() {
+        let with_tls = |enabled: bool, server_name: Option<&str>, ca_cert: Option<&str>| {
+            let mut request = with_proxy("proxy.test:1080");
+            let tls = EgressProxyTlsRequest {
+                enabled,
+                server_name: server_name.map(str::to_string),
+                ca_cert: ca_cert.map(str::to_string),
+            };
+            request.egress_proxy.as_mut().unwrap().tls = Some(tls);
+            request.policy("team")
+        };
+        let on = with_tls(true, Some("Other.Test"), None).unwrap();
+        assert_eq!(on.upstream.unwrap().tls.unwrap().server_name.as_deref(), Some("other.test"));
+        assert_eq!(with_tls(false, None, None).unwrap().upstream.unwrap().tls, None);
+        for refused in [
+            with_tls(false, Some("other.test"), None),
+            with_tls(true, Some("bad name"), None),
+            with_tls(true, None, Some("not a certificate")),
+        ] {
+            assert!(matches!(refused, Err(SandboxError::Invalid(m)) if m.contains("egress_proxy.tls")));
+        }
     }
 }

@@ -16,7 +16,7 @@ use super::error::ApiError;
 use super::host_routing::Exposure;
 use super::wire;
 use crate::model::{self, SandboxRecord, SnapshotRecord};
-use crate::network::{EgressProxyRequest, NetworkRequest};
+use crate::network::{EgressProxyRequest, EgressProxyTlsRequest, NetworkRequest};
 use crate::sandbox_log;
 use crate::service::{self, Connected, CreateRequest, ListFilter, Sandboxes, Volumes};
 use crate::tenancy::Principal;
@@ -302,6 +302,10 @@ fn network_info(record: &model::SandboxRecord) -> wire::NetworkInfo {
         egress_proxy: upstream.map(|upstream| wire::EgressProxyInfo {
             address: upstream.address(),
             username: upstream.username().map(str::to_string),
+            tls: upstream
+                .tls
+                .as_ref()
+                .map(|tls| wire::EgressProxyTlsInfo { enabled: true, server_name: tls.server_name.clone() }),
         }),
         dns_servers,
         rules: record.network.as_ref().and_then(|n| n.policy.rules.as_ref()).map(rules_info),
@@ -359,6 +363,11 @@ fn network_request(allow_internet_access: Option<bool>, network: Option<wire::Ne
             address: p.address,
             username: p.username,
             password: p.password,
+            tls: p.tls.map(|t| EgressProxyTlsRequest {
+                enabled: t.enabled,
+                server_name: t.server_name,
+                ca_cert: t.ca_cert,
+            }),
         }),
         rules: network.rules.map(rules_request),
     }

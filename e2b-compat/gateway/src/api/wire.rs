@@ -87,11 +87,7 @@ pub struct NetworkTransform {
 impl NetworkConfig {
     /// As [`NewSandbox::unsupported`], named as the SDK names it.
     pub fn unsupported(&self) -> Option<&'static str> {
-        let proxy_tls = self.egress_proxy.as_ref().and_then(|p| p.tls.clone());
-        [("network.egressProxy.tls", &proxy_tls), ("network.httpsPorts", &self.https_ports)]
-            .into_iter()
-            .find(|(_, value)| is_set(value))
-            .map(|(name, _)| name)
+        is_set(&self.https_ports).then_some("network.httpsPorts")
     }
 }
 
@@ -102,8 +98,17 @@ pub struct EgressProxyConfig {
     pub address: String,
     pub username: Option<String>,
     pub password: Option<String>,
-    // Read only to be refused when set: TLS to the upstream is not built.
-    tls: Option<serde_json::Value>,
+    pub tls: Option<EgressProxyTls>,
+}
+
+/// `network.egressProxy.tls`. `enabled: false` asks for no TLS, and then
+/// the other fields may not be set.
+#[derive(Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct EgressProxyTls {
+    pub enabled: bool,
+    pub server_name: Option<String>,
+    pub ca_cert: Option<String>,
 }
 
 impl std::fmt::Debug for EgressProxyConfig {
@@ -112,6 +117,7 @@ impl std::fmt::Debug for EgressProxyConfig {
             .field("address", &self.address)
             .field("username", &self.username)
             .field("password", &self.password.as_ref().map(|_| "<redacted>"))
+            .field("tls", &self.tls.as_ref().map(|t| (t.enabled, &t.server_name)))
             .finish()
     }
 }
@@ -141,6 +147,17 @@ pub struct EgressProxyInfo {
     pub address: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub username: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls: Option<EgressProxyTlsInfo>,
+}
+
+/// As asked for, without the CA certificate (E2B never returns it).
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EgressProxyTlsInfo {
+    pub enabled: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub server_name: Option<String>,
 }
 
 /// Whether the caller asked for something: SDKs send `null`, `[]` or `{}`
@@ -538,11 +555,14 @@ mod tests {
         let rules = r#"{"network":{"rules":{"api.example.com":[{"transform":{"headers":{"X-Key":"k"}}}]}}}"#;
         assert_eq!(refused(rules), None);
         assert!(serde_json::from_str::<NewSandbox>(r#"{"network":{"rules":{"a.test":[{"match":{}}]}}}"#).is_err());
-        assert_eq!(
-            refused(r#"{"network":{"egressProxy":{"address":"p:1080","tls":{"enabled":true}}}}"#),
-            Some("network.egressProxy.tls")
-        );
+        assert_eq!(refused(r#"{"network":{"egressProxy":{"address":"p:1080","tls":{"enabled":true}}}}"#), None);
         assert_eq!(refused(r#"{"network":{"egressProxy":{"address":"p:1080","tls":null}}}"#), None);
+        let unknown = r#"{"network":{"egressProxy":{"address":"p:1080","tls":{"enabled":true,"x":1}}}}"#;
+        assert!(serde_json::from_str::<NewSandbox>(unknown).is_err(), "unknown tls fields are refused");
+        let tls =
+            r#"{"network":{"egressProxy":{"address":"p:1","tls":{"enabled":true,"serverName":"s","caCert":"c"}}}}"#;
+        let tls = serde_json::from_str::<NewSandbox>(tls).unwrap().network.unwrap().egress_proxy.unwrap().tls.unwrap();
+        assert_eq!((tls.enabled, tls.server_name.as_deref(), tls.ca_cert.as_deref()), (true, Some("s"), Some("c")));
         assert_eq!(refused(r#"{"network":{"httpsPorts":[8443]}}"#), Some("network.httpsPorts"));
     }
 
