@@ -373,14 +373,14 @@ impl Api {
                 inside[ROOTFS_PATH]["fstype"].as_str().unwrap_or("?")
             ),
         ];
-        if inside[ROOTFS_PATH]["volatile"] == true {
-            notes.push(format!(
-                "the sandbox's root overlay is mounted `volatile`: fsync there returns without flushing (a sandbox's \
-                 disk is not meant to outlive a host crash), so rootfs-io write_ms is close to write_buffered_ms, \
-                 while a volume (persistent) flushes; compare write_buffered_ms for the cost of the two paths \
-                 themselves and write_ms for what an fsyncing program in {ROOTFS_PATH} vs {VOLUME_PATH} waits for"
-            ));
-        }
+        // The boot plan mounts it so (jails/jailer's `overlay_options`); the
+        // sandbox's mount table may not show the option.
+        notes.push(format!(
+            "the sandbox's root overlay is mounted `volatile`: fsync there returns without flushing (a sandbox's \
+             disk is not meant to outlive a host crash), so rootfs-io write_ms is close to write_buffered_ms, while \
+             a volume (persistent) flushes; compare write_buffered_ms for the cost of the two paths themselves and \
+             write_ms for what an fsyncing program in {ROOTFS_PATH} vs {VOLUME_PATH} waits for"
+        ));
         if args.no_drop_caches {
             notes.push("page cache not dropped between write and read: read_ms measures the cache".into());
         }
@@ -436,7 +436,8 @@ impl Api {
 }
 
 /// `{path: {"fstype", "volatile"}}` for each argument, from inside the
-/// sandbox (the mount holding the path).
+/// sandbox (the mount holding the path; `volatile`: the option is in its
+/// mount table entry).
 const FS_TYPES: &str = r#"
 import json, sys
 mounts = [l.split() for l in open("/proc/self/mounts")]
