@@ -191,6 +191,36 @@ pub const RIGS: &[RigDef] = &[
         ],
     },
     RigDef {
+        name: "egress",
+        version: 1,
+        task: "bench:egress",
+        title: "Egress proxy and volume I/O",
+        clock: &[
+            (
+                "new_conn_ms",
+                "in the sandbox (python3 http.client): before connect → last byte of a 2-byte GET response from the netns peer, a new TCP (and TLS) connection per request, closed after it",
+            ),
+            (
+                "keepalive_ms",
+                "in the sandbox: request sent → last byte of the 2-byte response on one kept-alive connection (reopened, inside the clock, when the other end closed it)",
+            ),
+            ("get_ms", "in the sandbox: before connect → last byte of a large GET (params.big_mib MiB) from the peer"),
+            ("get_mib_per_s", "not a clock: the large GET's bytes ÷ get_ms"),
+            (
+                "write_buffered_ms",
+                "in the sandbox (python3): open → the last of params.disk_mib 1 MiB writes of incompressible data returned (page cache)",
+            ),
+            ("write_ms", "in the sandbox: the same open → last write → fsync → close"),
+            (
+                "read_ms",
+                "in the sandbox: open → the file read back in 1 MiB reads to EOF, after the host's page cache was dropped",
+            ),
+            ("write_buffered_mib_per_s", "not a clock: params.disk_mib ÷ write_buffered_ms"),
+            ("write_mib_per_s", "not a clock: params.disk_mib ÷ write_ms"),
+            ("read_mib_per_s", "not a clock: params.disk_mib ÷ read_ms"),
+        ],
+    },
+    RigDef {
         name: "pause-resume",
         version: 1,
         task: "bench:pause-resume",

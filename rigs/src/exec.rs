@@ -1,13 +1,15 @@
-//! The first command of a new sandbox: `process.Process/Start` of
-//! `/bin/true` through the gateway to the agent, as `copse-rig-create` and
-//! `copse-rig-template` time it.
+//! Commands in a sandbox through the gateway (`process.Process/Start`):
+//! the first command of a new sandbox, `/bin/true`, as `copse-rig-create`
+//! and `copse-rig-template` time it, and a command run to its end for what
+//! it prints (`copse-rig-egress`'s probes).
 
 use std::time::Instant;
 
 use anyhow::bail;
-use copse_protocol::{ProcessEvent, ProcessStream, StartProcess, headers};
+use copse_protocol::{Output, ProcessEvent, ProcessStream, StartProcess, headers};
 use http_body_util::BodyExt;
 use hyper::StatusCode;
+use hyper::body::Incoming;
 use hyper::header::HeaderValue;
 
 use crate::Conn;
@@ -21,23 +23,7 @@ pub fn true_command() -> StartProcess {
 /// event arrived; the rest of the stream (the end-of-stream envelope) is read
 /// after that instant so the connection stays reusable.
 pub async fn first_exec(conn: &mut Conn, id: &str, token: &str) -> anyhow::Result<(Instant, Instant)> {
-    let mut req = true_command().request(&conn.host())?;
-    for (name, value) in [
-        (headers::SANDBOX_ID, id),
-        (headers::SANDBOX_PORT, &headers::AGENT_PORT.to_string()),
-        (headers::ACCESS_TOKEN, token),
-        ("connect-content-encoding", "identity"),
-        ("connect-accept-encoding", "identity"),
-    ] {
-        req.headers_mut().insert(name, HeaderValue::from_str(value)?);
-    }
-    let resp = conn.send(req).await?;
-    if resp.status() != StatusCode::OK {
-        let st = resp.status();
-        let body = resp.into_body().collect().await?.to_bytes();
-        bail!("Process/Start: HTTP {st}: {}", String::from_utf8_lossy(&body));
-    }
-    let mut stream = ProcessStream::new(resp.into_body());
+    let mut stream = start(conn, id, token, &true_command()).await?;
     let mut started: Option<Instant> = None;
     let mut ended: Option<(i64, Option<String>)> = None;
     while ended.is_none() {
@@ -56,4 +42,36 @@ pub async fn first_exec(conn: &mut Conn, id: &str, token: &str) -> anyhow::Resul
     }
     stream.drain().await?;
     Ok((t_start, t_end))
+}
+
+/// Runs `command` in sandbox `id` to its end and returns what it printed.
+pub async fn output(conn: &mut Conn, id: &str, token: &str, command: &StartProcess) -> anyhow::Result<Output> {
+    Ok(start(conn, id, token, command).await?.output().await?)
+}
+
+/// `process.Process/Start` of `command` through the gateway, its stream
+/// ready to read.
+async fn start(
+    conn: &mut Conn,
+    id: &str,
+    token: &str,
+    command: &StartProcess,
+) -> anyhow::Result<ProcessStream<Incoming>> {
+    let mut req = command.request(&conn.host())?;
+    for (name, value) in [
+        (headers::SANDBOX_ID, id),
+        (headers::SANDBOX_PORT, &headers::AGENT_PORT.to_string()),
+        (headers::ACCESS_TOKEN, token),
+        ("connect-content-encoding", "identity"),
+        ("connect-accept-encoding", "identity"),
+    ] {
+        req.headers_mut().insert(name, HeaderValue::from_str(value)?);
+    }
+    let resp = conn.send(req).await?;
+    if resp.status() != StatusCode::OK {
+        let st = resp.status();
+        let body = resp.into_body().collect().await?.to_bytes();
+        bail!("Process/Start: HTTP {st}: {}", String::from_utf8_lossy(&body));
+    }
+    Ok(ProcessStream::new(resp.into_body()))
 }

@@ -57,7 +57,12 @@ impl Binaries {
 
     /// Whether `copse up` has a `--pool` option.
     pub fn pool_supported(&self) -> bool {
-        command_output(Command::new(&self.copse).args(["up", "--help"])).unwrap_or_default().contains("--pool")
+        self.up_has_option("--pool")
+    }
+
+    /// Whether `copse up --help` lists `option`.
+    pub fn up_has_option(&self, option: &str) -> bool {
+        command_output(Command::new(&self.copse).args(["up", "--help"])).unwrap_or_default().contains(option)
     }
 
     /// Result-file `params` describing the binaries.
@@ -96,6 +101,18 @@ impl Gateway {
         log_prefix: &str,
         env: &[(&str, &str)],
     ) -> anyhow::Result<Self> {
+        Self::start_with(bins, key, pools, log_prefix, env, &[])
+    }
+
+    /// `start_with_env`, with `args` added to `copse up`'s command line.
+    pub fn start_with(
+        bins: &Binaries,
+        key: &str,
+        pools: &[String],
+        log_prefix: &str,
+        env: &[(&str, &str)],
+        args: &[String],
+    ) -> anyhow::Result<Self> {
         let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
         let addr: SocketAddr = ([127, 0, 0, 1], port).into();
         let log = std::env::temp_dir().join(format!("{log_prefix}-{port}.log"));
@@ -105,6 +122,7 @@ impl Gateway {
         for p in pools {
             cmd.args(["--pool", p]);
         }
+        cmd.args(args);
         cmd.envs(env.iter().copied());
         let child = cmd
             .env("COPSE_API_KEY", key)

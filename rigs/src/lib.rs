@@ -20,7 +20,11 @@
 //!   the sandbox port host name (`copse-rig-template`).
 //! - `density`: memory figures and batch sizing (`copse-rig-density`).
 //! - `load`: hey's CSV (`copse-rig-load`).
-//! - `net`: the whole Linux network rig (`copse-rig-net`).
+//! - `net`: the whole Linux network rig (`copse-rig-net`), and the netns
+//!   peer the egress rig shares.
+//! - `egress_probe`: the egress rig's in-sandbox programs, routes, output
+//!   parsing and targets; `egress`: the rest of it (`copse-rig-egress`,
+//!   Linux only).
 //! - `bhyve`: the bhyve rigs' clocks and refusal (`copse-rig-bhyve`).
 
 pub mod catalogue;
@@ -34,6 +38,9 @@ pub mod stats;
 pub mod anchors;
 pub mod bhyve;
 pub mod density;
+#[cfg(target_os = "linux")]
+pub mod egress;
+pub mod egress_probe;
 pub mod load;
 #[cfg(target_os = "linux")]
 pub mod net;

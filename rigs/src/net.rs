@@ -82,7 +82,7 @@ pub fn run() -> anyhow::Result<()> {
             .to_string(),
         format!("the peer is {PEER} in network namespace {PEER_NS}, routed from the host over a veth"),
     ];
-    let peer = Peer::create()?;
+    let peer = Peer::create(PEER_NS, PEER_VETH, PEER_HOST, PEER)?;
     let gateway = Gateway::start(bins, &key, &["base=0".to_string()], "rig-net")?;
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let mut conn = rt.block_on(Conn::open(gateway.addr))?;
@@ -371,27 +371,30 @@ fn attach_scenario(samples: usize) -> anyhow::Result<Scenario> {
     Ok(s)
 }
 
-/// The peer host: a network namespace routed from the host.
-struct Peer;
+/// The peer host: a network namespace routed from the host over a veth
+/// (`host` on the host's end, `addr` on the peer's, a /24).
+pub(crate) struct Peer {
+    pub ns: String,
+}
 
 impl Peer {
-    fn create() -> anyhow::Result<Self> {
-        let _ = sh(&["ip", "netns", "del", PEER_NS]);
-        sh(&["ip", "netns", "add", PEER_NS])?;
-        let peer = Peer;
-        sh(&["ip", "link", "add", PEER_VETH, "type", "veth", "peer", "name", "eth0", "netns", PEER_NS])?;
-        sh(&["ip", "addr", "add", &format!("{PEER_HOST}/24"), "dev", PEER_VETH])?;
-        sh(&["ip", "link", "set", PEER_VETH, "up"])?;
-        sh(&["ip", "-n", PEER_NS, "addr", "add", &format!("{PEER}/24"), "dev", "eth0"])?;
-        sh(&["ip", "-n", PEER_NS, "link", "set", "eth0", "up"])?;
-        sh(&["ip", "-n", PEER_NS, "link", "set", "lo", "up"])?;
-        sh(&["ip", "-n", PEER_NS, "route", "add", "default", "via", PEER_HOST])?;
+    pub fn create(ns: &str, veth: &str, host: &str, addr: &str) -> anyhow::Result<Self> {
+        let _ = sh(&["ip", "netns", "del", ns]);
+        sh(&["ip", "netns", "add", ns])?;
+        let peer = Peer { ns: ns.to_string() };
+        sh(&["ip", "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", ns])?;
+        sh(&["ip", "addr", "add", &format!("{host}/24"), "dev", veth])?;
+        sh(&["ip", "link", "set", veth, "up"])?;
+        sh(&["ip", "-n", ns, "addr", "add", &format!("{addr}/24"), "dev", "eth0"])?;
+        sh(&["ip", "-n", ns, "link", "set", "eth0", "up"])?;
+        sh(&["ip", "-n", ns, "link", "set", "lo", "up"])?;
+        sh(&["ip", "-n", ns, "route", "add", "default", "via", host])?;
         Ok(peer)
     }
 
     /// A one-byte echo server in the peer's namespace, for the RTT loops.
     fn spawn_echo(&self) -> anyhow::Result<()> {
-        let listener = in_netns(Some(&format!("/var/run/netns/{PEER_NS}")), || {
+        let listener = in_netns(Some(&format!("/var/run/netns/{}", self.ns)), || {
             Ok(TcpListener::bind((PEER.parse::<Ipv4Addr>()?, RTT_PORT))?)
         })?;
         std::thread::spawn(move || {
@@ -410,11 +413,11 @@ impl Peer {
 
 impl Drop for Peer {
     fn drop(&mut self) {
-        let _ = sh(&["ip", "netns", "del", PEER_NS]);
+        let _ = sh(&["ip", "netns", "del", &self.ns]);
     }
 }
 
-fn sh(argv: &[&str]) -> anyhow::Result<()> {
+pub(crate) fn sh(argv: &[&str]) -> anyhow::Result<()> {
     let out = Command::new(argv[0]).args(&argv[1..]).output()?;
     if !out.status.success() {
         bail!("{}: {}", argv.join(" "), String::from_utf8_lossy(&out.stderr).trim());

@@ -62,6 +62,23 @@ const HEADLINES: &[(&str, &str, &str, &str, &str, &str)] = &[
     ("Create from a 1 GiB snapshot, p50", "from-snapshot", "from-1024mb", "create_ms", "p50", "ms"),
     ("Clone 100 sandboxes (10 requests), wall, p50", "clone", "clone-100-c10", "wall_ms", "p50", "ms"),
     ("Sandbox → peer TCP round trip, p50", "net", "rtt-sandbox-peer", "rtt_ms", "p50", "ms"),
+    (
+        "Sandbox → peer HTTP request through the egress proxy with a rule, new connection, p50",
+        "egress",
+        "http-proxy-rule",
+        "new_conn_ms",
+        "p50",
+        "ms",
+    ),
+    (
+        "Sandbox → peer HTTPS request through the egress proxy with a rule, new connection, p50",
+        "egress",
+        "https-proxy-rule",
+        "new_conn_ms",
+        "p50",
+        "ms",
+    ),
+    ("Volume sequential write with fsync, p50", "egress", "volume-io", "write_ms", "p50", "ms"),
     ("Cached rebuild of a small template, p50", "template", "build-cached", "build_ms", "p50", "ms"),
     ("Create → first command, own template restored running, p50", "template", "running-exec", "total_ms", "p50", "ms"),
     (
@@ -96,6 +113,9 @@ const PRIMARY: &[&str] = &[
     "rtt_ms",
     "update_ms",
     "attach_ms",
+    // Egress rig: a request on a new connection; the volume/own-disk write.
+    "new_conn_ms",
+    "write_ms",
 ];
 
 fn main() -> anyhow::Result<()> {
@@ -270,7 +290,10 @@ fn rig_context(name: &str, title: &str, task: &str, files: &[ResultFile]) -> any
         .as_array()
         .into_iter()
         .flatten()
-        .map(|t| json!({"claim": t["claim"], "value": fmt_value(&t["value_ms"]), "met": fmt_value(&t["met"])}))
+        .map(|t| {
+            json!({"claim": t["claim"], "value": fmt_value(&t["value_ms"]), "met": fmt_value(&t["met"]),
+                   "note": t["note"]})
+        })
         .collect();
     // Ratios to the anchors, one row per tier (create-latency's derived.ratio_p50).
     let ratio_rows: Vec<Value> = j["derived"]["ratio_p50"]
@@ -388,6 +411,71 @@ mod tests {
         ] {
             assert!(html.contains(needle), "{needle} missing from the page");
         }
+    }
+
+    /// A result as `copse-rig-egress` writes it when the gateway does not
+    /// intercept HTTPS: the HTTP scenarios, the disks, and the HTTPS target
+    /// with no value and the reason.
+    fn egress_result() -> ResultFile {
+        let mut scenarios = Vec::new();
+        for (name, v) in [("http-direct", 1.2), ("http-proxy-name", 1.9), ("http-proxy-rule", 2.1)] {
+            let mut s = Scenario { name: name.into(), client: "python3".into(), concurrency: 1, ..Scenario::default() };
+            s.series.insert("new_conn_ms".into(), vec![Some(v), Some(v + 0.2)]);
+            s.series.insert("keepalive_ms".into(), vec![Some(v / 2.0), Some(v / 2.0)]);
+            scenarios.push(s);
+        }
+        let disk = |name: &str, w: f64| {
+            copse_rigs::egress_probe::disk_scenario(name, "python3", 256, &[(Some(w / 2.0), Some(w), Some(w / 3.0))])
+        };
+        scenarios.push(disk("rootfs-io", 400.0));
+        scenarios.push(disk("volume-io", 420.0));
+        let unsupported = std::collections::BTreeMap::from([("https", "not supported by this gateway".to_string())]);
+        let targets = copse_rigs::egress_probe::targets(&scenarios, &unsupported);
+        let json = json!({
+            "rig": "egress", "started_at": "2026-11-27T10:00:00Z",
+            "git": {"commit": "def5678", "dirty": false},
+            "host": {"cores": 2},
+            "clock": {"new_conn_ms": "before connect → last byte"},
+            "params": {"schemes": {"http": "measured", "https": "https: not supported by this gateway"}},
+            "derived": {}, "notes": ["https: not supported by this gateway; its scenarios were not run"],
+            "scenarios": scenarios.iter().map(Scenario::to_json).collect::<Vec<_>>(),
+            "targets": targets,
+        });
+        ResultFile { file: "egress-2026-11-27-def5678.json".into(), json }
+    }
+
+    #[test]
+    fn an_egress_result_renders_its_page_and_headlines() {
+        let mut env = Environment::new();
+        env.add_template("layout.html", include_str!("../templates/layout.html")).unwrap();
+        env.add_template("rig.html", include_str!("../templates/rig.html")).unwrap();
+        let rig = copse_rigs::catalogue::find("egress").unwrap();
+        let ctx = rig_context(rig.name, rig.title, rig.task, &[egress_result()]).unwrap();
+        let html = env.get_template("rig.html").unwrap().render(ctx).unwrap();
+        for needle in [
+            "egress-2026-11-27-def5678.json",
+            "bench:egress",
+            "http-proxy-rule · new_conn_ms",
+            "volume-io · write_ms",
+            "write_mib_per_s",
+            "adds &lt;= 1 ms p50 to a new-connection HTTPS request",
+            "https: not supported by this gateway",
+            "<svg",
+        ] {
+            assert!(html.contains(needle), "{needle} missing from the page");
+        }
+        let results = std::collections::BTreeMap::from([("egress".to_string(), vec![egress_result()])]);
+        let h = headlines(&results);
+        let value = |label: &str| h.iter().find(|x| x["label"] == label).map(|x| x["value"].clone());
+        assert_eq!(
+            value("Sandbox → peer HTTP request through the egress proxy with a rule, new connection, p50"),
+            Some(json!("2.20"))
+        );
+        assert_eq!(
+            value("Sandbox → peer HTTPS request through the egress proxy with a rule, new connection, p50"),
+            Some(Value::Null)
+        );
+        assert_eq!(value("Volume sequential write with fsync, p50"), Some(json!("420")));
     }
 
     #[test]
