@@ -12,7 +12,8 @@
 //! with a SOCKS5 upstream has all its TCP here, and the admitted
 //! connection goes through that upstream instead ([`super::socks`]).
 //! A request a rule of the sandbox matches goes out with the rule's headers
-//! ([`crate::egress::rules`]).
+//! ([`crate::egress::rules`]); TLS to a rule's host is intercepted
+//! ([`crate::egress::intercept`]).
 
 use std::collections::HashMap;
 use std::io::{self, Read, Write};
@@ -25,7 +26,8 @@ use anyhow::{Context, bail};
 use socket2::{Domain, SockRef, Socket, Type};
 
 use crate::dns;
-use crate::egress::rules::{self, SecretResolver};
+use crate::egress::intercept::Interceptor;
+use crate::egress::rules::{self, Outbound, SecretResolver};
 use crate::egress::sniff::{Sniffed, sniff};
 use crate::egress::{MAX_PEEK, Verdict, decide};
 use crate::linux::nft::PROXY_MARK;
@@ -52,6 +54,7 @@ pub struct EgressProxy {
     stop: Arc<AtomicBool>,
     address: SocketAddrV4,
     secrets: Arc<OnceLock<SecretResolver>>,
+    interceptor: Arc<OnceLock<Arc<Interceptor>>>,
 }
 
 impl EgressProxy {
@@ -64,8 +67,14 @@ impl EgressProxy {
             SocketAddr::V6(_) => bail!("the egress proxy bound an IPv6 address"),
         };
         let stop = Arc::new(AtomicBool::new(false));
-        let secrets = Arc::new(OnceLock::new());
-        let shared = Arc::new(Shared { cfg, policies, open: Mutex::new(HashMap::new()), secrets: secrets.clone() });
+        let (secrets, interceptor) = (Arc::new(OnceLock::new()), Arc::new(OnceLock::new()));
+        let shared = Arc::new(Shared {
+            cfg,
+            policies,
+            open: Mutex::new(HashMap::new()),
+            secrets: secrets.clone(),
+            interceptor: interceptor.clone(),
+        });
         let stopping = stop.clone();
         std::thread::Builder::new().name("egress-proxy".into()).spawn(move || {
             for client in listener.incoming() {
@@ -84,7 +93,7 @@ impl EgressProxy {
                 }
             }
         })?;
-        Ok(Self { port: address.port(), stop, address, secrets })
+        Ok(Self { port: address.port(), stop, address, secrets, interceptor })
     }
 
     pub fn port(&self) -> u16 {
@@ -96,6 +105,12 @@ impl EgressProxy {
     /// ignored.
     pub fn set_secret_resolver(&self, resolver: SecretResolver) {
         let _ = self.secrets.set(resolver);
+    }
+
+    /// What TLS to a rule's host is terminated with; until it is set, such
+    /// a connection is refused. Set once: later calls are ignored.
+    pub fn set_interceptor(&self, interceptor: Arc<Interceptor>) {
+        let _ = self.interceptor.set(interceptor);
     }
 }
 
@@ -112,6 +127,7 @@ struct Shared {
     policies: Policies,
     open: Mutex<HashMap<Ipv4Addr, usize>>,
     secrets: Arc<OnceLock<SecretResolver>>,
+    interceptor: Arc<OnceLock<Arc<Interceptor>>>,
 }
 
 impl Shared {
@@ -143,7 +159,7 @@ impl Shared {
             }
             Verdict::Splice => {
                 let lookup = |n: &str| dns::lookup(&self.cfg, n);
-                let head = match rules::prepare(
+                let outbound = match rules::prepare(
                     policy.rules.as_ref(),
                     name.as_deref(),
                     *dst.ip(),
@@ -151,7 +167,7 @@ impl Shared {
                     lookup,
                     self.secrets.get(),
                 ) {
-                    Ok(head) => head,
+                    Ok(outbound) => outbound,
                     Err(why) => {
                         tracing::info!(%source, %dst, ?name, "egress refused: {why}");
                         let _ = client.shutdown(Shutdown::Both);
@@ -166,7 +182,17 @@ impl Shared {
                     tracing::info!(%source, %dst, "egress failed: {e:#}");
                     let _ = client.shutdown(Shutdown::Both);
                 })?;
-                splice(client, upstream, &head)
+                match outbound {
+                    Outbound::Forward(head) => splice(client, upstream, &head),
+                    Outbound::Intercept(target) => match self.interceptor.get() {
+                        Some(interceptor) => interceptor.serve(client, upstream, target, self.secrets.get()),
+                        None => {
+                            tracing::info!(%source, %dst, ?name, "egress refused: TLS to a rule's host, no egress CA");
+                            let _ = client.shutdown(Shutdown::Both);
+                            Ok(())
+                        }
+                    },
+                }
             }
         }
     }
