@@ -4,8 +4,10 @@ host names (and wildcards) are matched by name on ports 80 and 443 (HTTP
 
 The "web" is a network namespace this module creates: a veth routed from
 the host to 203.0.113.0/24, with an HTTP server on port 80 and an HTTPS
-server (self-signed; clients pass -k, the proxy does not terminate TLS) on
-port 443, on two addresses. A second gateway of this module's own pins
+server on port 443, on two addresses. The HTTPS server's certificate is
+signed by a test CA (`WEB_CA`, which the module's gateway trusts for the
+upstreams of intercepted HTTPS, `--egress-upstream-ca`) for every test
+name but badcert.test; sandboxes do not trust that CA and pass -k. A second gateway of this module's own pins
 the test names to those addresses (`--egress-hosts-file`), which is the
 host's view of the names; the sandbox names its destination itself
 (`curl --resolve`), so a name can be sent to any address.
@@ -23,9 +25,14 @@ from e2b import Sandbox
 
 from conftest import BRIDGE, SUBNET
 
-WEB = "203.0.113.10"  # allowed.test, denied.test, api.wild.test
+WEB = "203.0.113.10"  # allowed.test, denied.test, api.wild.test, badcert.test
 OTHER = "203.0.113.20"  # other.test
-HOSTS = f"{WEB} allowed.test denied.test api.wild.test\n{OTHER} other.test\n"
+HOSTS = f"{WEB} allowed.test denied.test api.wild.test badcert.test\n{OTHER} other.test\n"
+
+# The test CA of the web's HTTPS certificate, and its name (its issuer, as
+# a client in a sandbox sees it when the proxy does not intercept).
+WEB_CA = f"{tempfile.gettempdir()}/cn-web-{os.getpid()}.ca.pem"
+WEB_CA_NAME = "copse-test-web-ca"
 
 # Every request the servers get is one JSON line in REQUESTS (see
 # `requests_to`): what a sandbox sent is checked where it arrived.
@@ -70,8 +77,12 @@ def _reachable(addr, port):
 def web():
     ns, veth = f"cn-web-{os.getpid()}", f"cnw{os.getpid() % 100000}"
     certs = tempfile.TemporaryDirectory()
-    cert, key = f"{certs.name}/cert.pem", f"{certs.name}/key.pem"
-    sh("openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=web.test", "-days", "1",
+    cert, key, ca_key = f"{certs.name}/cert.pem", f"{certs.name}/key.pem", f"{certs.name}/ca.key"
+    ec = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-days", "1")
+    sh("openssl", "req", "-x509", *ec, "-subj", f"/CN={WEB_CA_NAME}", "-keyout", ca_key, "-out", WEB_CA)
+    names = ",".join(f"DNS:{n}" for n in ("allowed.test", "denied.test", "api.wild.test", "other.test"))
+    sh("openssl", "req", "-x509", *ec, "-subj", "/CN=web.test", "-CA", WEB_CA, "-CAkey", ca_key,
+       "-addext", f"subjectAltName={names}", "-addext", "basicConstraints=critical,CA:FALSE",
        "-keyout", key, "-out", cert)
     sh("ip", "netns", "add", ns)
     server = None
@@ -95,8 +106,9 @@ def web():
             server.wait()
         sh("ip", "netns", "del", ns, check=False)
         certs.cleanup()
-        if os.path.exists(REQUESTS):
-            os.remove(REQUESTS)
+        for made in (REQUESTS, WEB_CA):
+            if os.path.exists(made):
+                os.remove(made)
 
 
 def requests_to(path: str) -> list:
@@ -110,7 +122,7 @@ def requests_to(path: str) -> list:
 
 
 @contextlib.contextmanager
-def hosts_gateway(name: str, bridge_letter: str, subnet_offset: int, names: str = HOSTS):
+def hosts_gateway(name: str, bridge_letter: str, subnet_offset: int, names: str = HOSTS, extra_args=()):
     """A second gateway with `names` (hosts(5) lines) in its static table, on a
     bridge and subnet of its own; yields the SDK's connection arguments and
     its bridge."""
@@ -123,7 +135,7 @@ def hosts_gateway(name: str, bridge_letter: str, subnet_offset: int, names: str 
     second = ipaddress.ip_network(SUBNET).network_address.packed[1]
     bridge = f"{BRIDGE[:9]}{bridge_letter}"
     other.start(extra_args=["--bridge", bridge, "--subnet", f"10.{(second + subnet_offset) % 256}.0.0/16",
-                            "--egress-hosts-file", str(hosts)])
+                            "--egress-hosts-file", str(hosts), *extra_args])
     try:
         yield dict(api_key=os.environ["E2B_API_KEY"], api_url=other.url, sandbox_url=other.url), bridge
     finally:
@@ -134,9 +146,10 @@ def hosts_gateway(name: str, bridge_letter: str, subnet_offset: int, names: str 
 
 @pytest.fixture(scope="module")
 def egress_gateway(gateway, web):
-    """A gateway whose host resolves the test names; yields the SDK's
-    connection arguments and its bridge."""
-    with hosts_gateway("egress", "e", 101) as made:
+    """A gateway whose host resolves the test names and trusts the web's
+    test CA for intercepted HTTPS; yields the SDK's connection arguments and
+    its bridge."""
+    with hosts_gateway("egress", "e", 101, extra_args=("--egress-upstream-ca", WEB_CA)) as made:
         yield made
 
 

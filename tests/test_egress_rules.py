@@ -1,12 +1,15 @@
 """`network.rules` through the official SDK: the host's egress proxy sets a
-rule's headers on plain HTTP requests to the rule's host, with
+rule's headers on HTTP and HTTPS requests to the rule's host, with
 `${e2b.secrets.<name>}` placeholders resolved on the host, so the secret's
-value reaches the server but never the sandbox.
+value reaches the server but never the sandbox. HTTPS to a rule's host is
+terminated by the proxy with a leaf of the copse egress CA, which the
+sandbox trusts, and sent on over TLS the proxy verifies.
 
 The web is test_egress_proxy.py's network namespace (its fixtures), whose
-HTTP server records every request it receives (`requests_to`).
-allowed.test is the rule host, other.test another allowed host. HTTPS to a
-host with rules is refused: the proxy does not terminate TLS yet.
+HTTP and HTTPS servers record every request they receive (`requests_to`);
+its HTTPS certificate is signed by a test CA the module's gateway trusts
+for upstreams (`--egress-upstream-ca`), and badcert.test is not in it.
+allowed.test is the rule host, other.test another allowed host.
 """
 
 import time
@@ -16,7 +19,7 @@ import pytest
 from e2b import Sandbox, SandboxException, Secret
 
 from leakcheck import sandbox_pids
-from test_egress_proxy import OTHER, WEB, create, egress_gateway, fetch, requests_to, web  # noqa: F401
+from test_egress_proxy import OTHER, WEB, WEB_CA_NAME, create, egress_gateway, fetch, requests_to, web  # noqa: F401
 
 
 def unique(prefix: str) -> str:
@@ -108,8 +111,6 @@ def test_a_rule_sets_the_secret_header_on_its_host_only_and_the_sandbox_never_se
         assert "Authorization" not in seen["headers"], seen
         assert value not in str(seen)
 
-        assert fetch(sbx, "https://allowed.test/", f"allowed.test:443:{WEB}") == "000", "HTTPS is not intercepted yet"
-
         info = sbx.get_info()
         assert info.network["rules"] == bearer(name), info.network
         control = f"planted-{uuid.uuid4().hex}"
@@ -125,6 +126,102 @@ def test_a_rule_sets_the_secret_header_on_its_host_only_and_the_sandbox_never_se
             time.sleep(0.2)
         assert "memory of pid" in leaks(sbx, held), "the memory scan must find what a process holds"
         assert leaks(sbx, value) == ""
+    finally:
+        sbx.kill()
+        destroy(env, name)
+
+
+# The sandbox's own view of the web's names (its resolver may not know them).
+ETC_HOSTS = f"echo '{WEB} allowed.test badcert.test' >> /etc/hosts; echo '{OTHER} other.test' >> /etc/hosts"
+
+PYTHON_GET = """
+import sys, urllib.request
+from pip._vendor import requests  # pip's own copy, with certifi's roots unless told otherwise
+url, client = sys.argv[1], sys.argv[2]
+if client == "urllib":
+    print(urllib.request.urlopen(urllib.request.Request(url, headers={"Authorization": "forged"})).status)
+else:
+    print(requests.get(url, headers={"Authorization": "forged"}).status_code)
+"""
+
+
+def issuer(sbx, url: str, resolve: str) -> str:
+    """The issuer of the certificate a curl in the sandbox is shown."""
+    out = sbx.commands.run(f"curl -skv -o /dev/null --resolve {resolve} {url} 2>&1 | grep -i 'issuer:' || true")
+    return out.stdout.strip()
+
+
+def test_https_to_a_rule_host_is_intercepted_for_curl_and_python_and_the_sandbox_never_sees_the_secret(env):
+    value = f"tls-{uuid.uuid4().hex}"
+    name = secret_of(env, value)
+    sbx = create(env, allow_out=["allowed.test", "other.test"], deny_out=["0.0.0.0/0"], rules=bearer(name))
+    try:
+        sbx.commands.run(ETC_HOSTS, user="root")
+        sbx.files.write("/tmp/get.py", PYTHON_GET)
+        paths = {client: f"/{unique(client)}" for client in ("curl", "urllib", "requests")}
+        # No -k: curl verifies the proxy's leaf against the trust store the
+        # agent installed the egress CA into.
+        got = sbx.commands.run(
+            f"curl -s -o /dev/null -w '%{{http_code}}' -H 'Authorization: forged' https://allowed.test{paths['curl']}"
+        ).stdout
+        assert got == "200", got
+        for client in ("urllib", "requests"):
+            got = sbx.commands.run(f"python3 /tmp/get.py https://allowed.test{paths[client]} {client}").stdout
+            assert got.strip() == "200", (client, got)
+        for client, path in paths.items():
+            (seen,) = requests_to(path)
+            assert seen["headers"].get("Authorization") == f"Bearer {value}", (client, seen)
+            assert seen["to"] == WEB, seen
+
+        assert "copse egress CA" in issuer(sbx, "https://allowed.test/", f"allowed.test:443:{WEB}")
+        env_out = sbx.commands.run("env").stdout
+        for var in ("SSL_CERT_FILE=", "REQUESTS_CA_BUNDLE=", "NODE_EXTRA_CA_CERTS="):
+            assert var in env_out, env_out
+        control = f"planted-{uuid.uuid4().hex}"
+        sbx.files.write("/home/user/planted.txt", control)
+        assert "/home/user/planted.txt" in leaks(sbx, control), "the search must find what is there"
+        assert leaks(sbx, value) == ""
+    finally:
+        sbx.kill()
+        destroy(env, name)
+
+
+def test_tls_to_an_allowed_host_without_rules_is_not_intercepted(env):
+    name = secret_of(env, "v")
+    sbx = create(env, allow_out=["allowed.test", "other.test"], deny_out=["0.0.0.0/0"], rules=bearer(name))
+    try:
+        path = f"/{unique('other')}"
+        shown = issuer(sbx, f"https://other.test{path}", f"other.test:443:{OTHER}")
+        assert WEB_CA_NAME in shown and "copse" not in shown.replace(WEB_CA_NAME, ""), shown
+        (seen,) = requests_to(path)
+        assert "Authorization" not in seen["headers"], seen
+        # The sandbox does not trust the web's own CA: without -k, only the
+        # intercepted host verifies.
+        assert fetch(sbx, "https://other.test/", f"other.test:443:{OTHER}").startswith("200")
+        out = sbx.commands.run(f"curl -s -o /dev/null -w '%{{http_code}}' --resolve other.test:443:{OTHER} "
+                               f"https://other.test/ || true").stdout
+        assert out == "000", out
+    finally:
+        sbx.kill()
+        destroy(env, name)
+
+
+def test_an_upstream_whose_certificate_does_not_verify_gets_the_sandbox_an_error(env):
+    value = f"bad-{uuid.uuid4().hex}"
+    name = secret_of(env, value)
+    rules = {"badcert.test": bearer(name)["allowed.test"]}
+    sbx = create(env, allow_out=["badcert.test"], deny_out=["0.0.0.0/0"], rules=rules)
+    try:
+        path = f"/{unique('badcert')}"
+        got = sbx.commands.run(
+            f"curl -s -w '\n%{{http_code}}' --resolve badcert.test:443:{WEB} https://badcert.test{path} || true"
+        ).stdout
+        body, _, status = got.rpartition("\n")
+        assert status == "502", got
+        assert "certificate" in body.lower(), body
+        assert requests_to(path) == [], "the request never reaches an unverified server"
+        plain = f"/{unique('plain')}"
+        assert fetch(sbx, f"http://badcert.test{plain}", f"badcert.test:80:{WEB}") == "200", "the control must pass"
     finally:
         sbx.kill()
         destroy(env, name)
@@ -152,6 +249,12 @@ def test_update_network_adds_and_removes_rules_on_a_running_sandbox(env):
         assert fetch(sbx, f"http://allowed.test{before}", f"allowed.test:80:{WEB}") == "200"
         sbx.update_network({"allow_out": ["allowed.test"], "deny_out": ["0.0.0.0/0"], "rules": bearer(name)})
         assert fetch(sbx, f"http://allowed.test{during}", f"allowed.test:80:{WEB}") == "200"
+        # Created without rules: the CA arrived with them (no -k).
+        tls = f"/{unique('tls')}"
+        got = sbx.commands.run(f"curl -s -o /dev/null -w '%{{http_code}}' --resolve allowed.test:443:{WEB} "
+                               f"https://allowed.test{tls} || true").stdout
+        assert got == "200", got
+        assert requests_to(tls)[0]["headers"].get("Authorization") == f"Bearer {value}"
         sbx.update_network({"allow_out": ["allowed.test"], "deny_out": ["0.0.0.0/0"]})
         assert fetch(sbx, f"http://allowed.test{after}", f"allowed.test:80:{WEB}") == "200"
         headers = [requests_to(p)[0]["headers"].get("Authorization") for p in (before, during, after)]

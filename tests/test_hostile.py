@@ -2230,6 +2230,63 @@ def test_header_injection_through_a_rule_or_a_secret_is_refused(egress_gateway):
         destroy(env, name)
 
 
+def test_tls_to_a_rule_host_whose_request_names_another_host_gets_421_and_no_secret(egress_gateway):
+    """The SNI names the rule host (the leaf the proxy shows, the name it
+    verifies upstream), the request another host, which a server shared by
+    both (a CDN) would route it to: the proxy answers 421 and closes."""
+    from test_egress_proxy import REQUESTS
+
+    env, _ = egress_gateway
+    value = f"misdirected-{os.urandom(8).hex()}"
+    name = secret_of(env, value)
+    sbx = create(env, allow_out=["allowed.test", "other.test"], deny_out=["0.0.0.0/0"], rules=_authorization(name))
+    try:
+        control, other_host, absolute = (f"/{kind}-{os.urandom(4).hex()}" for kind in ("control", "host", "absolute"))
+
+        def status(path: str, extra: str = "") -> str:
+            return sbx.commands.run(f"curl -sk -o /dev/null -w '%{{http_code}}' --resolve allowed.test:443:{WEB} "
+                                    f"{extra} https://allowed.test{path} || true").stdout
+
+        assert status(control) == "200"
+        assert [s["headers"].get("Authorization") for s in requests_to(control)] == [value], "the control must pass"
+        assert status(other_host, "-H 'Host: other.test'") == "421"
+        assert status(absolute, f"--request-target http://other.test{absolute}") == "421"
+        with open(REQUESTS) as log:
+            arrived = log.read()
+        assert other_host not in arrived and absolute not in arrived, "neither request reached a server"
+    finally:
+        sbx.kill()
+        destroy(env, name)
+
+
+def test_the_egress_ca_key_is_not_reachable_from_a_sandbox_that_trusts_the_ca(egress_gateway):
+    import re
+
+    from conftest import DATA_DIR
+    from test_egress_rules import leaks
+
+    env, _ = egress_gateway
+    ca_dir = DATA_DIR / "egress" / "egress-ca"
+    # Base64 lines (a run must not span a line break to be found in a file).
+    key_body = "\n".join((ca_dir / "ca-key.pem").read_text().splitlines()[1:-1])
+    cert_body = "\n".join((ca_dir / "ca.pem").read_text().splitlines()[1:-1])
+    assert stat.S_IMODE(os.stat(ca_dir).st_mode) == 0o700
+    assert stat.S_IMODE(os.stat(ca_dir / "ca-key.pem").st_mode) == 0o600
+    name = secret_of(env, "v")
+    sbx = create(env, allow_out=["allowed.test"], deny_out=["0.0.0.0/0"], rules=_authorization(name))
+    try:
+        # A run of the base64 without regex metacharacters, from each file.
+        key_part = re.findall(r"[A-Za-z0-9]{20,}", key_body)[-1]
+        cert_part = re.findall(r"[A-Za-z0-9]{20,}", cert_body)[-1]
+        out = sbx.commands.run(f"cat {ca_dir}/ca-key.pem 2>&1; ls -la {ca_dir} 2>&1; true", user="root").stdout
+        assert "No such file or directory" in out and "BEGIN" not in out and key_part not in out, out
+        assert "copse-egress.crt" in leaks(sbx, cert_part), "the certificate is there: the search must find it"
+        assert leaks(sbx, key_part) == ""
+    finally:
+        sbx.kill()
+        destroy(env, name)
+
+
 def test_a_rule_cannot_name_another_teams_secret(gateway):
     from e2b import SandboxException, Secret
     from test_tenancy import new_key, new_team

@@ -37,6 +37,8 @@ mod process;
 mod golden;
 
 pub use addresses::{AddressPool, SubnetFull};
+pub use egress::ca::EgressCa;
+pub use egress::intercept::Interceptor;
 pub use egress::rules::{HeaderRules, HostRules, Rule, RuleError, SecretResolver};
 pub use neighbourhood::Neighbourhood;
 pub use net::{Attachment, NetConfig, SandboxNetwork};

@@ -6,11 +6,15 @@
 //!
 //! A sandbox whose policy names hosts has its TCP to ports 80 and 443
 //! redirected to the proxy (nftables, per sandbox). The proxy peeks the
-//! HTTP `Host` or the TLS SNI (no termination), and connects to the
-//! address the sandbox itself connected to (the original destination),
-//! never to one it resolved for the name: a name only ever decides
-//! whether a connection passes, not where it goes.
+//! HTTP `Host` or the TLS SNI, and connects to the address the sandbox
+//! itself connected to (the original destination), never to one it
+//! resolved for the name: a name only ever decides whether a connection
+//! passes, not where it goes. TLS is spliced untouched, except to a host
+//! the sandbox has `network.rules` for: that is terminated with a leaf of
+//! the copse egress CA ([`ca`]) and re-originated ([`intercept`]).
 
+pub mod ca;
+pub mod intercept;
 #[cfg(any(target_os = "linux", target_os = "freebsd"))]
 mod origin;
 pub mod rules;

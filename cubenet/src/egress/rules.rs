@@ -3,9 +3,9 @@
 //! turn it into, with `${e2b.secrets.<name>}` placeholders resolved there
 //! and nowhere else.
 //!
-//! A rule applies to plain HTTP only for now: HTTPS to a host with rules
-//! needs the proxy to terminate TLS, which it does not yet, and is
-//! refused rather than sent without the rule's headers.
+//! On port 80 the proxy transforms the request head it peeked; TLS to a
+//! host with rules is terminated first ([`super::intercept`]) and the
+//! request inside transformed the same way.
 //!
 //! One request per connection is transformed: the head that goes out says
 //! `Connection: close`, so the server ends the connection after its
@@ -253,37 +253,59 @@ fn parts(value: &str) -> Result<Vec<Part<'_>>, PlaceholderError> {
 pub enum TransformError {
     #[error("not a complete HTTP/1 request head")]
     NotHttp,
-    #[error("HTTPS to a host with rules needs TLS interception, which the egress proxy does not do yet")]
-    Tls,
+    #[error("TLS without a server name to an address with rules (interception needs the name)")]
+    NamelessTls,
     #[error("secret '{0}' is not available")]
     MissingSecret(String),
     #[error("secret '{0}' has a value a header cannot carry (CR, LF or NUL)")]
     UnsafeSecret(String),
 }
 
-/// What the proxy sends ahead of the rest of an admitted connection:
-/// the client's first bytes as they were when no rule applies (see
-/// [`HeaderRules::matching`]), else the request [`transform`]ed.
-pub fn prepare(
-    rules: Option<&HeaderRules>,
+/// What the proxy does with an admitted connection.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Outbound<'a> {
+    /// Send these bytes, then splice the rest.
+    Forward(Vec<u8>),
+    /// TLS to a host with rules: terminate it and transform the request
+    /// inside ([`super::intercept`]).
+    Intercept(Intercept<'a>),
+}
+
+/// A TLS connection to intercept.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Intercept<'a> {
+    /// The server name the client asked for, the one its leaf is for.
+    pub name: String,
+    pub owner: &'a str,
+    pub rules: &'a HostRules,
+    /// What was read of the ClientHello.
+    pub hello: Vec<u8>,
+}
+
+/// What becomes of an admitted connection: the client's first bytes as
+/// they were when no rule applies (see [`HeaderRules::matching`]), TLS to
+/// intercept, or the request [`transform`]ed.
+pub fn prepare<'a>(
+    rules: Option<&'a HeaderRules>,
     name: Option<&str>,
     dst: Ipv4Addr,
     head: Vec<u8>,
     lookup: impl FnOnce(&str) -> Vec<Ipv4Addr>,
     resolve: Option<&SecretResolver>,
-) -> Result<Vec<u8>, TransformError> {
+) -> Result<Outbound<'a>, TransformError> {
     let Some((rules, host)) = rules.and_then(|r| r.matching(name, dst, lookup).map(|h| (r, h))) else {
-        return Ok(head);
+        return Ok(Outbound::Forward(head));
     };
     if head.first() == Some(&0x16) {
-        return Err(TransformError::Tls);
+        let name = name.ok_or(TransformError::NamelessTls)?.to_string();
+        return Ok(Outbound::Intercept(Intercept { name, owner: &rules.owner, rules: host, hello: head }));
     }
     let unresolved = |_: &str, _: &str| None;
     let resolve: &dyn Fn(&str, &str) -> Option<String> = match resolve {
         Some(resolve) => resolve.as_ref(),
         None => &unresolved,
     };
-    transform(&head, host, &rules.owner, resolve)
+    transform(&head, host, &rules.owner, resolve).map(Outbound::Forward)
 }
 
 /// `head` (a complete request head, and whatever followed it) with the
@@ -466,21 +488,34 @@ mod tests {
     }
 
     #[test]
-    fn only_connections_a_rule_matches_are_touched_and_tls_to_them_is_refused() {
+    fn only_connections_a_rule_matches_are_touched_and_tls_to_them_is_intercepted() {
         let set = rules(&[("api.test", vec![rule(&[("X-Key", "${e2b.secrets.key}")])])]).unwrap();
         let resolver: SecretResolver = Arc::new(resolver);
         let dst: Ipv4Addr = RULE_HOST.parse().unwrap();
         let head = b"GET / HTTP/1.1\r\nHost: other.test\r\n\r\n".to_vec();
         let untouched = prepare(Some(&set), Some("other.test"), dst, head.clone(), lookup, Some(&resolver));
-        assert_eq!(untouched.unwrap(), head);
-        assert_eq!(prepare(None, Some("api.test"), dst, head.clone(), lookup, Some(&resolver)).unwrap(), head);
+        assert_eq!(untouched.unwrap(), Outbound::Forward(head.clone()));
+        let no_rules = prepare(None, Some("api.test"), dst, head.clone(), lookup, Some(&resolver));
+        assert_eq!(no_rules.unwrap(), Outbound::Forward(head));
         let hello = vec![0x16, 3, 1, 0, 0];
         assert_eq!(
-            prepare(Some(&set), Some("api.test"), dst, hello, lookup, Some(&resolver)),
-            Err(TransformError::Tls)
+            prepare(Some(&set), Some("api.test"), dst, hello.clone(), lookup, Some(&resolver)),
+            Ok(Outbound::Intercept(Intercept {
+                name: "api.test".into(),
+                owner: "team-a",
+                rules: &set.hosts[0],
+                hello: hello.clone()
+            }))
+        );
+        let by_address = rules(&[(RULE_HOST, vec![rule(&[("X-Key", "v")])])]).unwrap();
+        assert_eq!(
+            prepare(Some(&by_address), None, dst, hello, lookup, Some(&resolver)),
+            Err(TransformError::NamelessTls),
+            "no name, no leaf: refused rather than passed without the rule"
         );
         let head = b"GET / HTTP/1.1\r\nHost: api.test\r\n\r\n".to_vec();
         let out = prepare(Some(&set), Some("api.test"), dst, head.clone(), lookup, Some(&resolver)).unwrap();
+        let Outbound::Forward(out) = out else { panic!("{out:?}") };
         assert!(String::from_utf8(out).unwrap().contains("X-Key: s3cr3t\r\n"));
         assert_eq!(
             prepare(Some(&set), Some("api.test"), dst, head, lookup, None),

@@ -12,7 +12,8 @@
 //! with a SOCKS5 upstream has all its TCP here, and the admitted
 //! connection goes through that upstream instead ([`super::socks`]).
 //! A request a rule of the sandbox matches goes out with the rule's headers
-//! ([`crate::egress::rules`]).
+//! ([`crate::egress::rules`]); TLS to a rule's host is intercepted
+//! ([`crate::egress::intercept`]).
 
 use std::collections::HashMap;
 use std::io::{self, Read, Write};
@@ -25,7 +26,8 @@ use anyhow::{Context, bail};
 use socket2::{Domain, Socket, Type};
 
 use crate::dns;
-use crate::egress::rules::{self, SecretResolver};
+use crate::egress::intercept::Interceptor;
+use crate::egress::rules::{self, Outbound, SecretResolver};
 use crate::egress::sniff::{Sniffed, sniff};
 use crate::egress::{MAX_PEEK, Verdict, decide, original_destination};
 use crate::linux::nft::PROXY_MARK;
@@ -52,6 +54,7 @@ pub struct EgressProxy {
     stop: Arc<AtomicBool>,
     address: SocketAddrV4,
     secrets: Arc<OnceLock<SecretResolver>>,
+    interceptor: Arc<OnceLock<Arc<Interceptor>>>,
 }
 
 impl EgressProxy {
@@ -64,8 +67,14 @@ impl EgressProxy {
             SocketAddr::V6(_) => bail!("the egress proxy bound an IPv6 address"),
         };
         let stop = Arc::new(AtomicBool::new(false));
-        let secrets = Arc::new(OnceLock::new());
-        let shared = Arc::new(Shared { cfg, policies, open: Mutex::new(HashMap::new()), secrets: secrets.clone() });
+        let (secrets, interceptor) = (Arc::new(OnceLock::new()), Arc::new(OnceLock::new()));
+        let shared = Arc::new(Shared {
+            cfg,
+            policies,
+            open: Mutex::new(HashMap::new()),
+            secrets: secrets.clone(),
+            interceptor: interceptor.clone(),
+        });
         let stopping = stop.clone();
         std::thread::Builder::new().name("egress-proxy".into()).spawn(move || {
             for client in listener.incoming() {
@@ -84,7 +93,7 @@ impl EgressProxy {
                 }
             }
         })?;
-        Ok(Self { port: address.port(), stop, address, secrets })
+        Ok(Self { port: address.port(), stop, address, secrets, interceptor })
     }
 
     pub fn port(&self) -> u16 {
@@ -96,6 +105,12 @@ impl EgressProxy {
     /// ignored.
     pub fn set_secret_resolver(&self, resolver: SecretResolver) {
         let _ = self.secrets.set(resolver);
+    }
+
+    /// What TLS to a rule's host is terminated with; until it is set, such
+    /// a connection is refused. Set once: later calls are ignored.
+    pub fn set_interceptor(&self, interceptor: Arc<Interceptor>) {
+        let _ = self.interceptor.set(interceptor);
     }
 }
 
@@ -112,6 +127,7 @@ struct Shared {
     policies: Policies,
     open: Mutex<HashMap<Ipv4Addr, usize>>,
     secrets: Arc<OnceLock<SecretResolver>>,
+    interceptor: Arc<OnceLock<Arc<Interceptor>>>,
 }
 
 impl Shared {
@@ -120,6 +136,9 @@ impl Shared {
         let source = *source.ip();
         let Some(policy) = (self.policies)(source) else { bail!("{source} is no attached sandbox") };
         let dst = original_destination(&client)?;
+        // A relay must not hold back a small write (the tail of a response
+        // head, say) for an ACK the sandbox delays: 40 ms per request.
+        client.set_nodelay(true)?;
         let _slot = Slot::take(self, source)?;
         // A tunnelled connection never crosses `forward`, where the blocks
         // every sandbox gets live, and the host's connection goes to the
@@ -143,7 +162,7 @@ impl Shared {
             }
             Verdict::Splice => {
                 let lookup = |n: &str| dns::lookup(&self.cfg, n);
-                let head = match rules::prepare(
+                let outbound = match rules::prepare(
                     policy.rules.as_ref(),
                     name.as_deref(),
                     *dst.ip(),
@@ -151,7 +170,7 @@ impl Shared {
                     lookup,
                     self.secrets.get(),
                 ) {
-                    Ok(head) => head,
+                    Ok(outbound) => outbound,
                     Err(why) => {
                         tracing::info!(%source, %dst, ?name, "egress refused: {why}");
                         let _ = client.shutdown(Shutdown::Both);
@@ -166,9 +185,24 @@ impl Shared {
                     tracing::info!(%source, %dst, "egress failed: {e:#}");
                     let _ = client.shutdown(Shutdown::Both);
                 })?;
-                match upstream {
-                    Tunnel::Plain(upstream) => splice(client, upstream, &head),
-                    Tunnel::Tls(tunnel) => tunnel.splice(client, &head),
+                match (outbound, upstream) {
+                    (Outbound::Forward(head), Tunnel::Plain(upstream)) => splice(client, upstream, &head),
+                    (Outbound::Forward(head), Tunnel::Tls(tunnel)) => tunnel.splice(client, &head),
+                    (Outbound::Intercept(target), Tunnel::Plain(upstream)) => match self.interceptor.get() {
+                        Some(interceptor) => interceptor.serve(client, upstream, target, self.secrets.get()),
+                        None => {
+                            tracing::info!(%source, %dst, ?name, "egress refused: TLS to a rule's host, no egress CA");
+                            let _ = client.shutdown(Shutdown::Both);
+                            Ok(())
+                        }
+                    },
+                    // The interceptor dials its upstream over a plain stream;
+                    // it does not run inside a TLS tunnel to a SOCKS5 proxy.
+                    (Outbound::Intercept(_), Tunnel::Tls(_)) => {
+                        tracing::info!(%source, %dst, ?name, "egress refused: a rule's HTTPS through a TLS egress_proxy");
+                        let _ = client.shutdown(Shutdown::Both);
+                        Ok(())
+                    }
                 }
             }
         }
@@ -238,6 +272,8 @@ fn peek(client: &TcpStream) -> anyhow::Result<(Option<String>, Vec<u8>)> {
 fn connect_marked(dst: SocketAddrV4) -> anyhow::Result<TcpStream> {
     let socket = Socket::new(Domain::IPV4, Type::STREAM, None)?;
     socket.set_mark(PROXY_MARK).context("marking the upstream socket")?;
+    // See the client's side in `serve`.
+    socket.set_nodelay(true)?;
     socket
         .connect_timeout(&SocketAddr::V4(dst).into(), CONNECT_TIMEOUT)
         .with_context(|| format!("connecting to {dst}"))?;

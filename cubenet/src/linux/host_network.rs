@@ -105,6 +105,11 @@ impl HostNetwork {
         self.proxy.set_secret_resolver(resolver);
     }
 
+    /// See [`EgressProxy::set_interceptor`].
+    pub fn set_interceptor(&self, interceptor: std::sync::Arc<crate::egress::intercept::Interceptor>) {
+        self.proxy.set_interceptor(interceptor);
+    }
+
     /// Puts the sandbox whose init is `init_pid` on the bridge with
     /// `network.policy`. On error, whatever was made is removed.
     ///

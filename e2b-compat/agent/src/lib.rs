@@ -42,6 +42,7 @@ pub mod routes;
 pub mod rpc;
 pub mod state;
 pub mod transfer;
+pub mod trust;
 pub mod users;
 
 use std::collections::HashMap;

@@ -61,6 +61,8 @@ struct InitRequest {
     default_user: Option<String>,
     #[serde(alias = "default_workdir")]
     default_workdir: Option<String>,
+    /// copse's own: the egress CA (PEM) to trust ([`crate::trust`]).
+    egress_ca: Option<String>,
 }
 
 /// Hands a (possibly pre-booted) sandbox its settings. Allowed while no
@@ -77,9 +79,25 @@ async fn init(State(state): State<SharedState>, headers: HeaderMap, body: Bytes)
             Err(e) => return json_error(StatusCode::BAD_REQUEST, format!("invalid init request: {e}")),
         }
     };
+    let trust_env = match req.egress_ca {
+        Some(pem) => match tokio::task::spawn_blocking(move || crate::trust::install(std::path::Path::new("/"), &pem))
+            .await
+            .map_err(std::io::Error::other)
+            .and_then(|r| r)
+        {
+            Ok(env) => env,
+            Err(e) => {
+                return json_error(StatusCode::INTERNAL_SERVER_ERROR, format!("installing the egress CA: {e}"));
+            }
+        },
+        None => Vec::new(),
+    };
     state.update_settings(|s| {
         if let Some(env) = req.env_vars {
             s.env_vars.extend(env);
+        }
+        for (name, value) in trust_env {
+            s.env_vars.entry(name.to_string()).or_insert(value);
         }
         if let Some(token) = req.access_token {
             s.access_token = Some(token).filter(|t| !t.is_empty());

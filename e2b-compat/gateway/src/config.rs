@@ -36,6 +36,9 @@ pub struct Config {
     pub metrics_listen: Option<SocketAddr>,
     /// Registry mirrors and credentials for templates from images.
     pub registries: copse_images::Registries,
+    /// Extra CA certificates (PEM) the egress proxy trusts for the servers
+    /// it re-originates intercepted HTTPS to, besides the host's store.
+    pub egress_upstream_ca: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone)]
@@ -58,6 +61,16 @@ impl Config {
     pub fn sandbox_logs(&self) -> PathBuf {
         self.data_dir.join("logs")
     }
+
+    /// The copse egress CA (`ca.pem`, `ca-key.pem`).
+    pub fn egress_ca_dir(&self) -> PathBuf {
+        egress_ca_dir(&self.data_dir)
+    }
+}
+
+/// The copse egress CA's directory under `data_dir`.
+pub fn egress_ca_dir(data_dir: &Path) -> PathBuf {
+    data_dir.join("egress-ca")
 }
 
 /// Creates the data dir if it is missing and makes it, new or old, private

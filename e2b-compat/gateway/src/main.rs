@@ -87,6 +87,11 @@ enum Command {
         /// proxy checks an allowed Host/SNI against it.
         #[arg(long, env = "COPSE_EGRESS_HOSTS_FILE")]
         egress_hosts_file: Option<PathBuf>,
+        /// A PEM file of CA certificates the egress proxy trusts, besides
+        /// the host's trust store, for the servers it sends intercepted
+        /// HTTPS (to hosts with `network.rules`) on to.
+        #[arg(long, env = "COPSE_EGRESS_UPSTREAM_CA")]
+        egress_upstream_ca: Option<PathBuf>,
         /// Name sandbox ports `{port}-{sandboxID}.DOMAIN` (what the SDK's
         /// `get_host` returns) and route requests by that host name.
         #[arg(long, env = "COPSE_DOMAIN")]
@@ -119,6 +124,12 @@ enum Command {
     Tls {
         #[command(subcommand)]
         command: TlsCommand,
+    },
+    /// The CA sandboxes with `network.rules` trust (the egress proxy
+    /// intercepts their HTTPS to those hosts with it).
+    EgressCa {
+        #[command(subcommand)]
+        command: EgressCaCommand,
     },
     /// Manage templates.
     Template {
@@ -207,6 +218,16 @@ impl ConnectionLimits {
             per_client: self.max_connections_per_client.max(1),
         }
     }
+}
+
+#[derive(Subcommand)]
+enum EgressCaCommand {
+    /// Replace the egress CA with a new one; a running gateway uses it
+    /// from its next start.
+    Rotate {
+        #[arg(long, env = "COPSE_DATA_DIR", default_value = config::DEFAULT_DATA_DIR)]
+        data_dir: PathBuf,
+    },
 }
 
 #[derive(Subcommand)]
@@ -446,6 +467,7 @@ fn main() -> anyhow::Result<()> {
             subnet,
             allow_egress_ranges,
             egress_hosts_file,
+            egress_upstream_ca,
             domain,
             tls_cert,
             tls_key,
@@ -479,6 +501,7 @@ fn main() -> anyhow::Result<()> {
                 limits: limits.limits(),
                 metrics_listen,
                 registries,
+                egress_upstream_ca,
             };
             tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(server::run(config))
         }
@@ -486,6 +509,15 @@ fn main() -> anyhow::Result<()> {
             for point in copse_gateway::fault::POINTS {
                 println!("{point}");
             }
+            Ok(())
+        }
+        Command::EgressCa { command: EgressCaCommand::Rotate { data_dir } } => {
+            let cert = copse_cubenet::EgressCa::rotate(&config::egress_ca_dir(&data_dir))?;
+            println!(
+                "wrote a new egress CA ({}); restart the gateway to use it. Sandboxes running now trust the \
+                 old one until their rules are set again (update_network) or they are created anew.",
+                cert.display()
+            );
             Ok(())
         }
         Command::Tls { command: TlsCommand::Init { domain, out, data_dir } } => {
@@ -745,6 +777,7 @@ fn local_config(paths: Paths) -> anyhow::Result<Config> {
         disk_mb: copse_substrate::Limits::default().disk_mb,
         limits: Default::default(),
         metrics_listen: None,
+        egress_upstream_ca: None,
         registries: Default::default(),
     })
 }

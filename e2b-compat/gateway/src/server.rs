@@ -79,6 +79,16 @@ fn report_missing_features(substrate: &dyn Substrate) {
     }
 }
 
+/// The copse egress CA (made on the data dir's first start), handed to the
+/// substrate's egress proxy with the roots it verifies upstreams against.
+fn egress_interception(config: &Config, substrate: &dyn Substrate) -> anyhow::Result<Arc<copse_substrate::EgressCa>> {
+    let ca = Arc::new(copse_substrate::EgressCa::load_or_create(&config.egress_ca_dir())?);
+    let interceptor = copse_substrate::Interceptor::new(ca.clone(), config.egress_upstream_ca.as_deref())
+        .context("the egress proxy's upstream roots (--egress-upstream-ca)")?;
+    substrate.set_interceptor(Arc::new(interceptor));
+    Ok(ca)
+}
+
 pub async fn run(config: Config) -> anyhow::Result<()> {
     // A bad certificate fails before templates are built or sandboxes touched.
     let tls = config.tls.as_ref().map(|files| tls::acceptor(&files.cert, &files.key)).transpose()?;
@@ -113,6 +123,10 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let secrets = Arc::new(Secrets::new(Arc::<dyn Database>::from(open_store(&config)?), vault));
     // Before any sandbox is adopted: its requests may need a rule's secret.
     substrate.set_secret_resolver(secrets.resolver());
+    let egress_ca = match &config.network {
+        Some(_) => Some(egress_interception(&config, substrate.as_ref())?),
+        None => None,
+    };
     let svc = Arc::new(
         Sandboxes::new(substrate.clone(), Box::new(store), config.run_dir(), &config.pools)
             .with_secrets(secrets.clone())
@@ -120,7 +134,8 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             .with_disk_mb(config.disk_mb)
             .with_registries(config.registries.clone(), &config.data_dir)
             .with_sandbox_log(crate::sandbox_log::SandboxLog::open(config.sandbox_logs())?)
-            .with_tenancy(usage, directory.clone()),
+            .with_tenancy(usage, directory.clone())
+            .with_egress_ca(egress_ca.as_deref().map(copse_substrate::EgressCa::cert_pem)),
     );
     let recovery = svc.recover().await?;
     if !recovery.adopted.is_empty() || !recovery.removed.is_empty() {

@@ -602,6 +602,12 @@ impl Substrate for LinuxSubstrate {
         }
     }
 
+    fn set_interceptor(&self, interceptor: std::sync::Arc<copse_substrate::Interceptor>) {
+        if let Some(network) = &self.network {
+            network.set_interceptor(interceptor);
+        }
+    }
+
     fn recover_network(&self, known: &[(String, copse_substrate::SandboxNetwork)]) -> anyhow::Result<()> {
         self.network.as_ref().map_or(Ok(()), |network| network.reconcile(known))
     }

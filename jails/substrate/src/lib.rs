@@ -15,7 +15,7 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-pub use copse_cubenet::{NetConfig, Policy, SandboxNetwork, SecretResolver};
+pub use copse_cubenet::{EgressCa, Interceptor, NetConfig, Policy, SandboxNetwork, SecretResolver};
 
 pub use error::SubstrateError;
 pub use router::Router;
@@ -257,6 +257,11 @@ pub trait Substrate: Send + Sync + 'static {
     /// `network.rules` (the gateway's secrets, which the substrate never
     /// holds). A substrate without the proxy refuses rules instead.
     fn set_secret_resolver(&self, _resolver: SecretResolver) {}
+
+    /// What the egress proxy terminates TLS to a host with `network.rules`
+    /// with (the copse egress CA, which the gateway keeps). Until it is
+    /// set, such connections are refused.
+    fn set_interceptor(&self, _interceptor: std::sync::Arc<Interceptor>) {}
 
     /// After [`Substrate::recover`]: make the network hold exactly the
     /// `known` (re-adopted) sandboxes' attachments, removing every other.

@@ -348,7 +348,10 @@ impl Sandboxes {
     /// `agent_token`: the token the agent demands now (one restored from a
     /// memory snapshot still has its source's).
     pub(super) async fn hand_over(&self, record: &SandboxRecord, agent_token: Option<&str>) -> anyhow::Result<()> {
-        let init = serde_json::json!({ "accessToken": record.access_token, "envVars": record.env_vars });
+        let mut init = serde_json::json!({ "accessToken": record.access_token, "envVars": record.env_vars });
+        if let Some(ca) = record.network.as_ref().and_then(|n| self.egress_ca_for(&n.policy)) {
+            init["egressCa"] = ca.into();
+        }
         agent_link::post_json(&record.agent_socket, "/init", &init, agent_token).await?;
         self.store.put(record)
     }

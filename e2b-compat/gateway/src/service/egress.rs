@@ -1,10 +1,13 @@
 //! A running sandbox's egress policy: replaced on request (E2B's
 //! `update_network`), and re-applied when the host names it allows may
-//! have moved.
+//! have moved. A sandbox with `network.rules` trusts the copse egress CA
+//! (the proxy terminates its HTTPS to rule hosts): its agent installs the
+//! certificate when the sandbox is handed over and when rules are set.
 
 use copse_substrate::Policy;
 
 use super::Sandboxes;
+use crate::agent_link;
 use crate::model::{Caller, Result, SandboxError, SandboxRecord};
 use crate::network::NetworkRequest;
 
@@ -21,6 +24,11 @@ impl Sandboxes {
         // policy admits; the policy is kept for when it is asked about.
         if let Some(network) = record.network.as_mut() {
             if attached {
+                // Trusted before the proxy intercepts anything for it.
+                if let Some(ca) = self.egress_ca_for(&policy) {
+                    let init = serde_json::json!({ "egressCa": ca });
+                    agent_link::post_json(&record.agent_socket, "/init", &init, Some(&record.access_token)).await?;
+                }
                 self.apply_policy(id, &policy).await?;
             }
             network.policy = policy.clone();
@@ -28,6 +36,11 @@ impl Sandboxes {
         record.allow_internet_access = policy.internet_access();
         self.store.put(&record)?;
         Ok(record)
+    }
+
+    /// The CA certificate (PEM) a sandbox with `policy` must trust, if any.
+    pub(super) fn egress_ca_for(&self, policy: &Policy) -> Option<&str> {
+        self.egress_ca.as_deref().filter(|_| policy.rules.is_some())
     }
 
     /// The policy `request` asks for on behalf of `team`: a SOCKS5 upstream

@@ -81,6 +81,9 @@ pub struct Sandboxes {
     warmer: warm::Warmer,
     /// What `network.rules` placeholders may name.
     secrets: Option<Arc<Secrets>>,
+    /// The egress CA's certificate (PEM), which a sandbox with
+    /// `network.rules` trusts (`egress.rs`).
+    egress_ca: Option<Arc<str>>,
 }
 
 impl Sandboxes {
@@ -113,12 +116,20 @@ impl Sandboxes {
             images: builds::ImageSource::new(Default::default(), blob_dir),
             warmer: Default::default(),
             secrets: None,
+            egress_ca: None,
         }
     }
 
     /// Sandboxes' `network.rules` may name `secrets` (without, none).
     pub fn with_secrets(mut self, secrets: Arc<Secrets>) -> Self {
         self.secrets = Some(secrets);
+        self
+    }
+
+    /// Sandboxes with `network.rules` trust this CA (a PEM certificate);
+    /// without one, their HTTPS to rule hosts fails.
+    pub fn with_egress_ca(mut self, cert_pem: Option<&str>) -> Self {
+        self.egress_ca = cert_pem.map(Into::into);
         self
     }
 

@@ -1,0 +1,337 @@
+//! HTTPS to a host with `network.rules`: the egress proxy terminates the
+//! sandbox's TLS with a leaf of the copse egress CA ([`super::ca`]) for the
+//! name the sandbox asked for (its SNI), sets the rule's headers on the
+//! request ([`super::rules::transform`], as on port 80) and sends it on
+//! over TLS of its own to the destination the sandbox chose, verified
+//! against the host's trust store (plus the operator's extra roots) for
+//! that same name. An upstream that does not verify gets the sandbox a 502,
+//! never the request in plaintext or to an unverified server.
+//!
+//! The request's `Host` must be the SNI name (one `Host` header, an
+//! origin-form target): a server shared by several names (a CDN) routes by
+//! `Host`, and a rule's secret must not reach another name on it. A request
+//! that names another host is answered 421 and the connection closed.
+//!
+//! As on port 80 the transformed request says `Connection: close`: one
+//! request per connection, and a client's next request comes on a new,
+//! again intercepted, connection. ALPN offers HTTP/1.1 only, both ways.
+//!
+//! Blocking callers (the Linux proxy's thread per connection) call
+//! [`Interceptor::serve`], which runs the connection on a runtime of its own.
+
+use std::io;
+use std::net::TcpStream as StdTcpStream;
+use std::path::Path;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context as TaskContext, Poll};
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::net::TcpStream;
+use tokio::time::timeout;
+use tokio_rustls::rustls::crypto::{CryptoProvider, ring};
+use tokio_rustls::rustls::pki_types::pem::PemObject;
+use tokio_rustls::rustls::pki_types::{CertificateDer, ServerName};
+use tokio_rustls::rustls::{ClientConfig, RootCertStore, ServerConfig};
+use tokio_rustls::{TlsAcceptor, TlsConnector};
+
+use super::MAX_PEEK;
+use super::ca::EgressCa;
+use super::rules::{self, Intercept, SecretResolver};
+
+/// How long each side's TLS handshake, and the client's request head, may take.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The most headers a request head may have to be checked.
+const MAX_HEADERS: usize = 128;
+
+/// The proxy's half of TLS interception: the CA it mints leaves from and
+/// the roots it verifies upstreams against.
+pub struct Interceptor {
+    ca: Arc<EgressCa>,
+    upstream: Arc<ClientConfig>,
+}
+
+impl Interceptor {
+    /// `extra_roots`: a PEM file of CA certificates trusted for upstreams
+    /// besides the host's trust store (`copse up --egress-upstream-ca`).
+    pub fn new(ca: Arc<EgressCa>, extra_roots: Option<&Path>) -> anyhow::Result<Self> {
+        let roots = upstream_roots(extra_roots)?;
+        let mut upstream = ClientConfig::builder_with_provider(provider())
+            .with_safe_default_protocol_versions()?
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        upstream.alpn_protocols = vec![b"http/1.1".to_vec()];
+        Ok(Self { ca, upstream: Arc::new(upstream) })
+    }
+
+    pub fn ca(&self) -> &EgressCa {
+        &self.ca
+    }
+
+    /// Serves `target`, a connection whose ClientHello asks for a host with
+    /// rules; `upstream` is connected to the destination the sandbox
+    /// chose. Blocks until the connection ends.
+    pub fn serve(
+        &self,
+        client: StdTcpStream,
+        upstream: StdTcpStream,
+        target: Intercept<'_>,
+        resolve: Option<&SecretResolver>,
+    ) -> anyhow::Result<()> {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+        runtime.block_on(async {
+            client.set_nonblocking(true)?;
+            upstream.set_nonblocking(true)?;
+            let client = Prefixed { head: target.hello, at: 0, inner: TcpStream::from_std(client)? };
+            let upstream = TcpStream::from_std(upstream)?;
+            let unresolved = |_: &str, _: &str| None;
+            let resolve: &dyn Fn(&str, &str) -> Option<String> = match resolve {
+                Some(resolve) => resolve.as_ref(),
+                None => &unresolved,
+            };
+            let target = Intercept { hello: Vec::new(), ..target };
+            self.intercept(client, upstream, &target, resolve).await
+        })
+    }
+
+    async fn intercept(
+        &self,
+        client: Prefixed,
+        upstream: TcpStream,
+        target: &Intercept<'_>,
+        resolve: &dyn Fn(&str, &str) -> Option<String>,
+    ) -> anyhow::Result<()> {
+        let name = target.name.as_str();
+        let server_name = ServerName::try_from(name.to_string()).context("the SNI is no host name")?;
+        let leaf = self.ca.leaf(name)?;
+        let mut config = ServerConfig::builder_with_provider(provider())
+            .with_safe_default_protocol_versions()?
+            .with_no_client_auth()
+            .with_single_cert(leaf.chain.clone(), leaf.key.clone_key())?;
+        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        let accept = timeout(HANDSHAKE_TIMEOUT, TlsAcceptor::from(Arc::new(config)).accept(client));
+        let connect =
+            timeout(HANDSHAKE_TIMEOUT, TlsConnector::from(self.upstream.clone()).connect(server_name, upstream));
+        let (client, upstream) = tokio::join!(accept, connect);
+        let mut client =
+            client.context("the client's TLS handshake timed out")?.context("the client's TLS handshake")?;
+        let mut upstream = match upstream {
+            Ok(Ok(upstream)) => upstream,
+            Ok(Err(e)) => {
+                answer(&mut client, "502 Bad Gateway", &format!("TLS to {name} failed: {e}")).await;
+                bail!("TLS to {name}: {e}");
+            }
+            Err(_) => {
+                answer(&mut client, "504 Gateway Timeout", &format!("TLS to {name} timed out")).await;
+                bail!("TLS to {name} timed out");
+            }
+        };
+        let head = match timeout(HANDSHAKE_TIMEOUT, read_head(&mut client)).await {
+            Ok(Ok(head)) => head,
+            Ok(Err(e)) => {
+                answer(&mut client, "400 Bad Request", "expected an HTTP/1.1 request head").await;
+                return Err(e);
+            }
+            Err(_) => bail!("the client sent no request"),
+        };
+        if let Err(why) = addressed_to(&head, name) {
+            answer(&mut client, "421 Misdirected Request", why).await;
+            bail!("a request on a connection to {name}: {why}");
+        }
+        let head = match rules::transform(&head, target.rules, target.owner, resolve) {
+            Ok(head) => head,
+            Err(e) => {
+                answer(&mut client, "502 Bad Gateway", &e.to_string()).await;
+                bail!("the rules of {name}: {e}");
+            }
+        };
+        upstream.write_all(&head).await?;
+        relay(client, upstream).await;
+        Ok(())
+    }
+}
+
+fn provider() -> Arc<CryptoProvider> {
+    // Named explicitly so the choice never depends on which crypto features
+    // other crates happen to switch on.
+    Arc::new(ring::default_provider())
+}
+
+/// The host's trust store (what its own clients trust), and `extra`'s
+/// certificates.
+fn upstream_roots(extra: Option<&Path>) -> anyhow::Result<RootCertStore> {
+    let mut roots = RootCertStore::empty();
+    let native = rustls_native_certs::load_native_certs();
+    for e in &native.errors {
+        tracing::warn!("the host's trust store, for the egress proxy's upstreams: {e}");
+    }
+    roots.add_parsable_certificates(native.certs);
+    if let Some(path) = extra {
+        let mut added = 0;
+        for cert in CertificateDer::pem_file_iter(path).with_context(|| format!("reading {}", path.display()))? {
+            let cert = cert.with_context(|| format!("parsing {}", path.display()))?;
+            roots.add(cert).with_context(|| format!("a certificate in {}", path.display()))?;
+            added += 1;
+        }
+        anyhow::ensure!(added > 0, "{} holds no certificate", path.display());
+    }
+    Ok(roots)
+}
+
+/// Reads until the end of the request head; what follows it, if read too,
+/// stays at the end of the returned bytes.
+async fn read_head<S: AsyncRead + Unpin>(client: &mut S) -> anyhow::Result<Vec<u8>> {
+    let mut head = Vec::with_capacity(2048);
+    let mut chunk = [0u8; 4096];
+    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+        if head.len() >= MAX_PEEK {
+            bail!("a request head longer than {MAX_PEEK} bytes");
+        }
+        let n = client.read(&mut chunk).await?;
+        if n == 0 {
+            bail!("the client closed before a whole request head");
+        }
+        head.extend_from_slice(&chunk[..n]);
+    }
+    Ok(head)
+}
+
+/// Whether the request in `head` is for `name`: one `Host` naming it (any
+/// port) and a target that names no other (origin form, or `*`).
+fn addressed_to(head: &[u8], name: &str) -> Result<(), &'static str> {
+    let mut slots = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut request = httparse::Request::new(&mut slots);
+    match request.parse(head) {
+        Ok(httparse::Status::Complete(_)) => {}
+        _ => return Err("not an HTTP/1 request"),
+    }
+    if !matches!(request.path, Some(p) if p.starts_with('/') || p == "*") {
+        return Err("the request target names a host");
+    }
+    let mut hosts = request.headers.iter().filter(|h| h.name.eq_ignore_ascii_case("host"));
+    let (Some(host), None) = (hosts.next(), hosts.next()) else {
+        return Err("a request needs exactly one Host header");
+    };
+    let host = std::str::from_utf8(host.value).map_err(|_| "the Host header is not text")?;
+    let host = match host.rsplit_once(':') {
+        Some((host, port)) if port.bytes().all(|b| b.is_ascii_digit()) => host,
+        _ => host,
+    };
+    let canonical = |n: &str| n.trim().trim_end_matches('.').to_ascii_lowercase();
+    if canonical(host) != canonical(name) {
+        return Err("the Host header names another host than the TLS server name");
+    }
+    Ok(())
+}
+
+/// Answers the client with `status` and closes.
+async fn answer<S: AsyncWrite + Unpin>(client: &mut S, status: &str, why: &str) {
+    let body = format!("copse egress proxy: {why}\n");
+    let response = format!(
+        "HTTP/1.1 {status}\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let _ = client.write_all(response.as_bytes()).await;
+    let _ = client.shutdown().await;
+}
+
+/// Copies both ways; ends when the upstream is done (the transformed
+/// request asked it to close), whatever the client still holds open.
+async fn relay<C, U>(client: C, upstream: U)
+where
+    C: AsyncRead + AsyncWrite + Unpin,
+    U: AsyncRead + AsyncWrite + Unpin,
+{
+    let (mut from_client, mut to_client) = tokio::io::split(client);
+    let (mut from_upstream, mut to_upstream) = tokio::io::split(upstream);
+    let up = async {
+        let _ = tokio::io::copy(&mut from_client, &mut to_upstream).await;
+        let _ = to_upstream.shutdown().await;
+    };
+    let down = async {
+        let _ = tokio::io::copy(&mut from_upstream, &mut to_client).await;
+        let _ = to_client.shutdown().await;
+    };
+    tokio::pin!(up, down);
+    tokio::select! {
+        _ = &mut down => {}
+        _ = &mut up => down.await,
+    }
+}
+
+/// A stream that first yields bytes already read from it (the ClientHello
+/// the proxy peeked at).
+struct Prefixed {
+    head: Vec<u8>,
+    at: usize,
+    inner: TcpStream,
+}
+
+impl AsyncRead for Prefixed {
+    fn poll_read(mut self: Pin<&mut Self>, cx: &mut TaskContext<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        if self.at < self.head.len() {
+            let n = buf.remaining().min(self.head.len() - self.at);
+            let at = self.at;
+            buf.put_slice(&self.head[at..at + n]);
+            self.at += n;
+            if self.at == self.head.len() {
+                self.head = Vec::new();
+                self.at = 0;
+            }
+            return Poll::Ready(Ok(()));
+        }
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Prefixed {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut TaskContext<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_request_is_for_the_sni_name_only_through_one_host_header_and_an_origin_form_target() {
+        let ok = |head: &str| addressed_to(head.as_bytes(), "api.test");
+        assert_eq!(ok("GET / HTTP/1.1\r\nHost: api.test\r\n\r\n"), Ok(()));
+        assert_eq!(ok("GET /x HTTP/1.1\r\nhost: API.test.:443\r\n\r\nbody"), Ok(()));
+        assert_eq!(ok("OPTIONS * HTTP/1.1\r\nHost: api.test\r\n\r\n"), Ok(()));
+        assert!(ok("GET / HTTP/1.1\r\nHost: other.test\r\n\r\n").is_err(), "another Host");
+        assert!(ok("GET / HTTP/1.1\r\nHost: api.test.other.test\r\n\r\n").is_err());
+        assert!(ok("GET / HTTP/1.1\r\n\r\n").is_err(), "no Host");
+        assert!(ok("GET / HTTP/1.1\r\nHost: api.test\r\nHost: other.test\r\n\r\n").is_err(), "two");
+        assert!(ok("GET https://other.test/ HTTP/1.1\r\nHost: api.test\r\n\r\n").is_err(), "absolute form");
+        assert!(ok("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n").is_err(), "no HTTP/2");
+    }
+
+    #[tokio::test]
+    async fn the_peeked_bytes_are_read_first_then_the_stream() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        let writer = tokio::spawn(async move {
+            let (mut peer, _) = listener.accept().await.unwrap();
+            peer.write_all(b" world").await.unwrap();
+        });
+        let inner = TcpStream::connect(address).await.unwrap();
+        let mut prefixed = Prefixed { head: b"hello".to_vec(), at: 0, inner };
+        let mut all = String::new();
+        prefixed.read_to_string(&mut all).await.unwrap();
+        writer.await.unwrap();
+        assert_eq!(all, "hello world");
+    }
+}
