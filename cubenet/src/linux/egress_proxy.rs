@@ -273,7 +273,7 @@ fn connect_marked(dst: SocketAddrV4) -> anyhow::Result<TcpStream> {
     let socket = Socket::new(Domain::IPV4, Type::STREAM, None)?;
     socket.set_mark(PROXY_MARK).context("marking the upstream socket")?;
     // See the client's side in `serve`.
-    socket.set_nodelay(true)?;
+    socket.set_tcp_nodelay(true)?;
     socket
         .connect_timeout(&SocketAddr::V4(dst).into(), CONNECT_TIMEOUT)
         .with_context(|| format!("connecting to {dst}"))?;

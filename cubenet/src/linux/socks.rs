@@ -61,7 +61,7 @@ pub fn dial(upstream: &Upstream, dst: SocketAddrV4) -> anyhow::Result<Tunnel> {
     socket.set_mark(PROXY_MARK).context("marking the upstream socket")?;
     // A relay must not hold back a small write (the tail of a response
     // head, say) for an ACK the other end delays: 40 ms per request.
-    socket.set_nodelay(true)?;
+    socket.set_tcp_nodelay(true)?;
     socket
         .connect_timeout(&server.into(), HANDSHAKE_TIMEOUT)
         .with_context(|| format!("connecting to the egress proxy {server}"))?;
