@@ -88,11 +88,7 @@ pub fn run() -> anyhow::Result<()> {
     bins.check()?;
     bins.build_template(Some("base"))?;
     let key = random_hex(16)?;
-    // SAFETY: no other thread exists yet; the gateway inherits these.
-    unsafe {
-        std::env::set_var("COPSE_BRIDGE", &args.bridge);
-        std::env::set_var("COPSE_SUBNET", &args.subnet);
-    }
+    crate::gateway::use_network(&args.bridge, &args.subnet);
     let work = WorkDir::create()?;
     let certs = Certs::mint(&work.0)?;
     let hosts = work.0.join("egress-hosts");

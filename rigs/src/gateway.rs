@@ -200,6 +200,17 @@ impl Drop for Gateway {
 
 /// State letter and parent pid from a `/proc/PID/stat` line
 /// (`pid (comm) S ppid …`; comm may contain spaces and parentheses).
+/// Gives the rig's gateways a bridge and subnet of their own, apart from
+/// a gateway already running here. Call it before any thread starts: the
+/// gateway inherits them through the environment.
+pub fn use_network(bridge: &str, subnet: &str) {
+    // SAFETY: the caller starts no thread before this.
+    unsafe {
+        std::env::set_var("COPSE_BRIDGE", bridge);
+        std::env::set_var("COPSE_SUBNET", subnet);
+    }
+}
+
 pub fn state_and_ppid(stat: &str) -> Option<(&str, u32)> {
     let (_, rest) = stat.rsplit_once(')')?;
     let mut f = rest.split_whitespace();

@@ -70,11 +70,7 @@ pub fn run() -> anyhow::Result<()> {
     bins.check()?;
     bins.build_template(Some("base"))?;
     let key = random_hex(16)?;
-    // SAFETY: no other thread exists yet; the gateway inherits these.
-    unsafe {
-        std::env::set_var("COPSE_BRIDGE", &args.bridge);
-        std::env::set_var("COPSE_SUBNET", &args.subnet);
-    }
+    crate::gateway::use_network(&args.bridge, &args.subnet);
     let mut notes = vec![
         "RTT and iperf3 clients run on the host inside the sandbox's network namespace (nsenter/setns): the \
          packets take the sandbox's veth, the bridge, the nftables forward rules and NAT, as the sandbox's own \

@@ -285,12 +285,30 @@ fn splice(client: TcpStream, mut upstream: TcpStream, head: &[u8]) -> anyhow::Re
     upstream.write_all(head)?;
     let (mut from_client, mut to_upstream) = (client.try_clone()?, upstream.try_clone()?);
     let outbound = std::thread::Builder::new().name("egress-up".into()).spawn(move || {
-        let _ = io::copy(&mut from_client, &mut to_upstream);
+        let _ = relay(&mut from_client, &mut to_upstream);
         let _ = to_upstream.shutdown(Shutdown::Write);
     })?;
     let (mut from_upstream, mut to_client) = (upstream, client);
-    let _ = io::copy(&mut from_upstream, &mut to_client);
+    let _ = relay(&mut from_upstream, &mut to_client);
     let _ = to_client.shutdown(Shutdown::Write);
     let _ = outbound.join();
     Ok(())
+}
+
+/// What one direction of a relay moves per read.
+const RELAY_CHUNK: usize = 64 * 1024;
+
+/// Copies `from` to `to` until `from` ends. Not `io::copy`: between two
+/// sockets it moves 8 KiB per read and write, which held a relay to about
+/// a fifth of a direct connection's throughput (`bench:egress`).
+fn relay(from: &mut TcpStream, to: &mut TcpStream) -> io::Result<()> {
+    let mut chunk = vec![0; RELAY_CHUNK];
+    loop {
+        match from.read(&mut chunk) {
+            Ok(0) => return Ok(()),
+            Ok(n) => to.write_all(&chunk[..n])?,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        }
+    }
 }
