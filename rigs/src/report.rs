@@ -56,11 +56,17 @@ impl Scenario {
     }
 
     pub fn to_json(&self) -> Value {
+        // The file's series are index-aligned: one sampled fewer times than
+        // the longest (a few large GETs beside hundreds of requests) is
+        // padded with nulls, which no summary counts.
+        let rows = self.completed();
         let samples: serde_json::Map<String, Value> = self
             .series
             .iter()
             .map(|(k, v)| {
-                (k.clone(), Value::Array(v.iter().map(|x| x.map_or(Value::Null, |x| json!(round3(x)))).collect()))
+                let values = v.iter().map(|x| x.map_or(Value::Null, |x| json!(round3(x))));
+                let padding = std::iter::repeat_n(Value::Null, rows - v.len());
+                (k.clone(), Value::Array(values.chain(padding).collect()))
             })
             .collect();
         let summary: serde_json::Map<String, Value> =
@@ -382,6 +388,12 @@ mod tests {
         assert_eq!(v["errors"].as_array().unwrap().len(), 20);
         assert_eq!(v["pool"], Value::Null);
         assert_eq!(s.count("x_ms"), 2);
+
+        // A metric sampled less often is padded to the longest series.
+        s.series.insert("big_ms".into(), vec![Some(9.0)]);
+        let v = s.to_json();
+        assert_eq!(v["samples"]["big_ms"], json!([9.0, null, null]));
+        assert_eq!(v["summary"]["big_ms"]["n"], 1);
     }
 
     #[test]
