@@ -1,5 +1,5 @@
 //! What copse's resolver answers a sandbox (pure; the Linux executor is
-//! `linux::dns_proxy`).
+//! `dns_proxy`).
 //!
 //! Every DNS query a sandbox sends, to whatever server it names, lands at
 //! one resolver per network on the host (nftables redirects port 53), which

@@ -21,6 +21,8 @@
 
 pub mod addresses;
 pub mod dns;
+#[cfg(target_os = "linux")]
+pub mod dns_proxy;
 pub mod dnsfilter;
 pub mod egress;
 pub mod freebsd;

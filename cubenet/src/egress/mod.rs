@@ -1,8 +1,9 @@
 //! The host's egress proxy, platform-neutral part: what a sandbox's web
 //! connection asks for ([`sniff`]), whether its policy admits it
 //! ([`decide`]), and where it was going (`original_destination`, the one
-//! platform-specific lookup). The Linux executor that accepts the
-//! redirected connections and splices them is `crate::linux::EgressProxy`.
+//! platform-specific lookup). The executor that accepts the redirected
+//! connections and splices them is [`proxy::EgressProxy`] (Linux only so far),
+//! dialling a SOCKS5 upstream through [`socks`].
 //!
 //! A sandbox whose policy names hosts has its TCP to ports 80 and 443
 //! redirected to the proxy (nftables, per sandbox). The proxy peeks the
@@ -17,8 +18,12 @@ pub mod ca;
 pub mod intercept;
 #[cfg(any(target_os = "linux", target_os = "freebsd"))]
 mod origin;
+#[cfg(target_os = "linux")]
+pub mod proxy;
 pub mod rules;
 pub mod sniff;
+#[cfg(target_os = "linux")]
+pub mod socks;
 
 #[cfg(any(target_os = "linux", target_os = "freebsd"))]
 pub use origin::original_destination;

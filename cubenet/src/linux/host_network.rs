@@ -14,8 +14,8 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use crate::dns::resolve;
-use crate::linux::dns_proxy::DnsProxy;
-use crate::linux::egress_proxy::{EgressProxy, Policies};
+use crate::dns_proxy::DnsProxy;
+use crate::egress::proxy::{EgressProxy, Policies};
 use crate::linux::janitor::Janitor;
 use crate::linux::netlink::{self, Rtnl};
 use crate::linux::nft;

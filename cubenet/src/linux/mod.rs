@@ -7,17 +7,11 @@
 pub mod nft;
 
 #[cfg(target_os = "linux")]
-mod dns_proxy;
-#[cfg(target_os = "linux")]
-mod egress_proxy;
-#[cfg(target_os = "linux")]
 mod host_network;
 #[cfg(target_os = "linux")]
 mod janitor;
 #[cfg(target_os = "linux")]
 mod netlink;
-#[cfg(target_os = "linux")]
-mod socks;
 #[cfg(target_os = "linux")]
 mod tools;
 

@@ -27,7 +27,7 @@ use tokio::net::{TcpListener, TcpStream, UdpSocket};
 use tokio::time::timeout;
 
 use crate::dnsfilter::{self, Decision, MAX_ANSWER, MAX_QUERY, Upstreams};
-use crate::linux::egress_proxy::Policies;
+use crate::egress::proxy::Policies;
 use crate::linux::nft::PROXY_MARK;
 use crate::net::NetConfig;
 use crate::policy::DNS_PORT;
