@@ -20,6 +20,9 @@ use nix::fcntl::{Flock, FlockArg};
 
 const DIR: &str = "volume-imports";
 
+/// Names a claim has before it is in place; never a volume id.
+const PRIVATE_PREFIX: &str = ".";
+
 /// A volume id held by this process's import.
 pub struct Claim {
     path: PathBuf,
@@ -28,6 +31,11 @@ pub struct Claim {
 
 impl Claim {
     /// Claims `volume_id` for an import starting now.
+    ///
+    /// The claim appears under its name already locked: it is made and
+    /// locked under a private name first and then linked into place. Made
+    /// in place, a gateway starting between the create and the lock would
+    /// take the lock itself and call the import abandoned.
     pub fn take(data_dir: &Path, volume_id: &str) -> anyhow::Result<Self> {
         let dir = data_dir.join(DIR);
         fs::DirBuilder::new()
@@ -36,16 +44,23 @@ impl Claim {
             .create(&dir)
             .with_context(|| format!("creating {}", dir.display()))?;
         let path = dir.join(volume_id);
+        let unlinked = dir.join(format!("{PRIVATE_PREFIX}{volume_id}.{}", std::process::id()));
         let file = OpenOptions::new()
             .write(true)
             .create_new(true)
             .mode(0o600)
             .custom_flags(nix::libc::O_NOFOLLOW)
-            .open(&path)
-            .with_context(|| format!("claiming {}", path.display()))?;
+            .open(&unlinked)
+            .with_context(|| format!("creating {}", unlinked.display()))?;
         let lock = Flock::lock(file, FlockArg::LockExclusiveNonblock)
-            .map_err(|(_, errno)| anyhow::anyhow!("locking {}: {errno}", path.display()))?;
-        Ok(Self { path, _lock: lock })
+            .map_err(|(_, errno)| anyhow::anyhow!("locking {}: {errno}", unlinked.display()));
+        // `link` fails if the name exists: one import per id.
+        let placed = lock.and_then(|lock| {
+            fs::hard_link(&unlinked, &path).with_context(|| format!("claiming {}", path.display()))?;
+            Ok(lock)
+        });
+        let _ = fs::remove_file(&unlinked);
+        Ok(Self { path, _lock: placed? })
     }
 
     pub fn volume_id(&self) -> &str {
@@ -75,7 +90,13 @@ pub fn abandoned(data_dir: &Path) -> anyhow::Result<Vec<Claim>> {
         let Ok(file) = OpenOptions::new().read(true).custom_flags(nix::libc::O_NOFOLLOW).open(&path) else {
             continue;
         };
-        if let Ok(lock) = Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+        let Ok(lock) = Flock::lock(file, FlockArg::LockExclusiveNonblock) else { continue };
+        let private = path.file_name().and_then(|n| n.to_str()).is_none_or(|n| n.starts_with(PRIVATE_PREFIX));
+        if private {
+            // An import that died before its claim was in place made nothing yet.
+            let _ = fs::remove_file(&path);
+            drop(lock);
+        } else {
             claims.push(Claim { path, _lock: lock });
         }
     }
@@ -96,10 +117,20 @@ mod tests {
 
         let found: Vec<String> = abandoned(dir.path()).unwrap().iter().map(|c| c.volume_id().to_string()).collect();
         assert_eq!(found, ["vol-dead"]);
+        assert_eq!(fs::read_dir(dir.path().join(DIR)).unwrap().count(), 2, "no private names left behind");
         live.release();
         for claim in abandoned(dir.path()).unwrap() {
             claim.release();
         }
+        assert!(abandoned(dir.path()).unwrap().is_empty());
+        assert_eq!(fs::read_dir(dir.path().join(DIR)).unwrap().count(), 0);
+    }
+
+    #[test]
+    fn a_claim_dropped_before_it_was_in_place_is_removed_and_names_no_volume() {
+        let dir = tempfile::tempdir().unwrap();
+        fs::create_dir(dir.path().join(DIR)).unwrap();
+        fs::write(dir.path().join(DIR).join(".vol-x.4242"), b"").unwrap();
         assert!(abandoned(dir.path()).unwrap().is_empty());
         assert_eq!(fs::read_dir(dir.path().join(DIR)).unwrap().count(), 0);
     }
