@@ -192,7 +192,7 @@ pub const RIGS: &[RigDef] = &[
     },
     RigDef {
         name: "egress",
-        version: 1,
+        version: 2,
         task: "bench:egress",
         title: "Egress proxy and volume I/O",
         clock: &[
@@ -210,13 +210,15 @@ pub const RIGS: &[RigDef] = &[
                 "write_buffered_ms",
                 "in the sandbox (python3): open → the last of params.disk_mib 1 MiB writes of incompressible data returned (page cache)",
             ),
-            ("write_ms", "in the sandbox: the same open → last write → fsync → close"),
+            ("write_ms", "in the sandbox: the same open → last write → fsync"),
+            ("write_synced_ms", "in the sandbox: the same open → last write → fsync → sync(2)"),
             (
                 "read_ms",
                 "in the sandbox: open → the file read back in 1 MiB reads to EOF, after the host's page cache was dropped",
             ),
             ("write_buffered_mib_per_s", "not a clock: params.disk_mib ÷ write_buffered_ms"),
             ("write_mib_per_s", "not a clock: params.disk_mib ÷ write_ms"),
+            ("write_synced_mib_per_s", "not a clock: params.disk_mib ÷ write_synced_ms"),
             ("read_mib_per_s", "not a clock: params.disk_mib ÷ read_ms"),
         ],
     },

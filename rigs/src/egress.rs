@@ -64,7 +64,7 @@ struct Args {
     big_mib: usize,
     /// Write/read rounds on the volume and on the sandbox's own disk, and
     /// the file size.
-    #[arg(long, default_value_t = 5)]
+    #[arg(long, default_value_t = 9)]
     disk_runs: usize,
     #[arg(long, default_value_t = 256)]
     disk_mib: u64,
@@ -224,6 +224,10 @@ pub fn run() -> anyhow::Result<()> {
         }
     }
     derived.insert("volume_minus_rootfs_p50_write_ms".into(), p50_diff("volume-io", "rootfs-io", "write_ms"));
+    derived.insert(
+        "volume_minus_rootfs_p50_write_synced_ms".into(),
+        p50_diff("volume-io", "rootfs-io", "write_synced_ms"),
+    );
     derived.insert("volume_minus_rootfs_p50_read_ms".into(), p50_diff("volume-io", "rootfs-io", "read_ms"));
     let targets = egress_probe::targets(&scenarios, &unsupported);
     let (path, result) =
@@ -356,7 +360,9 @@ impl Api {
                  in 1 MiB writes",
                 args.disk_mib
             ),
-            "write_buffered_ms stops at the last write (page cache), write_ms after fsync; read_ms reads the file \
+            "write_buffered_ms stops at the last write (page cache), write_ms after fsync, write_synced_ms after \
+             sync(2) as well (every file system flushed: the bytes are on the btrfs backing store whatever the \
+             overlay does with fsync); read_ms reads the file \
              back after the host's page cache was dropped (sync; echo 3 > /proc/sys/vm/drop_caches), so it comes \
              from the btrfs file system's backing store"
                 .into(),
@@ -374,8 +380,9 @@ impl Api {
         notes.push(format!(
             "the sandbox's root overlay is mounted `volatile`: fsync there returns without flushing (a sandbox's \
              disk is not meant to outlive a host crash), so rootfs-io write_ms is close to write_buffered_ms, while \
-             a volume (persistent) flushes; compare write_buffered_ms for the cost of the two paths themselves and \
-             write_ms for what an fsyncing program in {ROOTFS_PATH} vs {VOLUME_PATH} waits for"
+             a volume (persistent) flushes; write_ms is what an fsyncing program in {ROOTFS_PATH} vs {VOLUME_PATH} \
+             waits for, write_synced_ms the cost of the two paths carrying the same bytes to the same backing store \
+             (the write target's metric)"
         ));
         if args.no_drop_caches {
             notes.push("page cache not dropped between write and read: read_ms measures the cache".into());
@@ -390,26 +397,24 @@ impl Api {
                     errors.entry(scenario).or_default().push(format!("{e:#}"));
                 };
                 let write = self.run(sbx, egress_probe::disk_argv("write", &file, Some(args.disk_mib))).await;
-                let (buffered, synced) = match write.and_then(|o| egress_probe::parse_ms(&o.stdout)) {
-                    Ok(v) => (v.first().copied(), v.get(1).copied()),
-                    Err(e) => {
-                        failed(e);
-                        (None, None)
+                let mut round = DiskRound::default();
+                match write.and_then(|o| egress_probe::parse_ms(&o.stdout)) {
+                    Ok(v) => {
+                        (round.buffered, round.fsynced, round.synced) =
+                            (v.first().copied(), v.get(1).copied(), v.get(2).copied())
                     }
-                };
+                    Err(e) => failed(e),
+                }
                 if !args.no_drop_caches {
                     dropped_all &= drop_caches();
                 }
                 let read = self.run(sbx, egress_probe::disk_argv("read", &file, None)).await;
-                let read = match read.and_then(|o| egress_probe::parse_ms(&o.stdout)) {
-                    Ok(v) => v.first().copied(),
-                    Err(e) => {
-                        failed(e);
-                        None
-                    }
-                };
+                match read.and_then(|o| egress_probe::parse_ms(&o.stdout)) {
+                    Ok(v) => round.read = v.first().copied(),
+                    Err(e) => failed(e),
+                }
                 let _ = self.run(sbx, vec!["-c".into(), "import os,sys; os.remove(sys.argv[1])".into(), file]).await;
-                rounds.entry(scenario).or_default().push((buffered, synced, read));
+                rounds.entry(scenario).or_default().push(round);
             }
         }
         if !args.no_drop_caches && !dropped_all {
@@ -418,7 +423,7 @@ impl Api {
                     .into(),
             );
         }
-        let client = "python3 os.write/os.fsync/os.read in the sandbox";
+        let client = "python3 os.write/os.fsync/os.sync/os.read in the sandbox";
         let scenarios = rounds
             .into_iter()
             .map(|(name, r)| {

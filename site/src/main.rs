@@ -425,7 +425,17 @@ mod tests {
             scenarios.push(s);
         }
         let disk = |name: &str, w: f64| {
-            copse_rigs::egress_probe::disk_scenario(name, "python3", 256, &[(Some(w / 2.0), Some(w), Some(w / 3.0))])
+            copse_rigs::egress_probe::disk_scenario(
+                name,
+                "python3",
+                256,
+                &[copse_rigs::egress_probe::DiskRound {
+                    buffered: Some(w / 2.0),
+                    fsynced: Some(w),
+                    synced: Some(w * 1.5),
+                    read: Some(w / 3.0),
+                }],
+            )
         };
         scenarios.push(disk("rootfs-io", 400.0));
         scenarios.push(disk("volume-io", 420.0));
