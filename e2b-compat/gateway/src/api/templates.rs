@@ -119,20 +119,14 @@ async fn start_build(
     let registry_login = registry_login(body.from_image_registry.as_ref())?;
     let steps = body
         .steps
-        .unwrap_or_default()
         .into_iter()
-        .map(|s| RawStep {
-            kind: s.kind,
-            args: s.args.unwrap_or_default(),
-            files_hash: s.files_hash,
-            force: s.force.unwrap_or(false),
-        })
+        .map(|s| RawStep { kind: s.kind, args: s.args, files_hash: s.files_hash, force: s.force })
         .collect();
     let spec = BuildSpec {
         from_template: body.from_template,
         from_image: body.from_image,
         steps,
-        force: body.force.unwrap_or(false),
+        force: body.force,
         start_cmd: body.start_cmd,
         ready_cmd: body.ready_cmd,
         registry_login,

@@ -632,31 +632,46 @@ pub struct TemplateFileUpload {
     pub url: Option<String>,
 }
 
-/// Body of `POST /v2/templates/{id}/builds/{buildID}`.
-#[derive(Debug, Default, Deserialize)]
+/// Body of `POST /v2/templates/{id}/builds/{buildID}`: the SDK's
+/// `Template.to_json` shape, which `copse template build` also sends.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct TemplateBuildStart {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub from_image: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub from_template: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub from_image_registry: Option<serde_json::Value>,
     #[serde(default)]
-    pub force: Option<bool>,
+    pub force: bool,
     #[serde(default)]
-    pub steps: Option<Vec<TemplateStep>>,
+    pub steps: Vec<TemplateStep>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub start_cmd: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ready_cmd: Option<String>,
 }
 
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct TemplateStep {
     #[serde(rename = "type")]
     pub kind: String,
     #[serde(default)]
-    pub args: Option<Vec<String>>,
+    pub args: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub files_hash: Option<String>,
+    /// `skip_cache` was called before it.
     #[serde(default)]
-    pub force: Option<bool>,
+    pub force: bool,
+}
+
+impl TemplateStep {
+    /// One builder step of `kind` (`RUN`, `COPY`, …), as the SDK sends it.
+    pub fn of(kind: &str, args: Vec<String>) -> Self {
+        Self { kind: kind.into(), args, files_hash: None, force: false }
+    }
 }
 
 /// Query of `GET /templates/{id}/builds/{buildID}/status`.

@@ -3,59 +3,23 @@
 //! a Dockerfile or reads one from that JSON.
 
 use anyhow::{Context, bail};
-use serde::{Deserialize, Serialize};
 
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Step {
-    #[serde(rename = "type")]
-    pub kind: String,
-    #[serde(default)]
-    pub args: Vec<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub files_hash: Option<String>,
-    #[serde(default)]
-    pub force: bool,
-}
+/// The build API's body is the definition: one shape for the SDK, the
+/// gateway and the CLI.
+pub use copse_gateway::api::wire::{TemplateBuildStart as Definition, TemplateStep as Step};
 
-impl Step {
-    /// One builder step of `kind` (`RUN`, `COPY`, …), as the SDK sends it.
-    pub fn of(kind: &str, args: Vec<String>) -> Self {
-        Self { kind: kind.into(), args, files_hash: None, force: false }
+/// The JSON `Template.to_json` wrote. Registry credentials are not taken
+/// from a file: the gateway's own settings carry those.
+pub fn from_json(text: &str) -> anyhow::Result<Definition> {
+    let value: serde_json::Value = serde_json::from_str(text).context("the template JSON does not parse")?;
+    if value.get("fromImageRegistry").is_some_and(|r| !r.is_null()) {
+        bail!("fromImageRegistry is not supported by the CLI: configure the registry on the gateway");
     }
-}
-
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Definition {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub from_image: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub from_template: Option<String>,
-    #[serde(default)]
-    pub steps: Vec<Step>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub start_cmd: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub ready_cmd: Option<String>,
-    #[serde(default)]
-    pub force: bool,
-}
-
-impl Definition {
-    /// The JSON `Template.to_json` wrote. Registry credentials are not
-    /// taken from a file: the gateway's own settings carry those.
-    pub fn from_json(text: &str) -> anyhow::Result<Self> {
-        let value: serde_json::Value = serde_json::from_str(text).context("the template JSON does not parse")?;
-        if value.get("fromImageRegistry").is_some_and(|r| !r.is_null()) {
-            bail!("fromImageRegistry is not supported by the CLI: configure the registry on the gateway");
-        }
-        let def: Definition = serde_json::from_value(value).context("the template JSON has an unexpected shape")?;
-        if def.from_image.is_none() && def.from_template.is_none() {
-            bail!("the template JSON names no base (fromImage or fromTemplate)");
-        }
-        Ok(def)
+    let def: Definition = serde_json::from_value(value).context("the template JSON has an unexpected shape")?;
+    if def.from_image.is_none() && def.from_template.is_none() {
+        bail!("the template JSON names no base (fromImage or fromTemplate)");
     }
+    Ok(def)
 }
 
 /// One word for `sh`, whatever it contains.
@@ -80,7 +44,7 @@ mod tests {
   "startCmd": "python3 -m http.server 8080",
   "readyCmd": "curl -s localhost:8080"
 }"#;
-        let def = Definition::from_json(text).unwrap();
+        let def = from_json(text).unwrap();
         assert_eq!(def.from_template.as_deref(), Some("base"));
         assert_eq!(def.steps.len(), 2);
         assert_eq!(def.steps[1].files_hash.as_deref().map(str::len), Some(64));
@@ -92,8 +56,8 @@ mod tests {
 
     #[test]
     fn refuses_a_json_without_base_or_with_credentials() {
-        assert!(Definition::from_json(r#"{"steps": []}"#).is_err());
-        assert!(Definition::from_json(r#"{"fromImage": "x", "fromImageRegistry": {"type": "aws"}}"#).is_err());
-        assert!(Definition::from_json("not json").is_err());
+        assert!(from_json(r#"{"steps": []}"#).is_err());
+        assert!(from_json(r#"{"fromImage": "x", "fromImageRegistry": {"type": "aws"}}"#).is_err());
+        assert!(from_json("not json").is_err());
     }
 }

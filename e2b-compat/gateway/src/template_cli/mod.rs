@@ -43,7 +43,7 @@ pub fn definition(dockerfile: Option<&Path>, from_json: Option<&Path>, args: &Bu
         }
         (None, Some(path)) => {
             let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-            Definition::from_json(&text).with_context(|| format!("{}", path.display()))?
+            definition::from_json(&text).with_context(|| format!("{}", path.display()))?
         }
         _ => bail!("give exactly one of -f DOCKERFILE and --from-json FILE"),
     };
