@@ -2176,6 +2176,27 @@ def test_a_rebinding_answer_opens_no_egress(dns_gateway, tenant_dns):
         sbx.kill()
 
 
+def test_a_tenants_dns_server_on_the_host_is_never_asked(dns_gateway):
+    """`dns_servers` naming the host's own address (outside every blocked
+    range, so only "the host's own" refuses it): the resolver never sends
+    the query there (egress::outbound refuses it before the socket exists;
+    on Linux nftables' output would refuse the marked socket too), so the
+    sandbox gets SERVFAIL and the host's port 53 hears nothing."""
+    listener = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    listener.bind((HOST_ADDR, 53))
+    listener.settimeout(1)
+    sbx = Sandbox.create(template="base", network=air_gapped(["tenant-only.test"], dns_servers=[HOST_ADDR]),
+                         **dns_gateway)
+    try:
+        for proto in ("udp", "tcp"):
+            assert query(sbx, "tenant-only.test", proto=proto) == (2, 0, "-"), proto
+        with pytest.raises(TimeoutError):
+            listener.recvfrom(512)
+    finally:
+        listener.close()
+        sbx.kill()
+
+
 # `network.rules` (see test_egress_rules.py): a rule's secret goes only to
 # the rule host's own addresses, in the one header the rule names, and only
 # for the team that owns it.

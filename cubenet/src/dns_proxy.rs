@@ -1,7 +1,9 @@
-//! copse's resolver on Linux: one UDP and one TCP listener on the bridge
-//! address, on one port, that nftables redirects every sandbox's port-53
-//! traffic to, whatever server it named (see [`super::nft`]). What a
-//! query gets is [`crate::dnsfilter`]'s decision; this is its executor.
+//! copse's resolver: one UDP and one TCP listener on the bridge address,
+//! on one port, that the host's firewall redirects every sandbox's port-53
+//! traffic to, whatever server it named (nftables, see
+//! [`crate::linux::nft`]; pf, see [`crate::freebsd::pf`]). What a query
+//! gets is [`crate::dnsfilter`]'s decision; this is its executor, the same
+//! on both OSes (**not run on FreeBSD**).
 //!
 //! The sandbox is known by its source address (the spoofing guard makes
 //! that trustworthy). Bounded per sandbox and in all: queries in flight
@@ -9,11 +11,11 @@
 //! client retries), query size ([`crate::dnsfilter::MAX_QUERY`]), and time
 //! (per upstream and per TCP connection). nftables also caps each
 //! sandbox's packet rate to the resolver, so a flood never fills the
-//! socket's queue for the others.
+//! socket's queue for the others (pf too, where it has `max-pkt-rate`).
 //!
-//! Queries to a tenant's `dns_servers` leave from a socket carrying
-//! [`PROXY_MARK`], so nftables refuses them the host and the ranges no
-//! sandbox may reach, as it does the egress proxy's connections.
+//! Queries to a tenant's `dns_servers` leave from a socket of
+//! [`outbound`], which refuses them the host and the ranges no sandbox
+//! may reach, as it does the egress proxy's connections.
 
 use std::collections::HashMap;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
@@ -21,14 +23,12 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{Context, bail};
-use socket2::{Domain, Socket, Type};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream, UdpSocket};
 use tokio::time::timeout;
 
 use crate::dnsfilter::{self, Decision, MAX_ANSWER, MAX_QUERY, Upstreams};
-use crate::egress::proxy::Policies;
-use crate::linux::nft::PROXY_MARK;
+use crate::egress::{Policies, outbound};
 use crate::net::NetConfig;
 use crate::policy::DNS_PORT;
 
@@ -112,13 +112,15 @@ impl Shared {
         match dnsfilter::decide(&policy, &self.cfg.static_hosts, resolvers, packet) {
             Decision::Ignore => None,
             Decision::Reply(answer) => Some(answer),
-            Decision::Forward(upstreams) => match timeout(FORWARD_TIMEOUT, forward(&upstreams, packet)).await {
-                Ok(Some(answer)) => Some(answer),
-                _ => {
-                    tracing::debug!(%source, servers = ?upstreams.servers(), "no upstream answered");
-                    dnsfilter::server_failure(packet)
+            Decision::Forward(upstreams) => {
+                match timeout(FORWARD_TIMEOUT, forward(&self.cfg, &upstreams, packet)).await {
+                    Ok(Some(answer)) => Some(answer),
+                    _ => {
+                        tracing::debug!(%source, servers = ?upstreams.servers(), "no upstream answered");
+                        dnsfilter::server_failure(packet)
+                    }
                 }
-            },
+            }
         }
     }
 }
@@ -221,10 +223,10 @@ async fn serve_stream(shared: &Shared, mut stream: TcpStream, source: Ipv4Addr) 
 }
 
 /// Asks each server in turn; the first matching answer wins.
-async fn forward(upstreams: &Upstreams, query: &[u8]) -> Option<Vec<u8>> {
-    let marked = matches!(upstreams, Upstreams::Tenant(_));
+async fn forward(cfg: &NetConfig, upstreams: &Upstreams, query: &[u8]) -> Option<Vec<u8>> {
+    let tenant = matches!(upstreams, Upstreams::Tenant(_)).then_some(cfg);
     for server in upstreams.servers() {
-        match timeout(UPSTREAM_TIMEOUT, ask(SocketAddrV4::new(*server, DNS_PORT), marked, query)).await {
+        match timeout(UPSTREAM_TIMEOUT, ask(SocketAddrV4::new(*server, DNS_PORT), tenant, query)).await {
             Ok(Ok(answer)) => return Some(answer),
             Ok(Err(e)) => tracing::debug!(%server, "dns upstream: {e:#}"),
             Err(_) => tracing::debug!(%server, "dns upstream: timed out"),
@@ -233,16 +235,19 @@ async fn forward(upstreams: &Upstreams, query: &[u8]) -> Option<Vec<u8>> {
     None
 }
 
-async fn ask(server: SocketAddrV4, marked: bool, query: &[u8]) -> anyhow::Result<Vec<u8>> {
-    let socket = Socket::new(Domain::IPV4, Type::DGRAM, None)?;
-    if marked {
-        socket.set_mark(PROXY_MARK).context("marking the upstream socket")?;
-    }
-    socket.set_nonblocking(true)?;
-    socket.bind(&SocketAddr::from((Ipv4Addr::UNSPECIFIED, 0)).into())?;
-    let socket = UdpSocket::from_std(socket.into())?;
-    // Connected: the kernel drops datagrams from anyone but `server`.
-    socket.connect(server).await?;
+/// Asks `server`; for a `tenant`'s own server (the config of its network),
+/// through [`outbound`]. The host's resolvers are the operator's and may
+/// sit in a protected range.
+async fn ask(server: SocketAddrV4, tenant: Option<&NetConfig>, query: &[u8]) -> anyhow::Result<Vec<u8>> {
+    let socket = match tenant {
+        Some(cfg) => UdpSocket::from_std(outbound::udp(cfg, server)?)?,
+        None => {
+            let socket = UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0)).await?;
+            // Connected: the kernel drops datagrams from anyone but `server`.
+            socket.connect(server).await?;
+            socket
+        }
+    };
     socket.send(query).await?;
     let mut buf = vec![0u8; MAX_ANSWER];
     loop {

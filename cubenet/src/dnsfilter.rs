@@ -39,6 +39,12 @@ use crate::policy::Policy;
 /// EDNS record; anything near this is padding or an attack.
 pub const MAX_QUERY: usize = 1232;
 
+/// Packets per second one sandbox may send to the resolver (nftables
+/// allows twice that as a burst): far above what a busy build resolves,
+/// far below a flood. Enforced by the firewall, before the resolver's
+/// socket queue (see the renderers).
+pub const DNS_RATE: u32 = 200;
+
 /// The largest answer relayed over UDP (EDNS's customary ceiling); the
 /// upstream sizes its answer to what the client's query advertised.
 pub const MAX_ANSWER: usize = 4096;

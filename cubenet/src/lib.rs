@@ -21,7 +21,7 @@
 
 pub mod addresses;
 pub mod dns;
-#[cfg(target_os = "linux")]
+#[cfg(any(target_os = "linux", target_os = "freebsd"))]
 pub mod dns_proxy;
 pub mod dnsfilter;
 pub mod egress;

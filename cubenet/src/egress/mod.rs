@@ -2,11 +2,13 @@
 //! connection asks for ([`sniff`]), whether its policy admits it
 //! ([`decide`]), and where it was going (`original_destination`, the one
 //! platform-specific lookup). The executor that accepts the redirected
-//! connections and splices them is [`proxy::EgressProxy`] (Linux only so far),
-//! dialling a SOCKS5 upstream through [`socks`].
+//! connections and splices them is [`proxy::EgressProxy`] (Linux and
+//! FreeBSD; **not run on FreeBSD**), dialling a SOCKS5 upstream through
+//! [`socks`], every host socket it opens for a sandbox made by
+//! [`outbound`], which refuses what no sandbox may reach.
 //!
 //! A sandbox whose policy names hosts has its TCP to ports 80 and 443
-//! redirected to the proxy (nftables, per sandbox). The proxy peeks the
+//! redirected to the proxy (nftables or pf, per sandbox). The proxy peeks the
 //! HTTP `Host` or the TLS SNI, and connects to the address the sandbox
 //! itself connected to (the original destination), never to one it
 //! resolved for the name: a name only ever decides whether a connection
@@ -18,19 +20,26 @@ pub mod ca;
 pub mod intercept;
 #[cfg(any(target_os = "linux", target_os = "freebsd"))]
 mod origin;
-#[cfg(target_os = "linux")]
+#[cfg(any(target_os = "linux", target_os = "freebsd"))]
+pub mod outbound;
+#[cfg(any(target_os = "linux", target_os = "freebsd"))]
 pub mod proxy;
 pub mod rules;
 pub mod sniff;
-#[cfg(target_os = "linux")]
+#[cfg(any(target_os = "linux", target_os = "freebsd"))]
 pub mod socks;
 
 #[cfg(any(target_os = "linux", target_os = "freebsd"))]
 pub use origin::original_destination;
 
 use std::net::{Ipv4Addr, SocketAddrV4};
+use std::sync::Arc;
 
 use crate::policy::Policy;
+
+/// The policy of the sandbox at an address, if one is attached there: how
+/// the proxy and the resolver learn who is asking.
+pub type Policies = Arc<dyn Fn(Ipv4Addr) -> Option<Policy> + Send + Sync>;
 
 /// Web ports whose connections are matched by name.
 pub const PORTS: [u16; 2] = [80, 443];

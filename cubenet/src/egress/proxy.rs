@@ -1,14 +1,16 @@
-//! The egress proxy's executor on Linux: a listener on the bridge address
-//! that nftables redirects proxied sandboxes' web connections to (see
-//! [`super::nft`]), one thread pair per connection.
+//! The egress proxy's executor: a listener on the bridge address that the
+//! host's firewall redirects proxied sandboxes' web connections to
+//! (nftables `redirect`, see [`crate::linux::nft`]; pf `rdr`, see
+//! [`crate::freebsd::pf`]), one thread pair per connection. The same code
+//! on both OSes; **not run on FreeBSD**.
 //!
 //! Per connection: the sandbox is known by its source address (the
 //! spoofing guard makes that trustworthy), the destination it chose by
-//! `SO_ORIGINAL_DST`; the first bytes are peeked and kept, the policy
-//! decides ([`crate::egress::decide`]), and an admitted connection is
-//! spliced to that destination from a socket carrying
-//! [`super::nft::PROXY_MARK`], so nftables refuses it the host and the
-//! ranges no sandbox may reach, whatever the proxy decided. A sandbox
+//! [`original_destination`]; the first bytes are peeked and kept, the
+//! policy decides ([`crate::egress::decide`]), and an admitted connection
+//! is spliced to that destination from a socket of [`outbound`], which
+//! refuses the host and the ranges no sandbox may reach, whatever the
+//! proxy decided. A sandbox
 //! with a SOCKS5 upstream has all its TCP here, and the admitted
 //! connection goes through that upstream instead ([`super::socks`]).
 //! A request a rule of the sandbox matches goes out with the rule's headers
@@ -23,21 +25,16 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use anyhow::{Context, bail};
-use socket2::{Domain, Socket, Type};
 
 use crate::dns;
 use crate::egress::intercept::Interceptor;
 use crate::egress::rules::{self, Outbound, SecretResolver};
 use crate::egress::sniff::{Sniffed, sniff};
 use crate::egress::socks::{self, Tunnel};
-use crate::egress::{MAX_PEEK, Verdict, decide, original_destination};
-use crate::linux::nft::PROXY_MARK;
+use crate::egress::{MAX_PEEK, Verdict, decide, original_destination, outbound};
 use crate::net::NetConfig;
-use crate::policy::Policy;
-use crate::upstream::destination_blocked;
 
-/// The policy of the sandbox at an address, if one is attached there.
-pub type Policies = Arc<dyn Fn(Ipv4Addr) -> Option<Policy> + Send + Sync>;
+pub use crate::egress::Policies;
 
 /// How long a client may take to send its request head or ClientHello;
 /// one that sends nothing in that time is decided by address alone (a
@@ -143,7 +140,7 @@ impl Shared {
         // A tunnelled connection never crosses `forward`, where the blocks
         // every sandbox gets live, and the host's connection goes to the
         // upstream, not `dst`: the blocks are checked here instead.
-        if policy.upstream.is_some() && (destination_blocked(&self.cfg, *dst.ip()) || is_local(*dst.ip())) {
+        if policy.upstream.is_some() && outbound::refused(&self.cfg, *dst.ip()) {
             tracing::info!(%source, %dst, "tunnelled egress refused: a blocked destination");
             let _ = client.shutdown(Shutdown::Both);
             return Ok(());
@@ -178,8 +175,8 @@ impl Shared {
                     }
                 };
                 let upstream = match &policy.upstream {
-                    Some(upstream) => socks::dial(upstream, dst),
-                    None => connect_marked(dst).map(Tunnel::Plain),
+                    Some(upstream) => socks::dial(&self.cfg, upstream, dst),
+                    None => outbound::tcp(&self.cfg, dst, CONNECT_TIMEOUT).map(Tunnel::Plain),
                 };
                 let upstream = upstream.inspect_err(|e| {
                     tracing::info!(%source, %dst, "egress failed: {e:#}");
@@ -239,11 +236,6 @@ impl Drop for Slot<'_> {
     }
 }
 
-/// Whether `ip` is one of the host's own addresses (binding to it works).
-fn is_local(ip: Ipv4Addr) -> bool {
-    std::net::UdpSocket::bind((ip, 0)).is_ok()
-}
-
 /// The name the client asks for and the bytes read to learn it.
 fn peek(client: &TcpStream) -> anyhow::Result<(Option<String>, Vec<u8>)> {
     client.set_read_timeout(Some(PEEK_TIMEOUT))?;
@@ -267,17 +259,6 @@ fn peek(client: &TcpStream) -> anyhow::Result<(Option<String>, Vec<u8>)> {
     };
     client.set_read_timeout(None)?;
     Ok((name, head))
-}
-
-fn connect_marked(dst: SocketAddrV4) -> anyhow::Result<TcpStream> {
-    let socket = Socket::new(Domain::IPV4, Type::STREAM, None)?;
-    socket.set_mark(PROXY_MARK).context("marking the upstream socket")?;
-    // See the client's side in `serve`.
-    socket.set_tcp_nodelay(true)?;
-    socket
-        .connect_timeout(&SocketAddr::V4(dst).into(), CONNECT_TIMEOUT)
-        .with_context(|| format!("connecting to {dst}"))?;
-    Ok(socket.into())
 }
 
 /// Copies both ways until both sides are done, after sending `head`.

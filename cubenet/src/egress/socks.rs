@@ -3,9 +3,9 @@
 //! over TLS when the policy asks for it.
 //!
 //! The protocol is `tokio-socks`'s, run once per connection on a
-//! current-thread runtime over a socket made here, so the socket carries
-//! [`PROXY_MARK`] (nftables then refuses it the host's own addresses and
-//! the ranges no sandbox reaches, for upstream names resolving there too).
+//! current-thread runtime over a socket of [`outbound`], so the upstream's
+//! address, for a name too, is refused if it is the host's own or in a
+//! range no sandbox reaches.
 //! Without TLS, the socket goes back to blocking std I/O after the
 //! handshake, for the proxy's splice; with TLS, the session lives in that
 //! runtime, which then runs the splice too ([`TlsTunnel::splice`]).
@@ -15,14 +15,14 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use anyhow::{Context, bail};
-use socket2::{Domain, Socket, Type};
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::runtime::Runtime;
 use tokio_rustls::TlsConnector;
 use tokio_rustls::client::TlsStream;
 use tokio_rustls::rustls::{self, ClientConfig, RootCertStore};
 
-use crate::linux::nft::PROXY_MARK;
+use crate::egress::outbound;
+use crate::net::NetConfig;
 use crate::upstream::{Upstream, UpstreamTls};
 
 /// Connecting to the upstream and its answering the handshakes together.
@@ -48,24 +48,20 @@ enum Opened {
 
 /// A stream to `dst` through `upstream`; fails closed (no direct fallback,
 /// no plaintext when TLS is asked for).
-pub fn dial(upstream: &Upstream, dst: SocketAddrV4) -> anyhow::Result<Tunnel> {
+pub fn dial(cfg: &NetConfig, upstream: &Upstream, dst: SocketAddrV4) -> anyhow::Result<Tunnel> {
     // Made before any byte goes out: a bad CA or name stops here.
     let tls = upstream.tls.as_ref().map(|tls| connector(upstream, tls)).transpose()?;
     // Resolved per dial and pinned for this connection, as E2B does.
     let server = (upstream.host.as_str(), upstream.port)
         .to_socket_addrs()
         .with_context(|| format!("resolving the egress proxy {}", upstream.address()))?
-        .find(SocketAddr::is_ipv4)
+        .find_map(|a| match a {
+            SocketAddr::V4(a) => Some(a),
+            SocketAddr::V6(_) => None,
+        })
         .with_context(|| format!("the egress proxy {} has no IPv4 address", upstream.address()))?;
-    let socket = Socket::new(Domain::IPV4, Type::STREAM, None)?;
-    socket.set_mark(PROXY_MARK).context("marking the upstream socket")?;
-    // A relay must not hold back a small write (the tail of a response
-    // head, say) for an ACK the other end delays: 40 ms per request.
-    socket.set_tcp_nodelay(true)?;
-    socket
-        .connect_timeout(&server.into(), HANDSHAKE_TIMEOUT)
-        .with_context(|| format!("connecting to the egress proxy {server}"))?;
-    let stream: TcpStream = socket.into();
+    let stream: TcpStream =
+        outbound::tcp(cfg, server, HANDSHAKE_TIMEOUT).with_context(|| format!("the egress proxy {server}"))?;
     stream.set_nonblocking(true)?;
     let runtime = tokio::runtime::Builder::new_current_thread().enable_io().enable_time().build()?;
     let handshakes = async {

@@ -5,11 +5,12 @@
 //! `super::system` (**not run on FreeBSD**).
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use anyhow::{anyhow, bail};
 
 use crate::dns::resolve;
+use crate::egress::Policies;
 use crate::freebsd::cmd::Cmd;
 use crate::freebsd::{pf, vnet};
 use crate::net::{Attachment, Listeners, NetConfig, SandboxNetwork};
@@ -20,6 +21,15 @@ pub trait Runner: Send + Sync {
     fn run(&self, cmd: &Cmd) -> anyhow::Result<String>;
 }
 
+struct Attached {
+    attachment: Attachment,
+    /// As asked for: the egress proxy and the resolver match its names.
+    wanted: Policy,
+    policy: ResolvedPolicy,
+}
+
+type AttachedMap = Arc<Mutex<HashMap<String, Attached>>>;
+
 /// One gateway's sandbox network on a FreeBSD host: what is attached, with
 /// which policy.
 pub struct JailNetwork<R> {
@@ -28,7 +38,7 @@ pub struct JailNetwork<R> {
     /// Where the anchors redirect DNS and proxied web traffic; none until
     /// [`Self::with_redirects`].
     listeners: Option<Listeners>,
-    attached: Mutex<HashMap<String, (Attachment, ResolvedPolicy)>>,
+    attached: AttachedMap,
 }
 
 impl<R: Runner> JailNetwork<R> {
@@ -51,13 +61,23 @@ impl<R: Runner> JailNetwork<R> {
             true => None,
             false => Some(vnet::parse_created(&runner.run(&vnet::create_bridge())?).map_err(|e| anyhow!(e))?),
         };
-        let network = Self { cfg, runner, listeners: None, attached: Mutex::new(HashMap::new()) };
+        let network = Self { cfg, runner, listeners: None, attached: AttachedMap::default() };
         network.run_all(&vnet::bridge_setup(&network.cfg, created.as_deref()))?;
         Ok(network)
     }
 
     pub fn config(&self) -> &NetConfig {
         &self.cfg
+    }
+
+    /// The policies of the attached sandboxes by address, as asked for:
+    /// what the egress proxy and the resolver serving this network consult.
+    pub fn policies(&self) -> Policies {
+        let attached = self.attached.clone();
+        Arc::new(move |address| {
+            let attached = attached.lock().unwrap_or_else(|p| p.into_inner());
+            attached.values().find(|a| a.attachment.address == address).map(|a| a.wanted.clone())
+        })
     }
 
     /// From now on, anchors send DNS and the web traffic of proxied
@@ -80,7 +100,7 @@ impl<R: Runner> JailNetwork<R> {
     /// Puts the VNET jail `jid` of sandbox `id` on the bridge with
     /// `network.policy`. On error, whatever was made is removed.
     pub fn attach(&self, id: &str, jid: i32, network: &SandboxNetwork) -> anyhow::Result<()> {
-        refuse_name_matching(&network.policy)?;
+        self.refuse_unenforceable(&network.policy)?;
         let attachment = self.cfg.attachment(id, network.address);
         let policy = resolve(&self.cfg, &network.policy);
         let epair = vnet::parse_epair(&self.runner.run(&vnet::create_epair())?).map_err(|e| anyhow!(e))?;
@@ -91,7 +111,8 @@ impl<R: Runner> JailNetwork<R> {
             }
             return Err(e.context(format!("attaching sandbox {id} to {}", self.cfg.bridge)));
         }
-        self.lock().insert(id.to_string(), (attachment, policy));
+        let wanted = network.policy.clone();
+        self.lock().insert(id.to_string(), Attached { attachment, wanted, policy });
         Ok(())
     }
 
@@ -99,18 +120,19 @@ impl<R: Runner> JailNetwork<R> {
     /// resolved now.
     pub fn update(&self, id: &str, policy: &Policy) -> anyhow::Result<()> {
         let mut attached = self.lock();
-        let Some((attachment, current)) = attached.get_mut(id) else { bail!("sandbox {id} has no network attachment") };
-        refuse_name_matching(policy)?;
+        let Some(entry) = attached.get_mut(id) else { bail!("sandbox {id} has no network attachment") };
+        self.refuse_unenforceable(policy)?;
         let resolved = resolve(&self.cfg, policy);
-        self.run_all(&vnet::update(&self.cfg, attachment, &resolved, current, self.listeners))?;
-        *current = resolved;
+        self.run_all(&vnet::update(&self.cfg, &entry.attachment, &resolved, &entry.policy, self.listeners))?;
+        entry.policy = resolved;
+        entry.wanted = policy.clone();
         Ok(())
     }
 
     /// Removes the sandbox's anchor, states and epair. Unknown ids are a
     /// no-op; every step is tried even if one fails.
     pub fn detach(&self, id: &str) -> anyhow::Result<()> {
-        let Some((attachment, _)) = self.lock().remove(id) else { return Ok(()) };
+        let Some(Attached { attachment, .. }) = self.lock().remove(id) else { return Ok(()) };
         let present = self.interfaces()?.contains(&attachment.host_if);
         self.run_each(&vnet::detach(&self.cfg, &attachment, present))
     }
@@ -119,9 +141,17 @@ impl<R: Runner> JailNetwork<R> {
     /// their jails) get their anchors reloaded; every other anchor of this
     /// network is flushed and every other epair of it destroyed.
     pub fn reconcile(&self, known: &[(String, SandboxNetwork)]) -> anyhow::Result<()> {
-        let known: Vec<(Attachment, ResolvedPolicy)> =
-            known.iter().map(|(id, n)| (self.cfg.attachment(id, n.address), resolve(&self.cfg, &n.policy))).collect();
-        *self.lock() = known.iter().map(|(a, p)| (a.id.clone(), (a.clone(), p.clone()))).collect();
+        let known: Vec<(Attachment, ResolvedPolicy, Policy)> = known
+            .iter()
+            .map(|(id, n)| (self.cfg.attachment(id, n.address), resolve(&self.cfg, &n.policy), n.policy.clone()))
+            .collect();
+        *self.lock() = known
+            .iter()
+            .map(|(a, p, wanted)| {
+                (a.id.clone(), Attached { attachment: a.clone(), wanted: wanted.clone(), policy: p.clone() })
+            })
+            .collect();
+        let known: Vec<(Attachment, ResolvedPolicy)> = known.into_iter().map(|(a, p, _)| (a, p)).collect();
         // No parent anchor yet just means no sandbox was ever attached.
         let anchors = match self.runner.run(&pf::list_anchors(&self.cfg)) {
             Ok(listing) => pf::parse_anchors(&self.cfg, &listing),
@@ -157,31 +187,38 @@ impl<R: Runner> JailNetwork<R> {
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, (Attachment, ResolvedPolicy)>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Attached>> {
         self.attached.lock().unwrap_or_else(|p| p.into_inner())
     }
-}
 
-/// Entries only the egress proxy can enforce (denied names, wildcards),
-/// which does not run on FreeBSD yet: refused rather than dropped.
-fn refuse_name_matching(policy: &Policy) -> anyhow::Result<()> {
-    let wildcard = policy.allow.iter().any(|t| matches!(t, crate::policy::Target::Host(h) if h.starts_with("*.")));
-    if wildcard || !policy.deny_hosts.is_empty() {
-        bail!("host names in deny_out and wildcard hosts need the egress proxy, which copse runs on Linux only");
+    /// Entries only the egress proxy can enforce (denied names, wildcards,
+    /// an upstream, rules) are refused rather than dropped while the
+    /// anchors redirect nothing to it: a network opened without
+    /// [`Self::with_redirects`] (`freebsd::open` always redirects).
+    fn refuse_unenforceable(&self, policy: &Policy) -> anyhow::Result<()> {
+        if self.listeners.is_some() {
+            return Ok(());
+        }
+        let wildcard = policy.allow.iter().any(|t| matches!(t, crate::policy::Target::Host(h) if h.starts_with("*.")));
+        if wildcard || !policy.deny_hosts.is_empty() {
+            bail!("host names in deny_out and wildcard hosts need the egress proxy, which this network runs without");
+        }
+        if policy.upstream.is_some() {
+            bail!("egress_proxy needs the egress proxy, which this network runs without");
+        }
+        if policy.rules.is_some() {
+            bail!("network.rules needs the egress proxy, which this network runs without");
+        }
+        Ok(())
     }
-    if policy.upstream.is_some() {
-        bail!("egress_proxy needs the egress proxy, which copse runs on Linux only");
-    }
-    if policy.rules.is_some() {
-        bail!("network.rules needs the egress proxy, which copse runs on Linux only");
-    }
-    Ok(())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::egress::rules::{HeaderRules, Rule};
     use crate::golden::check as golden;
+    use crate::upstream::Upstream;
 
     /// Records every command and answers from a script: `(argv prefix,
     /// reply)` pairs, first match wins; unmatched commands print nothing.
@@ -304,7 +341,10 @@ mod tests {
         let network = redirecting(vec![]);
         network.attach("i3k2m9x", 12, &sandbox("10.88.0.7", Policy::open())).unwrap();
         let attached = network.runner.take();
-        assert!(attached.contains("port 53 -> 10.88.0.1 port 40053") && !attached.contains("40080"), "{attached}");
+        assert!(
+            attached.contains("port 53 tag copse_dns -> 10.88.0.1 port 40053") && !attached.contains("40080"),
+            "{attached}"
+        );
         // Naming a host sends web traffic to the proxy, in one anchor
         // load; flows opened directly before it are cut, or they would
         // carry on unchecked by name.
@@ -315,6 +355,66 @@ mod tests {
         // open policy admits where they go).
         network.update("i3k2m9x", &Policy::open()).unwrap();
         golden("pf-update-proxy-off.plan", &network.runner.take());
+    }
+
+    /// Everything only the egress proxy enforces: a wildcard, denied names,
+    /// a rule's headers, a SOCKS5 upstream.
+    fn name_matching(upstream: bool) -> Policy {
+        let allow = ["*.api.example.test".to_string(), "198.51.100.20".to_string()];
+        let deny = ["tracker.example.test".to_string(), "*.ads.example.test".to_string()];
+        let mut policy = Policy::from_e2b(Some(false), &allow, &deny, None).unwrap();
+        let rule = Rule { headers: Some(vec![("Authorization".into(), "Bearer ${e2b.secrets.token}".into())]) };
+        policy.rules = Some(HeaderRules::from_e2b("team-a", vec![("api.example.test".into(), vec![rule])]).unwrap());
+        if upstream {
+            policy.upstream = Some(Upstream::from_e2b("socks.example.test:1080", Some("u"), Some("p")).unwrap());
+        }
+        policy
+    }
+
+    #[test]
+    fn name_matching_policies_are_redirected_to_the_proxy() {
+        let network = redirecting(vec![]);
+        network.attach("i3k2m9x", 12, &sandbox("10.88.0.7", name_matching(false))).unwrap();
+        golden("pf-attach-name-matching.plan", &network.runner.take());
+        // With an upstream, all its TCP goes to the proxy, which tunnels it.
+        network.update("i3k2m9x", &name_matching(true)).unwrap();
+        golden("pf-update-tunnelled.plan", &network.runner.take());
+    }
+
+    #[test]
+    fn the_proxy_and_resolver_see_the_policy_as_asked_for() {
+        let network = redirecting(vec![]);
+        let policies = network.policies();
+        let at: std::net::Ipv4Addr = "10.88.0.7".parse().unwrap();
+        assert!(policies(at).is_none());
+        network.attach("i3k2m9x", 12, &sandbox("10.88.0.7", name_matching(false))).unwrap();
+        // Names and rules unresolved: the proxy matches them per connection.
+        assert_eq!(policies(at), Some(name_matching(false)));
+        network.update("i3k2m9x", &name_matching(true)).unwrap();
+        assert_eq!(policies(at), Some(name_matching(true)));
+        assert!(policies("10.88.0.8".parse().unwrap()).is_none());
+        network.reconcile(&[("i3k2m9x".to_string(), sandbox("10.88.0.7", Policy::open()))]).unwrap();
+        assert_eq!(policies(at), Some(Policy::open()), "a restart re-adopts the stored policy");
+        network.detach("i3k2m9x").unwrap();
+        assert!(policies(at).is_none());
+    }
+
+    #[test]
+    fn without_redirects_what_only_the_proxy_enforces_is_refused() {
+        let network = JailNetwork::open(cfg(), host(vec![])).unwrap();
+        network.runner.take();
+        let err = network.attach("i3k2m9x", 12, &sandbox("10.88.0.7", name_matching(false))).unwrap_err();
+        assert!(err.to_string().contains("need the egress proxy"), "{err:#}");
+        assert_eq!(network.runner.take(), "", "refused before anything is made");
+        let mut rules_only = Policy::open();
+        rules_only.rules = name_matching(false).rules;
+        assert!(network.attach("i3k2m9x", 12, &sandbox("10.88.0.7", rules_only)).is_err());
+        let mut tunnelled = Policy::open();
+        tunnelled.upstream = name_matching(true).upstream;
+        assert!(network.attach("i3k2m9x", 12, &sandbox("10.88.0.7", tunnelled)).is_err());
+        // Plain names still work there: pf enforces their addresses.
+        let names = Policy::from_e2b(Some(false), &["198.51.100.20".to_string()], &[], None).unwrap();
+        network.attach("i3k2m9x", 12, &sandbox("10.88.0.7", names)).unwrap();
     }
 
     #[test]

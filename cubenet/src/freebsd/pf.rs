@@ -17,20 +17,27 @@
 //!   neighbourhood rules come before the policy's, and every rule is
 //!   `quick`, so no tenant policy reopens what the operator protects.
 //! - With the host's [`Listeners`] given, the anchor also redirects
-//!   (classic `rdr pass`, which FreeBSD keeps; the operator's
-//!   `rdr-anchor` evaluates it) the sandbox's TCP and UDP to port 53, to
-//!   any destination, to copse's resolver, and, when its policy is
+//!   (classic `rdr`, which FreeBSD keeps; the operator's `rdr-anchor`
+//!   evaluates it) the sandbox's TCP and UDP to port 53, to any
+//!   destination, to copse's resolver, and, when its policy is
 //!   [`ResolvedPolicy::proxied`], its TCP to [`crate::egress::PORTS`] (all
 //!   its TCP when [`ResolvedPolicy::tunnelled`]) to the egress proxy, both
 //!   on the bridge address: the same redirects as Linux's nftables.
 //!   Destinations no sandbox may reach (the host, `<blocked>`,
 //!   `<protected>`) are excluded (`no rdr`) and meet the filter rules
-//!   instead, so the proxy is never handed one. `rdr pass` skips the filter
-//!   rules for what it redirects (the proxy decides by name and address);
-//!   a sandbox connecting to a listener's port itself is refused as any
-//!   connection to the host is. The proxy's own connections leave from the
-//!   host, not in on the sandbox's epair, so neither this anchor's `rdr`
-//!   nor its filter rules (all `in on <epair>`) see them again.
+//!   instead, so the proxy is never handed one. The proxy's redirect is
+//!   `rdr pass`, which skips the filter rules (the proxy decides by name
+//!   and address). The resolver's is tagged ([`DNS_TAG`]) and meets one
+//!   filter rule, which passes tagged packets at most [`DNS_RATE`] per
+//!   second (`max-pkt-rate`, counted per rule, so per sandbox; past it the
+//!   packet is dropped), as Linux's `dns_rate` does. A sandbox connecting
+//!   to a listener's port itself (untagged) is refused as any connection
+//!   to the host is. The proxy's and the resolver's own connections leave
+//!   from the host, not in on the sandbox's epair, so neither this
+//!   anchor's `rdr` nor its filter rules (all `in on <epair>`) see them:
+//!   pf cannot match them either (no socket mark), so they are held to
+//!   what a sandbox may reach in user space ([`crate::egress`]'s
+//!   `outbound`).
 //! - An anchor and its tables are replaced atomically with
 //!   `pfctl -a <anchor> -f -` (its `rdr` rules with them); pf keeps states
 //!   past a rule change, so when a policy tightens, or starts sending the
@@ -41,6 +48,7 @@ use std::net::Ipv4Addr;
 
 use ipnet::Ipv4Net;
 
+use crate::dnsfilter::DNS_RATE;
 use crate::egress;
 use crate::freebsd::cmd::Cmd;
 use crate::neighbourhood::always_blocked;
@@ -49,6 +57,10 @@ use crate::policy::{DNS_PORT, ResolvedPolicy};
 
 pub const ROOT_ANCHOR: &str = "copse";
 pub const PFCTL: &str = "/sbin/pfctl";
+
+/// What the anchor's DNS `rdr` tags a redirected packet with, so its filter
+/// rule passes redirected queries only.
+pub const DNS_TAG: &str = "copse_dns";
 
 /// Parent of this network's sandbox anchors.
 pub fn parent_anchor(cfg: &NetConfig) -> String {
@@ -97,6 +109,12 @@ pub fn anchor(cfg: &NetConfig, a: &Attachment, policy: &ResolvedPolicy, listener
     }
     out.push_str(&format!("block drop in quick {on} inet6 all\n"));
     out.push_str(&format!("block drop in quick {on} inet from ! {me} to any\n"));
+    if let Some(listeners) = listeners {
+        let (host, dns) = (cfg.gateway(), listeners.dns);
+        let to_dns = format!("{on} inet proto {{ tcp, udp }} from {me} to {host} port {dns} tagged {DNS_TAG}");
+        out.push_str(&format!("pass in quick {to_dns} max-pkt-rate {DNS_RATE}/1 keep state\n"));
+        out.push_str(&format!("block drop in quick {to_dns}\n"));
+    }
     out.push_str(&format!("block return in quick {on} inet from {me} to {{ self, <blocked> }}\n"));
     if !resolvers.is_empty() {
         out.push_str(&format!(
@@ -122,7 +140,7 @@ fn redirects(cfg: &NetConfig, on: &str, me: Ipv4Addr, policy: &ResolvedPolicy, l
     let host = cfg.gateway();
     let (proxy, dns) = (listeners.proxy, listeners.dns);
     let mut out = format!(
-        "rdr pass {on} inet proto {{ tcp, udp }} from {me} to any port {DNS_PORT} -> {host} port {dns}\n\
+        "rdr {on} inet proto {{ tcp, udp }} from {me} to any port {DNS_PORT} tag {DNS_TAG} -> {host} port {dns}\n\
          no rdr {on} inet from {me} to {{ self, <blocked>, <protected> }}\n"
     );
     if policy.tunnelled {
@@ -315,7 +333,7 @@ mod tests {
         // Where no sandbox may go is excluded before the web redirect, and
         // after the DNS one (copse's resolver answers every query).
         let (dns, excluded, web) = (
-            text.find("port 53 -> 10.88.0.1 port 40053").unwrap(),
+            text.find("port 53 tag copse_dns -> 10.88.0.1 port 40053").unwrap(),
             text.find("no rdr on \"copse0-7\" inet from 10.88.0.7 to { self, <blocked>, <protected> }").unwrap(),
             text.find("port { 80, 443 } -> 10.88.0.1 port 40080").unwrap(),
         );
@@ -342,14 +360,34 @@ mod tests {
         let listed = anchor(&cfg(), &a, &allow_list(), Some(LISTENERS));
         crate::golden::check("pf-anchor-allow-list.conf", &listed);
         let open = anchor(&cfg(), &a, &ResolvedPolicy::open(), Some(LISTENERS));
-        let dns =
-            "rdr pass on \"copse0-7\" inet proto { tcp, udp } from 10.88.0.7 to any port 53 -> 10.88.0.1 port 40053\n";
+        let dns = "rdr on \"copse0-7\" inet proto { tcp, udp } from 10.88.0.7 to any port 53 tag copse_dns \
+                   -> 10.88.0.1 port 40053\n";
         // The same redirect either way, to any destination: which names
         // resolve is the resolver's business (crate::dnsfilter), and
         // naming another server does not get around it.
         assert!(listed.contains(dns) && open.contains(dns));
         assert!(listed.contains("port { 80, 443 } -> 10.88.0.1 port 40080"), "host names are proxied");
         assert!(!open.contains("40080"));
+    }
+
+    #[test]
+    fn redirected_dns_is_rate_limited_and_nothing_else_reaches_the_resolver() {
+        let a = cfg().attachment("i3k2m9x", "10.88.0.7".parse().unwrap());
+        let text = anchor(&cfg(), &a, &ResolvedPolicy::open(), Some(LISTENERS));
+        let at = |needle: &str| text.find(needle).unwrap_or_else(|| panic!("{needle} missing from\n{text}"));
+        // Only what the DNS rdr tagged passes, at the rate Linux allows;
+        // past it the next rule drops it. Both before the block of the
+        // host's own addresses, which the resolver's is.
+        let pass = at("to 10.88.0.1 port 40053 tagged copse_dns max-pkt-rate 200/1 keep state\n");
+        let over = at(
+            "block drop in quick on \"copse0-7\" inet proto { tcp, udp } from 10.88.0.7 to 10.88.0.1 port 40053 tagged copse_dns\n",
+        );
+        let host = at("block return in quick on \"copse0-7\" inet from 10.88.0.7 to { self, <blocked> }");
+        assert!(at("inet from ! 10.88.0.7 to any") < pass && pass < over && over < host);
+        assert!(at("port 53 tag copse_dns -> 10.88.0.1 port 40053") < pass);
+        assert_eq!(text.matches("copse_dns").count(), 3, "no other rule tags or passes by the tag");
+        // Without listeners there is no resolver to admit.
+        assert!(!anchor(&cfg(), &a, &ResolvedPolicy::open(), None).contains("copse_dns"));
     }
 
     #[test]

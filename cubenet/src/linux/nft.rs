@@ -68,9 +68,7 @@ const REJECT: &str = "reject with icmpx admin-prohibited";
 /// The fwmark of the egress proxy's upstream connections ("cops").
 pub const PROXY_MARK: u32 = 0x636f_7073;
 
-/// Packets per second (and twice that as a burst) one sandbox may send to
-/// the resolver: far above what a busy build resolves, far below a flood.
-pub const DNS_RATE: u32 = 200;
+pub use crate::dnsfilter::DNS_RATE;
 
 pub use crate::net::Listeners;
 

@@ -435,6 +435,19 @@ impl Substrate for JailSubstrate {
         }
     }
 
+    // Not run on FreeBSD: the proxy is the Linux one's code (cubenet).
+    fn set_secret_resolver(&self, resolver: copse_substrate::SecretResolver) {
+        if let Some(network) = &self.network {
+            network.set_secret_resolver(resolver);
+        }
+    }
+
+    fn set_interceptor(&self, interceptor: std::sync::Arc<copse_substrate::Interceptor>) {
+        if let Some(network) = &self.network {
+            network.set_interceptor(interceptor);
+        }
+    }
+
     /// Stray epairs (of sandboxes [`Substrate::recover`] removed, whose
     /// jail ends came back to the host with their jails) and anchors go here.
     // Not run on FreeBSD: the plans are golden-tested (`plan::volume`).
