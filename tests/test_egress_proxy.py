@@ -44,8 +44,9 @@ import http.server, json, socketserver, ssl, sys, threading
 class H(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keeps connections alive, as real servers do
     def do_GET(self):
+        # Names in one case: a proxy may send them in lower case (HTTP/2's).
         seen = {"path": self.path, "to": self.connection.getsockname()[0], "port": self.client_address[1],
-                "headers": dict(self.headers)}
+                "headers": {name.title(): value for name, value in self.headers.items()}}
         with open(sys.argv[3], "a") as log:
             log.write(json.dumps(seen) + "\\n")
         body = b"web"

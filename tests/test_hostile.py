@@ -2001,7 +2001,7 @@ def test_the_egress_proxy_is_no_service_and_never_reaches_the_host(egress_gatewa
 # Requests to a host with `network.rules` are served one by one by the
 # proxy: each must stay with the name the connection was admitted for.
 STATUSES = """
-import socket, sys
+import re, socket, sys
 s = socket.create_connection((sys.argv[1], 80), timeout=5)
 s.sendall(sys.argv[2].encode().decode("unicode_escape").encode())
 answer = b""
@@ -2010,7 +2010,7 @@ try:
         answer += chunk
 except OSError:
     pass
-print(" ".join(line.split()[1].decode() for line in answer.split(b"\\r\\n") if line.startswith(b"HTTP/1.")))
+print(" ".join(status.decode() for status in re.findall(rb"HTTP/1\\.[01] (\\d{3}) ", answer)))
 """
 
 

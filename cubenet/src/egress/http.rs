@@ -34,7 +34,10 @@ use tokio::sync::Mutex;
 use super::intercept::Prefixed;
 use super::rules::{self, Intercept, Misdirected, SecretResolver};
 
-/// How long a client may take over one request head.
+/// How long a client may take over one request head, idle time on a
+/// kept-alive connection included (hyper's timer starts when it waits for
+/// a head): an idle connection is closed after it, as servers do, rather
+/// than holding one of the sandbox's proxied connections.
 const HEAD_TIMEOUT: Duration = Duration::from_secs(10);
 
 type Body = Either<Incoming, Full<Bytes>>;
