@@ -35,14 +35,18 @@ WEB_CA = f"{tempfile.gettempdir()}/cn-web-{os.getpid()}.ca.pem"
 WEB_CA_NAME = "copse-test-web-ca"
 
 # Every request the servers get is one JSON line in REQUESTS (see
-# `requests_to`): what a sandbox sent is checked where it arrived.
+# `requests_to`): what a sandbox sent is checked where it arrived, and on
+# which connection (the client's port).
 REQUESTS = f"{tempfile.gettempdir()}/cn-web-{os.getpid()}.requests.jsonl"
 
 SERVER = """
 import http.server, json, socketserver, ssl, sys, threading
 class H(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keeps connections alive, as real servers do
     def do_GET(self):
-        seen = {"path": self.path, "to": self.connection.getsockname()[0], "headers": dict(self.headers)}
+        # Names in one case: a proxy may send them in lower case (HTTP/2's).
+        seen = {"path": self.path, "to": self.connection.getsockname()[0], "port": self.client_address[1],
+                "headers": {name.title(): value for name, value in self.headers.items()}}
         with open(sys.argv[3], "a") as log:
             log.write(json.dumps(seen) + "\\n")
         body = b"web"

@@ -95,9 +95,8 @@ def test_a_rule_sets_the_secret_header_on_its_host_only_and_the_sandbox_never_se
     sbx = create(env, allow_out=["allowed.test", "other.test"], deny_out=["0.0.0.0/0"], rules=bearer(name))
     try:
         first, second, other = (f"/{unique(p)}" for p in ("first", "second", "other"))
-        # Two requests on what curl tries to keep one connection: each is
-        # transformed (the proxy closes after one), and the caller's own
-        # Authorization is replaced.
+        # Two requests on what curl keeps one connection: each is
+        # transformed, and the caller's own Authorization is replaced.
         got = sbx.commands.run(
             f"curl -s -o /dev/null -o /dev/null -w '%{{http_code}} ' -H 'Authorization: forged' "
             f"--resolve allowed.test:80:{WEB} http://allowed.test{first} http://allowed.test{second}"
@@ -181,6 +180,51 @@ def test_https_to_a_rule_host_is_intercepted_for_curl_and_python_and_the_sandbox
         sbx.files.write("/home/user/planted.txt", control)
         assert "/home/user/planted.txt" in leaks(sbx, control), "the search must find what is there"
         assert leaks(sbx, value) == ""
+    finally:
+        sbx.kill()
+        destroy(env, name)
+
+
+# Two requests on ONE connection, with `auto_open` off so http.client
+# cannot quietly reconnect: a second request that met a closed connection
+# fails here instead of being retried.
+KEEPALIVE = """
+import http.client, json, sys
+scheme, paths = sys.argv[1], sys.argv[2:]
+kind = http.client.HTTPSConnection if scheme == "https" else http.client.HTTPConnection
+conn = kind("allowed.test", timeout=10)
+conn.connect()
+conn.auto_open = 0
+local = conn.sock.getsockname()
+got = []
+for path in paths:
+    conn.request("GET", path, headers={"Authorization": "forged"})
+    response = conn.getresponse()
+    got.append([response.status, response.read().decode()])
+print(json.dumps({"got": got, "same_socket": conn.sock is not None and conn.sock.getsockname() == local}))
+"""
+
+
+@pytest.mark.parametrize("scheme", ["http", "https"])
+def test_every_request_on_a_kept_alive_connection_gets_the_rule(env, scheme):
+    import json
+
+    value = f"ka-{uuid.uuid4().hex}"
+    name = secret_of(env, value)
+    sbx = create(env, allow_out=["allowed.test"], deny_out=["0.0.0.0/0"], rules=bearer(name))
+    try:
+        sbx.commands.run(ETC_HOSTS, user="root")
+        sbx.files.write("/tmp/keepalive.py", KEEPALIVE)
+        paths = [f"/{unique(p)}" for p in ("first", "second", "third")]
+        out = sbx.commands.run(f"python3 /tmp/keepalive.py {scheme} {' '.join(paths)}").stdout
+        result = json.loads(out)
+        assert result == {"got": [[200, "web"]] * 3, "same_socket": True}, result
+        seen = [requests_to(path) for path in paths]
+        assert all(len(s) == 1 for s in seen), f"each request arrived once (no retry): {seen}"
+        for (request,) in seen:
+            assert request["headers"].get("Authorization") == f"Bearer {value}", request
+        ports = {request["port"] for (request,) in seen}
+        assert len(ports) == 1, f"one upstream connection carried all three: {ports}"
     finally:
         sbx.kill()
         destroy(env, name)

@@ -1998,6 +1998,58 @@ def test_the_egress_proxy_is_no_service_and_never_reaches_the_host(egress_gatewa
         sbx.kill()
 
 
+# Requests to a host with `network.rules` are served one by one by the
+# proxy: each must stay with the name the connection was admitted for.
+STATUSES = """
+import re, socket, sys
+s = socket.create_connection((sys.argv[1], 80), timeout=5)
+s.sendall(sys.argv[2].encode().decode("unicode_escape").encode())
+answer = b""
+try:
+    while chunk := s.recv(65536):
+        answer += chunk
+except OSError:
+    pass
+print(" ".join(status.decode() for status in re.findall(rb"HTTP/1\\.[01] (\\d{3}) ", answer)))
+"""
+
+
+def test_a_rule_hosts_connection_cannot_be_steered_to_another_host(egress_gateway):
+    from test_egress_proxy import REQUESTS
+
+    env, _ = egress_gateway
+    secrets = dict(api_key=env["api_key"], api_url=env["api_url"])
+    value, name = "abs-" + os.urandom(8).hex(), "hostile-abs-" + os.urandom(4).hex()
+    Secret.create(name, value, **secrets)
+    rules = {"allowed.test": [{"transform": {"headers": {"Authorization": "Bearer " + Secret.fill(name)}}}]}
+    sbx = create(env, allow_out=["allowed.test", "other.test"], deny_out=["0.0.0.0/0"], rules=rules)
+    try:
+        sbx.files.write("/tmp/statuses.py", STATUSES)
+        tag = os.urandom(6).hex()
+        own, steered, kept = (f"/{what}-{tag}" for what in ("own", "steered", "kept"))
+
+        def send(head: str) -> str:
+            return sbx.commands.run(f"python3 /tmp/statuses.py {WEB} '{head}'").stdout.strip()
+
+        # An absolute-form target takes precedence over Host at a server:
+        # one naming another host is refused; one naming the rule's host
+        # goes on in origin form, with the rule.
+        assert send(rf"GET http://other.test{steered} HTTP/1.1\r\nHost: allowed.test\r\n\r\n") == "400"
+        assert send(rf"GET http://allowed.test{own} HTTP/1.1\r\nHost: allowed.test\r\n"
+                    rf"Connection: close\r\n\r\n") == "200", "the control must pass"
+        # A kept-alive connection's next request names another host.
+        got = send(rf"GET {kept} HTTP/1.1\r\nHost: allowed.test\r\n\r\n"
+                   rf"GET {steered} HTTP/1.1\r\nHost: other.test\r\n\r\n")
+        assert got == "200 421", got
+        with open(REQUESTS) as log:
+            seen = [json.loads(line) for line in log if tag in line]
+        assert sorted(r["path"] for r in seen) == sorted([own, kept]), seen
+        assert all(r["headers"].get("Authorization") == f"Bearer {value}" for r in seen), seen
+    finally:
+        sbx.kill()
+        Secret.destroy(name, **secrets)
+
+
 # A SOCKS5 upstream (`network.egress_proxy`, see test_egress_socks.py for
 # its fixtures) is dialled by the host, not the sandbox: it must not make
 # the host a way into what no sandbox reaches, nor hand the sandbox its

@@ -7,14 +7,12 @@
 //! that same name. An upstream that does not verify gets the sandbox a 502,
 //! never the request in plaintext or to an unverified server.
 //!
-//! The request's `Host` must be the SNI name (one `Host` header, an
-//! origin-form target): a server shared by several names (a CDN) routes by
-//! `Host`, and a rule's secret must not reach another name on it. A request
-//! that names another host is answered 421 and the connection closed.
-//!
-//! As on port 80 the transformed request says `Connection: close`: one
-//! request per connection, and a client's next request comes on a new,
-//! again intercepted, connection. ALPN offers HTTP/1.1 only, both ways.
+//! Inside, the connection is served request by request as on port 80
+//! ([`super::http`]): every request's `Host` (and an absolute-form target's
+//! authority) must be the SNI name, since a server shared by several names
+//! (a CDN) routes by them and a rule's secret must not reach another name
+//! on it; a request that names another host is answered 421 or 400 and the
+//! connection closed. ALPN offers HTTP/1.1 only, both ways.
 //!
 //! Blocking callers (the Linux proxy's thread per connection) call
 //! [`Interceptor::serve`], which runs the connection on a runtime of its own.
@@ -28,7 +26,7 @@ use std::task::{Context as TaskContext, Poll};
 use std::time::Duration;
 
 use anyhow::{Context, bail};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::time::timeout;
 use tokio_rustls::rustls::crypto::{CryptoProvider, ring};
@@ -37,15 +35,11 @@ use tokio_rustls::rustls::pki_types::{CertificateDer, ServerName};
 use tokio_rustls::rustls::{ClientConfig, RootCertStore, ServerConfig};
 use tokio_rustls::{TlsAcceptor, TlsConnector};
 
-use super::MAX_PEEK;
 use super::ca::EgressCa;
-use super::rules::{self, Intercept, SecretResolver};
+use super::rules::{Intercept, SecretResolver};
 
-/// How long each side's TLS handshake, and the client's request head, may take.
+/// How long each side's TLS handshake may take.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// The most headers a request head may have to be checked.
-const MAX_HEADERS: usize = 128;
 
 /// The proxy's half of TLS interception: the CA it mints leaves from and
 /// the roots it verifies upstreams against.
@@ -85,15 +79,10 @@ impl Interceptor {
         runtime.block_on(async {
             client.set_nonblocking(true)?;
             upstream.set_nonblocking(true)?;
-            let client = Prefixed { head: target.hello, at: 0, inner: TcpStream::from_std(client)? };
+            let client = Prefixed::new(target.hello, TcpStream::from_std(client)?);
             let upstream = TcpStream::from_std(upstream)?;
-            let unresolved = |_: &str, _: &str| None;
-            let resolve: &dyn Fn(&str, &str) -> Option<String> = match resolve {
-                Some(resolve) => resolve.as_ref(),
-                None => &unresolved,
-            };
             let target = Intercept { hello: Vec::new(), ..target };
-            self.intercept(client, upstream, &target, resolve).await
+            self.intercept(client, upstream, &target, super::http::resolver(resolve)).await
         })
     }
 
@@ -104,7 +93,7 @@ impl Interceptor {
         target: &Intercept<'_>,
         resolve: &dyn Fn(&str, &str) -> Option<String>,
     ) -> anyhow::Result<()> {
-        let name = target.name.as_str();
+        let name = target.name.as_deref().context("TLS without a server name")?;
         let server_name = ServerName::try_from(name.to_string()).context("the SNI is no host name")?;
         let leaf = self.ca.leaf(name)?;
         let mut config = ServerConfig::builder_with_provider(provider())
@@ -118,7 +107,7 @@ impl Interceptor {
         let (client, upstream) = tokio::join!(accept, connect);
         let mut client =
             client.context("the client's TLS handshake timed out")?.context("the client's TLS handshake")?;
-        let mut upstream = match upstream {
+        let upstream = match upstream {
             Ok(Ok(upstream)) => upstream,
             Ok(Err(e)) => {
                 answer(&mut client, "502 Bad Gateway", &format!("TLS to {name} failed: {e}")).await;
@@ -129,28 +118,7 @@ impl Interceptor {
                 bail!("TLS to {name} timed out");
             }
         };
-        let head = match timeout(HANDSHAKE_TIMEOUT, read_head(&mut client)).await {
-            Ok(Ok(head)) => head,
-            Ok(Err(e)) => {
-                answer(&mut client, "400 Bad Request", "expected an HTTP/1.1 request head").await;
-                return Err(e);
-            }
-            Err(_) => bail!("the client sent no request"),
-        };
-        if let Err(why) = addressed_to(&head, name) {
-            answer(&mut client, "421 Misdirected Request", why).await;
-            bail!("a request on a connection to {name}: {why}");
-        }
-        let head = match rules::transform(&head, target.rules, target.owner, resolve) {
-            Ok(head) => head,
-            Err(e) => {
-                answer(&mut client, "502 Bad Gateway", &e.to_string()).await;
-                bail!("the rules of {name}: {e}");
-            }
-        };
-        upstream.write_all(&head).await?;
-        relay(client, upstream).await;
-        Ok(())
+        super::http::serve(client, upstream, target, resolve).await
     }
 }
 
@@ -181,52 +149,6 @@ fn upstream_roots(extra: Option<&Path>) -> anyhow::Result<RootCertStore> {
     Ok(roots)
 }
 
-/// Reads until the end of the request head; what follows it, if read too,
-/// stays at the end of the returned bytes.
-async fn read_head<S: AsyncRead + Unpin>(client: &mut S) -> anyhow::Result<Vec<u8>> {
-    let mut head = Vec::with_capacity(2048);
-    let mut chunk = [0u8; 4096];
-    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
-        if head.len() >= MAX_PEEK {
-            bail!("a request head longer than {MAX_PEEK} bytes");
-        }
-        let n = client.read(&mut chunk).await?;
-        if n == 0 {
-            bail!("the client closed before a whole request head");
-        }
-        head.extend_from_slice(&chunk[..n]);
-    }
-    Ok(head)
-}
-
-/// Whether the request in `head` is for `name`: one `Host` naming it (any
-/// port) and a target that names no other (origin form, or `*`).
-fn addressed_to(head: &[u8], name: &str) -> Result<(), &'static str> {
-    let mut slots = [httparse::EMPTY_HEADER; MAX_HEADERS];
-    let mut request = httparse::Request::new(&mut slots);
-    match request.parse(head) {
-        Ok(httparse::Status::Complete(_)) => {}
-        _ => return Err("not an HTTP/1 request"),
-    }
-    if !matches!(request.path, Some(p) if p.starts_with('/') || p == "*") {
-        return Err("the request target names a host");
-    }
-    let mut hosts = request.headers.iter().filter(|h| h.name.eq_ignore_ascii_case("host"));
-    let (Some(host), None) = (hosts.next(), hosts.next()) else {
-        return Err("a request needs exactly one Host header");
-    };
-    let host = std::str::from_utf8(host.value).map_err(|_| "the Host header is not text")?;
-    let host = match host.rsplit_once(':') {
-        Some((host, port)) if port.bytes().all(|b| b.is_ascii_digit()) => host,
-        _ => host,
-    };
-    let canonical = |n: &str| n.trim().trim_end_matches('.').to_ascii_lowercase();
-    if canonical(host) != canonical(name) {
-        return Err("the Host header names another host than the TLS server name");
-    }
-    Ok(())
-}
-
 /// Answers the client with `status` and closes.
 async fn answer<S: AsyncWrite + Unpin>(client: &mut S, status: &str, why: &str) {
     let body = format!("copse egress proxy: {why}\n");
@@ -238,36 +160,18 @@ async fn answer<S: AsyncWrite + Unpin>(client: &mut S, status: &str, why: &str) 
     let _ = client.shutdown().await;
 }
 
-/// Copies both ways; ends when the upstream is done (the transformed
-/// request asked it to close), whatever the client still holds open.
-async fn relay<C, U>(client: C, upstream: U)
-where
-    C: AsyncRead + AsyncWrite + Unpin,
-    U: AsyncRead + AsyncWrite + Unpin,
-{
-    let (mut from_client, mut to_client) = tokio::io::split(client);
-    let (mut from_upstream, mut to_upstream) = tokio::io::split(upstream);
-    let up = async {
-        let _ = tokio::io::copy(&mut from_client, &mut to_upstream).await;
-        let _ = to_upstream.shutdown().await;
-    };
-    let down = async {
-        let _ = tokio::io::copy(&mut from_upstream, &mut to_client).await;
-        let _ = to_client.shutdown().await;
-    };
-    tokio::pin!(up, down);
-    tokio::select! {
-        _ = &mut down => {}
-        _ = &mut up => down.await,
-    }
-}
-
 /// A stream that first yields bytes already read from it (the ClientHello
 /// the proxy peeked at).
-struct Prefixed {
+pub(super) struct Prefixed {
     head: Vec<u8>,
     at: usize,
     inner: TcpStream,
+}
+
+impl Prefixed {
+    pub(super) fn new(head: Vec<u8>, inner: TcpStream) -> Self {
+        Self { head, at: 0, inner }
+    }
 }
 
 impl AsyncRead for Prefixed {
@@ -303,21 +207,9 @@ impl AsyncWrite for Prefixed {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use tokio::io::AsyncReadExt;
 
-    #[test]
-    fn a_request_is_for_the_sni_name_only_through_one_host_header_and_an_origin_form_target() {
-        let ok = |head: &str| addressed_to(head.as_bytes(), "api.test");
-        assert_eq!(ok("GET / HTTP/1.1\r\nHost: api.test\r\n\r\n"), Ok(()));
-        assert_eq!(ok("GET /x HTTP/1.1\r\nhost: API.test.:443\r\n\r\nbody"), Ok(()));
-        assert_eq!(ok("OPTIONS * HTTP/1.1\r\nHost: api.test\r\n\r\n"), Ok(()));
-        assert!(ok("GET / HTTP/1.1\r\nHost: other.test\r\n\r\n").is_err(), "another Host");
-        assert!(ok("GET / HTTP/1.1\r\nHost: api.test.other.test\r\n\r\n").is_err());
-        assert!(ok("GET / HTTP/1.1\r\n\r\n").is_err(), "no Host");
-        assert!(ok("GET / HTTP/1.1\r\nHost: api.test\r\nHost: other.test\r\n\r\n").is_err(), "two");
-        assert!(ok("GET https://other.test/ HTTP/1.1\r\nHost: api.test\r\n\r\n").is_err(), "absolute form");
-        assert!(ok("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n").is_err(), "no HTTP/2");
-    }
+    use super::*;
 
     #[tokio::test]
     async fn the_peeked_bytes_are_read_first_then_the_stream() {

@@ -14,9 +14,12 @@
 //! resolved for the name: a name only ever decides whether a connection
 //! passes, not where it goes. TLS is spliced untouched, except to a host
 //! the sandbox has `network.rules` for: that is terminated with a leaf of
-//! the copse egress CA ([`ca`]) and re-originated ([`intercept`]).
+//! the copse egress CA ([`ca`]) and re-originated ([`intercept`]). HTTP to
+//! such a host, plain or intercepted, is served request by request
+//! ([`http`]), so each request on a kept-alive connection gets the rule.
 
 pub mod ca;
+pub mod http;
 pub mod intercept;
 #[cfg(any(target_os = "linux", target_os = "freebsd"))]
 mod origin;

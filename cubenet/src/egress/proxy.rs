@@ -27,6 +27,7 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 
 use crate::dns;
+use crate::egress::http;
 use crate::egress::intercept::Interceptor;
 use crate::egress::rules::{self, Outbound, SecretResolver};
 use crate::egress::sniff::{Sniffed, sniff};
@@ -159,14 +160,7 @@ impl Shared {
             }
             Verdict::Splice => {
                 let lookup = |n: &str| dns::lookup(&self.cfg, n);
-                let outbound = match rules::prepare(
-                    policy.rules.as_ref(),
-                    name.as_deref(),
-                    *dst.ip(),
-                    head,
-                    lookup,
-                    self.secrets.get(),
-                ) {
+                let outbound = match rules::prepare(policy.rules.as_ref(), name.as_deref(), *dst.ip(), head, lookup) {
                     Ok(outbound) => outbound,
                     Err(why) => {
                         tracing::info!(%source, %dst, ?name, "egress refused: {why}");
@@ -185,6 +179,18 @@ impl Shared {
                 match (outbound, upstream) {
                     (Outbound::Forward(head), Tunnel::Plain(upstream)) => splice(client, upstream, &head),
                     (Outbound::Forward(head), Tunnel::Tls(tunnel)) => tunnel.splice(client, &head),
+                    (Outbound::Serve(target), Tunnel::Plain(upstream)) => {
+                        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+                        let upstream = || {
+                            upstream.set_nonblocking(true)?;
+                            tokio::net::TcpStream::from_std(upstream)
+                        };
+                        http::serve_blocking(&runtime, client, upstream, target, self.secrets.get())
+                    }
+                    (Outbound::Serve(target), Tunnel::Tls(tunnel)) => {
+                        let (runtime, stream) = tunnel.into_parts();
+                        http::serve_blocking(&runtime, client, || Ok(stream), target, self.secrets.get())
+                    }
                     (Outbound::Intercept(target), Tunnel::Plain(upstream)) => match self.interceptor.get() {
                         Some(interceptor) => interceptor.serve(client, upstream, target, self.secrets.get()),
                         None => {

@@ -1,21 +1,19 @@
 //! Per-host request transforms (E2B's `network.rules`): which rules apply
-//! to a connection the egress proxy admitted, and the request head they
-//! turn it into, with `${e2b.secrets.<name>}` placeholders resolved there
-//! and nowhere else.
+//! to a connection the egress proxy admitted, and the headers they set on
+//! each request on it, with `${e2b.secrets.<name>}` placeholders resolved
+//! there and nowhere else.
 //!
-//! On port 80 the proxy transforms the request head it peeked; TLS to a
-//! host with rules is terminated first ([`super::intercept`]) and the
-//! request inside transformed the same way.
-//!
-//! One request per connection is transformed: the head that goes out says
-//! `Connection: close`, so the server ends the connection after its
-//! response and a client's next request opens a new one (which is
-//! transformed in turn). Whatever a client sends after that head reaches a
-//! server that is closing, and never carries a resolved value.
+//! A connection a rule matches is served as HTTP/1.1, request by request
+//! ([`super::http`]): on port 80 directly, and TLS to a host with rules once
+//! terminated ([`super::intercept`]). Every request on it, kept-alive ones
+//! included, must be [`addressed`] to the name the connection was admitted
+//! for, and gets the rule's headers ([`apply`]).
 
 use std::net::Ipv4Addr;
 use std::sync::Arc;
 
+use hyper::header::{self, HeaderMap, HeaderName, HeaderValue};
+use hyper::{Method, Uri};
 use ipnet::Ipv4Net;
 use serde::{Deserialize, Serialize};
 
@@ -28,9 +26,6 @@ pub const MAX_RULES_PER_HOST: usize = 16;
 pub const MAX_HEADERS_PER_RULE: usize = 32;
 pub const MAX_HEADER_NAME: usize = 256;
 pub const MAX_HEADER_VALUE: usize = 8 * 1024;
-
-/// The most headers a request head the proxy rewrites may have.
-const MAX_REQUEST_HEADERS: usize = 128;
 
 const SECRET_PREFIX: &str = "e2b.secrets.";
 const IDENTITY_PREFIX: &str = "e2b.identity.";
@@ -191,8 +186,8 @@ fn check_header(host: &str, name: &str, value: &str) -> Result<(), RuleError> {
         return Err(invalid_name());
     }
     // The proxy owns the framing and the connection's fate: a rule that
-    // set these could smuggle a second request or keep the connection
-    // open past the one request it transforms.
+    // set these could smuggle a second request, steer the request to
+    // another host, or hold the connection open against either side.
     let framing = ["host", "content-length", "transfer-encoding", "connection", "keep-alive", "upgrade", "te"];
     if framing.iter().any(|f| name.eq_ignore_ascii_case(f)) {
         return Err(invalid_name());
@@ -251,10 +246,10 @@ fn parts(value: &str) -> Result<Vec<Part<'_>>, PlaceholderError> {
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum TransformError {
-    #[error("not a complete HTTP/1 request head")]
-    NotHttp,
     #[error("TLS without a server name to an address with rules (interception needs the name)")]
     NamelessTls,
+    #[error("a rule's header value, its secrets resolved, is no valid header value")]
+    BadRule,
     #[error("secret '{0}' is not available")]
     MissingSecret(String),
     #[error("secret '{0}' has a value a header cannot carry (CR, LF or NUL)")]
@@ -264,95 +259,167 @@ pub enum TransformError {
 /// What the proxy does with an admitted connection.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Outbound<'a> {
-    /// Send these bytes, then splice the rest.
+    /// No rule applies: send these bytes, then splice the rest.
     Forward(Vec<u8>),
-    /// TLS to a host with rules: terminate it and transform the request
-    /// inside ([`super::intercept`]).
+    /// Plain HTTP to a host with rules: serve it request by request
+    /// ([`super::http`]), after replaying `hello` (the head peeked).
+    Serve(Intercept<'a>),
+    /// TLS to a host with rules: terminate it, then serve the HTTP inside
+    /// ([`super::intercept`]).
     Intercept(Intercept<'a>),
 }
 
-/// A TLS connection to intercept.
+/// A connection to a host with rules.
 #[derive(Debug, PartialEq, Eq)]
 pub struct Intercept<'a> {
-    /// The server name the client asked for, the one its leaf is for.
-    pub name: String,
+    /// The name the connection was admitted for: the server name the client
+    /// asked for (its leaf's), or the first request's `Host`. Every request
+    /// on the connection must name it ([`addressed`]).
+    pub name: Option<String>,
     pub owner: &'a str,
     pub rules: &'a HostRules,
-    /// What was read of the ClientHello.
+    /// What was read of the ClientHello or the first request.
     pub hello: Vec<u8>,
 }
 
 /// What becomes of an admitted connection: the client's first bytes as
 /// they were when no rule applies (see [`HeaderRules::matching`]), TLS to
-/// intercept, or the request [`transform`]ed.
+/// intercept, or HTTP to serve with the rules.
 pub fn prepare<'a>(
     rules: Option<&'a HeaderRules>,
     name: Option<&str>,
     dst: Ipv4Addr,
     head: Vec<u8>,
     lookup: impl FnOnce(&str) -> Vec<Ipv4Addr>,
-    resolve: Option<&SecretResolver>,
 ) -> Result<Outbound<'a>, TransformError> {
     let Some((rules, host)) = rules.and_then(|r| r.matching(name, dst, lookup).map(|h| (r, h))) else {
         return Ok(Outbound::Forward(head));
     };
-    if head.first() == Some(&0x16) {
-        let name = name.ok_or(TransformError::NamelessTls)?.to_string();
-        return Ok(Outbound::Intercept(Intercept { name, owner: &rules.owner, rules: host, hello: head }));
+    let target = Intercept { name: name.map(canonical), owner: &rules.owner, rules: host, hello: head };
+    if target.hello.first() == Some(&0x16) {
+        if target.name.is_none() {
+            return Err(TransformError::NamelessTls);
+        }
+        return Ok(Outbound::Intercept(target));
     }
-    let unresolved = |_: &str, _: &str| None;
-    let resolve: &dyn Fn(&str, &str) -> Option<String> = match resolve {
-        Some(resolve) => resolve.as_ref(),
-        None => &unresolved,
-    };
-    transform(&head, host, &rules.owner, resolve).map(Outbound::Forward)
+    Ok(Outbound::Serve(target))
 }
 
-/// `head` (a complete request head, and whatever followed it) with the
-/// rules' headers set, in order (a later rule's header replaces an
-/// earlier one of the same name, and both replace the client's), and
-/// `Connection: close`.
-pub fn transform(
-    head: &[u8],
+/// A host name as requests are compared by: no port, no trailing dot,
+/// lower case.
+fn canonical(name: &str) -> String {
+    name.trim().trim_end_matches('.').to_ascii_lowercase()
+}
+
+/// Why a request on a connection to a host with rules is not sent on.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum Misdirected {
+    #[error("a request needs at most one Host header, with a host name")]
+    BadHost,
+    #[error("the Host header names another host than the one this connection was admitted for")]
+    OtherHost,
+    #[error("the request target names another host than the one this connection was admitted for")]
+    OtherTarget,
+    #[error("CONNECT and protocol upgrades are not relayed to a host with rules")]
+    Tunnel,
+}
+
+/// Whether a request on a connection admitted for `name` stays with that
+/// name, and the origin-form target it goes out with.
+///
+/// The verdict and the rule were made for one name, and a server shared by
+/// several (a CDN, a virtual host, a proxy) routes by `Host` or by an
+/// absolute-form target, which takes precedence over `Host` (RFC 9112
+/// 3.2.2): a request naming another host, in either, would carry the rule's
+/// secret, or a denied name, past the verdict. An absolute-form target for
+/// the name itself is sent on in origin form, so the upstream never sees
+/// an authority the proxy did not check.
+pub fn addressed(method: &Method, uri: &Uri, headers: &HeaderMap, name: Option<&str>) -> Result<Uri, Misdirected> {
+    if method == Method::CONNECT || headers.contains_key(header::UPGRADE) {
+        return Err(Misdirected::Tunnel);
+    }
+    let mut hosts = headers.get_all(header::HOST).iter();
+    let host = match (hosts.next(), hosts.next()) {
+        (None, _) => None,
+        (Some(host), None) => {
+            let host = host.to_str().map_err(|_| Misdirected::BadHost)?;
+            match host_name(host) {
+                Some(host) => Some(host),
+                None => return Err(Misdirected::BadHost),
+            }
+        }
+        (Some(_), Some(_)) => return Err(Misdirected::BadHost),
+    };
+    let name = name.map(canonical);
+    if host != name {
+        return Err(Misdirected::OtherHost);
+    }
+    if let Some(authority) = uri.authority()
+        && (Some(canonical(authority.host())) != name || authority.as_str().contains('@'))
+    {
+        return Err(Misdirected::OtherTarget);
+    }
+    let origin = uri.path_and_query().map_or("/", |p| p.as_str());
+    let origin = if uri.authority().is_none() && origin == "*" { "*" } else { origin };
+    origin.parse().map_err(|_| Misdirected::OtherTarget)
+}
+
+/// A `Host` value's host name, as [`super::sniff`] reads it; `None` for an
+/// IPv6 literal or a bad port.
+fn host_name(host: &str) -> Option<String> {
+    let host = host.trim();
+    if host.starts_with('[') || host.is_empty() {
+        return None;
+    }
+    let name = match host.rsplit_once(':') {
+        Some((name, port)) if port.bytes().all(|b| b.is_ascii_digit()) => name,
+        Some(_) => return None,
+        None => host,
+    };
+    Some(canonical(name))
+}
+
+/// Headers that belong to one hop, never forwarded as the client sent
+/// them; `Connection: close` is set again by the caller if asked for.
+const HOP_BY_HOP: [&str; 5] = ["connection", "keep-alive", "proxy-connection", "te", "trailer"];
+
+/// Removes the hop-by-hop headers (and those `Connection` lists) of a
+/// message the proxy passes on: they belong to the connection it came on.
+pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    let listed: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|token| HeaderName::from_bytes(token.trim().as_bytes()).ok())
+        .collect();
+    for name in listed.iter().chain(&HOP_BY_HOP.map(HeaderName::from_static)) {
+        // `Host` and the framing stay hyper's to check.
+        if name != header::HOST && name != header::CONTENT_LENGTH && name != header::TRANSFER_ENCODING {
+            headers.remove(name);
+        }
+    }
+}
+
+/// `headers` with the hop-by-hop ones removed ([`strip_hop_by_hop`]) and the
+/// rules' headers set, in order (a later rule's header replaces an earlier
+/// one of the same name, and both replace the client's).
+pub fn apply(
+    headers: &mut HeaderMap,
     rules: &HostRules,
     owner: &str,
     resolve: &dyn Fn(&str, &str) -> Option<String>,
-) -> Result<Vec<u8>, TransformError> {
-    let mut slots = [httparse::EMPTY_HEADER; MAX_REQUEST_HEADERS];
-    let mut request = httparse::Request::new(&mut slots);
-    let len = match request.parse(head) {
-        Ok(httparse::Status::Complete(len)) => len,
-        _ => return Err(TransformError::NotHttp),
-    };
-    let (Some(method), Some(path), Some(version)) = (request.method, request.path, request.version) else {
-        return Err(TransformError::NotHttp);
-    };
-    let hop_by_hop = ["connection", "keep-alive", "proxy-connection"];
-    let mut headers: Vec<(String, Vec<u8>)> = request
-        .headers
-        .iter()
-        .filter(|h| !hop_by_hop.iter().any(|n| h.name.eq_ignore_ascii_case(n)))
-        .map(|h| (h.name.to_string(), h.value.to_vec()))
-        .collect();
+) -> Result<(), TransformError> {
+    strip_hop_by_hop(headers);
     for set in rules.rules.iter().filter_map(|r| r.headers.as_ref()) {
         for (name, value) in set {
             let resolved = resolve_value(value, owner, resolve)?;
-            headers.retain(|(n, _)| !n.eq_ignore_ascii_case(name));
-            headers.push((name.clone(), resolved.into_bytes()));
+            let name = HeaderName::from_bytes(name.as_bytes()).map_err(|_| TransformError::BadRule)?;
+            let value = HeaderValue::from_bytes(resolved.as_bytes()).map_err(|_| TransformError::BadRule)?;
+            headers.insert(name, value);
         }
     }
-    headers.push(("Connection".into(), b"close".to_vec()));
-    let mut out = Vec::with_capacity(head.len() + 256);
-    out.extend_from_slice(format!("{method} {path} HTTP/1.{version}\r\n").as_bytes());
-    for (name, value) in &headers {
-        out.extend_from_slice(name.as_bytes());
-        out.extend_from_slice(b": ");
-        out.extend_from_slice(value);
-        out.extend_from_slice(b"\r\n");
-    }
-    out.extend_from_slice(b"\r\n");
-    out.extend_from_slice(&head[len..]);
-    Ok(out)
+    Ok(())
 }
 
 fn resolve_value(
@@ -362,7 +429,7 @@ fn resolve_value(
 ) -> Result<String, TransformError> {
     // Checked when the rule was accepted; a rule read back from an older
     // record is held to the same.
-    let parts = parts(value).map_err(|_| TransformError::NotHttp)?;
+    let parts = parts(value).map_err(|_| TransformError::BadRule)?;
     let mut out = String::with_capacity(value.len());
     for part in parts {
         match part {
@@ -463,12 +530,21 @@ mod tests {
         match (owner, name) {
             ("team-a", "key") => Some("s3cr3t".into()),
             ("team-a", "crlf") => Some("x\r\nX-Evil: 1".into()),
+            ("team-a", "bell") => Some("x\x07".into()),
             _ => None,
         }
     }
 
+    fn request(head: &[(&str, &str)]) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        for (name, value) in head {
+            headers.append(HeaderName::from_bytes(name.as_bytes()).unwrap(), HeaderValue::from_str(value).unwrap());
+        }
+        headers
+    }
+
     #[test]
-    fn the_head_gets_the_rules_headers_resolved_and_connection_close() {
+    fn a_request_gets_the_rules_headers_resolved_and_loses_its_hop_by_hop_ones() {
         let set = rules(&[(
             "api.test",
             vec![
@@ -477,71 +553,110 @@ mod tests {
             ],
         )])
         .unwrap();
-        let head = b"POST /v1 HTTP/1.1\r\nHost: api.test\r\nauthorization: forged\r\nConnection: keep-alive\r\nContent-Length: 4\r\n\r\nbody";
-        let out = transform(head, &set.hosts[0], &set.owner, &resolver).unwrap();
-        let text = String::from_utf8(out).unwrap();
-        assert_eq!(
-            text,
-            "POST /v1 HTTP/1.1\r\nHost: api.test\r\nContent-Length: 4\r\nAuthorization: Bearer s3cr3t\r\n\
-             x-team: two\r\nConnection: close\r\n\r\nbody"
-        );
+        let mut headers = request(&[
+            ("Host", "api.test"),
+            ("authorization", "forged"),
+            ("Connection", "keep-alive, X-Hop"),
+            ("X-Hop", "1"),
+            ("Keep-Alive", "timeout=5"),
+            ("Content-Length", "4"),
+        ]);
+        apply(&mut headers, &set.hosts[0], &set.owner, &resolver).unwrap();
+        let mut got: Vec<(String, String)> =
+            headers.iter().map(|(n, v)| (n.to_string(), v.to_str().unwrap().to_string())).collect();
+        got.sort();
+        let want =
+            [("authorization", "Bearer s3cr3t"), ("content-length", "4"), ("host", "api.test"), ("x-team", "two")];
+        assert_eq!(got, want.map(|(n, v)| (n.to_string(), v.to_string())));
     }
 
     #[test]
     fn only_connections_a_rule_matches_are_touched_and_tls_to_them_is_intercepted() {
         let set = rules(&[("api.test", vec![rule(&[("X-Key", "${e2b.secrets.key}")])])]).unwrap();
-        let resolver: SecretResolver = Arc::new(resolver);
         let dst: Ipv4Addr = RULE_HOST.parse().unwrap();
         let head = b"GET / HTTP/1.1\r\nHost: other.test\r\n\r\n".to_vec();
-        let untouched = prepare(Some(&set), Some("other.test"), dst, head.clone(), lookup, Some(&resolver));
+        let untouched = prepare(Some(&set), Some("other.test"), dst, head.clone(), lookup);
         assert_eq!(untouched.unwrap(), Outbound::Forward(head.clone()));
-        let no_rules = prepare(None, Some("api.test"), dst, head.clone(), lookup, Some(&resolver));
+        let no_rules = prepare(None, Some("api.test"), dst, head.clone(), lookup);
         assert_eq!(no_rules.unwrap(), Outbound::Forward(head));
         let hello = vec![0x16, 3, 1, 0, 0];
+        let target = |hello: &[u8]| Intercept {
+            name: Some("api.test".into()),
+            owner: "team-a",
+            rules: &set.hosts[0],
+            hello: hello.to_vec(),
+        };
         assert_eq!(
-            prepare(Some(&set), Some("api.test"), dst, hello.clone(), lookup, Some(&resolver)),
-            Ok(Outbound::Intercept(Intercept {
-                name: "api.test".into(),
-                owner: "team-a",
-                rules: &set.hosts[0],
-                hello: hello.clone()
-            }))
+            prepare(Some(&set), Some("API.test."), dst, hello.clone(), lookup),
+            Ok(Outbound::Intercept(target(&hello)))
         );
         let by_address = rules(&[(RULE_HOST, vec![rule(&[("X-Key", "v")])])]).unwrap();
         assert_eq!(
-            prepare(Some(&by_address), None, dst, hello, lookup, Some(&resolver)),
+            prepare(Some(&by_address), None, dst, hello, lookup),
             Err(TransformError::NamelessTls),
             "no name, no leaf: refused rather than passed without the rule"
         );
         let head = b"GET / HTTP/1.1\r\nHost: api.test\r\n\r\n".to_vec();
-        let out = prepare(Some(&set), Some("api.test"), dst, head.clone(), lookup, Some(&resolver)).unwrap();
-        let Outbound::Forward(out) = out else { panic!("{out:?}") };
-        assert!(String::from_utf8(out).unwrap().contains("X-Key: s3cr3t\r\n"));
         assert_eq!(
-            prepare(Some(&set), Some("api.test"), dst, head, lookup, None),
-            Err(TransformError::MissingSecret("key".into())),
-            "no resolver yet: refused, not sent without the header"
+            prepare(Some(&set), Some("api.test"), dst, head.clone(), lookup),
+            Ok(Outbound::Serve(target(&head)))
         );
     }
 
     #[test]
-    fn a_missing_or_unsafe_secret_or_a_partial_head_is_an_error() {
+    fn a_missing_or_unsafe_secret_is_an_error() {
         let with = |value: &str| rules(&[("api.test", vec![rule(&[("X-Key", value)])])]).unwrap();
-        let head = b"GET / HTTP/1.1\r\nHost: api.test\r\n\r\n";
-        let set = with("${e2b.secrets.gone}");
-        assert_eq!(
-            transform(head, &set.hosts[0], &set.owner, &resolver),
-            Err(TransformError::MissingSecret("gone".into()))
-        );
-        let set = with("${e2b.secrets.crlf}");
-        assert_eq!(
-            transform(head, &set.hosts[0], &set.owner, &resolver),
-            Err(TransformError::UnsafeSecret("crlf".into()))
-        );
+        let headers = request(&[("Host", "api.test")]);
+        let apply = |set: &HeaderRules, resolve: &dyn Fn(&str, &str) -> Option<String>| {
+            apply(&mut headers.clone(), &set.hosts[0], &set.owner, resolve)
+        };
+        assert_eq!(apply(&with("${e2b.secrets.gone}"), &resolver), Err(TransformError::MissingSecret("gone".into())));
+        assert_eq!(apply(&with("${e2b.secrets.crlf}"), &resolver), Err(TransformError::UnsafeSecret("crlf".into())));
         let other_team = HeaderRules { owner: "team-b".into(), ..with("${e2b.secrets.key}") };
-        assert!(transform(head, &other_team.hosts[0], &other_team.owner, &resolver).is_err(), "owners do not share");
-        let set = with("v");
-        assert_eq!(transform(&head[..20], &set.hosts[0], &set.owner, &resolver), Err(TransformError::NotHttp));
-        assert_eq!(transform(b"\x16\x03\x01\x00", &set.hosts[0], &set.owner, &resolver), Err(TransformError::NotHttp));
+        assert!(apply(&other_team, &resolver).is_err(), "owners do not share");
+        assert_eq!(
+            apply(&with("${e2b.secrets.key}"), &|_, _| None),
+            Err(TransformError::MissingSecret("key".into())),
+            "no resolver yet: refused, not sent without the header"
+        );
+        assert_eq!(apply(&with("${e2b.secrets.bell}"), &resolver), Err(TransformError::BadRule));
+    }
+
+    #[test]
+    fn each_request_must_name_the_host_its_connection_was_admitted_for() {
+        let check = |method: Method, target: &str, head: &[(&str, &str)], name: Option<&str>| {
+            addressed(&method, &target.parse().unwrap(), &request(head), name).map(|uri| uri.to_string())
+        };
+        let get = |target: &str, head: &[(&str, &str)]| check(Method::GET, target, head, Some("api.test"));
+        assert_eq!(get("/v1?a=b", &[("Host", "api.test")]), Ok("/v1?a=b".into()));
+        assert_eq!(get("/", &[("Host", "API.test.:80")]), Ok("/".into()));
+        assert_eq!(check(Method::OPTIONS, "*", &[("Host", "api.test")], Some("api.test")), Ok("*".into()));
+        assert_eq!(
+            get("http://api.test/v1?a=b", &[("Host", "api.test")]),
+            Ok("/v1?a=b".into()),
+            "an absolute-form target for the name goes out in origin form"
+        );
+        assert_eq!(get("http://API.test:80", &[("Host", "api.test")]), Ok("/".into()));
+        assert_eq!(get("http://other.test/", &[("Host", "api.test")]), Err(Misdirected::OtherTarget));
+        assert_eq!(get("https://other.test/", &[("Host", "api.test")]), Err(Misdirected::OtherTarget));
+        assert_eq!(get("http://user@api.test/", &[("Host", "api.test")]), Err(Misdirected::OtherTarget));
+        assert_eq!(
+            get("/", &[("Host", "other.test")]),
+            Err(Misdirected::OtherHost),
+            "a kept-alive connection's next Host"
+        );
+        assert_eq!(get("/", &[("Host", "api.test.other.test")]), Err(Misdirected::OtherHost));
+        assert_eq!(get("/", &[]), Err(Misdirected::OtherHost), "no Host");
+        assert_eq!(get("/", &[("Host", "api.test"), ("Host", "api.test")]), Err(Misdirected::BadHost));
+        assert_eq!(get("/", &[("Host", "[::1]")]), Err(Misdirected::BadHost));
+        assert_eq!(get("/", &[("Host", "api.test"), ("Upgrade", "websocket")]), Err(Misdirected::Tunnel));
+        assert_eq!(
+            check(Method::CONNECT, "api.test:443", &[("Host", "api.test")], Some("api.test")),
+            Err(Misdirected::Tunnel)
+        );
+        let nameless = |target: &str, head: &[(&str, &str)]| check(Method::GET, target, head, None);
+        assert_eq!(nameless("/", &[]), Ok("/".into()), "admitted by address, and stays nameless");
+        assert_eq!(nameless("/", &[("Host", "api.test")]), Err(Misdirected::OtherHost));
+        assert_eq!(nameless("http://api.test/", &[]), Err(Misdirected::OtherTarget));
     }
 }

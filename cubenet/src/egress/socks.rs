@@ -106,6 +106,12 @@ where
 }
 
 impl TlsTunnel {
+    /// The runtime the session lives in, and the session, for a caller
+    /// that speaks over it itself (the rules' HTTP, `super::http`).
+    pub fn into_parts(self) -> (Runtime, Box<TlsStream<tokio::net::TcpStream>>) {
+        (self.runtime, self.stream)
+    }
+
     /// Copies both ways, after sending `head`, until both sides are done. A
     /// half-close from the client reaches the upstream as close_notify.
     pub fn splice(self, client: TcpStream, head: &[u8]) -> anyhow::Result<()> {
