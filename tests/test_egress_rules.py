@@ -20,6 +20,7 @@ from e2b import Sandbox, SandboxException, Secret
 
 from leakcheck import sandbox_pids
 from test_egress_proxy import OTHER, WEB, WEB_CA_NAME, create, egress_gateway, fetch, requests_to, web  # noqa: F401
+from test_egress_socks import front_log, socks_world, tls_front, tls_proxy  # noqa: F401
 
 
 def unique(prefix: str) -> str:
@@ -225,6 +226,35 @@ def test_every_request_on_a_kept_alive_connection_gets_the_rule(env, scheme):
             assert request["headers"].get("Authorization") == f"Bearer {value}", request
         ports = {request["port"] for (request,) in seen}
         assert len(ports) == 1, f"one upstream connection carried all three: {ports}"
+    finally:
+        sbx.kill()
+        destroy(env, name)
+
+
+@pytest.mark.parametrize("scheme", ["http", "https"])
+def test_rules_apply_inside_a_tls_egress_proxy_tunnel(env, socks_world, tls_front, scheme):
+    """The rule host is reached through the sandbox's SOCKS5 upstream over
+    TLS: the request is still served (HTTP) or intercepted (HTTPS, its TLS
+    to the host inside the tunnel's) and gets the rule."""
+    import json
+
+    user, password = socks_world
+    ca, _, log = tls_front
+    tunnels = front_log(log).count("tunnel")
+    value = f"tun-{uuid.uuid4().hex}"
+    name = secret_of(env, value)
+    sbx = create(env, allow_out=["allowed.test"], deny_out=["0.0.0.0/0"], rules=bearer(name),
+                 egress_proxy=tls_proxy(user, password, ca_cert=ca))
+    try:
+        sbx.commands.run(ETC_HOSTS, user="root")
+        sbx.files.write("/tmp/keepalive.py", KEEPALIVE)
+        paths = [f"/{unique(p)}" for p in ("first", "second")]
+        result = json.loads(sbx.commands.run(f"python3 /tmp/keepalive.py {scheme} {' '.join(paths)}").stdout)
+        assert result == {"got": [[200, "web"]] * 2, "same_socket": True}, result
+        for path in paths:
+            (request,) = requests_to(path)
+            assert request["headers"].get("Authorization") == f"Bearer {value}", request
+        assert front_log(log).count("tunnel") == tunnels + 1, "one connection, through the TLS upstream"
     finally:
         sbx.kill()
         destroy(env, name)

@@ -55,12 +55,12 @@ pub fn resolver(resolve: Option<&SecretResolver>) -> &dyn Fn(&str, &str) -> Opti
 }
 
 /// For the blocking proxy (a thread per connection): serves `client`,
-/// after replaying what was peeked of it (`target.hello`), on `runtime`;
-/// `upstream` makes the upstream stream inside that runtime.
+/// after replaying what was peeked of it (`target.hello`), on `runtime`,
+/// the one `upstream` lives in.
 pub fn serve_blocking<U>(
     runtime: &Runtime,
     client: StdTcpStream,
-    upstream: impl FnOnce() -> std::io::Result<U>,
+    upstream: U,
     mut target: Intercept<'_>,
     resolve: Option<&SecretResolver>,
 ) -> anyhow::Result<()>
@@ -70,7 +70,7 @@ where
     runtime.block_on(async {
         client.set_nonblocking(true)?;
         let client = Prefixed::new(std::mem::take(&mut target.hello), TcpStream::from_std(client)?);
-        serve(client, upstream()?, &target, resolver(resolve)).await
+        serve(client, upstream, &target, resolver(resolve)).await
     })
 }
 

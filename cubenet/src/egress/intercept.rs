@@ -14,8 +14,8 @@
 //! on it; a request that names another host is answered 421 or 400 and the
 //! connection closed. ALPN offers HTTP/1.1 only, both ways.
 //!
-//! Blocking callers (the Linux proxy's thread per connection) call
-//! [`Interceptor::serve`], which runs the connection on a runtime of its own.
+//! Blocking callers (the proxy's thread per connection) call
+//! [`Interceptor::serve`], which runs the connection on the runtime its upstream lives in.
 
 use std::io;
 use std::net::TcpStream as StdTcpStream;
@@ -28,6 +28,7 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
+use tokio::runtime::Runtime;
 use tokio::time::timeout;
 use tokio_rustls::rustls::crypto::{CryptoProvider, ring};
 use tokio_rustls::rustls::pki_types::pem::PemObject;
@@ -66,33 +67,39 @@ impl Interceptor {
     }
 
     /// Serves `target`, a connection whose ClientHello asks for a host with
-    /// rules; `upstream` is connected to the destination the sandbox
-    /// chose. Blocks until the connection ends.
-    pub fn serve(
+    /// rules, on `runtime`; `upstream` (living in that runtime) reaches the
+    /// destination the sandbox chose, directly or through its SOCKS5
+    /// upstream's tunnel (TLS to the host then runs inside that one). Blocks
+    /// until the connection ends.
+    pub fn serve<U>(
         &self,
+        runtime: &Runtime,
         client: StdTcpStream,
-        upstream: StdTcpStream,
+        upstream: U,
         target: Intercept<'_>,
         resolve: Option<&SecretResolver>,
-    ) -> anyhow::Result<()> {
-        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    ) -> anyhow::Result<()>
+    where
+        U: AsyncRead + AsyncWrite + Unpin,
+    {
         runtime.block_on(async {
             client.set_nonblocking(true)?;
-            upstream.set_nonblocking(true)?;
             let client = Prefixed::new(target.hello, TcpStream::from_std(client)?);
-            let upstream = TcpStream::from_std(upstream)?;
             let target = Intercept { hello: Vec::new(), ..target };
             self.intercept(client, upstream, &target, super::http::resolver(resolve)).await
         })
     }
 
-    async fn intercept(
+    async fn intercept<U>(
         &self,
         client: Prefixed,
-        upstream: TcpStream,
+        upstream: U,
         target: &Intercept<'_>,
         resolve: &dyn Fn(&str, &str) -> Option<String>,
-    ) -> anyhow::Result<()> {
+    ) -> anyhow::Result<()>
+    where
+        U: AsyncRead + AsyncWrite + Unpin,
+    {
         let name = target.name.as_deref().context("TLS without a server name")?;
         let server_name = ServerName::try_from(name.to_string()).context("the SNI is no host name")?;
         let leaf = self.ca.leaf(name)?;

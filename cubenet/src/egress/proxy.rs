@@ -179,33 +179,21 @@ impl Shared {
                 match (outbound, upstream) {
                     (Outbound::Forward(head), Tunnel::Plain(upstream)) => splice(client, upstream, &head),
                     (Outbound::Forward(head), Tunnel::Tls(tunnel)) => tunnel.splice(client, &head),
-                    (Outbound::Serve(target), Tunnel::Plain(upstream)) => {
-                        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-                        let upstream = || {
-                            upstream.set_nonblocking(true)?;
-                            tokio::net::TcpStream::from_std(upstream)
-                        };
+                    (Outbound::Serve(target), upstream) => {
+                        let (runtime, upstream) = upstream.into_async()?;
                         http::serve_blocking(&runtime, client, upstream, target, self.secrets.get())
                     }
-                    (Outbound::Serve(target), Tunnel::Tls(tunnel)) => {
-                        let (runtime, stream) = tunnel.into_parts();
-                        http::serve_blocking(&runtime, client, || Ok(stream), target, self.secrets.get())
-                    }
-                    (Outbound::Intercept(target), Tunnel::Plain(upstream)) => match self.interceptor.get() {
-                        Some(interceptor) => interceptor.serve(client, upstream, target, self.secrets.get()),
+                    (Outbound::Intercept(target), upstream) => match self.interceptor.get() {
+                        Some(interceptor) => {
+                            let (runtime, upstream) = upstream.into_async()?;
+                            interceptor.serve(&runtime, client, upstream, target, self.secrets.get())
+                        }
                         None => {
                             tracing::info!(%source, %dst, ?name, "egress refused: TLS to a rule's host, no egress CA");
                             let _ = client.shutdown(Shutdown::Both);
                             Ok(())
                         }
                     },
-                    // The interceptor dials its upstream over a plain stream;
-                    // it does not run inside a TLS tunnel to a SOCKS5 proxy.
-                    (Outbound::Intercept(_), Tunnel::Tls(_)) => {
-                        tracing::info!(%source, %dst, ?name, "egress refused: a rule's HTTPS through a TLS egress_proxy");
-                        let _ = client.shutdown(Shutdown::Both);
-                        Ok(())
-                    }
                 }
             }
         }

@@ -40,6 +40,36 @@ pub struct TlsTunnel {
     stream: Box<TlsStream<tokio::net::TcpStream>>,
 }
 
+/// A byte stream the async code speaking over a tunnel takes, whichever
+/// kind the tunnel is.
+pub trait AsyncStream: AsyncRead + AsyncWrite + Unpin + Send {}
+
+impl<S: AsyncRead + AsyncWrite + Unpin + Send> AsyncStream for S {}
+
+impl Tunnel {
+    /// The tunnel as an async stream, and the runtime it lives in, for a
+    /// caller that speaks over it itself (the rules' HTTP, `super::http`,
+    /// and intercepted TLS, `super::intercept`, which then runs inside the
+    /// TLS to the upstream).
+    pub fn into_async(self) -> anyhow::Result<(Runtime, Box<dyn AsyncStream>)> {
+        match self {
+            Tunnel::Tls(tunnel) => {
+                let TlsTunnel { runtime, stream } = *tunnel;
+                Ok((runtime, stream))
+            }
+            Tunnel::Plain(stream) => {
+                let runtime = tokio::runtime::Builder::new_current_thread().enable_io().enable_time().build()?;
+                stream.set_nonblocking(true)?;
+                let stream = {
+                    let _inside = runtime.enter();
+                    tokio::net::TcpStream::from_std(stream)?
+                };
+                Ok((runtime, Box::new(stream)))
+            }
+        }
+    }
+}
+
 /// What the handshakes leave, before the tunnel takes its runtime.
 enum Opened {
     Plain(tokio::net::TcpStream),
@@ -106,12 +136,6 @@ where
 }
 
 impl TlsTunnel {
-    /// The runtime the session lives in, and the session, for a caller
-    /// that speaks over it itself (the rules' HTTP, `super::http`).
-    pub fn into_parts(self) -> (Runtime, Box<TlsStream<tokio::net::TcpStream>>) {
-        (self.runtime, self.stream)
-    }
-
     /// Copies both ways, after sending `head`, until both sides are done. A
     /// half-close from the client reaches the upstream as close_notify.
     pub fn splice(self, client: TcpStream, head: &[u8]) -> anyhow::Result<()> {
