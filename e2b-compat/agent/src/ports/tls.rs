@@ -94,3 +94,69 @@ impl ServerCertVerifier for AnyCertificate {
         self.algorithms.supported_schemes()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpListener;
+    use tokio_rustls::TlsAcceptor;
+    use tokio_rustls::rustls::ServerConfig;
+    use tokio_rustls::rustls::pki_types::PrivatePkcs8KeyDer;
+
+    use super::*;
+
+    /// A TLS server with a fresh self-signed certificate for `name`, which
+    /// offers h2 before http/1.1.
+    fn self_signed_acceptor(name: &str) -> TlsAcceptor {
+        let certified = rcgen::generate_simple_self_signed(vec![name.to_string()]).unwrap();
+        let key = PrivatePkcs8KeyDer::from(certified.signing_key.serialize_der());
+        let mut config = ServerConfig::builder_with_provider(Arc::new(crypto::ring::default_provider()))
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(vec![certified.cert.der().clone()], key.into())
+            .unwrap();
+        config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+        TlsAcceptor::from(Arc::new(config))
+    }
+
+    #[tokio::test]
+    async fn a_self_signed_server_for_another_name_is_reached_as_localhost_over_http_1_1() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        let acceptor = self_signed_acceptor("not-localhost.test");
+        let server = tokio::spawn(async move {
+            let (stream, _) = listener.accept().await.unwrap();
+            let mut tls = acceptor.accept(stream).await.unwrap();
+            let (_, session) = tls.get_ref();
+            let seen = (session.server_name().map(str::to_string), session.alpn_protocol().map(<[u8]>::to_vec));
+            let mut asked = [0u8; 4];
+            tls.read_exact(&mut asked).await.unwrap();
+            tls.write_all(b"pong").await.unwrap();
+            tls.flush().await.unwrap();
+            (seen, asked)
+        });
+        let mut client = connect(TcpStream::connect(address).await.unwrap()).await.unwrap();
+        client.write_all(b"ping").await.unwrap();
+        let mut reply = [0u8; 4];
+        client.read_exact(&mut reply).await.unwrap();
+        assert_eq!(&reply, b"pong");
+        let ((sni, alpn), asked) = server.await.unwrap();
+        assert_eq!(&asked, b"ping");
+        assert_eq!(sni.as_deref(), Some("localhost"));
+        assert_eq!(alpn.as_deref(), Some(&b"http/1.1"[..]));
+    }
+
+    #[tokio::test]
+    async fn a_plain_server_fails_the_handshake_promptly() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            let (mut stream, _) = listener.accept().await.unwrap();
+            let _ = stream.write_all(b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\n\r\n").await;
+        });
+        let started = std::time::Instant::now();
+        assert!(connect(TcpStream::connect(address).await.unwrap()).await.is_err());
+        assert!(started.elapsed() < HANDSHAKE_TIMEOUT / 2);
+    }
+}
