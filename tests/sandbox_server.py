@@ -1,11 +1,14 @@
 """An HTTP server the exposure tests start *inside* a sandbox (standard
 library only: sandboxes have no network to install from). It answers plain
-requests, a response streamed in two parts, and WebSocket echo."""
+requests, a response streamed in two parts, and WebSocket echo; given a
+certificate and key after the port, it serves all of that over TLS (the
+`httpsPorts` tests), and `/scheme` says which it speaks."""
 
 import base64
 import hashlib
 import http.server
 import os
+import ssl
 import sys
 import time
 
@@ -24,6 +27,12 @@ class Handler(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
         if self.path == "/hello":
             body = f"hello from port {self.server.server_port}, host {self.headers['host']}".encode()
+            self.send_response(200)
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+        elif self.path == "/scheme":
+            body = b"https" if isinstance(self.connection, ssl.SSLSocket) else b"http"
             self.send_response(200)
             self.send_header("content-length", str(len(body)))
             self.end_headers()
@@ -84,4 +93,9 @@ class Handler(http.server.BaseHTTPRequestHandler):
         self.wfile.flush()
 
 
-http.server.ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), Handler).serve_forever()
+server = http.server.ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), Handler)
+if len(sys.argv) == 4:
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(sys.argv[2], sys.argv[3])
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+server.serve_forever()

@@ -714,6 +714,27 @@ def test_a_listener_as_user_never_sees_the_access_or_traffic_token(gateway):
         sbx.kill()
 
 
+def test_a_client_cannot_make_the_agent_speak_tls_to_a_plain_port(gateway):
+    """Only the gateway marks a request for TLS to an `https_ports` port: a
+    client that sends the mark itself to a plain port, by host name or by
+    the port header, is served plainly as before, and the in-sandbox server
+    never sees the mark."""
+    sbx = Sandbox.create(timeout=60, network={"https_ports": [RECORDER_PORT + 1]})
+    try:
+        host = start_header_recorder(sbx, gateway)
+        forged = {"x-copse-port-tls": "1"}
+        by_host = httpx.get(gateway.url + "/a", headers={"host": host, **forged}, timeout=10)
+        assert (by_host.status_code, by_host.text) == (200, "served"), by_host.text
+        port_route = {"e2b-sandbox-id": sbx.sandbox_id, "e2b-sandbox-port": str(RECORDER_PORT)}
+        by_header = httpx.get(gateway.url + "/b", headers={**port_route, **forged}, timeout=10)
+        assert (by_header.status_code, by_header.text) == (200, "served"), by_header.text
+        seen = seen_headers(sbx)
+        assert len(seen) == 2
+        assert all("x-copse-port-tls" not in headers for headers in seen), seen
+    finally:
+        sbx.kill()
+
+
 def test_the_code_interpreter_refuses_callers_without_the_access_token(gateway):
     """Whoever knows a public sandbox's host name reaches port 49999, but
     the interpreter's /execute (and contexts) answer only callers who

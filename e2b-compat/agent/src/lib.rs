@@ -24,7 +24,8 @@
 //!   from disk.
 //! - `kernels`: starts the code interpreter's kernels as the sandbox's
 //!   user, for the interpreter's account alone (peer credentials).
-//! - `ports`: relays traffic for other sandbox ports to its loopback.
+//! - `ports/`: relays traffic for other sandbox ports to its loopback, over
+//!   TLS to the ports the sandbox's `httpsPorts` lists (`ports/tls.rs`).
 //! - `paths`, `users`: path resolution and sandbox users as envd does them.
 //! - `state`: settings `/init` can change, shared by every handler.
 //! - `guest/`: `copse-agent guest`, the agent inside a bhyve guest.

@@ -11,6 +11,11 @@ pub const TRAFFIC_ACCESS_TOKEN: &str = "e2b-traffic-access-token";
 /// code interpreter knows its caller is authorised without ever seeing the
 /// token. A caller's own value is always removed first.
 pub const CALLER_AUTHENTICATED: &str = "x-copse-caller-authenticated";
+/// Set by the gateway, and only by it, on a request for a port listed in
+/// the sandbox's `network.httpsPorts`: the agent speaks TLS to that port.
+/// The gateway removes a client's copy; the agent removes it before
+/// relaying, so the in-sandbox server never sees it.
+pub const PORT_TLS: &str = "x-copse-port-tls";
 /// Which sandbox port a request through the gateway is for.
 pub const SANDBOX_PORT: &str = "e2b-sandbox-port";
 /// Which sandbox a request through the gateway is for.

@@ -56,10 +56,13 @@ pub async fn create(
     if let Some(mask) = &mask_request_host {
         model::validate_host_mask(mask)?;
     }
+    let https_ports = body.network.as_ref().and_then(|n| n.https_ports.as_deref()).unwrap_or_default();
+    let https_ports = model::validate_https_ports(https_ports)?;
     let request = CreateRequest {
         template: body.template_id.unwrap_or_else(|| DEFAULT_TEMPLATE.to_string()),
         private_traffic,
         mask_request_host,
+        https_ports,
         timeout_s: body.timeout,
         metadata: body.metadata.unwrap_or_default(),
         env_vars: body.env_vars.unwrap_or_default(),
@@ -299,6 +302,7 @@ fn network_info(record: &model::SandboxRecord) -> wire::NetworkInfo {
     wire::NetworkInfo {
         allow_public_traffic: record.traffic_access_token.is_none(),
         mask_request_host: record.mask_request_host.clone(),
+        https_ports: record.https_ports.clone(),
         egress_proxy: upstream.map(|upstream| wire::EgressProxyInfo {
             address: upstream.address(),
             username: upstream.username().map(str::to_string),
@@ -334,9 +338,11 @@ pub async fn update_network(
     body: Option<Json<wire::NetworkConfig>>,
 ) -> ApiResult<StatusCode> {
     let Json(body) = body.ok_or_else(|| ApiError::bad_request("request body must be a JSON object"))?;
-    refuse_unsupported(body.unsupported())?;
     if body.mask_request_host.is_some() {
         return Err(ApiError::bad_request("'network.maskRequestHost' is set when a sandbox is created, not updated"));
+    }
+    if body.https_ports.as_ref().is_some_and(|ports| !ports.is_empty()) {
+        return Err(ApiError::bad_request("'network.httpsPorts' is set when a sandbox is created, not updated"));
     }
     svc.update_network(&who.caller, &id, network_request(body.allow_internet_access, Some(body))).await?;
     Ok(StatusCode::NO_CONTENT)

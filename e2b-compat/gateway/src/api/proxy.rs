@@ -34,6 +34,7 @@ pub const SANDBOX_ID_HEADER: &str = "e2b-sandbox-id";
 const SANDBOX_PORT_HEADER: &str = copse_protocol::headers::SANDBOX_PORT;
 const ACCESS_TOKEN_HEADER: &str = copse_protocol::headers::ACCESS_TOKEN;
 const TRAFFIC_TOKEN_HEADER: &str = copse_protocol::headers::TRAFFIC_ACCESS_TOKEN;
+const PORT_TLS_HEADER: &str = copse_protocol::headers::PORT_TLS;
 const AGENT_PORT: u16 = copse_protocol::headers::AGENT_PORT;
 
 pub async fn switch(State(svc): State<Arc<Sandboxes>>, request: Request, next: Next) -> Response {
@@ -256,7 +257,9 @@ async fn forward(record: &SandboxRecord, port: Option<u16>, mut request: Request
     // A server in the sandbox sees the name the client used, as on E2B
     // (HTTP/2 carries it in the URI, which becomes origin-form below),
     // unless the sandbox was created with a mask for it.
-    let masked = match (named_port(port, request.headers()), &record.mask_request_host) {
+    let named = named_port(port, request.headers());
+    mark_tls(record, named, request.headers_mut());
+    let masked = match (named, &record.mask_request_host) {
         (Some(port), Some(mask)) if port != AGENT_PORT => HeaderValue::from_str(&model::masked_host(mask, port)).ok(),
         _ => None,
     };
@@ -293,6 +296,17 @@ async fn forward(record: &SandboxRecord, port: Option<u16>, mut request: Request
     }
 }
 
+/// Tells the agent to speak TLS to `port` when the sandbox lists it in
+/// `httpsPorts`. Only the gateway decides: a client's own copy of the
+/// header is always removed, or anyone could make the agent speak TLS to a
+/// plain port (or plain HTTP to a TLS one).
+fn mark_tls(record: &SandboxRecord, port: Option<u16>, headers: &mut HeaderMap) {
+    headers.remove(PORT_TLS_HEADER);
+    if port.is_some_and(|port| record.https_ports.binary_search(&port).is_ok()) {
+        headers.insert(PORT_TLS_HEADER, HeaderValue::from_static("1"));
+    }
+}
+
 /// The SDK recognises a gone sandbox by a 502 whose message says it "was
 /// not found".
 fn not_found(id: &str) -> Response {
@@ -322,6 +336,28 @@ mod tests {
         assert!(!traffic_allowed(token, None, &headers(&[(SANDBOX_PORT_HEADER, "49999")])));
         // The access token is no traffic token.
         assert!(!traffic_allowed(token, Some(49999), &headers(&[(ACCESS_TOKEN_HEADER, "t0k3n")])));
+    }
+
+    #[test]
+    fn only_listed_https_ports_are_marked_for_tls_whatever_the_client_sends() {
+        let mut json = serde_json::json!({
+            "id": "s", "template": "base", "access_token": "t", "metadata": {}, "env_vars": {},
+            "started_at_ms": 0, "end_at_ms": 0, "state": "running", "allow_internet_access": true,
+            "auto_pause": false, "agent_socket": "/nonexistent",
+            "placement": { "init_pid": 0, "init_start": 0 }, "https_ports": [3000, 8443],
+        });
+        json["limits"] = serde_json::to_value(copse_substrate::Limits::default()).unwrap();
+        let record: SandboxRecord = serde_json::from_value(json).unwrap();
+        let marked = |port: Option<u16>, sent: &[(&'static str, &'static str)]| {
+            let mut headers = headers(sent);
+            mark_tls(&record, port, &mut headers);
+            headers.get_all(PORT_TLS_HEADER).iter().map(|v| v.to_str().unwrap().to_string()).collect::<Vec<_>>()
+        };
+        assert_eq!(marked(Some(3000), &[]), ["1"]);
+        assert_eq!(marked(Some(8443), &[(PORT_TLS_HEADER, "0")]), ["1"]);
+        assert!(marked(Some(3001), &[(PORT_TLS_HEADER, "1")]).is_empty(), "a client cannot ask for TLS");
+        assert!(marked(None, &[(PORT_TLS_HEADER, "1")]).is_empty());
+        assert!(marked(Some(3001), &[(PORT_TLS_HEADER, "1"), (PORT_TLS_HEADER, "1")]).is_empty());
     }
 
     #[test]

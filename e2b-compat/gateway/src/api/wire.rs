@@ -36,10 +36,7 @@ impl NewSandbox {
     /// caller gets a 400 naming it rather than a sandbox without it.
     pub fn unsupported(&self) -> Option<&'static str> {
         let own = [("mcp", &self.mcp), ("iam", &self.iam)];
-        own.into_iter()
-            .find(|(_, value)| is_set(value))
-            .map(|(name, _)| name)
-            .or_else(|| self.network.as_ref().and_then(NetworkConfig::unsupported))
+        own.into_iter().find(|(_, value)| is_set(value)).map(|(name, _)| name)
     }
 }
 
@@ -60,7 +57,9 @@ pub struct NetworkConfig {
     /// as E2B does.
     pub mask_request_host: Option<String>,
     pub egress_proxy: Option<EgressProxyConfig>,
-    https_ports: Option<serde_json::Value>,
+    /// Ports whose servers speak TLS. Only read on create, as E2B does;
+    /// any integer is read so that a bad one gets a 400 naming the field.
+    pub https_ports: Option<Vec<i64>>,
     pub rules: Option<NetworkRules>,
 }
 
@@ -82,13 +81,6 @@ pub struct NetworkRule {
 pub struct NetworkTransform {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub headers: Option<BTreeMap<String, String>>,
-}
-
-impl NetworkConfig {
-    /// As [`NewSandbox::unsupported`], named as the SDK names it.
-    pub fn unsupported(&self) -> Option<&'static str> {
-        is_set(&self.https_ports).then_some("network.httpsPorts")
-    }
 }
 
 /// `network.egressProxy`: a SOCKS5 upstream. `Debug` leaves the password out.
@@ -131,6 +123,9 @@ pub struct NetworkInfo {
     pub allow_public_traffic: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub mask_request_host: Option<String>,
+    /// Left out when none was asked for, as the SDK reads a missing list.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub https_ports: Vec<u16>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub egress_proxy: Option<EgressProxyInfo>,
     /// Left out when it is E2B's default (the SDK reads a missing list as
@@ -563,7 +558,7 @@ mod tests {
             r#"{"network":{"egressProxy":{"address":"p:1","tls":{"enabled":true,"serverName":"s","caCert":"c"}}}}"#;
         let tls = serde_json::from_str::<NewSandbox>(tls).unwrap().network.unwrap().egress_proxy.unwrap().tls.unwrap();
         assert_eq!((tls.enabled, tls.server_name.as_deref(), tls.ca_cert.as_deref()), (true, Some("s"), Some("c")));
-        assert_eq!(refused(r#"{"network":{"httpsPorts":[8443]}}"#), Some("network.httpsPorts"));
+        assert_eq!(refused(r#"{"network":{"httpsPorts":[8443]}}"#), None);
     }
 
     #[test]

@@ -12,6 +12,7 @@
 mod build_layer;
 mod clock;
 mod error;
+mod https_ports;
 mod ids;
 mod journal;
 mod key;
@@ -27,6 +28,7 @@ mod volume;
 pub use build_layer::BuildLayer;
 pub use clock::now_ms;
 pub use error::{Result, SandboxError};
+pub use https_ports::{MAX_HTTPS_PORTS, validate_https_ports};
 pub use ids::{new_id, new_token, new_uuid, snapshot_key};
 pub use journal::{Change, Intent};
 pub use key::KeyRecord;

@@ -69,6 +69,10 @@ pub struct SandboxRecord {
     /// of the name the caller used, `${PORT}` replaced by the port.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mask_request_host: Option<String>,
+    /// E2B's `httpsPorts`, validated, sorted: its ports the agent reaches
+    /// over TLS. Fixed at create; forks inherit it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub https_ports: Vec<u16>,
 }
 
 /// How a paused sandbox is held.

@@ -42,6 +42,8 @@ pub struct CreateRequest {
     pub private_traffic: bool,
     /// E2B's `maskRequestHost`, already validated.
     pub mask_request_host: Option<String>,
+    /// E2B's `httpsPorts`, already validated.
+    pub https_ports: Vec<u16>,
     /// Volumes to mount, already found in the caller's team.
     pub volumes: Vec<VolumeMount>,
     /// A template build's own sandbox: a built base's start command is
@@ -227,6 +229,7 @@ impl Sandboxes {
             network,
             volume_mounts: request.volumes,
             mask_request_host: request.mask_request_host,
+            https_ports: request.https_ports,
         };
         if let Err(e) = self.hand_over(&record, agent_token.as_deref()).await {
             self.discard(&record.id).await;

@@ -11,37 +11,47 @@
 //! root through this agent. What the listener learns instead is whether the
 //! caller presented the token (`x-copse-caller-authenticated`), which is
 //! how the code interpreter refuses strangers.
+//!
+//! A port the sandbox's `network.httpsPorts` lists is reached over TLS
+//! (`tls`): the gateway marks such requests with `x-copse-port-tls`, a
+//! header it never lets a client set, and which is removed here too.
 
 use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::http::{HeaderValue, StatusCode};
 use axum::middleware::Next;
 use axum::response::Response;
-use copse_protocol::headers::{ACCESS_TOKEN, AGENT_PORT, CALLER_AUTHENTICATED, SANDBOX_PORT, TRAFFIC_ACCESS_TOKEN};
+use copse_protocol::headers::{
+    ACCESS_TOKEN, AGENT_PORT, CALLER_AUTHENTICATED, PORT_TLS, SANDBOX_PORT, TRAFFIC_ACCESS_TOKEN,
+};
 use copse_protocol::upgrade;
 use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 
 use crate::auth::{self, json_error};
 use crate::state::SharedState;
+
+mod tls;
 
 pub async fn relay_other_ports(State(state): State<SharedState>, request: Request, next: Next) -> Response {
     let port = request.headers().get(SANDBOX_PORT).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u16>().ok());
     match port {
         Some(port) if port != AGENT_PORT => {
             let authenticated = auth::token_ok(&state, request.headers());
-            relay(port, authenticated, request).await
+            let over_tls = request.headers().get(PORT_TLS).is_some_and(|v| v.as_bytes() == b"1");
+            relay(port, authenticated, over_tls, request).await
         }
         _ => next.run(request).await,
     }
 }
 
 /// Headers only the gateway and this agent may read or write.
-const PRIVATE_HEADERS: [&str; 3] = [ACCESS_TOKEN, TRAFFIC_ACCESS_TOKEN, CALLER_AUTHENTICATED];
+const PRIVATE_HEADERS: [&str; 4] = [ACCESS_TOKEN, TRAFFIC_ACCESS_TOKEN, CALLER_AUTHENTICATED, PORT_TLS];
 
 /// `authenticated`: the caller presented the access token; the listener
-/// learns that much and no more.
-async fn relay(port: u16, authenticated: bool, mut request: Request) -> Response {
+/// learns that much and no more. `over_tls`: the port serves HTTPS.
+async fn relay(port: u16, authenticated: bool, over_tls: bool, mut request: Request) -> Response {
     for name in PRIVATE_HEADERS {
         request.headers_mut().remove(name);
     }
@@ -54,7 +64,21 @@ async fn relay(port: u16, authenticated: bool, mut request: Request) -> Response
         Err(e) => return json_error(StatusCode::BAD_GATEWAY, format!("port is not open: {port} ({e})")),
     };
     let _ = stream.set_nodelay(true);
-    let (mut sender, connection) = match hyper::client::conn::http1::handshake(TokioIo::new(stream)).await {
+    if !over_tls {
+        return exchange(port, stream, request).await;
+    }
+    match tls::connect(stream).await {
+        Ok(stream) => exchange(port, stream, request).await,
+        Err(e) => json_error(StatusCode::BAD_GATEWAY, format!("port {port}: TLS handshake failed: {e}")),
+    }
+}
+
+/// One HTTP/1.1 exchange with the port's server over `io`, plain or TLS.
+async fn exchange<T>(port: u16, io: T, mut request: Request) -> Response
+where
+    T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let (mut sender, connection) = match hyper::client::conn::http1::handshake(TokioIo::new(io)).await {
         Ok(pair) => pair,
         Err(e) => return json_error(StatusCode::BAD_GATEWAY, format!("port {port}: {e}")),
     };
