@@ -50,6 +50,27 @@ def first_metrics(sbx, within: float = 10.0, after: float = 0.0):
     return metrics
 
 
+def create_refused(gateway, network: dict, field: str, nonce: str):
+    """A create whose `network` (wire names) is bad is a 400 with E2B's
+    `{code, message}` naming `field`; `nonce` tags it for `none_created`."""
+    import httpx
+
+    body = {"templateID": "base", "metadata": {"probe": nonce}, "network": network}
+    headers = {"X-API-KEY": os.environ["E2B_API_KEY"]}
+    response = httpx.post(gateway.url + "/sandboxes", json=body, headers=headers, timeout=30)
+    assert response.status_code == 400, (network, response.text)
+    assert response.json()["code"] == 400 and field in response.json()["message"], response.text
+
+
+def none_created(gateway, nonce: str):
+    """No sandbox tagged `nonce` exists: the refused creates made nothing."""
+    import httpx
+
+    headers = {"X-API-KEY": os.environ["E2B_API_KEY"]}
+    listed = httpx.get(gateway.url + "/v2/sandboxes", params={"metadata": f"probe={nonce}"}, headers=headers)
+    assert listed.status_code == 200 and listed.json() == [], listed.text
+
+
 def second_data_dir(name: str) -> pathlib.Path:
     """A data dir for a second gateway: fresh but for its templates (hard
     links to the suite's, kept between runs) and its sandboxes' disk (kept

@@ -67,10 +67,27 @@ pub fn serve_blocking<U>(
 where
     U: AsyncRead + AsyncWrite + Unpin,
 {
+    let hello = std::mem::take(&mut target.hello);
+    block_on_client(runtime, client, hello, |client| async move {
+        serve(client, upstream, &target, resolver(resolve)).await
+    })
+}
+
+/// Runs `serve` on `runtime` with the blocking proxy's `client` made async,
+/// `hello` (what was peeked of it) read first.
+pub(super) fn block_on_client<F, Fut>(
+    runtime: &Runtime,
+    client: StdTcpStream,
+    hello: Vec<u8>,
+    serve: F,
+) -> anyhow::Result<()>
+where
+    F: FnOnce(Prefixed) -> Fut,
+    Fut: Future<Output = anyhow::Result<()>>,
+{
     runtime.block_on(async {
         client.set_nonblocking(true)?;
-        let client = Prefixed::new(std::mem::take(&mut target.hello), TcpStream::from_std(client)?);
-        serve(client, upstream, &target, resolver(resolve)).await
+        serve(Prefixed::new(hello, TcpStream::from_std(client)?)).await
     })
 }
 

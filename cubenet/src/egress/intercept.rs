@@ -76,16 +76,14 @@ impl Interceptor {
         runtime: &Runtime,
         client: StdTcpStream,
         upstream: U,
-        target: Intercept<'_>,
+        mut target: Intercept<'_>,
         resolve: Option<&SecretResolver>,
     ) -> anyhow::Result<()>
     where
         U: AsyncRead + AsyncWrite + Unpin,
     {
-        runtime.block_on(async {
-            client.set_nonblocking(true)?;
-            let client = Prefixed::new(target.hello, TcpStream::from_std(client)?);
-            let target = Intercept { hello: Vec::new(), ..target };
+        let hello = std::mem::take(&mut target.hello);
+        super::http::block_on_client(runtime, client, hello, |client| async move {
             self.intercept(client, upstream, &target, super::http::resolver(resolve)).await
         })
     }
