@@ -199,7 +199,8 @@ def test_unknown_template_error_names_the_available_templates(gateway):
 @pytest.mark.parametrize(
     "options, field",
     [
-        ({"network": {"https_ports": [3000]}}, "network.httpsPorts"),
+        # MCP servers need E2B's mcp-gateway image, which copse does not ship.
+        ({"template": "base", "mcp": {"github": {"githubPersonalAccessToken": "x"}}}, "mcp"),
     ],
 )
 def test_asking_for_a_feature_copse_lacks_is_refused_by_name(gateway, options, field):
