@@ -1,6 +1,7 @@
 """Starts a real copse gateway for the suite and points the official E2B SDK
 at it, exactly as a user would (three environment variables)."""
 
+import itertools
 import os
 import pathlib
 import shutil
@@ -69,6 +70,25 @@ def none_created(gateway, nonce: str):
     headers = {"X-API-KEY": os.environ["E2B_API_KEY"]}
     listed = httpx.get(gateway.url + "/v2/sandboxes", params={"metadata": f"probe={nonce}"}, headers=headers)
     assert listed.status_code == 200 and listed.json() == [], listed.text
+
+
+_netns_hosts = itertools.count()
+
+
+def netns_host_names(tag: str) -> tuple[str, str]:
+    """A new (namespace, host-side veth) name pair for a netns test host on
+    every call, so that a module's host never needs the names of one the
+    previous module is still tearing down."""
+    n, pid = next(_netns_hosts), os.getpid()
+    return f"cn-{tag}-{pid}-{n}", f"cn{tag[:2]}{pid % 100000}{n}"
+
+
+def remove_netns_host(ns: str, veth: str):
+    """Deleting a namespace frees its veth asynchronously in the kernel; the
+    host end is deleted first, which removes the pair before returning, so no
+    stale link keeps the host's address or route."""
+    for argv in (("ip", "link", "del", veth), ("ip", "netns", "del", ns)):
+        subprocess.run(argv, capture_output=True)
 
 
 def second_data_dir(name: str) -> pathlib.Path:

@@ -23,7 +23,7 @@ import time
 import pytest
 from e2b import Sandbox
 
-from conftest import BRIDGE, SUBNET
+from conftest import BRIDGE, SUBNET, netns_host_names, remove_netns_host
 
 WEB = "203.0.113.10"  # allowed.test, denied.test, api.wild.test, badcert.test
 OTHER = "203.0.113.20"  # other.test
@@ -79,7 +79,7 @@ def _reachable(addr, port):
 
 @pytest.fixture(scope="module")
 def web():
-    ns, veth = f"cn-web-{os.getpid()}", f"cnw{os.getpid() % 100000}"
+    ns, veth = netns_host_names("web")
     certs = tempfile.TemporaryDirectory()
     cert, key, ca_key = f"{certs.name}/cert.pem", f"{certs.name}/key.pem", f"{certs.name}/ca.key"
     ec = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-days", "1")
@@ -108,7 +108,7 @@ def web():
         if server:
             server.kill()
             server.wait()
-        sh("ip", "netns", "del", ns, check=False)
+        remove_netns_host(ns, veth)
         certs.cleanup()
         for made in (REQUESTS, WEB_CA):
             if os.path.exists(made):

@@ -24,7 +24,7 @@ import urllib.request
 import pytest
 from e2b import Sandbox
 
-from conftest import DATA_DIR
+from conftest import DATA_DIR, netns_host_names, remove_netns_host
 from test_egress_proxy import _reachable, sh
 
 SOCKS = "198.51.100.10"  # in 198.51.100.0/28, the host at .1
@@ -83,8 +83,7 @@ class Peer:
     first address of that /28."""
 
     def __init__(self, tag: str, addr: str):
-        self.ns = f"cn-{tag}-{os.getpid()}"
-        self.veth = f"cn{tag[:2]}{os.getpid() % 100000}"
+        self.ns, self.veth = netns_host_names(tag)
         net = ipaddress.ip_network(f"{addr}/28", strict=False)
         host = str(net.network_address + 1)
         sh("ip", "netns", "add", self.ns)
@@ -106,8 +105,7 @@ class Peer:
                 out.close()
 
     def delete(self):
-        sh("ip", "netns", "del", self.ns, check=False)
-        sh("ip", "link", "del", self.veth, check=False)
+        remove_netns_host(self.ns, self.veth)
 
 
 def _stop(proc):

@@ -115,11 +115,16 @@ def test_bootstrap_installs_exactly_the_listed_packages():
 
 def owning_package(path: str) -> str | None:
     real = os.path.realpath(path)
-    # Merged /usr: dpkg may know the file under either name.
-    for candidate in {path, real, real.removeprefix("/usr"), "/usr" + real}:
+    # The name itself first: a symlink's package is the one that ships the
+    # command (musl-tools' musl-gcc points at musl-dev's compiler wrapper).
+    # Then merged /usr: dpkg may know the file under either name.
+    candidates = (path, path.removeprefix("/usr"), "/usr" + path, real, real.removeprefix("/usr"), "/usr" + real)
+    for candidate in dict.fromkeys(candidates):
         out = subprocess.run(["dpkg", "-S", candidate], capture_output=True, text=True)
-        if out.returncode == 0:
-            return out.stdout.split(":")[0].strip()
+        # A diverted file (dash's /bin/sh) is listed after its diversions.
+        owners = [line for line in out.stdout.splitlines() if not line.startswith("diversion by ")]
+        if out.returncode == 0 and owners:
+            return owners[0].split(":")[0].strip()
     return None
 
 

@@ -19,7 +19,7 @@ import pytest
 from e2b import Sandbox
 
 import leakcheck
-from conftest import BRIDGE, DATA_DIR, SUBNET
+from conftest import BRIDGE, DATA_DIR, SUBNET, netns_host_names, remove_netns_host
 
 INTERNET = "198.51.100.10"
 OTHER = "198.51.100.20"
@@ -45,7 +45,7 @@ def sh(*args, check=True):
 
 @pytest.fixture(scope="module")
 def internet():
-    ns, veth = f"cn-inet-{os.getpid()}", f"cni{os.getpid() % 100000}"
+    ns, veth = netns_host_names("inet")
     sh("ip", "netns", "add", ns)
     try:
         sh("ip", "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", ns)
@@ -64,7 +64,7 @@ def internet():
         server.kill()
         server.wait()
     finally:
-        sh("ip", "netns", "del", ns, check=False)
+        remove_netns_host(ns, veth)
 
 
 def _tcp_ok(host, port, timeout=1.0):
@@ -254,7 +254,7 @@ METADATA = "169.254.169.254"
 
 @pytest.fixture(scope="module")
 def neighbours():
-    ns, veth = f"cn-lan-{os.getpid()}", f"cnl{os.getpid() % 100000}"
+    ns, veth = netns_host_names("lan")
     sh("ip", "netns", "add", ns)
     try:
         sh("ip", "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", ns)
@@ -276,7 +276,7 @@ def neighbours():
         server.wait()
     finally:
         sh("ip", "route", "del", f"{METADATA}/32", check=False)
-        sh("ip", "netns", "del", ns, check=False)
+        remove_netns_host(ns, veth)
 
 
 def test_the_hosts_neighbourhood_is_unreachable_and_no_tenant_policy_reopens_it(gateway, internet, neighbours):
