@@ -212,6 +212,33 @@ def test_asking_for_a_feature_copse_lacks_is_refused_by_name(gateway, options, f
     assert list_all(SandboxQuery(metadata=marker)) == []
 
 
+def test_a_cold_create_says_where_its_boot_went(gateway):
+    """The create response's Server-Timing names the substrate's boot steps,
+    so a slower boot can be taken apart from its own responses (bench:create
+    records them); the top-level steps fit inside the boot they make up."""
+    import httpx
+
+    headers = {"X-API-KEY": os.environ["E2B_API_KEY"]}
+    response = httpx.post(gateway.url + "/sandboxes", json={"templateID": "base", "timeout": 60}, headers=headers,
+                          timeout=30)
+    assert response.status_code == 201, response.text
+    try:
+        timing = {}
+        for metric in response.headers["server-timing"].split(","):
+            name, dur = metric.strip().split(";dur=")
+            timing[name] = float(dur)
+        wanted = {"boot_disk", "boot_cgroups", "boot_jail_spawn", "boot_jail_stage", "boot_jail_userns",
+                  "boot_jail_unshare", "boot_jail_init", "boot_attach", "boot_attach_rules", "boot_service"}
+        assert wanted <= timing.keys(), timing
+        # `attach_*` are the parts of `attach`.
+        top = [v for k, v in timing.items() if k.startswith("boot_") and not k.startswith("boot_attach_")]
+        assert sum(top) <= timing["boot"] + 0.001 * len(top), timing
+        assert timing["boot_attach_rules"] <= timing["boot_attach"] + 0.001, timing
+    finally:
+        sandbox_id = response.json()["sandboxID"]
+        httpx.delete(f"{gateway.url}/sandboxes/{sandbox_id}", headers=headers, timeout=30)
+
+
 def test_wrong_api_key_is_rejected(gateway):
     with pytest.raises(AuthenticationException):
         Sandbox.create(timeout=30, api_key="not-the-key")

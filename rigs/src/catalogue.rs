@@ -327,6 +327,11 @@ pub fn clock_json<'a>(rig: &RigDef, metrics: impl IntoIterator<Item = &'a str>) 
     let mut out = serde_json::Map::new();
     for m in metrics {
         let def = rig.clock.iter().find(|(k, _)| *k == m).map(|(_, d)| *d).or_else(|| {
+            if m.starts_with("server_boot_") {
+                return Some(
+                    "gateway's own account: one step of the substrate's boot (Server-Timing boot_<step>, steps listed in docs/lifecycle.md)",
+                );
+            }
             m.strip_prefix("server_").map(|_| "gateway's own account: a Server-Timing metric of the create response")
         });
         out.insert(m.to_string(), def.map_or(serde_json::Value::Null, |d| serde_json::Value::String(d.into())));

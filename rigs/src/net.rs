@@ -356,7 +356,7 @@ fn attach_scenario(samples: usize) -> anyhow::Result<Scenario> {
         let _ = holder.kill();
         let _ = holder.wait();
         match attached {
-            Ok(()) => {
+            Ok(_) => {
                 s.series.entry("attach_ms".into()).or_default().push(Some(attach));
                 s.series.entry("detach_ms".into()).or_default().push(Some(detach));
             }

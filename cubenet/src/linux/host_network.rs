@@ -12,6 +12,7 @@ use std::collections::HashMap;
 use std::fs::File;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use crate::dns::resolve;
 use crate::dns_proxy::DnsProxy;
@@ -33,6 +34,9 @@ struct Attached {
 }
 
 type AttachedMap = Arc<Mutex<HashMap<String, Attached>>>;
+
+/// An attach's steps and their times.
+pub type AttachSteps = Vec<(&'static str, Duration)>;
 
 pub struct HostNetwork {
     cfg: NetConfig,
@@ -111,39 +115,51 @@ impl HostNetwork {
     }
 
     /// Puts the sandbox whose init is `init_pid` on the bridge with
-    /// `network.policy`. On error, whatever was made is removed.
+    /// `network.policy`. On error, whatever was made is removed. Returns
+    /// how long each step took, in the order they started (`rules` and
+    /// `inside` run side by side).
     ///
     /// The sandbox may already run processes (a restore, a fork), and root
     /// in it may configure its end of the veth as soon as it appears: the
     /// host end stays down, so no frame crosses, until the sandbox's rules
     /// (its policy, its spoofing guard) are in place.
-    pub fn attach(&self, id: &str, init_pid: i32, network: &SandboxNetwork) -> anyhow::Result<()> {
+    pub fn attach(&self, id: &str, init_pid: i32, network: &SandboxNetwork) -> anyhow::Result<AttachSteps> {
         let attachment = self.cfg.attachment(id, network.address);
         let policy = resolve(&self.cfg, &network.policy);
+        let mut steps = AttachSteps::default();
+        let timed = |f: &dyn Fn() -> anyhow::Result<()>| {
+            let started = Instant::now();
+            f().map(|()| started.elapsed())
+        };
+        let started = Instant::now();
         self.janitor.wait_for(&attachment);
-        let started = std::time::Instant::now();
-        let result = self.plumb_host(&attachment, init_pid).and_then(|host_index| {
-            let plumbed = started.elapsed();
+        steps.push(("janitor", started.elapsed()));
+        let result = (|| {
+            let started = Instant::now();
+            let host_index = self.plumb_host(&attachment, init_pid)?;
+            steps.push(("veth", started.elapsed()));
             let ns = std::fs::File::open(format!("/proc/{init_pid}/ns/net"))
                 .with_context(|| format!("opening the network namespace of {init_pid}"))?;
             // The inside needs no rule and the rules need only the host
             // end: both at once, since `nft` is most of an attach.
-            std::thread::scope(|s| {
-                let inside = s.spawn(|| self.configure_inside(&attachment, &ns));
-                let rules = nft_apply(&nft::attach(&self.cfg, &attachment, &policy));
+            let (rules, inside) = std::thread::scope(|s| {
+                let inside = s.spawn(|| timed(&|| self.configure_inside(&attachment, &ns)));
+                let rules = timed(&|| nft_apply(&nft::attach(&self.cfg, &attachment, &policy)));
                 let inside = inside.join().map_err(|_| anyhow::anyhow!("netns thread panicked"))?;
-                rules.and(inside)
+                anyhow::Ok((rules?, inside?))
             })?;
+            steps.extend([("rules", rules), ("inside", inside)]);
+            let started = Instant::now();
             Rtnl::open()?.set_up(host_index)?;
-            tracing::debug!(id, ?plumbed, total = ?started.elapsed(), "attached");
+            steps.push(("up", started.elapsed()));
             let wanted = network.policy.clone();
             self.lock().insert(id.to_string(), Attached { attachment: attachment.clone(), wanted, policy });
             Ok(())
-        });
+        })();
         if result.is_err() {
             let _ = delete_link(&attachment.host_if);
         }
-        result
+        result.map(|()| steps)
     }
 
     /// The veth, its host end an isolated bridge port, still down; returns

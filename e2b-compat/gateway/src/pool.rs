@@ -20,6 +20,8 @@ pub struct Booted {
     pub placement: Placement,
     pub agent_socket: PathBuf,
     pub network: Option<copse_substrate::SandboxNetwork>,
+    /// Where its boot's time went.
+    pub phases: copse_substrate::Phases,
 }
 
 pub struct WarmPool {
@@ -120,6 +122,7 @@ mod tests {
             id: "a".into(),
             placement: Placement { init_pid: 1, init_start: 1 },
             agent_socket: "/x".into(),
+            phases: Default::default(),
         });
         assert_eq!(pool.missing(), 1);
         assert_eq!(pool.take().map(|b| b.id), Some("a".into()));

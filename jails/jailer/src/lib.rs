@@ -19,6 +19,7 @@ pub use syscall::check;
 pub mod linux {
     //! Linux: the sandbox's namespaces, root and init are built from inside.
     pub mod boot;
+    pub mod boot_report;
     pub(crate) mod confine;
     pub(crate) mod credentials;
     mod seccomp;

@@ -52,9 +52,10 @@ use cgroup::{Cgroups, Hierarchy};
 use checkpoint::{Criu, RestorePaths};
 use copse_jailer::handoff::{AGENT_NAME, SOCKET_NAME};
 use copse_jailer::linux::boot::{BootPlan, Launch, RestorePlan, VolumeBind};
+use copse_jailer::linux::boot_report::BootReport;
 use copse_substrate::{
-    Capabilities, Placement, Progress, Recipe, Recovery, SandboxSpec, SnapshotInfo, Substrate, SubstrateError, Support,
-    TemplateInfo, Usage,
+    Capabilities, Phases, Placement, Progress, Recipe, Recovery, SandboxSpec, SnapshotInfo, Substrate, SubstrateError,
+    Support, TemplateInfo, Usage,
 };
 use disk::Disk;
 use layers::{Base, LayerStore};
@@ -192,18 +193,19 @@ impl LinuxSubstrate {
     /// Everything a sandbox needs on the host before its processes start:
     /// directories, the pinned layers (of `snapshot`, if any), cgroups and
     /// the gateway's socket link. Returns its boot plan.
-    fn prepare(&self, spec: &SandboxSpec, snapshot: Option<&str>) -> anyhow::Result<BootPlan> {
+    fn prepare(&self, spec: &SandboxSpec, snapshot: Option<&str>, phases: &mut Phases) -> anyhow::Result<BootPlan> {
         let dir = self.sandbox_dir(&spec.id);
         fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-        let base = self.layers.pin(&dir, snapshot, &spec.template)?;
+        let base = phases.time("layers", || self.layers.pin(&dir, snapshot, &spec.template))?;
         if self.templates.get(&base.template).is_none() {
             return Err(SubstrateError::NotFound(format!("template {} is not built", base.template)).into());
         }
-        let owner = self.claim_owner(&spec.id)?;
+        let owner = phases.time("owner", || self.claim_owner(&spec.id))?;
         let mut plan = self.boot_plan(spec, &base, ids::ensure_stage()?, owner);
         plan.volumes = self.volume_binds(spec)?;
         // Before anything is written in it: the limit holds from the first byte.
-        self.disk()?.create(&spec.id, spec.limits.disk_mb)?;
+        phases.time("disk", || self.disk()?.create(&spec.id, spec.limits.disk_mb))?;
+        let dirs = std::time::Instant::now();
         for dir in [&plan.upper, &plan.work, &plan.socket_dir] {
             fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
             // The sandbox's root writes there (the overlay's root directory
@@ -211,7 +213,8 @@ impl LinuxSubstrate {
             std::os::unix::fs::lchown(dir, Some(ids::BASE), Some(ids::BASE))
                 .with_context(|| format!("handing {} to the sandbox's root", dir.display()))?;
         }
-        self.cgroups.create(&spec.id, &spec.limits)?;
+        phases.note("dirs", dirs.elapsed());
+        phases.time("cgroups", || self.cgroups.create(&spec.id, &spec.limits))?;
         link_socket(&plan.socket_dir, &spec.agent_socket)?;
         Ok(plan)
     }
@@ -252,13 +255,21 @@ impl LinuxSubstrate {
         Ok(String::from_utf8_lossy(&output.stdout).into_owned())
     }
 
-    fn boot(&self, spec: &SandboxSpec) -> anyhow::Result<Placement> {
-        let started = std::time::Instant::now();
-        let plan = self.prepare(spec, spec.snapshot.as_deref())?;
+    fn boot(&self, spec: &SandboxSpec, phases: &mut Phases) -> anyhow::Result<Placement> {
+        let plan = self.prepare(spec, spec.snapshot.as_deref(), phases)?;
+        let launched = std::time::Instant::now();
         let printed = self.launch(&Launch::Boot(plan)).context("sandbox boot failed")?;
-        let pid: i32 = printed.trim().parse().context("boot printed no init pid")?;
+        let launch = launched.elapsed();
+        let report = BootReport::parse(&printed)?;
+        // What the boot process's own clock did not see: starting it and
+        // handing it the plan.
+        let inside: std::time::Duration = report.steps.iter().map(|(_, took)| *took).sum();
+        phases.note("jail_spawn", launch.saturating_sub(inside));
+        for (step, took) in &report.steps {
+            phases.note(&format!("jail_{step}"), *took);
+        }
+        let pid = report.init_pid;
         let init_start = process_start_time(pid).context("init vanished right after boot")?;
-        tracing::debug!(id = %spec.id, total = ?started.elapsed(), "booted");
         Ok(Placement { init_pid: pid, init_start })
     }
 
@@ -304,9 +315,10 @@ impl LinuxSubstrate {
 
     /// Like [`Self::boot`], for a sandbox whose snapshot holds memory: its
     /// processes are restored from the checkpoint instead of started.
-    fn restore(&self, spec: &SandboxSpec, snapshot_id: &str) -> anyhow::Result<Placement> {
+    fn restore(&self, spec: &SandboxSpec, snapshot_id: &str, phases: &mut Phases) -> anyhow::Result<Placement> {
         let criu = self.criu()?.binary.clone();
-        let sandbox = self.prepare(spec, Some(snapshot_id))?;
+        let sandbox = self.prepare(spec, Some(snapshot_id), phases)?;
+        let restoring = std::time::Instant::now();
         let work_dir = self.sandbox_dir(&spec.id).join("restore");
         fs::create_dir_all(&work_dir).with_context(|| format!("creating {}", work_dir.display()))?;
         let pidfile = work_dir.join("init.pid");
@@ -336,6 +348,7 @@ impl LinuxSubstrate {
             .context("CRIU's pid file holds no pid")?;
         // The checkpoint carries the source's host name; this is a new sandbox.
         set_hostname(pid, &hostname)?;
+        phases.note("criu", restoring.elapsed());
         let init_start = process_start_time(pid).context("init vanished right after restore")?;
         Ok(Placement { init_pid: pid, init_start })
     }
@@ -416,15 +429,24 @@ impl Substrate for LinuxSubstrate {
     }
 
     fn create(&self, spec: &SandboxSpec) -> anyhow::Result<Placement> {
+        self.create_timed(spec, &mut Phases::default())
+    }
+
+    fn create_timed(&self, spec: &SandboxSpec, phases: &mut Phases) -> anyhow::Result<Placement> {
         copse_substrate::template::validate_name(&spec.id).map_err(SubstrateError::Invalid)?;
         let memory = spec.snapshot.as_deref().filter(|s| self.checkpoint_dir(s).is_dir());
-        let boot_and_attach = || {
+        let mut boot_and_attach = || {
             let placement = match memory {
-                Some(snapshot) => self.restore(spec, snapshot)?,
-                None => self.boot(spec)?,
+                Some(snapshot) => self.restore(spec, snapshot, phases)?,
+                None => self.boot(spec, phases)?,
             };
             if let (Some(network), Some(wanted)) = (&self.network, &spec.network) {
-                network.attach(&spec.id, placement.init_pid, wanted)?;
+                let attached = std::time::Instant::now();
+                let steps = network.attach(&spec.id, placement.init_pid, wanted)?;
+                phases.note("attach", attached.elapsed());
+                for (step, took) in steps {
+                    phases.note(&format!("attach_{step}"), took);
+                }
             }
             Ok(placement)
         };

@@ -8,6 +8,7 @@
 //! nothing about the E2B wire protocol. No platform `cfg` lives here.
 
 pub mod error;
+pub mod phases;
 pub mod router;
 pub mod template;
 
@@ -18,6 +19,7 @@ use serde::{Deserialize, Serialize};
 pub use copse_cubenet::{EgressCa, Interceptor, NetConfig, Policy, SandboxNetwork, SecretResolver};
 
 pub use error::SubstrateError;
+pub use phases::Phases;
 pub use router::Router;
 pub use template::{Backend, Recipe, TemplateInfo};
 
@@ -185,6 +187,14 @@ pub trait Substrate: Send + Sync + 'static {
 
     /// Boot a sandbox. On error nothing of it is left behind.
     fn create(&self, spec: &SandboxSpec) -> anyhow::Result<Placement>;
+
+    /// [`Self::create`], noting in `phases` where its time went (the create
+    /// response's `Server-Timing` carries them). A substrate that does not
+    /// time its steps notes nothing.
+    fn create_timed(&self, spec: &SandboxSpec, phases: &mut Phases) -> anyhow::Result<Placement> {
+        let _ = phases;
+        self.create(spec)
+    }
 
     /// Tear down everything a sandbox owns: processes, mounts, limits,
     /// network, private filesystem, agent socket. Unknown ids are a no-op.

@@ -21,8 +21,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::template::{Backend, check_backend};
 use crate::{
-    Capabilities, Placement, Policy, Progress, Recipe, Recovery, SandboxNetwork, SandboxSpec, SnapshotInfo, Substrate,
-    SubstrateError, Support, TemplateInfo, Usage,
+    Capabilities, Phases, Placement, Policy, Progress, Recipe, Recovery, SandboxNetwork, SandboxSpec, SnapshotInfo,
+    Substrate, SubstrateError, Support, TemplateInfo, Usage,
 };
 
 /// First line of a snapshot exported through a router: which backend's
@@ -154,6 +154,10 @@ impl Substrate for Router {
     }
 
     fn create(&self, spec: &SandboxSpec) -> anyhow::Result<Placement> {
+        self.create_timed(spec, &mut Phases::default())
+    }
+
+    fn create_timed(&self, spec: &SandboxSpec, phases: &mut Phases) -> anyhow::Result<Placement> {
         let backend = match &spec.snapshot {
             Some(snapshot) => self.snapshot_backend(snapshot),
             None => self.template_backend(&spec.template)?,
@@ -164,7 +168,7 @@ impl Substrate for Router {
         self.update(|r| {
             r.sandboxes.insert(spec.id.clone(), backend);
         })?;
-        substrate.create(spec).inspect_err(|_| {
+        substrate.create_timed(spec, phases).inspect_err(|_| {
             let _ = self.update(|r| {
                 r.sandboxes.remove(&spec.id);
             });

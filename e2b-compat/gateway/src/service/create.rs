@@ -13,7 +13,7 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use copse_substrate::{Policy, SandboxNetwork};
+use copse_substrate::{Phases, Policy, SandboxNetwork};
 use tracing::Instrument;
 
 use super::Sandboxes;
@@ -64,10 +64,12 @@ pub(super) struct Origin {
 }
 
 /// Where a create spent its time, for the `Server-Timing` header.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Timings {
     /// Booting a sandbox (near zero when the warm pool had one).
     pub boot: Duration,
+    /// The boot's steps (none when the warm pool had one).
+    pub boot_phases: Phases,
     /// Handing it to the caller: the agent's `/init` and the database row.
     pub handover: Duration,
     /// Checking the team's quotas (the sandbox's lifetime, room for one
@@ -193,7 +195,12 @@ impl Sandboxes {
             }
         };
         let boot = started.elapsed();
-        let Booted { id, placement, agent_socket, network } = booted;
+        let Booted { id, placement, agent_socket, network, phases } = booted;
+        // A pooled sandbox's boot happened before this request.
+        let boot_phases = match origin.source {
+            Source::Pool => Phases::default(),
+            _ => phases,
+        };
         tracing::Span::current().record("sandbox_id", id.as_str());
         let network = match self.with_policy(&id, network, &policy).await {
             Ok(network) => network,
@@ -243,7 +250,7 @@ impl Sandboxes {
             }
             return Err(e.context(format!("starting template {}", request.template)).into());
         }
-        Ok((record, Timings { boot, handover: started.elapsed() - boot, quota }))
+        Ok((record, Timings { boot, boot_phases, handover: started.elapsed() - boot, quota }))
     }
 
     /// A new sandbox of `template` under `policy`, booted and its service
@@ -311,16 +318,25 @@ impl Sandboxes {
         let spec = self.spec(&id, template, snapshot, network, volumes);
         let attaching = spec.network.is_some();
         let started = Instant::now();
-        let created = self.blocking(move |s| s.create(&spec).map(|p| (p, spec))).await;
+        let created = self
+            .blocking(move |s| {
+                let mut phases = Phases::default();
+                s.create_timed(&spec, &mut phases).map(|p| (p, spec, phases))
+            })
+            .await;
         if restored {
             self.observe_checkpoint(true, created.is_ok(), started.elapsed());
         }
         if attaching {
             self.observe_network(true, created.is_ok());
         }
-        let (placement, spec) = created.inspect_err(|_| release(&id))?;
-        let booted = Booted { id, placement, agent_socket: spec.agent_socket, network: spec.network };
-        if let Err(e) = self.start_service(template, &booted.agent_socket, restored).await {
+        let (placement, spec, mut phases) = created.inspect_err(|_| release(&id))?;
+        let serving = Instant::now();
+        let started_service = self.start_service(template, &spec.agent_socket, restored).await;
+        phases.note("service", serving.elapsed());
+        tracing::debug!(?phases, "booted");
+        let booted = Booted { id, placement, agent_socket: spec.agent_socket, network: spec.network, phases };
+        if let Err(e) = started_service {
             self.destroy_quietly(&booted.id).await;
             release(&booted.id);
             return Err(e.into());

@@ -314,6 +314,7 @@ async fn a_pooled_sandbox_whose_service_runs_goes_only_to_a_caller_asking_for_th
         placement: Placement { init_pid: 1, init_start: 1 },
         agent_socket: "/nonexistent".into(),
         network: None,
+        phases: Default::default(),
     });
     let policy = air_gapped().policy("team").unwrap();
     assert!(f.svc.take_pooled(CODE_INTERPRETER, &policy).await.is_none());

@@ -16,8 +16,8 @@
 //! agent binary from inside the sandbox (`copse-agent boot --init`, see
 //! [`run_init`]). That second stage binds the agent's socket on the
 //! sandbox's socket directory, forks the agent, and reaps orphans until the
-//! agent exits. The boot process reports init's host pid on standard output
-//! and exits.
+//! agent exits. The boot process reports init's host pid and the time of
+//! each step on standard output (see [`super::boot_report`]) and exits.
 //!
 //! Everything a sandbox's processes hold therefore lives inside the sandbox:
 //! their executable, their socket, their session. That is what lets CRIU
@@ -37,6 +37,7 @@ use nix::sys::wait::{WaitStatus, waitpid};
 use nix::unistd::{ForkResult, Pid, chdir, fork, pivot_root, sethostname};
 use serde::{Deserialize, Serialize};
 
+use super::boot_report::Laps;
 use crate::handoff::{AGENT_MOUNT, AGENT_NAME, SOCKET_MOUNT, SOCKET_NAME};
 
 /// The fd on which the second stage of init finds the readiness pipe.
@@ -369,9 +370,13 @@ pub fn criu_action() -> anyhow::Result<()> {
 }
 
 fn boot(plan: &BootPlan) -> anyhow::Result<()> {
+    let mut laps = Laps::start();
     join_cgroups(&plan.cgroup_procs)?;
+    laps.lap("join");
     mount_stage(plan)?;
+    laps.lap("stage");
     enter_user_namespace(&plan.ids)?;
+    laps.lap("userns");
     // Inside the user namespace, so that it owns them all: CRIU dumps only
     // trees whose namespaces belong to their user namespace, and restores
     // them so.
@@ -384,6 +389,7 @@ fn boot(plan: &BootPlan) -> anyhow::Result<()> {
             | CloneFlags::CLONE_NEWPID,
     )
     .context("unsharing namespaces")?;
+    laps.lap("unshare");
     // Close-on-exec: only the copy init places on fd 3 may outlive its exec,
     // or the end-of-file this process waits for would never come.
     let (ready_rx, ready_tx) =
@@ -406,7 +412,9 @@ fn boot(plan: &BootPlan) -> anyhow::Result<()> {
                 let _ = waitpid(child, None);
                 bail!("sandbox init failed: {message}");
             }
-            println!("{child}");
+            // Init's root, hostname and loopback, and the agent's start.
+            laps.lap("init");
+            print!("{}", laps.report(child.as_raw()).render());
             Ok(())
         }
     }
