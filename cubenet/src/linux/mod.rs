@@ -2,7 +2,8 @@
 //! compiled and golden-tested everywhere) and, on Linux only, the executor
 //! that applies them and plumbs the bridge and one veth per sandbox
 //! (`HostNetwork`), with its background detaches (`janitor`), its
-//! rtnetlink requests (`netlink`) and the tools it spawns (`tools`).
+//! rtnetlink requests (`netlink`), its nftables transactions in-process
+//! (`libnft`) and the tools it spawns (`tools`).
 
 pub mod nft;
 
@@ -10,6 +11,8 @@ pub mod nft;
 mod host_network;
 #[cfg(target_os = "linux")]
 mod janitor;
+#[cfg(target_os = "linux")]
+mod libnft;
 #[cfg(target_os = "linux")]
 mod netlink;
 #[cfg(target_os = "linux")]

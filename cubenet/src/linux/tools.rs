@@ -1,16 +1,23 @@
-//! The host tools the Linux backend still spawns: `nft` for every rule
-//! change (one script, one transaction) and `ip -batch` for the bridge's
-//! set-up and the removal of stray veths.
+//! The host tools the Linux backend still spawns: `nft` for a rule change
+//! libnftables cannot take in-process (see `libnft`) and for queries, and
+//! `ip -batch` for the bridge's set-up and the removal of stray veths.
 
 use std::process::{Command, Stdio};
 
 use anyhow::Context;
 
+use super::libnft::LibNft;
 use crate::process;
 
-/// Applies one nft script as one transaction.
+/// Applies one nft script as one transaction: in this process through
+/// libnftables when the calling thread is in the namespace its context
+/// writes to, else (no library, or a thread in another namespace) with the
+/// `nft` program.
 pub fn nft_apply(script: &str) -> anyhow::Result<()> {
-    process::run(Command::new("nft").args(["-f", "-"]), Some(script)).map(drop).context("nft")
+    match LibNft::shared() {
+        Some(lib) if lib.serves_this_thread() => lib.apply(script).context("nft"),
+        _ => process::run(Command::new("nft").args(["-f", "-"]), Some(script)).map(drop).context("nft"),
+    }
 }
 
 /// Whether nftables has the `inet` table `table`.
