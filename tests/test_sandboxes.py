@@ -228,7 +228,8 @@ def test_a_cold_create_says_where_its_boot_went(gateway):
             name, dur = metric.strip().split(";dur=")
             timing[name] = float(dur)
         wanted = {"boot_disk", "boot_cgroups", "boot_jail_spawn", "boot_jail_stage", "boot_jail_userns",
-                  "boot_jail_unshare", "boot_jail_init", "boot_attach", "boot_attach_rules", "boot_service"}
+                  "boot_jail_unshare", "boot_jail_root", "boot_jail_mask", "boot_jail_agent", "boot_attach",
+                  "boot_attach_rules", "boot_service"}
         assert wanted <= timing.keys(), timing
         # `attach_*` are the parts of `attach`.
         top = [v for k, v in timing.items() if k.startswith("boot_") and not k.startswith("boot_attach_")]

@@ -29,6 +29,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::net::UnixListener;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use nix::mount::{MntFlags, MsFlags, mount, umount2};
@@ -37,7 +38,7 @@ use nix::sys::wait::{WaitStatus, waitpid};
 use nix::unistd::{ForkResult, Pid, chdir, fork, pivot_root, sethostname};
 use serde::{Deserialize, Serialize};
 
-use super::boot_report::Laps;
+use super::boot_report::{Laps, parse_steps, render_steps};
 use crate::handoff::{AGENT_MOUNT, AGENT_NAME, SOCKET_MOUNT, SOCKET_NAME};
 
 /// The fd on which the second stage of init finds the readiness pipe.
@@ -407,13 +408,19 @@ fn boot(plan: &BootPlan) -> anyhow::Result<()> {
             drop(ready_tx);
             let mut message = String::new();
             fs::File::from(ready_rx).read_to_string(&mut message).context("waiting for init")?;
+            // Init's own times come first, on a line of their own.
+            let (init_steps, message) = match message.strip_prefix(STEPS) {
+                Some(rest) => rest.split_once('\n').unwrap_or((rest, "")),
+                None => ("", message.as_str()),
+            };
             if message != READY {
                 let _ = nix::sys::signal::kill(child, nix::sys::signal::Signal::SIGKILL);
                 let _ = waitpid(child, None);
                 bail!("sandbox init failed: {message}");
             }
-            // Init's root, hostname and loopback, and the agent's start.
-            laps.lap("init");
+            let init_steps = parse_steps(init_steps).context("init reported bad step times")?;
+            // `agent`: the hostname, loopback, the agent's exec and socket.
+            laps.lap_with_parts("", init_steps, "agent");
             print!("{}", laps.report(child.as_raw()).render());
             Ok(())
         }
@@ -423,6 +430,9 @@ fn boot(plan: &BootPlan) -> anyhow::Result<()> {
 /// What init writes to the readiness pipe once the agent runs; anything
 /// else is an error message.
 const READY: &str = "ready";
+/// Starts the line of step times init writes before the second stage's
+/// readiness.
+const STEPS: &str = "steps ";
 
 /// First stage of init, pid 1 of the new pid namespace: sets the sandbox up
 /// and executes the agent binary from inside it, handing over `report` as
@@ -431,7 +441,9 @@ fn enter(plan: &BootPlan, report: &fs::File) -> anyhow::Error {
     let result = (|| -> anyhow::Result<std::convert::Infallible> {
         // A checkpoint of the sandbox must not refer to a session outside it.
         nix::unistd::setsid().context("becoming a session leader")?;
-        build_root(plan)?;
+        let started = Instant::now();
+        let masking = build_root(plan)?;
+        let steps = [("root".to_string(), started.elapsed().saturating_sub(masking)), ("mask".to_string(), masking)];
         sethostname(&plan.hostname).context("setting the hostname")?;
         loopback_up().context("bringing up lo")?;
         detach_stdio().context("detaching from the boot process's output")?;
@@ -439,6 +451,9 @@ fn enter(plan: &BootPlan, report: &fs::File) -> anyhow::Error {
         // the copy is not close-on-exec, so it survives into the second stage.
         crate::syscall::check(unsafe { libc::dup2(report.as_raw_fd(), REPORT_FD) })
             .context("passing on the readiness pipe")?;
+        (&*report)
+            .write_all(format!("{STEPS}{}\n", render_steps(&steps)).as_bytes())
+            .context("reporting step times")?;
         // Whatever else the gateway's own parent left open (not
         // close-on-exec) would end up in the sandbox: close it.
         // SAFETY: closes descriptors above the readiness pipe; nothing in
@@ -540,7 +555,9 @@ fn mask(root: &Path, null: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn build_root(plan: &BootPlan) -> anyhow::Result<()> {
+/// Returns how long masking took (runc's masked paths, most of init's
+/// mounts), so a boot's report can show it apart.
+fn build_root(plan: &BootPlan) -> anyhow::Result<Duration> {
     let none: Option<&str> = None;
     // The overlay came from the host's mount namespace, so it is locked here
     // and pivot_root refuses it; a bind of it onto itself is this
@@ -577,7 +594,9 @@ fn build_root(plan: &BootPlan) -> anyhow::Result<()> {
         let host = Path::new("/dev").join(name);
         mount(Some(&host), &node, none, MsFlags::MS_BIND, none).with_context(|| format!("binding /dev/{name}"))?;
     }
+    let masking = Instant::now();
     mask(root, &dev.join("null"))?;
+    let masking = masking.elapsed();
     for (link, target) in [
         ("fd", "/proc/self/fd"),
         ("stdin", "/proc/self/fd/0"),
@@ -618,7 +637,7 @@ fn build_root(plan: &BootPlan) -> anyhow::Result<()> {
     pivot_root(".", ".").context("pivot_root")?;
     umount2(".", MntFlags::MNT_DETACH).context("detaching the host root")?;
     chdir("/").context("chdir /")?;
-    Ok(())
+    Ok(masking)
 }
 
 /// Opens (making what is missing, as the sandbox's root) the directory at

@@ -16,27 +16,35 @@ pub struct BootReport {
 impl BootReport {
     /// `1234\ncgroups=15 stage=310\n`: times in microseconds.
     pub fn render(&self) -> String {
-        let steps: Vec<String> = self.steps.iter().map(|(name, took)| format!("{name}={}", took.as_micros())).collect();
-        format!("{}\n{}\n", self.init_pid, steps.join(" "))
+        format!("{}\n{}\n", self.init_pid, render_steps(&self.steps))
     }
 
     pub fn parse(printed: &str) -> anyhow::Result<Self> {
         let mut lines = printed.lines();
         let init_pid = lines.next().unwrap_or_default().trim().parse().context("boot printed no init pid")?;
-        let mut steps = Vec::new();
-        for field in lines.next().unwrap_or_default().split_whitespace() {
-            let Some((name, micros)) = field.split_once('=') else {
-                bail!("boot printed a step without a time: {field:?}")
-            };
-            // Names end up in a response header.
-            if name.is_empty() || !name.bytes().all(|b| b.is_ascii_lowercase() || b == b'_') {
-                bail!("boot printed a bad step name: {field:?}");
-            }
-            let micros: u64 = micros.parse().with_context(|| format!("boot printed a bad step time: {field:?}"))?;
-            steps.push((name.to_string(), Duration::from_micros(micros)));
-        }
+        let steps = parse_steps(lines.next().unwrap_or_default()).context("boot printed bad step times")?;
         Ok(Self { init_pid, steps })
     }
+}
+
+/// `root=310 mask=77`: step names and times in microseconds.
+pub fn render_steps(steps: &[(String, Duration)]) -> String {
+    let fields: Vec<String> = steps.iter().map(|(name, took)| format!("{name}={}", took.as_micros())).collect();
+    fields.join(" ")
+}
+
+pub fn parse_steps(line: &str) -> anyhow::Result<Vec<(String, Duration)>> {
+    let mut steps = Vec::new();
+    for field in line.split_whitespace() {
+        let Some((name, micros)) = field.split_once('=') else { bail!("a step without a time: {field:?}") };
+        // Names end up in a response header.
+        if name.is_empty() || !name.bytes().all(|b| b.is_ascii_lowercase() || b == b'_') {
+            bail!("a bad step name: {field:?}");
+        }
+        let micros: u64 = micros.parse().with_context(|| format!("a bad step time: {field:?}"))?;
+        steps.push((name.to_string(), Duration::from_micros(micros)));
+    }
+    Ok(steps)
 }
 
 /// Times consecutive steps of one process: each lap is the time since the
@@ -54,6 +62,17 @@ impl Laps {
     pub fn lap(&mut self, name: &str) {
         let now = Instant::now();
         self.steps.push((name.to_string(), now - self.last));
+        self.last = now;
+    }
+
+    /// A lap another process timed parts of: `parts` (named `<prefix><part>`)
+    /// and what they leave of the lap, as `<prefix><rest>`.
+    pub fn lap_with_parts(&mut self, prefix: &str, parts: Vec<(String, Duration)>, rest: &str) {
+        let now = Instant::now();
+        let timed: Duration = parts.iter().map(|(_, took)| *took).sum();
+        let rest_took = (now - self.last).saturating_sub(timed);
+        self.steps.extend(parts.into_iter().map(|(name, took)| (format!("{prefix}{name}"), took)));
+        self.steps.push((format!("{prefix}{rest}"), rest_took));
         self.last = now;
     }
 
@@ -88,6 +107,18 @@ mod tests {
         assert!(BootReport::parse("12\nstage=fast\n").is_err());
         assert!(BootReport::parse("12\nSt\u{e4}ge=5\n").is_err());
         assert!(BootReport::parse("12\n=5\n").is_err());
+    }
+
+    #[test]
+    fn parts_timed_elsewhere_leave_the_rest_of_their_lap() {
+        let mut laps = Laps::start();
+        std::thread::sleep(Duration::from_millis(3));
+        laps.lap_with_parts("init_", vec![("root".into(), Duration::from_millis(1))], "agent");
+        let report = laps.report(1);
+        assert_eq!(report.steps[0], ("init_root".to_string(), Duration::from_millis(1)));
+        assert_eq!(report.steps[1].0, "init_agent");
+        assert!(report.steps[1].1 >= Duration::from_millis(2));
+        assert_eq!(parse_steps(&render_steps(&report.steps)).unwrap().len(), 2);
     }
 
     #[test]
