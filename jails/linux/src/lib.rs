@@ -265,9 +265,7 @@ impl LinuxSubstrate {
         // handing it the plan.
         let inside: std::time::Duration = report.steps.iter().map(|(_, took)| *took).sum();
         phases.note("jail_spawn", launch.saturating_sub(inside));
-        for (step, took) in &report.steps {
-            phases.note(&format!("jail_{step}"), *took);
-        }
+        phases.extend_prefixed("jail_", report.steps);
         let pid = report.init_pid;
         let init_start = process_start_time(pid).context("init vanished right after boot")?;
         Ok(Placement { init_pid: pid, init_start })
@@ -444,9 +442,7 @@ impl Substrate for LinuxSubstrate {
                 let attached = std::time::Instant::now();
                 let steps = network.attach(&spec.id, placement.init_pid, wanted)?;
                 phases.note("attach", attached.elapsed());
-                for (step, took) in steps {
-                    phases.note(&format!("attach_{step}"), took);
-                }
+                phases.extend_prefixed("attach_", steps);
             }
             Ok(placement)
         };

@@ -26,19 +26,15 @@ impl Phases {
         out
     }
 
-    /// Every noted step of `other`, each name prefixed with `prefix`.
-    pub fn extend_prefixed(&mut self, prefix: &str, other: Phases) {
-        for (name, took) in other.0 {
-            self.note(&format!("{prefix}{name}"), took);
+    /// Notes each of `steps`, its name prefixed with `prefix`.
+    pub fn extend_prefixed<S: AsRef<str>>(&mut self, prefix: &str, steps: impl IntoIterator<Item = (S, Duration)>) {
+        for (name, took) in steps {
+            self.note(&format!("{prefix}{}", name.as_ref()), took);
         }
     }
 
     pub fn iter(&self) -> impl Iterator<Item = (&str, Duration)> {
         self.0.iter().map(|(n, d)| (n.as_str(), *d))
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
     }
 }
 
@@ -54,7 +50,7 @@ mod tests {
         phases.note("disk", Duration::from_millis(3));
         let mut jail = Phases::default();
         jail.note("userns", Duration::from_micros(400));
-        phases.extend_prefixed("jail_", jail);
+        phases.extend_prefixed("jail_", jail.0);
         let seen: Vec<_> = phases.iter().collect();
         assert_eq!(
             seen,

@@ -420,7 +420,7 @@ fn boot(plan: &BootPlan) -> anyhow::Result<()> {
             }
             let init_steps = parse_steps(init_steps).context("init reported bad step times")?;
             // `agent`: the hostname, loopback, the agent's exec and socket.
-            laps.lap_with_parts("", init_steps, "agent");
+            laps.lap_with_parts(init_steps, "agent");
             print!("{}", laps.report(child.as_raw()).render());
             Ok(())
         }

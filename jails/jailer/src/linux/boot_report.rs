@@ -65,14 +65,14 @@ impl Laps {
         self.last = now;
     }
 
-    /// A lap another process timed parts of: `parts` (named `<prefix><part>`)
-    /// and what they leave of the lap, as `<prefix><rest>`.
-    pub fn lap_with_parts(&mut self, prefix: &str, parts: Vec<(String, Duration)>, rest: &str) {
+    /// A lap another process timed parts of: `parts`, then what they leave
+    /// of the lap, as `rest`.
+    pub fn lap_with_parts(&mut self, parts: Vec<(String, Duration)>, rest: &str) {
         let now = Instant::now();
         let timed: Duration = parts.iter().map(|(_, took)| *took).sum();
         let rest_took = (now - self.last).saturating_sub(timed);
-        self.steps.extend(parts.into_iter().map(|(name, took)| (format!("{prefix}{name}"), took)));
-        self.steps.push((format!("{prefix}{rest}"), rest_took));
+        self.steps.extend(parts);
+        self.steps.push((rest.to_string(), rest_took));
         self.last = now;
     }
 
@@ -113,10 +113,10 @@ mod tests {
     fn parts_timed_elsewhere_leave_the_rest_of_their_lap() {
         let mut laps = Laps::start();
         std::thread::sleep(Duration::from_millis(3));
-        laps.lap_with_parts("init_", vec![("root".into(), Duration::from_millis(1))], "agent");
+        laps.lap_with_parts(vec![("root".into(), Duration::from_millis(1))], "agent");
         let report = laps.report(1);
-        assert_eq!(report.steps[0], ("init_root".to_string(), Duration::from_millis(1)));
-        assert_eq!(report.steps[1].0, "init_agent");
+        assert_eq!(report.steps[0], ("root".to_string(), Duration::from_millis(1)));
+        assert_eq!(report.steps[1].0, "agent");
         assert!(report.steps[1].1 >= Duration::from_millis(2));
         assert_eq!(parse_steps(&render_steps(&report.steps)).unwrap().len(), 2);
     }
