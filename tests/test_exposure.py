@@ -11,6 +11,7 @@ import time
 import httpx
 import pytest
 from e2b import Sandbox
+from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect as websocket_connect
 
 from conftest import API_KEY
@@ -73,6 +74,32 @@ def test_websocket_echo_through_the_gateway(gateway, served):
         payload = bytes(range(256)) * 400  # > 64 KiB: an extended-length frame
         ws.send(payload)
         assert ws.recv(timeout=10) == payload
+
+
+def test_a_websocket_upgrade_while_the_server_starts_gets_an_answer(gateway, sandbox):
+    """Upgrades sent back to back while a server starts (closed port, bound
+    but not yet listening, listening but not yet accepting) each get a 502
+    or a 101 at once, never silence: a CI run once saw a handshake sent at
+    that moment go unanswered for 10 s."""
+    sandbox.files.write("/tmp/server.py", SERVER)
+    host = sandbox.get_host(PORT)
+    for _ in range(6):
+        started = sandbox.commands.run(f"sleep 0.3; exec python3 /tmp/server.py {PORT}", background=True)
+        refused, deadline = 0, time.monotonic() + 20
+        while True:
+            sock = socket.create_connection(("127.0.0.1", gateway.port), timeout=10)
+            try:
+                ws = websocket_connect(f"ws://{host}/ws", sock=sock, open_timeout=5, close_timeout=5)
+                break
+            except InvalidStatus as e:
+                assert e.response.status_code == 502 and time.monotonic() < deadline
+                refused += 1
+                time.sleep(0.01)
+        with ws:
+            ws.send("up")
+            assert ws.recv(timeout=10) == "up"
+        assert refused > 0, "the first upgrade was sent after the server started: nothing raced"
+        started.kill()
 
 
 def test_agent_port_answers_by_host_name(gateway, sandbox):
