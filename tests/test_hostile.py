@@ -2420,3 +2420,53 @@ def test_a_huge_or_garbage_ca_cert_is_refused_and_a_good_one_never_returned(gate
         assert sbx.get_info().network["egress_proxy"] == {"address": address, "tls": {}}
     finally:
         sbx.kill()
+
+
+# The image-builds gateway of test_images (a registry mirror of its own).
+from test_images import builder, drop, image_with  # noqa: E402,F401
+
+
+@pytest.mark.timeout(600, func_only=True)
+def test_an_images_template_is_reached_only_through_a_team_template_built_on_it(builder):
+    # An image's template may hold a team's private image: no listing names
+    # it, no create or `from_template` reaches it, a refusal's list of
+    # templates names none, and a team template of its name is only that.
+    from e2b import Template
+    from e2b.exceptions import BuildException
+
+    repository = f"copse-test/hidden-{os.urandom(3).hex()}"
+    digest = image_with(builder, builder.public, repository)
+    internal = f"image-{digest.removeprefix('sha256:')[:16]}"
+    name = f"hidden-{os.urandom(3).hex()}"
+    headers = {"X-API-KEY": builder.env["api_key"]}
+    try:
+        Template.build(Template().from_image(f"{repository}:1").run_cmd("true"), alias=name, **builder.env)
+        assert (builder.data_dir / "templates" / internal).is_dir()
+        for path in ("/templates", "/default-templates"):
+            listed = httpx.get(builder.url + path, headers=headers, timeout=30)
+            assert listed.status_code == 200 and "image-" not in listed.text, (path, listed.text)
+        refused = httpx.post(builder.url + "/sandboxes", json={"templateID": internal, "timeout": 30},
+                             headers=headers, timeout=60)
+        assert refused.status_code in (400, 404), refused.text
+        assert "image-" not in refused.json()["message"].replace(internal, ""), refused.text
+        with pytest.raises(BuildException) as based:
+            Template.build(Template().from_template(internal).run_cmd("true"), alias=f"{name}-on", **builder.env)
+        assert "image-" not in str(based.value).replace(internal, ""), based.value
+        # A team's own template of that name is its own: its files, not the
+        # image's, and deleting it leaves the image's template alone.
+        Template.build(Template().from_template("base").run_cmd("touch /tmp/own"), alias=internal, **builder.env)
+        own = Sandbox.create(internal, timeout=60, **builder.env)
+        try:
+            assert own.commands.run("[ -e /tmp/own ] && [ ! -e /etc/image-marker ]").exit_code == 0
+        finally:
+            own.kill()
+        drop(builder, internal)
+        assert (builder.data_dir / "templates" / internal).is_dir()
+        sbx = Sandbox.create(name, timeout=60, **builder.env)
+        try:
+            assert sbx.commands.run("read -r m < /etc/image-marker").exit_code == 0
+        finally:
+            sbx.kill()
+    finally:
+        drop(builder, internal)
+        drop(builder, name)

@@ -113,6 +113,11 @@ def test_a_built_in_template_cannot_be_replaced_by_an_image(gateway, registry):
     out = copse_pull("docker.io/copse-test/tiny:1", "base", registry)
     assert out.returncode != 0
     assert "built-in" in out.stderr
+    # Nor can an operator's pull take a name of the templates builds
+    # unpack images into: those are collected once unused.
+    out = copse_pull("docker.io/copse-test/tiny:1", "image-0123456789abcdef", registry)
+    assert out.returncode != 0
+    assert "collected once unused" in out.stderr
 
 
 # Builds through the SDK's `Template.build` from images: a gateway of its own
@@ -201,6 +206,49 @@ def test_a_template_built_from_an_image_runs_its_steps_with_the_images_env_and_w
     finally:
         drop(builder, name)
         drop(builder, again)
+
+
+@pytest.mark.timeout(600, func_only=True)
+def test_an_image_template_goes_with_the_last_template_and_sandbox_standing_on_it(builder):
+    repository = f"copse-test/gc-{uuid.uuid4().hex[:6]}"
+    digest = image_with(builder, builder.public, repository)
+    unpacked = builder.data_dir / "templates" / f"image-{digest.removeprefix('sha256:')[:16]}"
+    first, second = f"gc-{uuid.uuid4().hex[:6]}", f"gc-{uuid.uuid4().hex[:6]}"
+    sbx = None
+    try:
+        for name in (first, second):
+            Template.build(Template().from_image(f"{repository}:1").run_cmd("echo $RANDOM > /tmp/x"), alias=name,
+                           **builder.env)
+        assert unpacked.is_dir()
+        sbx = Sandbox.create(first, timeout=120, **builder.env)
+        drop(builder, first)
+        assert unpacked.is_dir(), "the second template still stands on it"
+        drop(builder, second)
+        # No template uses it; the sandbox still runs on it.
+        assert unpacked.is_dir()
+        assert sbx.commands.run("read -r m < /etc/image-marker && read -r x < /tmp/x").exit_code == 0
+        sbx.kill()
+        sbx = None
+        assert not unpacked.exists(), "collected once its last sandbox went"
+        assert not list(unpacked.parent.glob(f".{unpacked.name}.*")), "nothing of it left aside"
+
+        # A new build of that image unpacks it again and runs.
+        lines = []
+        Template.build(Template().from_image(f"{repository}:1").run_cmd("true"), alias=first,
+                       on_build_logs=lines.append, **builder.env)
+        assert any("unpacking the image into template image-" in e.message for e in lines), lines
+        again = Sandbox.create(first, timeout=60, **builder.env)
+        try:
+            assert again.commands.run("read -r m < /etc/image-marker").exit_code == 0
+        finally:
+            again.kill()
+        assert unpacked.is_dir(), "the template still stands on it"
+    finally:
+        if sbx is not None:
+            sbx.kill()
+        drop(builder, first)
+        drop(builder, second)
+    assert not unpacked.exists()
 
 
 @pytest.mark.timeout(600, func_only=True)

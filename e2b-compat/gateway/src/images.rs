@@ -53,6 +53,10 @@ pub fn pull_template(
         !crate::templates::recipes().iter().any(|r| r.name == name),
         "{name} is a built-in template; pick another --name"
     );
+    anyhow::ensure!(
+        !crate::service::is_image_template(name),
+        "{name} is a name copse gives the templates its builds unpack images into (collected once unused); pick another --name"
+    );
     let cache = BlobCache::open(&blob_dir(data_dir))?;
     let pulled = tokio::runtime::Builder::new_current_thread()
         .enable_all()

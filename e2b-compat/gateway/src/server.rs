@@ -156,6 +156,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     if interrupted > 0 {
         tracing::info!(interrupted, "template builds interrupted by the previous run ended in error");
     }
+    svc.collect_image_templates().await;
     let reaper = reaper::spawn(&svc);
     let refresher = directory.spawn_refresher();
     let warmer = svc.spawn_warmer();

@@ -175,17 +175,28 @@ impl LayerStore {
         self.collect(sandboxes)
     }
 
+    /// Runs `remove` (template `template`'s removal) unless a snapshot or a
+    /// sandbox under `sandboxes` stacks on the template: `Ok(false)` then.
+    /// Under the lock [`Self::pin`] takes, so no boot starts stacking on it
+    /// between the look and the removal.
+    pub fn unless_stacked_on(
+        &self,
+        template: &str,
+        sandboxes: &Path,
+        remove: impl FnOnce() -> anyhow::Result<()>,
+    ) -> anyhow::Result<bool> {
+        let _guard = self.guard();
+        let in_snapshot = self.files()?.iter().any(|(_, f)| f.base.template == template);
+        if in_snapshot || sandbox_bases(sandboxes).any(|b| b.template == template) {
+            return Ok(false);
+        }
+        remove()?;
+        Ok(true)
+    }
+
     fn collect(&self, sandboxes: &Path) -> anyhow::Result<()> {
         let mut named: HashSet<String> = self.files()?.into_iter().flat_map(|(_, f)| f.base.layers).collect();
-        if let Ok(entries) = fs::read_dir(sandboxes) {
-            for entry in entries.filter_map(Result::ok) {
-                if let Ok(bytes) = fs::read(entry.path().join("base.json"))
-                    && let Ok(base) = serde_json::from_slice::<Base>(&bytes)
-                {
-                    named.extend(base.layers);
-                }
-            }
-        }
+        named.extend(sandbox_bases(sandboxes).flat_map(|b| b.layers));
         for entry in fs::read_dir(&self.layers)?.filter_map(Result::ok) {
             let name = entry.file_name().to_string_lossy().into_owned();
             if !named.contains(&name) && name != ".lock" {
@@ -294,6 +305,16 @@ impl LayerStore {
 
 /// Where an export holds a memory checkpoint's images.
 const CHECKPOINT: &str = "checkpoint";
+
+/// What each sandbox under `sandboxes` stacks on, as its boot pinned it.
+fn sandbox_bases(sandboxes: &Path) -> impl Iterator<Item = Base> {
+    fs::read_dir(sandboxes)
+        .into_iter()
+        .flatten()
+        .filter_map(Result::ok)
+        .filter_map(|entry| fs::read(entry.path().join("base.json")).ok())
+        .filter_map(|bytes| serde_json::from_slice::<Base>(&bytes).ok())
+}
 
 /// A checkpoint directory's own name, safe inside a tar `--transform`.
 fn checkpoint_name(dir: &Path) -> anyhow::Result<&str> {
@@ -456,6 +477,30 @@ mod tests {
         fs::remove_dir_all(&sandbox).unwrap();
         store.collect_garbage(&sandboxes).unwrap();
         assert!(!store.layer_dir(&layer).exists());
+    }
+
+    #[test]
+    fn a_template_is_removed_only_once_no_snapshot_or_sandbox_stacks_on_it() {
+        let (dir, store) = store();
+        let sandboxes = dir.path().join("sandboxes");
+        let removed = std::cell::Cell::new(0);
+        let remove = || {
+            removed.set(removed.get() + 1);
+            Ok(())
+        };
+        let u = upper(dir.path(), "u", &[("f", "x")]);
+        store.capture("s1", &u, &Base { template: "image-a".into(), layers: vec![] }).unwrap();
+        let sandbox = sandboxes.join("sbx");
+        fs::create_dir_all(&sandbox).unwrap();
+        store.pin(&sandbox, None, "image-a").unwrap();
+
+        assert!(!store.unless_stacked_on("image-a", &sandboxes, remove).unwrap(), "a snapshot and a sandbox");
+        store.delete("s1", &sandboxes).unwrap();
+        assert!(!store.unless_stacked_on("image-a", &sandboxes, remove).unwrap(), "a sandbox");
+        assert!(store.unless_stacked_on("base", &sandboxes, remove).unwrap(), "another template's");
+        fs::remove_dir_all(&sandbox).unwrap();
+        assert!(store.unless_stacked_on("image-a", &sandboxes, remove).unwrap());
+        assert_eq!(removed.get(), 2);
     }
 
     #[test]

@@ -426,6 +426,14 @@ impl Substrate for LinuxSubstrate {
         self.templates.import(name, fingerprint, fill, progress)
     }
 
+    fn delete_template(&self, name: &str) -> anyhow::Result<bool> {
+        copse_substrate::template::validate_name(name).map_err(SubstrateError::Invalid)?;
+        if self.templates.get(name).is_none() {
+            return Err(SubstrateError::NotFound(format!("template {name} not found")).into());
+        }
+        self.layers.unless_stacked_on(name, &self.sandboxes, || self.templates.remove(name))
+    }
+
     fn create(&self, spec: &SandboxSpec) -> anyhow::Result<Placement> {
         self.create_timed(spec, &mut Phases::default())
     }

@@ -38,6 +38,19 @@ impl TemplateStore {
         serde_json::from_str(&text).ok()
     }
 
+    /// Removes template `name` and the older root a rebuild moved aside.
+    /// It leaves the listing first, by a rename, so a crash midway leaves
+    /// no half template under its name (the next removal of that name
+    /// finishes the leftover).
+    pub fn remove(&self, name: &str) -> anyhow::Result<()> {
+        validate_name(name).map_err(copse_substrate::SubstrateError::Invalid)?;
+        let doomed = self.dir.join(format!(".{name}.deleted"));
+        remove_tree(&doomed)?;
+        fs::rename(self.dir.join(name), &doomed).with_context(|| format!("taking template {name} out"))?;
+        remove_tree(&doomed)?;
+        remove_tree(&self.dir.join(format!(".{name}.replaced")))
+    }
+
     pub fn list(&self) -> anyhow::Result<Vec<TemplateInfo>> {
         let Ok(entries) = fs::read_dir(&self.dir) else { return Ok(Vec::new()) };
         let mut out: Vec<TemplateInfo> = entries
@@ -266,6 +279,30 @@ pub fn tree_size(path: &Path) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_removed_template_leaves_the_listing_with_its_replaced_root() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = TemplateStore::new(dir.path());
+        for name in ["image-a", "image-b", ".image-a.replaced"] {
+            let root = store.dir.join(name);
+            fs::create_dir_all(root.join("rootfs/etc")).unwrap();
+            let info = TemplateInfo {
+                name: name.into(),
+                built_at: 0,
+                size_bytes: 0,
+                backend: Default::default(),
+                recipe: "sha256:x".into(),
+            };
+            fs::write(root.join(INFO_FILE), serde_json::to_vec(&info).unwrap()).unwrap();
+        }
+        store.remove("image-a").unwrap();
+        assert_eq!(store.list().unwrap().iter().map(|t| t.name.as_str()).collect::<Vec<_>>(), ["image-b"]);
+        let left: Vec<_> = fs::read_dir(&store.dir).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert_eq!(left, ["image-b"]);
+        assert!(store.remove("image-a").is_err(), "already gone");
+        assert!(store.remove("../etc").is_err());
+    }
 
     #[test]
     fn plan_bootstraps_installs_adds_the_sandbox_user_then_cleans() {

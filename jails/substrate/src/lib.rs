@@ -185,6 +185,18 @@ pub trait Substrate: Send + Sync + 'static {
         .into())
     }
 
+    /// Removes template `name`, one [`Self::import_template`] made, unless
+    /// a sandbox or a snapshot still stacks on it: `Ok(false)` then, and
+    /// nothing changed. The gateway asks it only of templates it made for
+    /// its own builds, never of those copse ships.
+    fn delete_template(&self, name: &str) -> anyhow::Result<bool> {
+        Err(SubstrateError::Unsupported(format!(
+            "template {name}: the {} substrate cannot delete templates",
+            self.name()
+        ))
+        .into())
+    }
+
     /// Boot a sandbox. On error nothing of it is left behind.
     fn create(&self, spec: &SandboxSpec) -> anyhow::Result<Placement>;
 

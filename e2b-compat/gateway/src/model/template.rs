@@ -64,6 +64,21 @@ pub struct Build {
 }
 
 impl Build {
+    /// A build with an empty log, for tests.
+    #[cfg(test)]
+    pub fn example(status: BuildStatus) -> Self {
+        Self {
+            id: "b".into(),
+            status,
+            log: vec![],
+            failure: None,
+            created_at_ms: 0,
+            updated_at_ms: 0,
+            cpu_count: 1,
+            memory_mb: 512,
+        }
+    }
+
     pub fn push(&mut self, line: BuildLine) {
         if self.log.len() >= MAX_BUILD_LOG_LINES {
             self.log.pop();
@@ -181,16 +196,7 @@ mod tests {
 
     #[test]
     fn a_build_log_is_bounded() {
-        let mut build = Build {
-            id: "b".into(),
-            status: BuildStatus::Building,
-            log: vec![],
-            failure: None,
-            created_at_ms: 0,
-            updated_at_ms: 0,
-            cpu_count: 1,
-            memory_mb: 512,
-        };
+        let mut build = Build::example(BuildStatus::Building);
         for i in 0..MAX_BUILD_LOG_LINES + 10 {
             build.push(BuildLine { at_ms: i as i64, level: "info".into(), message: i.to_string(), step: None });
         }

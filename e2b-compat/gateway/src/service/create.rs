@@ -181,7 +181,7 @@ impl Sandboxes {
                     booted
                 }
                 None => {
-                    self.check_template(&request.template).await?;
+                    self.check_template(&request.template, request.for_build).await?;
                     origin.template = Some(request.template.clone());
                     match request.volumes.is_empty() {
                         // A warm snapshot holds memory: no mounts under it.
@@ -256,7 +256,7 @@ impl Sandboxes {
     /// A new sandbox of `template` under `policy`, booted and its service
     /// started.
     pub(super) async fn boot(&self, template: &str, policy: &Policy) -> Result<Booted> {
-        self.check_template(template).await?;
+        self.check_template(template, false).await?;
         self.boot_warm_or_cold(template, policy).await
     }
 
@@ -375,9 +375,16 @@ impl Sandboxes {
         self.store.put(record)
     }
 
-    pub(super) async fn check_template(&self, name: &str) -> Result<()> {
+    pub(super) async fn check_template(&self, name: &str, for_build: bool) -> Result<()> {
         let templates = self.templates().await?;
         if templates.iter().any(|t| t.name == name) {
+            return Ok(());
+        }
+        // A build boots its image's template (and only a build does).
+        if for_build
+            && super::is_image_template(name)
+            && self.substrate_templates().await?.iter().any(|t| t.name == name)
+        {
             return Ok(());
         }
         let available: Vec<String> = templates.into_iter().map(|t| t.name).collect();

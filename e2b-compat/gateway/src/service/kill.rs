@@ -51,6 +51,7 @@ impl Sandboxes {
         self.cpu_samples.forget(id);
         self.metric_history.forget(id);
         self.transitions.forget(id);
+        self.collect_waiting_image_templates().await;
         Ok(())
     }
 

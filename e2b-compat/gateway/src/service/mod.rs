@@ -42,7 +42,7 @@ use crate::pool::WarmPool;
 
 pub use builds::labels::{page, sort_tags};
 pub use builds::logs::{LogWindow, window as log_window};
-pub use builds::{BuildSpec, MAX_UPLOAD_BYTES, RawStep};
+pub use builds::{BuildSpec, MAX_UPLOAD_BYTES, RawStep, is_image_template};
 pub use create::{CreateRequest, Timings};
 pub use fork::{MAX_CLONES, MAX_FORKS};
 pub use metrics::Metric;
@@ -171,8 +171,18 @@ impl Sandboxes {
         self.substrate.name()
     }
 
-    /// The templates built on this host.
+    /// The templates built on this host that callers may name. An image's
+    /// template is only ever a build's base: the image may come from one
+    /// team's private registry, so no listing shows it and no create or
+    /// `from_template` reaches it; a team reaches its files through its own
+    /// built template.
     pub async fn templates(&self) -> Result<Vec<TemplateInfo>> {
+        let all = self.substrate_templates().await?;
+        Ok(all.into_iter().filter(|t| !is_image_template(&t.name)).collect())
+    }
+
+    /// Every template the substrate holds, images' included.
+    pub(super) async fn substrate_templates(&self) -> Result<Vec<TemplateInfo>> {
         self.blocking(|s| s.templates()).await
     }
 

@@ -193,7 +193,9 @@ impl Sandboxes {
     pub async fn delete_snapshot(&self, caller: &Caller, id: &str) -> Result<()> {
         let snapshot = self.snapshot(caller, id)?;
         self.store.remove_snapshot(&snapshot.team, id)?;
-        self.blocking(move |s| s.delete_snapshot(&snapshot.key)).await
+        self.blocking(move |s| s.delete_snapshot(&snapshot.key)).await?;
+        self.collect_waiting_image_templates().await;
+        Ok(())
     }
 
     /// The caller's own snapshot `id`; an admin's, else the first of that

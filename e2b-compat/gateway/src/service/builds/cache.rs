@@ -83,7 +83,8 @@ impl Sandboxes {
     pub(super) async fn base_identity(&self, base: &Base, booted: &str) -> String {
         match base {
             Base::Substrate(_) | Base::Image { .. } => {
-                let built = self.templates().await.ok().and_then(|all| all.into_iter().find(|t| t.name == booted));
+                let built =
+                    self.substrate_templates().await.ok().and_then(|all| all.into_iter().find(|t| t.name == booted));
                 match built {
                     Some(t) => format!("template:{booted}:{}:{}", t.recipe, t.built_at),
                     None => format!("template:{booted}"),

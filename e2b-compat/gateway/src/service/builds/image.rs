@@ -8,6 +8,7 @@
 use std::collections::HashMap;
 use std::future::Future;
 use std::path::PathBuf;
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 
 use copse_images::{BlobCache, Credential, ImageConfig, ImageRef, Registries};
@@ -25,15 +26,33 @@ pub struct ImageSource {
     /// One pull-and-import at a time per reference, so concurrent builds of
     /// one image unpack it once (the later ones find it made).
     imports: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// Held shared by every running build; collecting image templates
+    /// holds it alone (`image_gc.rs`).
+    pub(super) builds: tokio::sync::RwLock<()>,
+    /// A collection left an unused image template that something still
+    /// stacked on.
+    pub(super) waiting: AtomicBool,
 }
 
 impl ImageSource {
     pub fn new(registries: Registries, blob_dir: PathBuf) -> Self {
-        Self { registries, blob_dir, imports: Default::default() }
+        Self {
+            registries,
+            blob_dir,
+            imports: Default::default(),
+            builds: Default::default(),
+            waiting: Default::default(),
+        }
     }
 
     pub fn registries(&self) -> &Registries {
         &self.registries
+    }
+
+    /// Held for the whole of a build: no image template is collected
+    /// meanwhile.
+    pub(super) async fn building(&self) -> tokio::sync::RwLockReadGuard<'_, ()> {
+        self.builds.read().await
     }
 
     fn import_lock(&self, reference: &str) -> Arc<tokio::sync::Mutex<()>> {
@@ -47,6 +66,11 @@ impl ImageSource {
 pub(super) fn template_name(digest: &str) -> String {
     let hex = digest.strip_prefix("sha256:").unwrap_or(digest);
     format!("image-{}", &hex[..hex.len().min(16)])
+}
+
+/// Whether `name` is a template [`template_name`] gave an image.
+pub fn is_image_template(name: &str) -> bool {
+    name.strip_prefix("image-").is_some_and(|hex| !hex.is_empty() && hex.bytes().all(|b| b.is_ascii_hexdigit()))
 }
 
 /// What a build starts from, once its base is ready to boot.
@@ -135,7 +159,7 @@ impl Sandboxes {
             ),
         );
         let name = template_name(&pulled.digest);
-        let made = self.templates().await?.into_iter().any(|t| t.name == name && t.recipe == pulled.digest);
+        let made = self.substrate_templates().await?.into_iter().any(|t| t.name == name && t.recipe == pulled.digest);
         if made {
             console.line("info", Some("base"), format!("template {name} already holds this image: not unpacked again"));
         } else {
@@ -231,6 +255,8 @@ mod tests {
     fn image_templates_are_named_by_digest() {
         let digest = format!("sha256:{}", "ab".repeat(32));
         assert_eq!(template_name(&digest), "image-abababababababab");
+        assert!(is_image_template(&template_name(&digest)));
+        assert!(!is_image_template("image-") && !is_image_template("image-x1") && !is_image_template("base"));
         copse_substrate::template::validate_name(&template_name(&digest)).unwrap();
     }
 

@@ -10,6 +10,7 @@
 
 mod cache;
 mod image;
+mod image_gc;
 pub mod labels;
 pub mod logs;
 mod run;
@@ -24,7 +25,7 @@ use crate::model::{
     Build, BuildStatus, Caller, Image, Result, SandboxError, TemplateRecord, new_id, new_token, new_uuid, now_ms,
     split_template_name, validate_files_hash,
 };
-pub use image::ImageSource;
+pub use image::{ImageSource, is_image_template};
 pub use steps::RawStep;
 pub use uploads::MAX_UPLOAD_BYTES;
 
@@ -160,7 +161,13 @@ impl Sandboxes {
             ready_cmd: spec.ready_cmd.filter(|c| !c.trim().is_empty()),
         };
         let svc = Arc::clone(self);
-        tokio::spawn(async move { svc.run_build(job).await });
+        tokio::spawn(async move {
+            {
+                let _building = svc.images.building().await;
+                svc.run_build(job).await;
+            }
+            svc.collect_image_templates().await;
+        });
         Ok(())
     }
 
@@ -207,7 +214,7 @@ impl Sandboxes {
 
     async fn check_template_or_built(&self, base: &Base) -> Result<()> {
         match base {
-            Base::Substrate(name) => self.check_template(name).await,
+            Base::Substrate(name) => self.check_template(name, false).await,
             Base::Built { .. } | Base::Image { .. } => Ok(()),
         }
     }
@@ -265,6 +272,7 @@ impl Sandboxes {
         self.drop_images(kept.into_iter().map(|k| k.image).collect()).await;
         let collected = self.collect_layers(&record.team, &record.id).await?;
         tracing::info!(template = %record.id, collected, "deleted a built template and its unshared build layers");
+        self.collect_image_templates().await;
         Ok(true)
     }
 
