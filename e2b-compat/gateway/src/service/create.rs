@@ -376,18 +376,12 @@ impl Sandboxes {
     }
 
     pub(super) async fn check_template(&self, name: &str, for_build: bool) -> Result<()> {
-        let templates = self.templates().await?;
-        if templates.iter().any(|t| t.name == name) {
+        let all = self.substrate_templates().await?;
+        // An image's template is a build's to boot, and no one else's.
+        if all.iter().any(|t| t.name == name && (for_build || super::nameable(t))) {
             return Ok(());
         }
-        // A build boots its image's template (and only a build does).
-        if for_build
-            && super::is_image_template(name)
-            && self.substrate_templates().await?.iter().any(|t| t.name == name)
-        {
-            return Ok(());
-        }
-        let available: Vec<String> = templates.into_iter().map(|t| t.name).collect();
+        let available: Vec<String> = all.into_iter().filter(super::nameable).map(|t| t.name).collect();
         Err(SandboxError::UnknownTemplate { name: name.to_string(), available: available.join(", ") })
     }
 }

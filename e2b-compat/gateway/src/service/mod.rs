@@ -86,6 +86,12 @@ pub struct Sandboxes {
     egress_ca: Option<Arc<str>>,
 }
 
+/// Whether callers may name `template`: not an image's (see
+/// [`Sandboxes::templates`]).
+fn nameable(template: &TemplateInfo) -> bool {
+    !is_image_template(&template.name)
+}
+
 impl Sandboxes {
     /// `pools`: (template, size) pairs of sandboxes to keep booted ahead.
     pub fn new(
@@ -177,8 +183,7 @@ impl Sandboxes {
     /// `from_template` reaches it; a team reaches its files through its own
     /// built template.
     pub async fn templates(&self) -> Result<Vec<TemplateInfo>> {
-        let all = self.substrate_templates().await?;
-        Ok(all.into_iter().filter(|t| !is_image_template(&t.name)).collect())
+        Ok(self.substrate_templates().await?.into_iter().filter(nameable).collect())
     }
 
     /// Every template the substrate holds, images' included.

@@ -4,7 +4,7 @@
 //! it. The substrate makes that last check under the lock its boots pin
 //! under; the gateway's part is to never collect while a build runs (a
 //! build may have chosen the image and not booted on it yet), so a pass
-//! runs only when no build holds [`ImageSource::building`].
+//! runs only when no build holds `ImageSource::building`.
 //!
 //! Passes run after a built template is deleted, after every build, at
 //! start, and after a kill or a snapshot deletion while an earlier pass
@@ -14,13 +14,13 @@ use std::collections::BTreeSet;
 use std::sync::atomic::Ordering;
 
 use super::Sandboxes;
-use super::image::{ImageSource, is_image_template};
+use super::image::is_image_template;
 use crate::model::TemplateRecord;
 
 impl Sandboxes {
     /// One pass; what it could not remove yet is looked at again later.
     pub async fn collect_image_templates(&self) {
-        let source: &ImageSource = &self.images;
+        let source = &self.images;
         let Ok(_no_build) = source.builds.try_write() else {
             source.waiting.store(true, Ordering::Relaxed);
             return;
