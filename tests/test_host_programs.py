@@ -163,3 +163,5 @@ def test_each_program_for_serving_and_testing_is_installed(program):
         )
     elif source == "criu":
         assert subprocess.run([path, "check"], capture_output=True).returncode == 0, "`criu check` fails"
+    elif source == "seaweedfs":
+        assert subprocess.run([path, "version"], capture_output=True).returncode == 0, "`weed version` fails"

@@ -2470,3 +2470,64 @@ def test_an_images_template_is_reached_only_through_a_team_template_built_on_it(
     finally:
         drop(builder, internal)
         drop(builder, name)
+
+
+from object_store import copse_snapshot, object_store  # noqa: E402,F401
+
+
+@pytest.mark.timeout(300, func_only=True)
+def test_a_pulled_snapshot_is_only_what_its_manifests_hashes_name(gateway, object_store):
+    """Whoever can write the object store (another host, a leaked bucket
+    key) cannot make `copse snapshot pull` import other bytes than the
+    manifest's chunk hashes name, read keys outside `chunks/`, or trust a
+    manifest whose sizes lie; nothing is imported from a refused pull."""
+    name = f"hashed-{os.urandom(4).hex()}"
+    sbx = Sandbox.create(timeout=120)
+    try:
+        sbx.files.write("/home/user/note", "the real bytes")
+        sbx.create_snapshot(name=name, mode="filesystem")
+    finally:
+        sbx.kill()
+    on_disk = ["--data-dir", str(gateway.data_dir)]
+    copse_snapshot(object_store, "push", name, *on_disk)
+    Sandbox.delete_snapshot(name)
+
+    def refused(*args, says: str):
+        done = copse_snapshot(object_store, "pull", *args, *on_disk, check=False)
+        assert done.returncode != 0 and says in done.stderr, done.stderr[-2000:]
+        listed = [s.snapshot_id for s in Sandbox.list_snapshots().next_items()]
+        assert not any(name in s for s in listed), f"a refused pull imported something: {listed}"
+
+    manifest_key = f"snapshots/default/{name}"
+    manifest_bytes = object_store.read(manifest_key)
+    manifest = json.loads(manifest_bytes)
+    victim = f"chunks/{manifest['chunks'][-1]['sha256']}"
+    original = object_store.read(victim)
+    object_store.overwrite(victim, bytes(b ^ 0x55 for b in original))
+    refused(name, says="does not match its name")
+    object_store.overwrite(victim, original)
+
+    forgeries = [
+        dict(manifest, chunks=[dict(manifest["chunks"][0], sha256="../" * 20 + "etc/passwd")]),
+        dict(manifest, chunks=[dict(manifest["chunks"][0], sha256=manifest["chunks"][0]["sha256"].upper())]),
+        dict(manifest, size=manifest["size"] + 1),
+        dict(manifest, chunks=[dict(c, len=1 << 30) for c in manifest["chunks"]], size=(1 << 30) * len(manifest["chunks"])),
+    ]
+    for forged in forgeries:
+        object_store.overwrite(manifest_key, json.dumps(forged).encode())
+        refused(name, says="manifest")
+    object_store.overwrite(manifest_key, manifest_bytes)
+
+    for outside in ("../default/x", ".."):
+        refused(outside, "--name", f"{name}-x", says="invalid snapshot name")
+    for ambiguous in ("a//b", "./x", "x/"):  # one S3 key for two names
+        refused(ambiguous, "--name", f"{name}-x", says="path segment")
+    refused(name, "--team", "../other", "--name", f"{name}-x", says="invalid team name")
+
+    copse_snapshot(object_store, "pull", name, *on_disk)
+    try:
+        child = Sandbox.create(template=name, timeout=60)
+        assert child.files.read("/home/user/note") == "the real bytes"
+        child.kill()
+    finally:
+        Sandbox.delete_snapshot(name)

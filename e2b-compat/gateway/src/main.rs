@@ -422,6 +422,21 @@ enum VolumeCommand {
     },
 }
 
+/// An S3-compatible bucket; its keys come from the environment only.
+#[derive(clap::Args)]
+struct ObjectStoreArg {
+    /// s3://BUCKET or http(s)://HOST:PORT/BUCKET; keys from
+    /// AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, region from AWS_REGION.
+    #[arg(long = "object-store", env = "COPSE_OBJECT_STORE")]
+    url: String,
+}
+
+impl ObjectStoreArg {
+    fn open(&self) -> anyhow::Result<copse_objects::Bucket> {
+        copse_objects::Bucket::open(&copse_objects::BucketConfig::parse(&self.url, |name| std::env::var(name).ok())?)
+    }
+}
+
 #[derive(Subcommand)]
 enum SnapshotCommand {
     List {
@@ -435,6 +450,32 @@ enum SnapshotCommand {
         /// The team whose snapshot it is.
         #[arg(long, default_value = copse_gateway::model::DEFAULT_TEAM)]
         team: String,
+        #[command(flatten)]
+        paths: Paths,
+    },
+    /// Store snapshot ID in an object store, for `pull` on any host that
+    /// reaches it: content-addressed chunks (only those the bucket lacks
+    /// are sent), then its manifest, snapshots/TEAM/ID.
+    Push {
+        id: String,
+        #[arg(long, default_value = copse_gateway::model::DEFAULT_TEAM)]
+        team: String,
+        #[command(flatten)]
+        store: ObjectStoreArg,
+        #[command(flatten)]
+        paths: Paths,
+    },
+    /// Import snapshot ID from an object store (as `import` does from a
+    /// file), checking every chunk against its hash.
+    Pull {
+        id: String,
+        /// Its name here (default: ID).
+        #[arg(long)]
+        name: Option<String>,
+        #[arg(long, default_value = copse_gateway::model::DEFAULT_TEAM)]
+        team: String,
+        #[command(flatten)]
+        store: ObjectStoreArg,
         #[command(flatten)]
         paths: Paths,
     },
@@ -653,6 +694,32 @@ fn snapshot(command: SnapshotCommand) -> anyhow::Result<()> {
             let mut out = writer_to(&file)?;
             snapshot_file::export(&*store, substrate.as_ref(), &team, &id, &mut out)?;
             eprintln!("exported snapshot {id}");
+            Ok(())
+        }
+        SnapshotCommand::Push { id, team, store: bucket, paths } => {
+            let bucket = bucket.open()?;
+            let (store, substrate) = open(paths)?;
+            let sent = snapshot_file::push(&*store, substrate.as_ref(), &team, &id, &bucket)?;
+            println!(
+                "pushed snapshot {id}: {} chunks, {} KiB; sent {} new chunks, {} KiB",
+                sent.chunks,
+                sent.bytes >> 10,
+                sent.new_chunks,
+                sent.new_bytes >> 10
+            );
+            Ok(())
+        }
+        SnapshotCommand::Pull { id, name, team, store: bucket, paths } => {
+            let bucket = bucket.open()?;
+            let (store, substrate) = open(paths)?;
+            let (record, got) = snapshot_file::pull(&*store, substrate.as_ref(), &team, &id, name, &bucket)?;
+            println!(
+                "pulled snapshot {} (template {}): {} chunks, {} KiB",
+                record.id,
+                record.template,
+                got.chunks,
+                got.bytes >> 10
+            );
             Ok(())
         }
         SnapshotCommand::Import { file, name, team, debug_faults, paths } => {

@@ -216,8 +216,18 @@ impl LayerStore {
         let staging = tempdir_in(&self.state_dir, "export")?;
         let result = (|| {
             write_json(&staging.join("snapshot.json"), &file)?;
+            // The same snapshot exports to the same bytes (an object store
+            // keeps chunks by content): no export-time mtime, no tar pid
+            // or access times in the pax headers, entries in name order.
+            fs::File::options().write(true).open(staging.join("snapshot.json"))?.set_modified(std::time::UNIX_EPOCH)?;
             let mut tar = Command::new("tar");
-            tar.args(TAR_FLAGS).arg("-cf").arg("-").arg("-C").arg(&staging).arg("snapshot.json");
+            tar.args(TAR_FLAGS)
+                .args(REPEATABLE_TAR_FLAGS)
+                .arg("-cf")
+                .arg("-")
+                .arg("-C")
+                .arg(&staging)
+                .arg("snapshot.json");
             if let Some(checkpoint) = checkpoint {
                 tar.arg("-C").arg(checkpoint.parent().unwrap_or(Path::new("/")));
                 let name = checkpoint_name(checkpoint)?;
@@ -328,6 +338,11 @@ fn checkpoint_name(dir: &Path) -> anyhow::Result<&str> {
 /// `trusted.overlay.*` xattrs; a layer that loses either shows deleted
 /// files again.
 const TAR_FLAGS: &[&str] = &["--xattrs", "--xattrs-include=*", "--numeric-owner", "--acls"];
+/// GNU tar names each pax header after its own pid and records access and
+/// change times; without them, and in name order, a tree writes the same
+/// stream every time.
+const REPEATABLE_TAR_FLAGS: &[&str] =
+    &["--sort=name", "--pax-option=exthdr.name=%d/PaxHeaders/%f,delete=atime,delete=ctime"];
 
 fn info(id: &str, file: &SnapshotFile) -> SnapshotInfo {
     SnapshotInfo {
@@ -518,6 +533,10 @@ mod tests {
         store.capture("s1", &u, &Base { template: "base".into(), layers: vec![] }).unwrap();
         let mut stream = Vec::new();
         store.export("s1", None, 7, &mut stream).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(1100));
+        let mut again = Vec::new();
+        store.export("s1", None, 7, &mut again).unwrap();
+        assert!(stream == again, "an export a second later (another tar pid, mtime) is the same bytes");
 
         let (_other_dir, other) = self::store();
         let imported = other.import("moved", Path::new("/nonexistent/ckpt"), 7, &mut stream.as_slice()).unwrap();

@@ -1,0 +1,133 @@
+//! Pushing a stream into a bucket as chunks, and pulling it back.
+
+use std::io::Read;
+
+use anyhow::{Context, bail};
+use bytes::Bytes;
+use futures::{StreamExt, TryStreamExt};
+use sha2::{Digest, Sha256};
+
+use crate::bucket::Bucket;
+use crate::manifest::{ChunkRef, MAX_CHUNK, Manifest};
+use crate::stream::StreamSender;
+
+/// Content-defined cut points: chunks of 256 KiB to 4 MiB, 1 MiB on
+/// average, so a change costs about a megabyte of upload and a chunk is
+/// worth a request.
+const MIN_CHUNK: usize = 256 << 10;
+const AVG_CHUNK: usize = 1 << 20;
+/// Requests in flight each way.
+const PARALLEL: usize = 4;
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PushReport {
+    pub chunks: usize,
+    pub bytes: u64,
+    /// What the bucket did not hold yet, so was sent.
+    pub new_chunks: usize,
+    pub new_bytes: u64,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PullReport {
+    pub chunks: usize,
+    pub bytes: u64,
+}
+
+/// Reads `source` to its end and stores it in `bucket` as chunks, sending
+/// only those the bucket lacks, then writes the manifest under `key` —
+/// unless `source_ok`, asked once the source has ended, says the stream
+/// it read was not whole (a producer that failed part-way closes its end
+/// like one that finished). Nothing names the chunks until the manifest
+/// exists, so a push cut short leaves no manifest and the old one, if
+/// any, stands.
+pub async fn push(
+    bucket: &Bucket,
+    key: &str,
+    source: impl Read + Send + 'static,
+    source_ok: impl FnOnce() -> anyhow::Result<()>,
+) -> anyhow::Result<PushReport> {
+    let (tx, rx) = tokio::sync::mpsc::channel::<anyhow::Result<(ChunkRef, Bytes)>>(PARALLEL);
+    // Reading, cutting and hashing are blocking work, off the runtime.
+    let chunker = tokio::task::spawn_blocking(move || {
+        for chunk in fastcdc::v2020::StreamCDC::new(source, MIN_CHUNK, AVG_CHUNK, MAX_CHUNK) {
+            let item = chunk.map_err(|e| anyhow::anyhow!("reading the stream: {e}")).map(|chunk| {
+                let sha256 = hex(&Sha256::digest(&chunk.data));
+                (ChunkRef { sha256, len: chunk.length }, Bytes::from(chunk.data))
+            });
+            let failed = item.is_err();
+            if tx.blocking_send(item).is_err() || failed {
+                return;
+            }
+        }
+    });
+    let uploads = futures::stream::unfold(rx, |mut rx| async { rx.recv().await.map(|item| (item, rx)) })
+        .map(|item| async move {
+            let (chunk, data) = item?;
+            let new = !bucket.has(&chunk.key()).await?;
+            if new {
+                bucket.put(&chunk.key(), data).await?;
+            }
+            anyhow::Ok((chunk, new))
+        })
+        .buffered(PARALLEL);
+    let sent: Vec<(ChunkRef, bool)> = uploads.try_collect().await?;
+    chunker.await.context("the chunker stopped")?;
+    source_ok()?;
+    let mut report = PushReport::default();
+    for (chunk, new) in &sent {
+        report.chunks += 1;
+        report.bytes += chunk.len as u64;
+        if *new {
+            report.new_chunks += 1;
+            report.new_bytes += chunk.len as u64;
+        }
+    }
+    let manifest = Manifest::new(sent.into_iter().map(|(chunk, _)| chunk).collect());
+    bucket.put(key, Bytes::from(manifest.to_bytes())).await?;
+    Ok(report)
+}
+
+/// The manifest under `key`, checked; `None` when there is none.
+pub async fn manifest(bucket: &Bucket, key: &str) -> anyhow::Result<Option<Manifest>> {
+    match bucket.get(key).await? {
+        Some(bytes) => Ok(Some(Manifest::parse(&bytes).with_context(|| key.to_string())?)),
+        None => Ok(None),
+    }
+}
+
+/// Sends the stream `manifest` lists into `sink`, fetching ahead and
+/// checking each chunk's hash and length before a byte of it is sent;
+/// the stream is finished only when every chunk arrived whole, so a reader
+/// of a pull that failed gets an error, not a shorter stream.
+pub async fn pull(bucket: &Bucket, manifest: &Manifest, sink: StreamSender) -> anyhow::Result<PullReport> {
+    let mut fetched = futures::stream::iter(&manifest.chunks)
+        .map(|chunk| async move {
+            let data = bucket.get(&chunk.key()).await?.with_context(|| format!("chunk {} is missing", chunk.sha256))?;
+            let actual = hex(&Sha256::digest(&data));
+            if data.len() != chunk.len || actual != chunk.sha256 {
+                bail!("chunk {} does not match its name (got {} bytes hashing to {actual})", chunk.sha256, data.len());
+            }
+            anyhow::Ok(data)
+        })
+        .buffered(PARALLEL);
+    let mut report = PullReport::default();
+    while let Some(data) = fetched.next().await {
+        let data = data?;
+        report.chunks += 1;
+        report.bytes += data.len() as u64;
+        sink.send(data).await.map_err(|_| ReaderStopped)?;
+    }
+    sink.finish().await;
+    Ok(report)
+}
+
+/// The pull's reader stopped reading (it failed or refused the stream):
+/// its own error says why.
+#[derive(Debug, thiserror::Error)]
+#[error("the reader of the stream stopped")]
+pub struct ReaderStopped;
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}

@@ -1,0 +1,22 @@
+//! Object storage for copse: where a node puts what another node may need
+//! (snapshots today; templates' layers and paused sandboxes are the same
+//! kind of stream), through the S3 API of a real object store.
+//!
+//! A stream is stored as content-defined chunks named by their SHA-256
+//! (`chunks/<hex>`), so every stream that shares bytes with one already
+//! uploaded (two snapshots of one sandbox, two sandboxes of one template)
+//! sends only the chunks the bucket lacks; and a manifest, written last,
+//! lists them in order. A reader trusts neither: every chunk is hashed
+//! again before a byte of it is passed on, and a stream that ends early,
+//! or has a chunk that does not match its name, is an error to the reader,
+//! never a short stream.
+
+mod bucket;
+mod chunks;
+mod manifest;
+mod stream;
+
+pub use bucket::{Bucket, BucketConfig};
+pub use chunks::{PullReport, PushReport, ReaderStopped, manifest, pull, push};
+pub use manifest::{ChunkRef, Manifest};
+pub use stream::{StreamReader, StreamSender, stream};

@@ -1,0 +1,136 @@
+"""Snapshots through an S3-compatible object store (SeaweedFS on loopback,
+tests/object_store.py): `copse snapshot push` on one host stores a snapshot
+as content-addressed chunks and a manifest; `copse snapshot pull` on
+another brings it back, and the official SDK creates sandboxes from it
+there, memory included. The hostile side (tampered chunks and manifests)
+is in test_hostile.py."""
+
+import re
+import subprocess
+import time
+import uuid
+
+import pytest
+from e2b import Sandbox
+from object_store import copse_snapshot, object_store  # noqa: F401 (a fixture)
+
+from conftest import API_KEY, Gateway, second_data_dir
+
+PUSHED = re.compile(r"pushed snapshot \S+: (\d+) chunks, (\d+) KiB; sent (\d+) new chunks, (\d+) KiB")
+
+
+def push(store, name: str, data_dir) -> dict:
+    out = copse_snapshot(store, "push", name, "--data-dir", str(data_dir)).stdout
+    chunks, kib, new_chunks, new_kib = map(int, PUSHED.search(out).groups())
+    return dict(chunks=chunks, kib=kib, new_chunks=new_chunks, new_kib=new_kib)
+
+
+@pytest.mark.timeout(300, func_only=True)
+def test_a_snapshot_pushed_on_one_host_resumes_running_on_another(gateway, object_store):
+    name = f"moved-{uuid.uuid4().hex[:8]}"
+    sbx = Sandbox.create(timeout=120)
+    try:
+        sbx.files.write("/home/user/portable", "moved through S3")
+        sbx.commands.run("sleep 4242", background=True, timeout=0).disconnect()
+        sbx.create_snapshot(name=name, mode="full")
+    finally:
+        sbx.kill()
+    sent = push(object_store, name, gateway.data_dir)
+    assert sent["chunks"] >= 1 and sent["new_chunks"] == sent["chunks"], sent
+    assert object_store.read(f"snapshots/default/{name}"), "the manifest is in the bucket"
+    Sandbox.delete_snapshot(name)  # nothing of it is left on the first host
+
+    data_dir = second_data_dir("objects-b")
+    pulled = copse_snapshot(object_store, "pull", name, "--data-dir", str(data_dir)).stdout
+    assert f"pulled snapshot {name}" in pulled, pulled
+    bridge = "copseob"
+    other = Gateway(data_dir)
+    try:
+        other.start(extra_args=["--bridge", bridge, "--subnet", "10.95.0.0/16"])
+        env = dict(api_key=API_KEY, api_url=other.url, sandbox_url=other.url)
+        child = Sandbox.create(template=name, timeout=60, **env)
+        try:
+            assert child.files.read("/home/user/portable") == "moved through S3"
+            processes = child.commands.run("ps -eo args").stdout
+            assert "sleep 4242" in processes, "the snapshot's memory came along: its process runs again"
+        finally:
+            child.kill()
+        Sandbox.delete_snapshot(name, **env)
+    finally:
+        other.stop()
+        subprocess.run(["nft", "delete", "table", "inet", f"copse_{bridge}"], capture_output=True)
+        subprocess.run(["ip", "link", "del", bridge], capture_output=True)
+
+
+@pytest.mark.timeout(300, func_only=True)
+def test_a_second_snapshot_sends_only_the_chunks_that_changed(gateway, object_store):
+    tag = uuid.uuid4().hex[:8]
+    sbx = Sandbox.create(timeout=120)
+    try:
+        sbx.commands.run("head -c 12000000 /dev/urandom > /home/user/ballast")
+        sbx.files.write("/home/user/note", "first")
+        sbx.create_snapshot(name=f"v1-{tag}", mode="filesystem")
+        sbx.files.write("/home/user/note", "second, a little longer")
+        sbx.create_snapshot(name=f"v2-{tag}", mode="filesystem")
+    finally:
+        sbx.kill()
+    first = push(object_store, f"v1-{tag}", gateway.data_dir)
+    assert first["kib"] > 11000 and first["new_chunks"] == first["chunks"] >= 4, first
+    again = push(object_store, f"v1-{tag}", gateway.data_dir)
+    assert again["new_chunks"] == 0 and again["chunks"] == first["chunks"], "an unchanged push sends nothing"
+    second = push(object_store, f"v2-{tag}", gateway.data_dir)
+    # The ballast's chunks are shared: only the chunks around what changed
+    # (and the header with the snapshot's name) are new.
+    assert second["new_kib"] < second["kib"] // 2, second
+    assert second["new_chunks"] < second["chunks"], second
+
+    for version in ("v1", "v2"):
+        Sandbox.delete_snapshot(f"{version}-{tag}")
+    copse_snapshot(object_store, "pull", f"v2-{tag}", "--name", f"back-{tag}", "--data-dir", str(gateway.data_dir))
+    try:
+        taken = copse_snapshot(object_store, "pull", f"v2-{tag}", "--name", f"back-{tag}", "--data-dir",
+                               str(gateway.data_dir), check=False)
+        assert taken.returncode != 0 and "exists already" in taken.stderr, taken.stderr[-2000:]
+        child = Sandbox.create(template=f"back-{tag}", timeout=60)
+        try:
+            assert child.files.read("/home/user/note") == "second, a little longer"
+            size = child.commands.run("stat -c %s /home/user/ballast").stdout.strip()
+            assert size == "12000000"
+        finally:
+            child.kill()
+    finally:
+        Sandbox.delete_snapshot(f"back-{tag}")
+    missing = copse_snapshot(object_store, "pull", f"never-{tag}", "--data-dir", str(gateway.data_dir), check=False)
+    assert missing.returncode != 0 and f"has no snapshot never-{tag}" in missing.stderr, missing.stderr
+
+
+@pytest.mark.timeout(300, func_only=True)
+def test_an_object_store_that_is_down_is_a_clear_error_and_the_next_push_works(gateway, object_store):
+    name = f"outage-{uuid.uuid4().hex[:8]}"
+    sbx = Sandbox.create(timeout=120)
+    try:
+        sbx.files.write("/home/user/note", "waits for the store")
+        sbx.create_snapshot(name=name, mode="filesystem")
+    finally:
+        sbx.kill()
+    object_store.stop()
+    try:
+        started = time.monotonic()
+        down = copse_snapshot(object_store, "push", name, "--data-dir", str(gateway.data_dir), check=False)
+        assert down.returncode != 0, down.stdout
+        assert f"object store {object_store.url}" in down.stderr, down.stderr[-2000:]
+        assert time.monotonic() - started < 60, "a store that does not answer fails within the retry bound"
+        refused = copse_snapshot(object_store, "pull", name, "--name", f"{name}-b", "--data-dir",
+                                 str(gateway.data_dir), check=False)
+        assert refused.returncode != 0 and f"object store {object_store.url}" in refused.stderr
+    finally:
+        object_store.start()
+    push(object_store, name, gateway.data_dir)
+    copse_snapshot(object_store, "pull", name, "--name", f"{name}-b", "--data-dir", str(gateway.data_dir))
+    try:
+        child = Sandbox.create(template=f"{name}-b", timeout=60)
+        assert child.files.read("/home/user/note") == "waits for the store"
+        child.kill()
+    finally:
+        for snapshot in (name, f"{name}-b"):
+            Sandbox.delete_snapshot(snapshot)
