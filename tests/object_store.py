@@ -43,10 +43,14 @@ class SeaweedFS:
             self.argv += [f"-{name}.port={ports[name]}", f"-{name}.port.grpc={grpc[name]}"]
         self.log = open(workdir / "weed.log", "ab")
         self.proc = None
-        self.start()
-        shell = subprocess.run([WEED, "shell", f"-master={master}"],
-                               input=f"s3.bucket.create -name {BUCKET}\n", capture_output=True, text=True, timeout=60)
-        assert f"created bucket {BUCKET}" in shell.stdout, shell.stdout + shell.stderr
+        try:
+            self.start()
+            shell = subprocess.run([WEED, "shell", f"-master={master}"], input=f"s3.bucket.create -name {BUCKET}\n",
+                                   capture_output=True, text=True, timeout=60)
+            assert f"created bucket {BUCKET}" in shell.stdout, shell.stdout + shell.stderr
+        except BaseException:
+            self.stop()
+            raise
 
     @property
     def url(self) -> str:

@@ -316,6 +316,25 @@ pub const RIGS: &[RigDef] = &[
             ),
         ],
     },
+    RigDef {
+        name: "object-store",
+        version: 1,
+        task: "bench:object-store",
+        title: "Snapshots through an S3 object store",
+        clock: &[
+            (
+                "push_ms",
+                "`copse snapshot push` started → exited: the export stream cut into content-defined chunks and hashed, a HEAD per chunk and a PUT per chunk the bucket lacks (all of them: each sample's bytes are new), then the manifest",
+            ),
+            ("repush_ms", "the same snapshot pushed again: every chunk is there, so HEADs and the manifest only"),
+            (
+                "pull_ms",
+                "once the snapshot was deleted on the host, `copse snapshot pull` started → exited: manifest, every chunk fetched (4 at a time) and checked against its hash, the stream imported",
+            ),
+            ("create_ms", "POST /v2/sandboxes from the pulled snapshot sent → 201 read"),
+            ("first_read_ms", "create response read → GET /files of a file from the snapshot read"),
+        ],
+    },
 ];
 
 pub fn find(name: &str) -> Option<&'static RigDef> {

@@ -45,6 +45,7 @@ pub mod load;
 #[cfg(target_os = "linux")]
 pub mod net;
 pub mod run_code;
+pub mod seaweedfs;
 pub mod template;
 
 pub use client::{Conn, Created, LEAN_CLIENT, ms};

@@ -9,6 +9,7 @@
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::{Context, bail};
@@ -17,7 +18,8 @@ use clap::{Parser, ValueEnum};
 use copse_protocol::headers;
 use copse_rigs::facts::random_hex;
 use copse_rigs::report::{p50_target, print_footer};
-use copse_rigs::{Conn, Gateway, LEAN_CLIENT, RigArgs, Run, Scenario, ms};
+use copse_rigs::seaweedfs::SeaweedFs;
+use copse_rigs::{Binaries, Conn, Gateway, LEAN_CLIENT, RigArgs, Run, Scenario, ms};
 use futures::future::join_all;
 use http_body_util::{BodyExt, Full};
 use hyper::{Method, StatusCode};
@@ -40,6 +42,10 @@ enum Op {
     /// Memory ("full") snapshot of a running sandbox, and a new sandbox
     /// restored from it, with N MB held in the sandbox's memory (tmpfs).
     MemorySnapshot,
+    /// A snapshot of N MB through an S3 object store (SeaweedFS on
+    /// loopback): pushed cold and again unchanged, deleted here, pulled
+    /// back, and a sandbox created from it.
+    ObjectStore,
 }
 
 impl Op {
@@ -52,6 +58,7 @@ impl Op {
             Op::Rollback => "rollback",
             Op::Clone => "clone",
             Op::MemorySnapshot => "memory-snapshot",
+            Op::ObjectStore => "object-store",
         }
     }
 
@@ -71,6 +78,9 @@ impl Op {
             }
             Op::Clone => {
                 "wall_ms: first POST /copse/sandboxes/{id}/clone sent -> last response read, for all clones of one round; per_sandbox_ms: wall_ms / clones"
+            }
+            Op::ObjectStore => {
+                "push_ms: `copse snapshot push` started -> exited (export stream, content-defined chunks hashed, a HEAD per chunk and a PUT per chunk the bucket lacks, the manifest); repush_ms: the same snapshot pushed again (every chunk there: HEADs only); pull_ms: once the snapshot was deleted on this host, `copse snapshot pull` started -> exited (manifest, every chunk fetched and checked against its hash, import); create_ms: POST /v2/sandboxes from the pulled snapshot sent -> 201 read; first_read_ms: then GET /files of a file from it -> bytes read"
             }
             Op::MemorySnapshot => {
                 "snapshot_ms: POST /sandboxes/{id}/snapshots {memory: true} sent -> 201 read (sandbox frozen, files copied, processes checkpointed); restore_ms: POST /v2/sandboxes with the snapshot as templateID sent -> 201 read (processes restored into a new sandbox); first_read_ms: then GET /files of a file from the snapshot -> bytes read"
@@ -102,6 +112,9 @@ struct Args {
     /// Parallel clone requests the clones are spread over (clone).
     #[arg(long, value_delimiter = ',', default_values_t = [1usize, 10, 20, 50])]
     clone_concurrency: Vec<usize>,
+    /// SeaweedFS's `weed` (object-store), as scripts/seaweedfs installs it.
+    #[arg(long, default_value = "/usr/local/bin/weed")]
+    weed: PathBuf,
     #[command(flatten)]
     common: RigArgs,
 }
@@ -112,10 +125,22 @@ fn main() -> anyhow::Result<()> {
     args.common.bins.check()?;
     args.common.bins.build_template(Some("base"))?;
     let key = random_hex(16)?;
-    let gateway = Gateway::start(&args.common.bins, &key, &["base=0".to_string()], "copse-rig-lifecycle")?;
+    // A 1 GiB snapshot needs a sandbox disk larger than the default quota.
+    let gateway_args: Vec<String> = match args.op {
+        Op::ObjectStore => vec!["--disk-mb".into(), "2048".into()],
+        _ => Vec::new(),
+    };
+    let pools = ["base=0".to_string()];
+    let gateway = Gateway::start_with(&args.common.bins, &key, &pools, "copse-rig-lifecycle", &[], &gateway_args)?;
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     let api = Api { addr: gateway.addr, key };
-    let measured = runtime.block_on(measure(&args, &api));
+    // Beside the gateway's data (the file system a node would use).
+    let store = match args.op {
+        Op::ObjectStore => Some(SeaweedFs::start(&args.weed, &args.common.bins.data_dir)?),
+        _ => None,
+    };
+    let measured = runtime.block_on(measure(&args, &api, store.as_ref()));
+    drop(store);
     let mut notes = Vec::new();
     gateway.stop(&mut notes);
     let scenarios = measured?;
@@ -130,6 +155,12 @@ fn main() -> anyhow::Result<()> {
         "clones": args.clones,
         "clone_concurrency": args.clone_concurrency,
         "template": "base",
+        "gateway_args": gateway_args,
+        "object_store": (args.op == Op::ObjectStore).then(|| json!({
+            "server": "SeaweedFS `weed server` (master, volume, filer, S3 gateway) on loopback, its files beside the gateway's data dir",
+            "weed": args.weed.display().to_string(),
+            "weed_version": copse_rigs::facts::command_output(std::process::Command::new(&args.weed).arg("version")).map(|v| v.lines().next().unwrap_or("").to_string()),
+        })),
     });
     let (path, result) =
         run.write(&args.common.out_dir, params, &args.common.bins, &scenarios, json!({}), targets, notes)?;
@@ -164,12 +195,12 @@ fn targets(op: Op, scenarios: &[Scenario]) -> Value {
             .filter(|s| s.concurrency == 10)
             .map(|s| p50_target(scenarios, "clone of 100 <= 500 ms wall", &s.name, "wall_ms", 500.0))
             .collect(),
-        Op::Snapshot | Op::Rollback | Op::MemorySnapshot => Vec::new(),
+        Op::Snapshot | Op::Rollback | Op::MemorySnapshot | Op::ObjectStore => Vec::new(),
     };
     Value::Array(list)
 }
 
-async fn measure(args: &Args, api: &Api) -> anyhow::Result<Vec<Scenario>> {
+async fn measure(args: &Args, api: &Api, store: Option<&SeaweedFs>) -> anyhow::Result<Vec<Scenario>> {
     let mut out = Vec::new();
     match args.op {
         Op::PauseResume => {
@@ -205,6 +236,13 @@ async fn measure(args: &Args, api: &Api) -> anyhow::Result<Vec<Scenario>> {
         Op::MemorySnapshot => {
             for &mb in &args.dirty_mb {
                 out.push(memory_snapshot(api, mb, args.samples.min(20)).await?);
+            }
+        }
+        Op::ObjectStore => {
+            let store = store.context("the object store was not started")?;
+            for &mb in &args.dirty_mb {
+                let n = if mb >= 1024 { args.samples.min(3) } else { args.samples.min(10) };
+                out.push(object_store(api, &args.common.bins, store, mb, n).await?);
             }
         }
     }
@@ -318,6 +356,80 @@ async fn from_snapshot(api: &Api, mb: usize, cc: usize, n: usize) -> anyhow::Res
     let mut s = scenario(&name, cc, &["create_ms", "first_read_ms", "total_ms"], &rows);
     s.counters.insert("snapshot_dirty_mb".into(), json!(mb));
     Ok(s)
+}
+
+/// `n` snapshots of `mb` MB (each of other bytes, so each push is cold)
+/// through the object store and back; sandboxes and snapshots deleted.
+async fn object_store(api: &Api, bins: &Binaries, store: &SeaweedFs, mb: usize, n: usize) -> anyhow::Result<Scenario> {
+    let mut conn = Conn::open(api.addr).await?;
+    let (mut rows, mut chunks, mut sent_chunks) = (Vec::new(), Vec::new(), Vec::new());
+    for sample in 0..n {
+        let source = api.create(&mut conn, "base").await?;
+        if mb > 0 {
+            let seed = ((mb as u64) << 32) | (sample as u64 + 1);
+            api.upload(&mut conn, &source, "/home/user/dirty.bin", filler_seeded(mb, seed)).await?;
+        }
+        api.upload(&mut conn, &source, "/home/user/marker", Bytes::from_static(b"through the store")).await?;
+        let snap = api.snapshot(&mut conn, &source.id).await?;
+        api.delete(&mut conn, &source.id).await?;
+        let (push, pushed) = snapshot_cli(bins, store, "push", &snap).await?;
+        let (repush, repushed) = snapshot_cli(bins, store, "push", &snap).await?;
+        if !repushed.contains("sent 0 new chunks") {
+            bail!("an unchanged snapshot sent chunks again: {repushed}");
+        }
+        let counts = pushed_counts(&pushed).with_context(|| format!("unexpected push output: {pushed}"))?;
+        chunks.push(counts.0);
+        sent_chunks.push(counts.1);
+        api.expect(&mut conn, Method::DELETE, &format!("/templates/{snap}"), None, StatusCode::NO_CONTENT).await?;
+        let (pull, _) = snapshot_cli(bins, store, "pull", &snap).await?;
+        let t0 = Instant::now();
+        let child = api.create(&mut conn, &snap).await?;
+        let create = ms(t0.elapsed());
+        let t1 = Instant::now();
+        let body = api.read(&mut conn, &child, "/home/user/marker").await?;
+        let read = ms(t1.elapsed());
+        if body.as_ref() != b"through the store" {
+            bail!("sandbox from the pulled snapshot read {:?}", String::from_utf8_lossy(&body));
+        }
+        rows.push([push, repush, pull, create, read]);
+        api.delete(&mut conn, &child.id).await?;
+        api.expect(&mut conn, Method::DELETE, &format!("/templates/{snap}"), None, StatusCode::NO_CONTENT).await?;
+    }
+    let mut s = scenario(
+        &format!("object-store-{mb}mb"),
+        1,
+        &["push_ms", "repush_ms", "pull_ms", "create_ms", "first_read_ms"],
+        &rows,
+    );
+    s.counters.insert("snapshot_dirty_mb".into(), json!(mb));
+    s.counters.insert("chunks".into(), json!(chunks));
+    s.counters.insert("chunks_sent_by_first_push".into(), json!(sent_chunks));
+    Ok(s)
+}
+
+/// `copse snapshot OP SNAP` beside the rig's gateway: (wall ms, stdout).
+async fn snapshot_cli(bins: &Binaries, store: &SeaweedFs, op: &str, snap: &str) -> anyhow::Result<(f64, String)> {
+    let t0 = Instant::now();
+    let out = tokio::process::Command::new(&bins.copse)
+        .args(["snapshot", op, snap, "--data-dir"])
+        .arg(&bins.data_dir)
+        .envs(store.env())
+        .output()
+        .await?;
+    let took = ms(t0.elapsed());
+    if !out.status.success() {
+        bail!("copse snapshot {op} failed: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    Ok((took, String::from_utf8_lossy(&out.stdout).into_owned()))
+}
+
+/// (chunks, new chunks) from `copse snapshot push`'s report line.
+fn pushed_counts(out: &str) -> Option<(u64, u64)> {
+    let line = out.lines().find(|l| l.starts_with("pushed snapshot"))?;
+    let (_, rest) = line.split_once(": ")?;
+    let chunks = rest.split_whitespace().next()?.parse().ok()?;
+    let (_, sent) = rest.split_once("sent ")?;
+    Some((chunks, sent.split_whitespace().next()?.parse().ok()?))
 }
 
 /// Memory snapshots of a sandbox holding `mb` MB in its `/dev/shm` (tmpfs:
@@ -466,7 +578,12 @@ fn collect<T>(results: Vec<anyhow::Result<Vec<T>>>) -> anyhow::Result<Vec<T>> {
 
 /// `mb` megabytes that no file system can deduplicate or compress away.
 fn filler(mb: usize) -> Bytes {
-    let mut state: u64 = 0x9E37_79B9_7F4A_7C15;
+    filler_seeded(mb, 0)
+}
+
+/// As [`filler`], other bytes for each `seed`.
+fn filler_seeded(mb: usize, seed: u64) -> Bytes {
+    let mut state: u64 = 0x9E37_79B9_7F4A_7C15 ^ seed.wrapping_mul(0xA24B_AED4_963E_E407);
     let mut data = Vec::with_capacity(mb << 20);
     while data.len() < mb << 20 {
         state ^= state << 13;
