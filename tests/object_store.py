@@ -110,6 +110,18 @@ class SeaweedFS:
                       for entry in listing.raise_for_status().json().get("Entries") or [])
 
 
+def snapshot_with_file(name: str, path: str, text: str):
+    """A files-only snapshot `name` of a new sandbox holding `text` at `path`."""
+    from e2b import Sandbox
+
+    sbx = Sandbox.create(timeout=120)
+    try:
+        sbx.files.write(path, text)
+        sbx.create_snapshot(name=name, mode="filesystem")
+    finally:
+        sbx.kill()
+
+
 def copse_snapshot(store: SeaweedFS, *args, check=True, timeout=120) -> subprocess.CompletedProcess:
     """`copse snapshot ARGS` with the bucket in its environment."""
     done = subprocess.run([str(COPSE), "snapshot", *args], env=store.env(), capture_output=True, text=True,

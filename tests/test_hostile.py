@@ -2472,7 +2472,7 @@ def test_an_images_template_is_reached_only_through_a_team_template_built_on_it(
         drop(builder, name)
 
 
-from object_store import copse_snapshot, object_store  # noqa: E402,F401
+from object_store import copse_snapshot, object_store, snapshot_with_file  # noqa: E402,F401
 
 
 @pytest.mark.timeout(300, func_only=True)
@@ -2482,12 +2482,7 @@ def test_a_pulled_snapshot_is_only_what_its_manifests_hashes_name(gateway, objec
     manifest's chunk hashes name, read keys outside `chunks/`, or trust a
     manifest whose sizes lie; nothing is imported from a refused pull."""
     name = f"hashed-{os.urandom(4).hex()}"
-    sbx = Sandbox.create(timeout=120)
-    try:
-        sbx.files.write("/home/user/note", "the real bytes")
-        sbx.create_snapshot(name=name, mode="filesystem")
-    finally:
-        sbx.kill()
+    snapshot_with_file(name, "/home/user/note", "the real bytes")
     on_disk = ["--data-dir", str(gateway.data_dir)]
     copse_snapshot(object_store, "push", name, *on_disk)
     Sandbox.delete_snapshot(name)

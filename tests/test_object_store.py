@@ -12,7 +12,7 @@ import uuid
 
 import pytest
 from e2b import Sandbox
-from object_store import copse_snapshot, object_store  # noqa: F401 (a fixture)
+from object_store import copse_snapshot, object_store, snapshot_with_file  # noqa: F401 (a fixture)
 
 from conftest import API_KEY, Gateway, second_data_dir
 
@@ -107,12 +107,7 @@ def test_a_second_snapshot_sends_only_the_chunks_that_changed(gateway, object_st
 @pytest.mark.timeout(300, func_only=True)
 def test_an_object_store_that_is_down_is_a_clear_error_and_the_next_push_works(gateway, object_store):
     name = f"outage-{uuid.uuid4().hex[:8]}"
-    sbx = Sandbox.create(timeout=120)
-    try:
-        sbx.files.write("/home/user/note", "waits for the store")
-        sbx.create_snapshot(name=name, mode="filesystem")
-    finally:
-        sbx.kill()
+    snapshot_with_file(name, "/home/user/note", "waits for the store")
     object_store.stop()
     try:
         started = time.monotonic()

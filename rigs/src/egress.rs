@@ -32,7 +32,7 @@ use serde_json::{Value, json};
 use crate::egress_probe::{
     self, DiskRound, PEER_NAME, PEER_SERVER, ProbeOutcome, ProbePlan, Route, SECRET_NAME, Scheme, scenario_name,
 };
-use crate::facts::{command_output, random_hex};
+use crate::facts::{data_dir_fs, random_hex};
 use crate::net::Peer;
 use crate::report::print_footer;
 use crate::{Conn, Gateway, RigArgs, Run, Scenario};
@@ -447,29 +447,6 @@ def fs(p):
     return {"fstype": m[2], "volatile": "volatile" in m[3].split(",")}
 print(json.dumps({p: fs(p) for p in sys.argv[1:]}))
 "#;
-
-/// The data dir's file system and, for ext4, whether it has a journal (a
-/// journalled ext4 has a jbd2 entry in /proc).
-fn data_dir_fs(dir: &Path) -> Value {
-    let found = command_output(Command::new("findmnt").args(["-no", "FSTYPE,SOURCE"]).arg("-T").arg(dir));
-    let Some(line) = found else { return json!({"summary": "unknown (findmnt failed)"}) };
-    let mut f = line.split_whitespace();
-    let (fstype, source) = (f.next().unwrap_or("?").to_string(), f.next().unwrap_or("?").to_string());
-    let device = source.rsplit('/').next().unwrap_or("").to_string();
-    let journal = (fstype == "ext4").then(|| {
-        std::fs::read_dir("/proc/fs/jbd2")
-            .into_iter()
-            .flatten()
-            .flatten()
-            .any(|e| e.file_name().to_string_lossy().starts_with(&format!("{device}-")))
-    });
-    let summary = match journal {
-        Some(true) => "ext4 with a journal".to_string(),
-        Some(false) => "ext4 without a journal".to_string(),
-        None => fstype.clone(),
-    };
-    json!({"fstype": fstype, "source": source, "journal": journal, "summary": summary})
-}
 
 /// `sync`, then drop the host's clean page cache so the reads that follow
 /// come from the disks.

@@ -96,6 +96,29 @@ pub fn random_hex(n: usize) -> anyhow::Result<String> {
     Ok(buf.iter().map(|b| format!("{b:02x}")).collect())
 }
 
+/// The data dir's file system and, for ext4, whether it has a journal (a
+/// journalled ext4 has a jbd2 entry in /proc).
+pub fn data_dir_fs(dir: &Path) -> Value {
+    let found = command_output(Command::new("findmnt").args(["-no", "FSTYPE,SOURCE"]).arg("-T").arg(dir));
+    let Some(line) = found else { return json!({"summary": "unknown (findmnt failed)"}) };
+    let mut f = line.split_whitespace();
+    let (fstype, source) = (f.next().unwrap_or("?").to_string(), f.next().unwrap_or("?").to_string());
+    let device = source.rsplit('/').next().unwrap_or("").to_string();
+    let journal = (fstype == "ext4").then(|| {
+        std::fs::read_dir("/proc/fs/jbd2")
+            .into_iter()
+            .flatten()
+            .flatten()
+            .any(|e| e.file_name().to_string_lossy().starts_with(&format!("{device}-")))
+    });
+    let summary = match journal {
+        Some(true) => "ext4 with a journal".to_string(),
+        Some(false) => "ext4 without a journal".to_string(),
+        None => fstype.clone(),
+    };
+    json!({"fstype": fstype, "source": source, "journal": journal, "summary": summary})
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -157,7 +157,8 @@ fn main() -> anyhow::Result<()> {
         "template": "base",
         "gateway_args": gateway_args,
         "object_store": (args.op == Op::ObjectStore).then(|| json!({
-            "server": "SeaweedFS `weed server` (master, volume, filer, S3 gateway) on loopback, its files beside the gateway's data dir",
+            "server": "SeaweedFS `weed server` (master, volume, filer, S3 gateway) on loopback, its files in the gateway's data dir",
+            "data_dir_fs": copse_rigs::facts::data_dir_fs(&args.common.bins.data_dir),
             "weed": args.weed.display().to_string(),
             "weed_version": copse_rigs::facts::command_output(std::process::Command::new(&args.weed).arg("version")).map(|v| v.lines().next().unwrap_or("").to_string()),
         })),
