@@ -437,6 +437,19 @@ impl ObjectStoreArg {
     }
 }
 
+/// A team's snapshot in an object store, and the data dir it goes to or
+/// comes from.
+#[derive(clap::Args)]
+struct StoredSnapshot {
+    id: String,
+    #[arg(long, default_value = copse_gateway::model::DEFAULT_TEAM)]
+    team: String,
+    #[command(flatten)]
+    store: ObjectStoreArg,
+    #[command(flatten)]
+    paths: Paths,
+}
+
 #[derive(Subcommand)]
 enum SnapshotCommand {
     List {
@@ -457,27 +470,17 @@ enum SnapshotCommand {
     /// reaches it: content-addressed chunks (only those the bucket lacks
     /// are sent), then its manifest, snapshots/TEAM/ID.
     Push {
-        id: String,
-        #[arg(long, default_value = copse_gateway::model::DEFAULT_TEAM)]
-        team: String,
         #[command(flatten)]
-        store: ObjectStoreArg,
-        #[command(flatten)]
-        paths: Paths,
+        snapshot: StoredSnapshot,
     },
     /// Import snapshot ID from an object store (as `import` does from a
     /// file), checking every chunk against its hash.
     Pull {
-        id: String,
+        #[command(flatten)]
+        snapshot: StoredSnapshot,
         /// Its name here (default: ID).
         #[arg(long)]
         name: Option<String>,
-        #[arg(long, default_value = copse_gateway::model::DEFAULT_TEAM)]
-        team: String,
-        #[command(flatten)]
-        store: ObjectStoreArg,
-        #[command(flatten)]
-        paths: Paths,
     },
     /// Read a snapshot from FILE ("-" for stdin), keeping its name unless --name.
     Import {
@@ -696,7 +699,7 @@ fn snapshot(command: SnapshotCommand) -> anyhow::Result<()> {
             eprintln!("exported snapshot {id}");
             Ok(())
         }
-        SnapshotCommand::Push { id, team, store: bucket, paths } => {
+        SnapshotCommand::Push { snapshot: StoredSnapshot { id, team, store: bucket, paths } } => {
             let bucket = bucket.open()?;
             let (store, substrate) = open(paths)?;
             let sent = snapshot_file::push(&*store, substrate.as_ref(), &team, &id, &bucket)?;
@@ -709,7 +712,7 @@ fn snapshot(command: SnapshotCommand) -> anyhow::Result<()> {
             );
             Ok(())
         }
-        SnapshotCommand::Pull { id, name, team, store: bucket, paths } => {
+        SnapshotCommand::Pull { snapshot: StoredSnapshot { id, team, store: bucket, paths }, name } => {
             let bucket = bucket.open()?;
             let (store, substrate) = open(paths)?;
             let (record, got) = snapshot_file::pull(&*store, substrate.as_ref(), &team, &id, name, &bucket)?;
