@@ -19,12 +19,8 @@ pub struct ChunkRef {
 
 impl ChunkRef {
     pub fn key(&self) -> String {
-        chunk_key(&self.sha256)
+        format!("chunks/{}", self.sha256)
     }
-}
-
-pub fn chunk_key(sha256: &str) -> String {
-    format!("chunks/{sha256}")
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -3,6 +3,7 @@
 //! bucket, one signing identity; stopped (and its files removed) on drop.
 //! The same set-up as tests/object_store.py, for a rig.
 
+use std::io::Write;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -78,31 +79,29 @@ impl SeaweedFs {
             BucketConfig::parse(&self.url, |name| self.env().into_iter().find(|(k, _)| *k == name).map(|(_, v)| v))?;
         let bucket = Bucket::open(&config)?;
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-        let mut last = String::new();
+        let (mut created, mut last) = (false, String::new());
         while Instant::now() < deadline {
-            let shell = Command::new(weed)
-                .arg("shell")
-                .arg(format!("-master={master}"))
-                .stdin(Stdio::piped())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .spawn()?;
-            let out = {
-                use std::io::Write;
-                let mut shell = shell;
-                shell
-                    .stdin
-                    .take()
-                    .expect("piped")
-                    .write_all(format!("s3.bucket.create -name {BUCKET}\n").as_bytes())?;
-                shell.wait_with_output()?
-            };
-            last = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+            // Once made, the bucket stays; only the write is retried.
+            if !created {
+                let mut shell = Command::new(weed)
+                    .arg("shell")
+                    .arg(format!("-master={master}"))
+                    .stdin(Stdio::piped())
+                    .stdout(Stdio::piped())
+                    .stderr(Stdio::piped())
+                    .spawn()?;
+                let command = format!("s3.bucket.create -name {BUCKET}\n");
+                shell.stdin.take().expect("piped").write_all(command.as_bytes())?;
+                let out = shell.wait_with_output()?;
+                last = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+                created = last.contains("created bucket");
+            }
             // A write proves the master has a leader and a volume server.
-            if last.contains("created bucket")
-                && runtime.block_on(bucket.put("ready-probe", bytes::Bytes::from_static(b"ready"))).is_ok()
-            {
-                return Ok(());
+            if created {
+                match runtime.block_on(bucket.put("ready-probe", bytes::Bytes::from_static(b"ready"))) {
+                    Ok(()) => return Ok(()),
+                    Err(e) => last = format!("{e:#}"),
+                }
             }
             std::thread::sleep(Duration::from_millis(500));
         }

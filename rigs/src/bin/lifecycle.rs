@@ -336,15 +336,7 @@ async fn from_snapshot(api: &Api, mb: usize, cc: usize, n: usize) -> anyhow::Res
         let mut conn = Conn::open(api.addr).await?;
         let mut rows = Vec::new();
         for _ in 0..per_worker {
-            let t0 = Instant::now();
-            let child = api.create(&mut conn, snap_ref).await?;
-            let create = ms(t0.elapsed());
-            let t1 = Instant::now();
-            let body = api.read(&mut conn, &child, "/home/user/marker").await?;
-            let read = ms(t1.elapsed());
-            if body.as_ref() != b"from the snapshot" {
-                bail!("sandbox from snapshot read {:?} from its marker", String::from_utf8_lossy(&body));
-            }
+            let (child, create, read) = api.create_and_read_marker(&mut conn, snap_ref, b"from the snapshot").await?;
             rows.push([create, read, create + read]);
             api.delete(&mut conn, &child.id).await?;
         }
@@ -383,15 +375,7 @@ async fn object_store(api: &Api, bins: &Binaries, store: &SeaweedFs, mb: usize, 
         sent_chunks.push(counts.1);
         api.expect(&mut conn, Method::DELETE, &format!("/templates/{snap}"), None, StatusCode::NO_CONTENT).await?;
         let (pull, _) = snapshot_cli(bins, store, "pull", &snap).await?;
-        let t0 = Instant::now();
-        let child = api.create(&mut conn, &snap).await?;
-        let create = ms(t0.elapsed());
-        let t1 = Instant::now();
-        let body = api.read(&mut conn, &child, "/home/user/marker").await?;
-        let read = ms(t1.elapsed());
-        if body.as_ref() != b"through the store" {
-            bail!("sandbox from the pulled snapshot read {:?}", String::from_utf8_lossy(&body));
-        }
+        let (child, create, read) = api.create_and_read_marker(&mut conn, &snap, b"through the store").await?;
         rows.push([push, repush, pull, create, read]);
         api.delete(&mut conn, &child.id).await?;
         api.expect(&mut conn, Method::DELETE, &format!("/templates/{snap}"), None, StatusCode::NO_CONTENT).await?;
@@ -451,15 +435,7 @@ async fn memory_snapshot(api: &Api, mb: usize, n: usize) -> anyhow::Result<Scena
             api.expect(&mut conn, Method::POST, &path, Some(json!({ "memory": true })), StatusCode::CREATED).await?;
         let snapshot = ms(t0.elapsed());
         let snap = snap["snapshotID"].as_str().context("no snapshotID")?.to_string();
-        let t1 = Instant::now();
-        let child = api.create(&mut conn, &snap).await?;
-        let restore = ms(t1.elapsed());
-        let t2 = Instant::now();
-        let body = api.read(&mut conn, &child, "/home/user/marker").await?;
-        let read = ms(t2.elapsed());
-        if body.as_ref() != b"from the snapshot" {
-            bail!("sandbox restored from a memory snapshot read {:?}", String::from_utf8_lossy(&body));
-        }
+        let (child, restore, read) = api.create_and_read_marker(&mut conn, &snap, b"from the snapshot").await?;
         rows.push([snapshot, restore, read]);
         api.delete(&mut conn, &child.id).await?;
         api.expect(&mut conn, Method::DELETE, &format!("/templates/{snap}"), None, StatusCode::NO_CONTENT).await?;
@@ -645,6 +621,26 @@ impl Api {
         let body = json!({ "memory": false });
         let snap = self.expect(conn, Method::POST, &path, Some(body), StatusCode::CREATED).await?;
         Ok(snap["snapshotID"].as_str().context("no snapshotID")?.to_string())
+    }
+
+    /// A sandbox from snapshot `snap`, then its `/home/user/marker` read
+    /// and checked: (sandbox, create ms, read ms).
+    async fn create_and_read_marker(
+        &self,
+        conn: &mut Conn,
+        snap: &str,
+        expected: &[u8],
+    ) -> anyhow::Result<(Sandbox, f64, f64)> {
+        let t0 = Instant::now();
+        let child = self.create(conn, snap).await?;
+        let create = ms(t0.elapsed());
+        let t1 = Instant::now();
+        let body = self.read(conn, &child, "/home/user/marker").await?;
+        let read = ms(t1.elapsed());
+        if body.as_ref() != expected {
+            bail!("sandbox from snapshot {snap} read {:?} from its marker", String::from_utf8_lossy(&body));
+        }
+        Ok((child, create, read))
     }
 
     async fn delete(&self, conn: &mut Conn, id: &str) -> anyhow::Result<()> {
