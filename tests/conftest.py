@@ -157,7 +157,10 @@ class Gateway:
     def stop(self):
         if self.proc and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
-            self.proc.wait(timeout=60)
+            code = self.proc.wait(timeout=60)
+            # -SIGTERM: the signal came before the gateway caught it, so
+            # nothing it had booted was drained.
+            assert code == 0, f"copse up ended with {code} on SIGTERM; see {self.data_dir}/gateway.log"
 
     def crash(self):
         """kill -9: no cleanup runs; the next start must recover."""

@@ -157,6 +157,11 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         tracing::info!(interrupted, "template builds interrupted by the previous run ended in error");
     }
     svc.collect_image_templates().await;
+    // From here sandboxes boot in the background (warm-up, pools), so a
+    // signal must reach the drain below, however early it comes: tokio
+    // replaces the default action (death, leaving those boots on the host)
+    // only once a handler is registered.
+    let signalled = shutdown_signal()?;
     let reaper = reaper::spawn(&svc);
     let refresher = directory.spawn_refresher();
     let warmer = svc.spawn_warmer();
@@ -186,7 +191,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let stop = {
         let svc = svc.clone();
         async move {
-            shutdown_signal().await;
+            signalled.await;
             reaper.abort();
             if let Some(metrics) = metrics {
                 metrics.abort();
@@ -276,13 +281,18 @@ async fn kill_all(svc: &Sandboxes) {
     }
 }
 
-async fn shutdown_signal() {
+/// SIGTERM or SIGINT, caught from this call on (a signal that arrives
+/// before the returned future is polled is kept for it).
+fn shutdown_signal() -> anyhow::Result<impl Future<Output = ()>> {
     use tokio::signal::unix::{SignalKind, signal};
-    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term.recv() => {}
-    }
+    let mut term = signal(SignalKind::terminate()).context("catching SIGTERM")?;
+    let mut interrupt = signal(SignalKind::interrupt()).context("catching SIGINT")?;
+    Ok(async move {
+        tokio::select! {
+            _ = interrupt.recv() => {}
+            _ = term.recv() => {}
+        }
+    })
 }
 
 #[cfg(test)]
