@@ -2526,3 +2526,37 @@ def test_a_pulled_snapshot_is_only_what_its_manifests_hashes_name(gateway, objec
         child.kill()
     finally:
         Sandbox.delete_snapshot(name)
+
+
+from postgres_server import database_url  # noqa: E402,F401
+from test_cluster import create_after_heartbeat, nodes  # noqa: E402,F401
+
+
+def test_a_forged_forwarding_mark_never_lets_a_gateway_act_on_another_nodes_sandbox(nodes, database_url):
+    """A caller marks its request as already forwarded by another gateway,
+    hoping the gateway it reaches acts on a sandbox its host does not hold
+    (a kill there would forget the record and leave the sandbox running
+    unseen). The mark only stops a second forward: the call is refused."""
+    one, two = nodes
+    subprocess.run([str(COPSE), "node", "drain", two.id, "--database", database_url], check=True)
+    try:
+        victim = create_after_heartbeat(one)
+    finally:
+        subprocess.run([str(COPSE), "node", "undrain", two.id, "--database", database_url], check=True)
+    try:
+        assert one.holds(victim.sandbox_id)
+        forged = {"x-copse-forwarded-by": two.id, "X-API-KEY": one.env()["api_key"]}
+        kill = httpx.delete(f"{two.url}/sandboxes/{victim.sandbox_id}", headers=forged, timeout=30)
+        assert kill.status_code == 409, kill.text
+        assert kill.json()["code"] == 409
+        files = httpx.get(
+            f"{two.url}/files",
+            params={"path": "/etc/hostname"},
+            headers={**forged, "e2b-sandbox-id": victim.sandbox_id, "X-Access-Token": victim._envd_access_token},
+            timeout=30,
+        )
+        assert files.status_code == 409, files.text
+        assert victim.commands.run("echo alive").stdout.strip() == "alive"
+        assert victim.sandbox_id in {s.sandbox_id for s in Sandbox.list(**two.env()).next_items()}
+    finally:
+        victim.kill()

@@ -17,6 +17,9 @@ pub struct Config {
     /// The state database: a PostgreSQL URL, or `None` for SQLite in the
     /// data dir.
     pub database_url: Option<String>,
+    /// Where other gateways on a shared database reach this one (`None`:
+    /// the listen address).
+    pub advertise: Option<String>,
     pub agent_binary: PathBuf,
     /// Leave sandboxes running on shutdown, to be re-adopted on restart.
     pub keep_sandboxes: bool,

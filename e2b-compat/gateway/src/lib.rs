@@ -7,6 +7,7 @@
 
 pub mod agent_link;
 pub mod api;
+pub mod cluster;
 pub mod config;
 pub mod fault;
 pub mod images;

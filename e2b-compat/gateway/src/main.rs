@@ -114,6 +114,10 @@ enum Command {
         /// its own for the operator (off by default; never on --listen).
         #[arg(long, env = "COPSE_METRICS_LISTEN")]
         metrics_listen: Option<SocketAddr>,
+        /// With --database: the URL other gateways forward this node's
+        /// sandboxes' calls to (default: http://LISTEN).
+        #[arg(long, env = "COPSE_ADVERTISE")]
+        advertise: Option<String>,
         /// For the crash test only: abort at the step COPSE_FAULT names.
         #[arg(long, hide = true)]
         debug_faults: bool,
@@ -161,6 +165,11 @@ enum Command {
     Volume {
         #[command(subcommand)]
         command: VolumeCommand,
+    },
+    /// The nodes of a shared database (`copse up --database`).
+    Node {
+        #[command(subcommand)]
+        command: NodeCommand,
     },
     /// List running sandboxes.
     Ls {
@@ -451,6 +460,27 @@ struct StoredSnapshot {
 }
 
 #[derive(Subcommand)]
+enum NodeCommand {
+    /// Each node: heard from lately or lost, free memory, its sandboxes.
+    Ls {
+        #[arg(long, env = "COPSE_DATABASE")]
+        database: String,
+    },
+    /// Place no new sandbox on node ID (its sandboxes keep running).
+    Drain {
+        id: String,
+        #[arg(long, env = "COPSE_DATABASE")]
+        database: String,
+    },
+    /// Let node ID take new sandboxes again.
+    Undrain {
+        id: String,
+        #[arg(long, env = "COPSE_DATABASE")]
+        database: String,
+    },
+}
+
+#[derive(Subcommand)]
 enum SnapshotCommand {
     List {
         #[command(flatten)]
@@ -518,6 +548,7 @@ fn main() -> anyhow::Result<()> {
             disk_mb,
             limits,
             metrics_listen,
+            advertise,
             debug_faults,
             registry,
         } => {
@@ -529,6 +560,7 @@ fn main() -> anyhow::Result<()> {
                 listen,
                 data_dir: paths.data_dir,
                 database_url: paths.database,
+                advertise,
                 agent_binary: config::find_agent(paths.agent)?,
                 keep_sandboxes,
                 pools,
@@ -656,6 +688,7 @@ fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Command::Snapshot { command } => snapshot(command),
+        Command::Node { command } => node(command),
         Command::Volume { command } => volume(command),
         Command::Secrets { command: SecretsCommand::RotateKey { paths } } => {
             let config = local_config(paths)?;
@@ -673,6 +706,30 @@ fn main() -> anyhow::Result<()> {
         Command::Kill { id, remote } => client::kill(&remote.api_url, &api_key(&remote)?, &id),
         Command::Version => {
             println!("copse {} (envd {})", env!("CARGO_PKG_VERSION"), copse_gateway::model::ENVD_VERSION);
+            Ok(())
+        }
+    }
+}
+
+fn node(command: NodeCommand) -> anyhow::Result<()> {
+    use copse_gateway::model::{NodeStore, Store};
+    use copse_gateway::store::PostgresStore;
+    match command {
+        NodeCommand::Ls { database } => {
+            let store = PostgresStore::open(&database)?;
+            let sandboxes: Vec<(Option<String>, bool)> =
+                store.all()?.into_iter().map(|r| (r.node, r.paused.is_some())).collect();
+            print!("{}", copse_gateway::cluster::table(&store.nodes()?, &sandboxes));
+            Ok(())
+        }
+        NodeCommand::Drain { id, database } => {
+            copse_gateway::cluster::set_draining(&PostgresStore::open(&database)?, &id, true)?;
+            println!("node {id} takes no new sandboxes; its own keep running (`copse node undrain {id}` ends this)");
+            Ok(())
+        }
+        NodeCommand::Undrain { id, database } => {
+            copse_gateway::cluster::set_draining(&PostgresStore::open(&database)?, &id, false)?;
+            println!("node {id} takes new sandboxes again");
             Ok(())
         }
     }
@@ -836,6 +893,7 @@ fn local_config(paths: Paths) -> anyhow::Result<Config> {
         listen: config::DEFAULT_LISTEN.parse()?,
         data_dir: paths.data_dir,
         database_url: paths.database,
+        advertise: None,
         // Template and snapshot commands boot no sandbox: without an agent
         // they still work (a template can build while the agent compiles).
         agent_binary: config::find_agent(paths.agent).unwrap_or_else(|_| "copse-agent".into()),

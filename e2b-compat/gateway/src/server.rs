@@ -35,6 +35,18 @@ pub fn open_store(config: &Config) -> anyhow::Result<Box<dyn Database>> {
     }
 }
 
+/// This gateway's seat in a shared database (`None` on its own SQLite).
+fn membership(config: &Config) -> anyhow::Result<Option<crate::service::Membership>> {
+    let Some(url) = &config.database_url else { return Ok(None) };
+    config::private_data_dir(&config.data_dir)?;
+    Ok(Some(crate::service::Membership {
+        id: crate::cluster::node_id(&config.data_dir)?,
+        api_url: crate::cluster::api_url(config.listen, config.advertise.as_deref())?,
+        nodes: Arc::new(store::PostgresStore::open(url)?),
+        started_at_ms: crate::model::now_ms(),
+    }))
+}
+
 pub fn default_recipes() -> Vec<Recipe> {
     crate::templates::recipes()
 }
@@ -102,6 +114,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         "agent binary {} not found (build it with `mise run build`)",
         config.agent_binary.display()
     );
+    let membership = membership(&config)?;
     let substrate = open_substrate(&config)?;
     for (registry, mirror) in config.registries.mirrors() {
         let scheme = if mirror.plain_http { "http" } else { "https" };
@@ -135,12 +148,23 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             .with_registries(config.registries.clone(), &config.data_dir)
             .with_sandbox_log(crate::sandbox_log::SandboxLog::open(config.sandbox_logs())?)
             .with_tenancy(usage, directory.clone())
-            .with_egress_ca(egress_ca.as_deref().map(copse_substrate::EgressCa::cert_pem)),
+            .with_egress_ca(egress_ca.as_deref().map(copse_substrate::EgressCa::cert_pem))
+            .with_membership(membership),
     );
     let recovery = svc.recover().await?;
     if !recovery.adopted.is_empty() || !recovery.removed.is_empty() {
         tracing::info!(adopted = ?recovery.adopted, removed = ?recovery.removed, "recovered sandboxes from the previous run");
     }
+    // Registered before it listens: a create on another gateway may be
+    // placed here as soon as this returns.
+    let heartbeat = match svc.node() {
+        Some(node) => {
+            svc.heartbeat().await.context("registering this node")?;
+            tracing::info!(node, "node of a shared database");
+            Some(crate::cluster::spawn_heartbeat(svc.clone()))
+        }
+        None => None,
+    };
     let abandoned = {
         let (data_dir, substrate) = (config.data_dir.clone(), substrate.clone());
         let store = open_store(&config)?;
@@ -193,6 +217,9 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         async move {
             signalled.await;
             reaper.abort();
+            if let Some(heartbeat) = heartbeat {
+                heartbeat.abort();
+            }
             if let Some(metrics) = metrics {
                 metrics.abort();
             }
@@ -274,7 +301,7 @@ const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
 /// ones are durable by definition and wait for the next start.
 async fn kill_all(svc: &Sandboxes) {
     let Ok(records) = svc.list(&Caller::operator(), &Default::default()) else { return };
-    for record in records.into_iter().filter(|r| r.paused.is_none()) {
+    for record in records.into_iter().filter(|r| r.paused.is_none() && svc.holds(r.node.as_deref())) {
         if let Err(e) = svc.kill(&Caller::operator(), &record.id).await {
             tracing::error!("killing {} on shutdown: {e:#}", record.id);
         }

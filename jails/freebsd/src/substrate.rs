@@ -295,6 +295,10 @@ impl Substrate for JailSubstrate {
         Ok(usage)
     }
 
+    fn host_memory(&self) -> Option<copse_substrate::HostMemory> {
+        host_memory()
+    }
+
     fn capabilities(&self) -> Capabilities {
         // Jails have no way to save a process's memory; snapshots are of
         // files only.
@@ -491,6 +495,29 @@ fn info(t: zfs::TemplateSnapshot) -> TemplateInfo {
         backend: Backend::Jail,
         recipe: String::new(),
     }
+}
+
+/// `hw.physmem`, and the free plus inactive pages (what the page daemon
+/// hands out without swapping), in MiB.
+fn host_memory() -> Option<copse_substrate::HostMemory> {
+    let physmem: u64 = sysctl_number(c"hw.physmem")?;
+    let page: u64 = sysctl_number::<libc::c_int>(c"hw.pagesize")?.try_into().ok()?;
+    let free: u32 = sysctl_number(c"vm.stats.vm.v_free_count")?;
+    let inactive: u32 = sysctl_number(c"vm.stats.vm.v_inactive_count")?;
+    let mib = 1024 * 1024;
+    Some(copse_substrate::HostMemory {
+        total_mb: physmem / mib,
+        available_mb: (u64::from(free) + u64::from(inactive)) * page / mib,
+    })
+}
+
+/// A sysctl whose value is one plain number of type `T`.
+fn sysctl_number<T: Copy + Default>(name: &std::ffi::CStr) -> Option<T> {
+    let mut value = T::default();
+    let mut len = std::mem::size_of::<T>();
+    // SAFETY: `value` and `len` are valid for writes of the sizes given.
+    let ret = unsafe { libc::sysctlbyname(name.as_ptr(), (&raw mut value).cast(), &raw mut len, std::ptr::null(), 0) };
+    (ret == 0 && len == std::mem::size_of::<T>()).then_some(value)
 }
 
 /// `kern.racct.enable` is a boot-time tunable; without it rctl refuses

@@ -638,6 +638,10 @@ impl Substrate for LinuxSubstrate {
         self.network.as_ref().map_or(Ok(()), |network| network.reconcile(known))
     }
 
+    fn host_memory(&self) -> Option<copse_substrate::HostMemory> {
+        parse_meminfo(&fs::read_to_string("/proc/meminfo").ok()?)
+    }
+
     fn settle(&self) {
         if let Some(network) = &self.network {
             network.settle();
@@ -719,6 +723,20 @@ fn set_hostname(pid: i32, name: &str) -> anyhow::Result<()> {
     })
 }
 
+/// MemTotal and MemAvailable (the kernel's estimate of what can be
+/// allocated without swapping) of `/proc/meminfo`, in MiB.
+fn parse_meminfo(meminfo: &str) -> Option<copse_substrate::HostMemory> {
+    let field = |name: &str| {
+        meminfo
+            .lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(':')?.trim().strip_suffix(" kB")?.parse::<u64>().ok())
+    };
+    Some(copse_substrate::HostMemory {
+        total_mb: field("MemTotal")? / 1024,
+        available_mb: field("MemAvailable")? / 1024,
+    })
+}
+
 /// Start time (clock ticks since boot) of a live, non-zombie process.
 pub fn process_start_time(pid: i32) -> Option<u64> {
     let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
@@ -746,6 +764,15 @@ mod tests {
         assert_eq!(parse_start_time(live), Some(98765));
         let zombie = "42 (x) Z 1 42 42 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 98765 1000 10";
         assert_eq!(parse_start_time(zombie), None);
+    }
+
+    #[test]
+    fn meminfo_gives_total_and_available_in_mib() {
+        let meminfo = "MemTotal:       24576000 kB\nMemFree:         1000 kB\nMemAvailable:   12288000 kB\n";
+        let memory = parse_meminfo(meminfo).unwrap();
+        assert_eq!((memory.total_mb, memory.available_mb), (24000, 12000));
+        assert!(parse_meminfo("MemTotal: 1 kB\n").is_none(), "a kernel without MemAvailable says nothing");
+        assert!(parse_meminfo(&std::fs::read_to_string("/proc/meminfo").unwrap()).unwrap().total_mb > 0);
     }
 
     /// Refusals that need no root: nothing about them touches the kernel.

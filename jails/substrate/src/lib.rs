@@ -23,6 +23,13 @@ pub use phases::Phases;
 pub use router::Router;
 pub use template::{Backend, Recipe, TemplateInfo};
 
+/// The host's memory in MiB (see [`Substrate::host_memory`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HostMemory {
+    pub total_mb: u64,
+    pub available_mb: u64,
+}
+
 /// Resource limits applied to a whole sandbox.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Limits {
@@ -219,6 +226,12 @@ pub trait Substrate: Send + Sync + 'static {
 
     /// What every template of this substrate offers.
     fn capabilities(&self) -> Capabilities;
+
+    /// The host's memory, total and available to new sandboxes, for a
+    /// cluster's placement; `None` where the substrate cannot tell.
+    fn host_memory(&self) -> Option<HostMemory> {
+        None
+    }
 
     /// What sandboxes of `template` offer; differs from
     /// [`Substrate::capabilities`] only where templates have different

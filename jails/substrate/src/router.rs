@@ -318,6 +318,10 @@ impl Substrate for Router {
         Ok(())
     }
 
+    fn host_memory(&self) -> Option<crate::HostMemory> {
+        self.backends.first().and_then(|(_, s)| s.host_memory())
+    }
+
     fn settle(&self) {
         for (_, substrate) in &self.backends {
             substrate.settle();

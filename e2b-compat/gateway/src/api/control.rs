@@ -25,7 +25,7 @@ pub type Service = Arc<Sandboxes>;
 pub(super) type ApiResult<T> = Result<T, ApiError>;
 
 /// The template E2B's SDK asks for when the caller names none.
-const DEFAULT_TEMPLATE: &str = "base";
+pub(super) const DEFAULT_TEMPLATE: &str = "base";
 /// Any stable string: E2B uses it to name the node a sandbox runs on.
 const CLIENT_ID: &str = "copse";
 const DEFAULT_PAGE: usize = 100;

@@ -3,6 +3,7 @@
 
 pub mod control;
 pub mod error;
+pub mod forward;
 pub mod host_routing;
 pub mod proxy;
 pub mod request_span;
@@ -66,6 +67,8 @@ pub fn router(
         .merge(volumes::routes(volumes.clone()))
         .merge(templates::routes())
         .fallback(control::no_route)
+        // After the key's check: a create's team decides where it runs.
+        .route_layer(middleware::from_fn_with_state(svc.clone(), forward::control_plane))
         .route_layer(middleware::from_fn_with_state(gate, require_api_key))
         // The volume's own token is the credential here, not an API key.
         .merge(volume_content::routes(volumes.clone()))

@@ -27,7 +27,7 @@ use super::error::ApiError;
 use super::host_routing::Exposure;
 use crate::agent_link;
 use crate::model::{self, Caller, SandboxRecord};
-use crate::service::Sandboxes;
+use crate::service::{Owner, Sandboxes};
 use crate::store::{AccessTokens, SignedLink};
 
 pub const SANDBOX_ID_HEADER: &str = "e2b-sandbox-id";
@@ -47,6 +47,15 @@ pub async fn switch(State(svc): State<Arc<Sandboxes>>, request: Request, next: N
         Target::ControlPlane => return next.run(request).await,
     };
     tracing::Span::current().record("sandbox_id", record.id.as_str());
+    // Another node's sandbox: its gateway checks the caller.
+    match svc.owner(record.node.as_deref()) {
+        Ok(Owner::Here) => {}
+        Ok(owner) => {
+            let forwarded = request.headers().contains_key(super::forward::FORWARDED_BY);
+            return super::forward::to_owner(&svc, owner, &format!("sandbox {}", record.id), forwarded, request).await;
+        }
+        Err(e) => return ApiError::from(model::SandboxError::from(e)).into_response(),
+    }
     match credentials(&record, &request) {
         Credentials::Foreign => return not_found(&record.id),
         Credentials::Wrong => {

@@ -28,4 +28,8 @@ pub struct BuildLayer {
     /// is collected once the last of them is deleted.
     pub templates: Vec<String>,
     pub created_at_ms: i64,
+    /// The node whose host holds it, on a shared database (`model::node`);
+    /// `None` on a single host, and for records from before nodes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
 }

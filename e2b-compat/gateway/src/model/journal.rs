@@ -14,6 +14,10 @@ pub struct Intent {
     pub sandbox: String,
     pub change: Change,
     pub started_at_ms: i64,
+    /// The node whose host the change touches, on a shared database
+    /// (`model::node`); `None` on a single host.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
 }
 
 /// What was being done, with every name the host may already hold for it
@@ -63,6 +67,7 @@ mod tests {
             sandbox: "s1".into(),
             change: Change::Pause { files: Some("k".into()) },
             started_at_ms: 5,
+            node: Some("n".into()),
         };
         let json = serde_json::to_string(&intent).unwrap();
         assert!(json.contains(r#""op":"pause""#), "{json}");

@@ -1,6 +1,6 @@
 //! The gateway's model: the records it keeps (sandboxes, snapshots, secrets,
 //! teams, keys, journal intents, built templates and their build layer
-//! cache), their
+//! cache, the nodes of a shared database), their
 //! states and rules, id and clock helpers, the error every service verb
 //! answers with, and the [`Store`] trait that persists the records.
 //!
@@ -16,6 +16,7 @@ mod https_ports;
 mod ids;
 mod journal;
 mod key;
+mod node;
 mod sandbox;
 mod secret;
 mod snapshot;
@@ -32,6 +33,7 @@ pub use https_ports::{MAX_HTTPS_PORTS, validate_https_ports};
 pub use ids::{new_id, new_token, new_uuid, snapshot_key};
 pub use journal::{Change, Intent};
 pub use key::KeyRecord;
+pub use node::{Capacity, HEARTBEAT_MS, LOST_AFTER_MS, NodeRecord, NodeStatus, place, validate_node_id};
 pub use sandbox::{
     DEFAULT_TIMEOUT_S, ENVD_VERSION, MAX_TIMEOUT_S, Paused, SandboxRecord, State, masked_host, validate_host_mask,
     validate_timeout,
@@ -41,7 +43,7 @@ pub use secret::{
     validate_secret_name, validate_secret_value,
 };
 pub use snapshot::{SnapshotRecord, validate_snapshot_name};
-pub use store::{SecretStore, Store, VolumeStore};
+pub use store::{NodeStore, SecretStore, Store, VolumeStore};
 pub use team::{Caller, DEFAULT_TEAM, DEFAULTS_ROW, Quotas, Team, default_team, parse_duration_s, validate_team_name};
 pub use template::{
     Build, BuildFailure, BuildLine, BuildStatus, Image, MAX_BUILD_LOG_LINES, TemplateRecord, split_template_name,

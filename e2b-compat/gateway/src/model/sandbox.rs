@@ -73,6 +73,10 @@ pub struct SandboxRecord {
     /// over TLS. Fixed at create; forks inherit it.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub https_ports: Vec<u16>,
+    /// The node whose host holds it, on a shared database (`model::node`);
+    /// `None` on a single host, and for records from before nodes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
 }
 
 /// How a paused sandbox is held.

@@ -32,6 +32,10 @@ pub struct SnapshotRecord {
     /// asks for.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub volume_mounts: Vec<VolumeMount>,
+    /// The node whose host holds it, on a shared database (`model::node`);
+    /// `None` on a single host, and for records from before nodes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
 }
 
 /// Public snapshot names may carry E2B's `namespace/alias:tag` shape.

@@ -5,6 +5,7 @@
 use super::build_layer::BuildLayer;
 use super::journal::Intent;
 use super::key::KeyRecord;
+use super::node::NodeRecord;
 use super::sandbox::SandboxRecord;
 use super::secret::SecretRecord;
 use super::snapshot::SnapshotRecord;
@@ -104,4 +105,19 @@ pub trait VolumeStore: Send + Sync {
     /// Every team's volumes, ordered by id.
     fn volumes(&self) -> anyhow::Result<Vec<VolumeRecord>>;
     fn remove_volume(&self, id: &str) -> anyhow::Result<bool>;
+}
+
+/// The nodes sharing a database (`model::node`); a single host's SQLite
+/// database holds none.
+pub trait NodeStore: Send + Sync {
+    /// Inserts or replaces the node's record (its heartbeat), keeping the
+    /// stored `draining`: that is the operator's to set, and a heartbeat
+    /// must not undo a drain that came after it read the record.
+    fn beat(&self, node: &NodeRecord) -> anyhow::Result<()>;
+    /// False when there is no such node.
+    fn set_draining(&self, id: &str, draining: bool) -> anyhow::Result<bool>;
+    fn node(&self, id: &str) -> anyhow::Result<Option<NodeRecord>>;
+    /// Every node, ordered by id.
+    fn nodes(&self) -> anyhow::Result<Vec<NodeRecord>>;
+    fn remove_node(&self, id: &str) -> anyhow::Result<bool>;
 }

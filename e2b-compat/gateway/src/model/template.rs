@@ -130,6 +130,10 @@ pub struct TemplateRecord {
     /// Upload links name the template and carry this token: the SDK
     /// sends the upload without its API key.
     pub upload_token: String,
+    /// The node whose host runs its latest build and keeps its image, on a
+    /// shared database (`model::node`); `None` on a single host.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
 }
 
 /// A template name, optionally with E2B's `:tag`, which is accepted and

@@ -237,6 +237,7 @@ impl Sandboxes {
             volume_mounts: request.volumes,
             mask_request_host: request.mask_request_host,
             https_ports: request.https_ports,
+            node: self.node().map(str::to_string),
         };
         if let Err(e) = self.hand_over(&record, agent_token.as_deref()).await {
             self.discard(&record.id).await;

@@ -69,7 +69,7 @@ impl Sandboxes {
 
     /// Re-applies policies that name hosts, so their addresses follow DNS.
     pub async fn refresh_host_names(&self) -> anyhow::Result<()> {
-        for record in self.store.all()?.into_iter().filter(|r| !r.has_no_processes()) {
+        for record in self.own_records()?.into_iter().filter(|r| !r.has_no_processes()) {
             if let Some(network) = record.network.as_ref().filter(|n| n.policy.has_hosts())
                 && let Err(e) = self.apply_policy(&record.id, &network.policy).await
             {

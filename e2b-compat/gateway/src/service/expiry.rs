@@ -11,7 +11,9 @@ use crate::telemetry::{self, KillReason};
 impl Sandboxes {
     /// Kills (or, if asked at create, pauses) expired sandboxes.
     pub async fn reap(&self) -> anyhow::Result<()> {
-        let expired = self.store.expired(now_ms())?;
+        let mut expired = self.store.expired(now_ms())?;
+        // Another node's expire on their own host.
+        expired.retain(|id| self.store.get(id).ok().flatten().is_some_and(|r| self.holds(r.node.as_deref())));
         telemetry::metrics().reaper_queue.set(expired.len() as i64);
         for id in expired {
             let span = tracing::info_span!("sandbox", sandbox_id = %id);
@@ -46,7 +48,7 @@ impl Sandboxes {
     /// team's paused retention.
     pub async fn reap_paused(&self) -> anyhow::Result<()> {
         let now = now_ms();
-        for record in self.store.all()? {
+        for record in self.own_records()? {
             let Some(paused_at) = record.paused.as_ref().and_then(|p| p.paused_at_ms) else { continue };
             let Some(retention) = self.quota.paused_retention_ms(&record.team) else { continue };
             if paused_at.saturating_add(retention) > now {
@@ -72,7 +74,7 @@ impl Sandboxes {
 
     /// Forgets sandboxes whose init died on its own.
     pub async fn reap_dead(&self) -> anyhow::Result<()> {
-        for record in self.store.all()? {
+        for record in self.own_records()? {
             // A rollback or restart in progress has no live placement yet.
             let Some(_quiet) = self.transitions.try_lock(&record.id) else { continue };
             let Some(record) = self.store.get(&record.id)? else { continue };

@@ -31,7 +31,13 @@ impl Sandboxes {
     /// Writes the intent to make `change` on `sandbox`; hold the entry
     /// until the store says what the host now holds.
     pub(super) fn journal(&self, sandbox: &str, change: Change) -> anyhow::Result<Entry<'_>> {
-        let intent = Intent { id: new_id(), sandbox: sandbox.to_string(), change, started_at_ms: now_ms() };
+        let intent = Intent {
+            id: new_id(),
+            sandbox: sandbox.to_string(),
+            change,
+            started_at_ms: now_ms(),
+            node: self.node().map(str::to_string),
+        };
         self.store.put_intent(&intent)?;
         Ok(Entry { store: self.store.as_ref(), id: intent.id })
     }
@@ -40,7 +46,8 @@ impl Sandboxes {
     /// One that cannot be settled is logged and cleared: the substrate's
     /// recovery then removes whatever no record names.
     pub(super) async fn replay_journal(&self) -> anyhow::Result<()> {
-        let mut intents = self.store.intents()?;
+        let mut intents: Vec<Intent> =
+            self.store.intents()?.into_iter().filter(|i| self.holds(i.node.as_deref())).collect();
         intents.sort_by_key(|i| i.started_at_ms);
         for intent in intents {
             let record = self.store.get(&intent.sandbox)?;

@@ -134,6 +134,11 @@ impl Sandboxes {
     pub async fn latest_metrics(&self, caller: &Caller, ids: &[String]) -> Result<Vec<(String, Metric)>> {
         let mut found = Vec::new();
         for id in ids {
+            // Another node samples its own (a cluster-wide list is not
+            // gathered: each gateway answers for its host).
+            if self.store.get(id)?.is_some_and(|r| !self.holds(r.node.as_deref())) {
+                continue;
+            }
             if self.stale(id) {
                 match self.metrics(caller, id).await {
                     Ok(_) | Err(SandboxError::NotFound(_)) => {}

@@ -15,6 +15,7 @@ mod fork;
 mod journal;
 mod kill;
 mod metrics;
+mod nodes;
 mod observe;
 mod pause;
 mod pools;
@@ -46,6 +47,7 @@ pub use builds::{BuildSpec, MAX_UPLOAD_BYTES, RawStep, is_image_template};
 pub use create::{CreateRequest, Timings};
 pub use fork::{MAX_CLONES, MAX_FORKS};
 pub use metrics::Metric;
+pub use nodes::{Membership, Owner};
 pub use pause::Connected;
 pub use secrets::Secrets;
 pub use volumes::{DEFAULT_VOLUME_GB, Volumes, team_volume_limit};
@@ -84,6 +86,9 @@ pub struct Sandboxes {
     /// The egress CA's certificate (PEM), which a sandbox with
     /// `network.rules` trusts (`egress.rs`).
     egress_ca: Option<Arc<str>>,
+    /// This gateway's node on a shared database (`nodes.rs`); `None` on a
+    /// single host, where every record is its own.
+    node: Option<nodes::Membership>,
 }
 
 /// Whether callers may name `template`: not an image's (see
@@ -123,6 +128,7 @@ impl Sandboxes {
             warmer: Default::default(),
             secrets: None,
             egress_ca: None,
+            node: None,
         }
     }
 

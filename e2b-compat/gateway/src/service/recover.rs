@@ -13,7 +13,7 @@ impl Sandboxes {
         // First the changes a crash cut short, so the records below say
         // what the host holds (or should hold) again.
         self.replay_journal().await?;
-        let records = self.store.all()?;
+        let records = self.own_records()?;
         // A sandbox paused without memory has no processes to find; its
         // files live in a snapshot, reconciled below.
         let known: Vec<(String, Placement)> =
@@ -44,20 +44,20 @@ impl Sandboxes {
         Ok(recovery)
     }
 
-    /// Snapshot and build cache rows whose files are gone are dropped,
-    /// and substrate snapshots no row (no snapshot, paused sandbox, built
-    /// template or cache entry) names are deleted.
+    /// This host's snapshot and build cache rows whose files are gone are
+    /// dropped, and substrate snapshots no row of any node (no snapshot,
+    /// paused sandbox, built template or cache entry) names are deleted.
     async fn reconcile_snapshots(&self) -> anyhow::Result<()> {
         let on_host = self.blocking(|s| s.snapshots()).await?;
         let rows = self.store.snapshots()?;
-        for row in &rows {
+        for row in rows.iter().filter(|r| self.holds(r.node.as_deref())) {
             if !on_host.iter().any(|s| s.id == row.key) {
                 tracing::warn!("snapshot {} lost its files; forgetting it", row.id);
                 self.store.remove_snapshot(&row.team, &row.id)?;
             }
         }
         let layers = self.store.build_layers()?;
-        for layer in &layers {
+        for layer in layers.iter().filter(|l| self.holds(l.node.as_deref())) {
             if !on_host.iter().any(|s| s.id == layer.snapshot_key) {
                 tracing::warn!("build cache layer {} lost its files; forgetting it", layer.key);
                 self.store.remove_build_layer(&layer.key)?;

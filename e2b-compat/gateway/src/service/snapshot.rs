@@ -77,6 +77,7 @@ impl Sandboxes {
             memory: info.memory,
             agent_token: info.memory.then(|| record.access_token.clone()),
             volume_mounts: record.volume_mounts.clone(),
+            node: self.node().map(str::to_string),
         };
         self.store.put_snapshot(&snapshot)?;
         fault::point("snapshot:after-record");

@@ -5,8 +5,8 @@
 
 use super::Database;
 use crate::model::{
-    BuildLayer, Change, DEFAULT_TEAM, Intent, KeyRecord, SandboxRecord, SecretRecord, SnapshotRecord, Team,
-    TemplateLabels, TemplateRecord, VolumeRecord,
+    BuildLayer, Capacity, Change, DEFAULT_TEAM, Intent, KeyRecord, NodeRecord, SandboxRecord, SecretRecord,
+    SnapshotRecord, Team, TemplateLabels, TemplateRecord, VolumeRecord,
 };
 
 /// One fresh database and ways into it.
@@ -27,6 +27,7 @@ macro_rules! behaviours {
             @each $backend;
             a_build_layer_is_found_only_by_its_team_and_outlives_the_connection,
             a_volume_name_is_taken_once_per_team,
+            a_nodes_heartbeat_replaces_its_record_but_not_the_operators_drain,
             a_secret_name_is_taken_once_and_freed_by_removal,
             journal_intents_outlive_the_connection_until_cleared_and_a_torn_one_is_quarantined,
             an_unreadable_row_is_quarantined_and_the_rest_still_listed,
@@ -59,6 +60,7 @@ pub fn a_build_layer_is_found_only_by_its_team_and_outlives_the_connection(db: &
         workdir: Some("/w".into()),
         templates: vec!["t1".into()],
         created_at_ms: 1,
+        node: Some("n".into()),
     };
     db.open().put_build_layer(&layer).unwrap();
     let store = db.open();
@@ -89,6 +91,37 @@ pub fn a_volume_name_is_taken_once_per_team(db: &dyn Backend) {
     assert!(store.remove_volume("a").unwrap());
     assert!(!store.remove_volume("a").unwrap());
     assert!(store.volume_named(DEFAULT_TEAM, "data").unwrap().is_none());
+}
+
+pub fn a_nodes_heartbeat_replaces_its_record_but_not_the_operators_drain(db: &dyn Backend) {
+    let (gateway, operator) = (db.open(), db.open());
+    let mut node = NodeRecord {
+        id: "bbbbbbbbbbbbbbbbbbbb".into(),
+        api_url: "http://10.0.0.2:49982".into(),
+        substrate: "linux-namespaces".into(),
+        capacity: Capacity { cpus: 2, memory_mb: 8192, memory_free_mb: 4096, disk_free_mb: 100, running: 0 },
+        templates: vec!["base".into()],
+        started_at_ms: 1,
+        heartbeat_at_ms: 1,
+        draining: false,
+    };
+    assert!(!operator.set_draining(&node.id, true).unwrap(), "no such node yet");
+    gateway.beat(&node).unwrap();
+    gateway.beat(&NodeRecord { id: "aaaaaaaaaaaaaaaaaaaa".into(), ..node.clone() }).unwrap();
+    assert!(operator.set_draining(&node.id, true).unwrap());
+    // The next heartbeat was computed before the drain: it keeps it.
+    node.heartbeat_at_ms = 2_001;
+    node.capacity.running = 3;
+    gateway.beat(&node).unwrap();
+    let seen = operator.nodes().unwrap();
+    assert_eq!(seen.iter().map(|n| n.id.as_str()).collect::<Vec<_>>(), ["aaaaaaaaaaaaaaaaaaaa", node.id.as_str()]);
+    assert_eq!(operator.node(&node.id).unwrap(), Some(NodeRecord { draining: true, ..node.clone() }));
+    assert!(operator.set_draining(&node.id, false).unwrap());
+    gateway.beat(&node).unwrap();
+    assert!(!operator.node(&node.id).unwrap().unwrap().draining);
+    assert!(operator.remove_node(&node.id).unwrap());
+    assert!(!operator.remove_node(&node.id).unwrap());
+    assert_eq!(gateway.node(&node.id).unwrap(), None);
 }
 
 fn secret(id: &str, name: &str) -> SecretRecord {
@@ -141,6 +174,7 @@ pub fn journal_intents_outlive_the_connection_until_cleared_and_a_torn_one_is_qu
         sandbox: "s1".into(),
         change: Change::Resume { files: Some("k1".into()) },
         started_at_ms: 1,
+        node: None,
     };
     {
         let store = db.open();

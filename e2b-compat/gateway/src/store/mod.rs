@@ -15,11 +15,11 @@ pub use sqlite::SqliteStore;
 pub use tokens::{AccessTokens, Indexed, SignedLink};
 pub use usage::{TeamUsage, Usage};
 
-use crate::model::{SecretStore, Store, VolumeStore};
+use crate::model::{NodeStore, SecretStore, Store, VolumeStore};
 
 /// Every kind of record in one database, whichever holds them: what
 /// `server::open_store` hands out, each part then given to the service
 /// that needs it.
-pub trait Database: Store + SecretStore + VolumeStore {}
+pub trait Database: Store + SecretStore + VolumeStore + NodeStore {}
 
-impl<T: Store + SecretStore + VolumeStore> Database for T {}
+impl<T: Store + SecretStore + VolumeStore + NodeStore> Database for T {}

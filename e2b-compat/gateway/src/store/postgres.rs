@@ -19,8 +19,8 @@ use serde::de::DeserializeOwned;
 
 use super::table::Table;
 use crate::model::{
-    BuildLayer, Intent, KeyRecord, SandboxRecord, SecretRecord, SecretStore, SnapshotRecord, Store, Team,
-    TemplateLabels, TemplateRecord, VolumeRecord, VolumeStore,
+    BuildLayer, Intent, KeyRecord, NodeRecord, NodeStore, SandboxRecord, SecretRecord, SecretStore, SnapshotRecord,
+    Store, Team, TemplateLabels, TemplateRecord, VolumeRecord, VolumeStore,
 };
 
 type Job = Box<dyn FnOnce(&mut Client) + Send>;
@@ -177,8 +177,10 @@ fn connect(config: &postgres::Config) -> anyhow::Result<Client> {
 }
 
 fn migrate(client: &mut Client) -> anyhow::Result<()> {
-    let migrations =
-        [refinery::Migration::unapplied("V1__tables", include_str!("postgres_migrations/V1__tables.sql"))?];
+    let migrations = [
+        refinery::Migration::unapplied("V1__tables", include_str!("postgres_migrations/V1__tables.sql"))?,
+        refinery::Migration::unapplied("V2__nodes", include_str!("postgres_migrations/V2__nodes.sql"))?,
+    ];
     client.execute("SELECT pg_advisory_lock($1)", &[&MIGRATION_LOCK])?;
     let migrated = refinery::Runner::new(&migrations).run(client).context("migrating the database");
     client.execute("SELECT pg_advisory_unlock($1)", &[&MIGRATION_LOCK])?;
@@ -496,6 +498,41 @@ impl VolumeStore for PostgresStore {
     }
 }
 
+impl NodeStore for PostgresStore {
+    fn beat(&self, node: &NodeRecord) -> anyhow::Result<()> {
+        let (id, json) = (node.id.clone(), serde_json::to_string(node)?);
+        self.run(move |c| {
+            c.execute(
+                "INSERT INTO nodes (id, record) VALUES ($1, $2) ON CONFLICT (id) DO UPDATE SET record = jsonb_set(
+                     excluded.record::jsonb, '{draining}', COALESCE(nodes.record::jsonb -> 'draining', 'false'))::text",
+                &[&id, &json],
+            )?;
+            Ok(())
+        })
+    }
+
+    fn set_draining(&self, id: &str, draining: bool) -> anyhow::Result<bool> {
+        let id = id.to_owned();
+        self.run(move |c| {
+            let sql = "UPDATE nodes SET record = jsonb_set(record::jsonb, '{draining}', to_jsonb($2::bool))::text
+                       WHERE id = $1";
+            Ok(c.execute(sql, &[&id, &draining])? > 0)
+        })
+    }
+
+    fn node(&self, id: &str) -> anyhow::Result<Option<NodeRecord>> {
+        self.decode_one(Table::Nodes, id)
+    }
+
+    fn nodes(&self) -> anyhow::Result<Vec<NodeRecord>> {
+        self.decode_all(Table::Nodes)
+    }
+
+    fn remove_node(&self, id: &str) -> anyhow::Result<bool> {
+        self.delete_by_id(Table::Nodes, id)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -549,12 +586,13 @@ mod tests {
                 sandbox: "s".into(),
                 change: crate::model::Change::Resume { files: None },
                 started_at_ms: 0,
+                node: None,
             })
             .unwrap();
         assert_eq!(stores[2].intents().unwrap().len(), 1);
         let mut client = Client::connect(&server.url(), NoTls).unwrap();
         let applied: i64 = client.query_one("SELECT count(*) FROM refinery_schema_history", &[]).unwrap().get(0);
-        assert_eq!(applied, 1);
+        assert_eq!(applied, 2, "V1__tables and V2__nodes, each once");
     }
 
     #[test]

@@ -15,8 +15,8 @@ use serde::de::DeserializeOwned;
 
 use super::table::Table;
 use crate::model::{
-    BuildLayer, DEFAULT_TEAM, Intent, KeyRecord, SandboxRecord, SecretRecord, SecretStore, SnapshotRecord, Store, Team,
-    TemplateLabels, TemplateRecord, VolumeRecord, VolumeStore,
+    BuildLayer, DEFAULT_TEAM, Intent, KeyRecord, NodeRecord, NodeStore, SandboxRecord, SecretRecord, SecretStore,
+    SnapshotRecord, Store, Team, TemplateLabels, TemplateRecord, VolumeRecord, VolumeStore,
 };
 
 pub struct SqliteStore {
@@ -102,6 +102,10 @@ impl SqliteStore {
                  record TEXT NOT NULL
              );
              CREATE TABLE IF NOT EXISTS journal (
+                 id TEXT PRIMARY KEY,
+                 record TEXT NOT NULL
+             );
+             CREATE TABLE IF NOT EXISTS nodes (
                  id TEXT PRIMARY KEY,
                  record TEXT NOT NULL
              );
@@ -456,6 +460,36 @@ impl VolumeStore for SqliteStore {
 
     fn remove_volume(&self, id: &str) -> anyhow::Result<bool> {
         delete_by_id(&self.lock(), Table::Volumes, id)
+    }
+}
+
+impl NodeStore for SqliteStore {
+    fn beat(&self, node: &NodeRecord) -> anyhow::Result<()> {
+        self.lock().execute(
+            "INSERT INTO nodes (id, record) VALUES (?1, ?2) ON CONFLICT(id) DO UPDATE SET record = json_set(
+                 excluded.record, '$.draining',
+                 json(CASE WHEN json_extract(nodes.record, '$.draining') THEN 'true' ELSE 'false' END))",
+            params![node.id, serde_json::to_string(node)?],
+        )?;
+        Ok(())
+    }
+
+    fn set_draining(&self, id: &str, draining: bool) -> anyhow::Result<bool> {
+        let flag = if draining { "true" } else { "false" };
+        let sql = "UPDATE nodes SET record = json_set(record, '$.draining', json(?2)) WHERE id = ?1";
+        Ok(self.lock().execute(sql, params![id, flag])? > 0)
+    }
+
+    fn node(&self, id: &str) -> anyhow::Result<Option<NodeRecord>> {
+        decode_one(&self.lock(), Table::Nodes, "id", id)
+    }
+
+    fn nodes(&self) -> anyhow::Result<Vec<NodeRecord>> {
+        decode_all(&self.lock(), Table::Nodes)
+    }
+
+    fn remove_node(&self, id: &str) -> anyhow::Result<bool> {
+        delete_by_id(&self.lock(), Table::Nodes, id)
     }
 }
 

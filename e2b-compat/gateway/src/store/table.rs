@@ -10,6 +10,7 @@ pub(super) enum Table {
     Templates,
     BuildLayers,
     TemplateLabels,
+    Nodes,
 }
 
 impl Table {
@@ -22,6 +23,7 @@ impl Table {
             Table::Templates => "built_templates",
             Table::BuildLayers => "build_layers",
             Table::TemplateLabels => "template_labels",
+            Table::Nodes => "nodes",
         }
     }
 }

@@ -96,6 +96,7 @@ mod tests {
             image: on.map(|template| Image { substrate_template: template.into(), ..Default::default() }),
             build_count: 1,
             upload_token: String::new(),
+            node: None,
         }
     }
 

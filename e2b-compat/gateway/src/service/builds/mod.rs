@@ -95,7 +95,12 @@ impl Sandboxes {
             Some(existing) if matches!(existing.build.status, BuildStatus::Building) => {
                 return Err(SandboxError::Conflict(format!("template {name:?} is being built; wait for that build")));
             }
-            Some(existing) => TemplateRecord { build, build_count: existing.build_count + 1, ..existing },
+            Some(existing) => TemplateRecord {
+                build,
+                build_count: existing.build_count + 1,
+                node: self.node().map(str::to_string),
+                ..existing
+            },
             None => TemplateRecord {
                 id: new_id(),
                 team: caller.team.clone(),
@@ -105,6 +110,7 @@ impl Sandboxes {
                 image: None,
                 build_count: 1,
                 upload_token: new_token(),
+                node: self.node().map(str::to_string),
             },
         };
         self.store.put_template(&record)?;
@@ -281,7 +287,10 @@ impl Sandboxes {
     pub fn fail_interrupted_builds(&self) -> Result<usize> {
         let mut failed = 0;
         for mut record in self.store.built_templates()? {
-            if matches!(record.build.status, BuildStatus::Building | BuildStatus::Waiting) {
+            // Another node's build runs on, on its own host.
+            if matches!(record.build.status, BuildStatus::Building | BuildStatus::Waiting)
+                && self.holds(record.node.as_deref())
+            {
                 record.build.status = BuildStatus::Error;
                 record.build.failure = Some(crate::model::BuildFailure {
                     message: "the build was interrupted by a gateway restart; build again".into(),

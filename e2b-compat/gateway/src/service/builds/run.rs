@@ -233,6 +233,7 @@ impl Sandboxes {
                 workdir: state.workdir.clone(),
                 templates: vec![console.record.id.clone()],
                 created_at_ms: 0,
+                node: self.node().map(str::to_string),
             },
             Err(e) => {
                 console.line("warn", None, format!("caching the step's files failed: {e}"));

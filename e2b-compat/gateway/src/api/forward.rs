@@ -1,0 +1,154 @@
+//! Calls for a sandbox on another node of a shared database, sent to that
+//! node's gateway: the SDK may talk to any gateway, and only the node
+//! whose host runs a sandbox can act on it. Creates go to the node that
+//! [`Sandboxes::place_create`] picks.
+//!
+//! The request is passed on whole (its API key or access token, its body
+//! streamed, an upgrade spliced through), so the owner checks the caller as
+//! it would a direct call; it is marked with this node's id, and a marked
+//! request is never forwarded again. A call for a sandbox on a lost node
+//! is a 503 that says so.
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::extract::{MatchedPath, Request, State};
+use axum::http::{HeaderValue, StatusCode, Uri, Version, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use hyper_util::rt::TokioIo;
+
+use super::error::ApiError;
+use crate::model::{NodeRecord, SandboxError};
+use crate::service::{Owner, Sandboxes};
+use crate::tenancy::Principal;
+
+/// Marks a request one gateway passed to another, naming the sender.
+pub const FORWARDED_BY: &str = "x-copse-forwarded-by";
+/// A create's body is read before it is placed; E2B's are small JSON.
+const MAX_CREATE_BODY: usize = 1 << 20;
+
+/// The control plane's part (inside the API-key check, so a create's team
+/// is known): calls naming a sandbox go to its node, creates to the node
+/// placement picks.
+pub async fn control_plane(State(svc): State<Arc<Sandboxes>>, request: Request, next: Next) -> Response {
+    if svc.node().is_none() {
+        return next.run(request).await;
+    }
+    let forwarded = request.headers().contains_key(FORWARDED_BY);
+    if let Some(id) = sandbox_in_path(&request) {
+        return match svc.owner_of_sandbox(&id) {
+            Ok(Owner::Here) => next.run(request).await,
+            Ok(owner) => to_owner(&svc, owner, &format!("sandbox {id}"), forwarded, request).await,
+            Err(e) => ApiError::from(SandboxError::from(e)).into_response(),
+        };
+    }
+    if !is_create(&request) || forwarded {
+        return next.run(request).await;
+    }
+    let (parts, body) = request.into_parts();
+    let body = match axum::body::to_bytes(body, MAX_CREATE_BODY).await {
+        Ok(body) => body,
+        Err(e) => return ApiError::bad_request(format!("reading the request body: {e}")).into_response(),
+    };
+    // A body that is not the JSON a create takes is the handler's to refuse.
+    let template = serde_json::from_slice::<serde_json::Value>(&body)
+        .ok()
+        .map(|v| v.get("templateID").and_then(|t| t.as_str()).unwrap_or(super::control::DEFAULT_TEMPLATE).to_string());
+    let request = Request::from_parts(parts, Body::from(body));
+    let (Some(template), Some(who)) = (template, request.extensions().get::<Principal>()) else {
+        return next.run(request).await;
+    };
+    match svc.place_create(&who.caller, &template) {
+        Ok(Owner::Here) => next.run(request).await,
+        Ok(owner) => to_owner(&svc, owner, &format!("template {template}"), false, request).await,
+        Err(e) => ApiError::from(e).into_response(),
+    }
+}
+
+/// Sends `request` to `owner` (`what` names the thing it is about, for
+/// errors); a request already forwarded to this node that finds it here
+/// no more is refused rather than sent round again.
+pub async fn to_owner(svc: &Sandboxes, owner: Owner, what: &str, forwarded: bool, request: Request) -> Response {
+    match owner {
+        Owner::Here => ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "forwarding to this node").into_response(),
+        Owner::Lost { node, last_heard_ms } => {
+            ApiError::from(Owner::lost_error(what, &node, last_heard_ms)).into_response()
+        }
+        Owner::There(node) if forwarded => ApiError::new(
+            StatusCode::CONFLICT,
+            format!(
+                "{what} is on node {}, not on node {} that this call was forwarded to",
+                node.id,
+                svc.node().unwrap_or("-")
+            ),
+        )
+        .into_response(),
+        Owner::There(node) => send(svc.node().unwrap_or_default(), &node, request).await,
+    }
+}
+
+/// The sandbox id of a control-plane route that names one.
+fn sandbox_in_path(request: &Request) -> Option<String> {
+    let matched = request.extensions().get::<MatchedPath>()?.as_str();
+    let names_sandbox = ["/sandboxes/{id}", "/v2/sandboxes/{id}", "/copse/sandboxes/{id}"]
+        .iter()
+        .any(|prefix| matched == *prefix || matched.starts_with(&format!("{prefix}/")));
+    if !names_sandbox {
+        return None;
+    }
+    let at = matched.split('/').position(|segment| segment == "{id}")?;
+    request.uri().path().split('/').nth(at).map(str::to_string)
+}
+
+fn is_create(request: &Request) -> bool {
+    let matched = request.extensions().get::<MatchedPath>().map(MatchedPath::as_str);
+    request.method() == axum::http::Method::POST && matches!(matched, Some("/sandboxes" | "/v2/sandboxes"))
+}
+
+/// Passes `request` to `node`'s gateway, one connection per call.
+async fn send(from: &str, node: &NodeRecord, mut request: Request) -> Response {
+    let unreachable = |e: &dyn std::fmt::Display| {
+        tracing::warn!(node = %node.id, "forwarding to {}: {e}", node.api_url);
+        ApiError::new(StatusCode::BAD_GATEWAY, format!("node {} is not reachable: {e}", node.id)).into_response()
+    };
+    let authority = match node.api_url.parse::<Uri>().ok().and_then(|u| u.authority().cloned()) {
+        Some(authority) => authority,
+        None => return unreachable(&format!("its address {:?} is not a URL", node.api_url)),
+    };
+    // HTTP/2 carries the name in the URI, which becomes origin-form below.
+    if !request.headers().contains_key(header::HOST)
+        && let Some(host) = request.uri().authority().and_then(|a| HeaderValue::from_str(a.as_str()).ok())
+    {
+        request.headers_mut().insert(header::HOST, host);
+    }
+    if let Ok(from) = HeaderValue::from_str(from) {
+        request.headers_mut().insert(FORWARDED_BY, from);
+    }
+    *request.version_mut() = Version::HTTP_11;
+    if let Some(path) = request.uri().path_and_query().cloned() {
+        *request.uri_mut() = Uri::from(path);
+    }
+    let client_upgrade = copse_protocol::upgrade::take(&mut request);
+    let stream = match tokio::net::TcpStream::connect(authority.as_str()).await {
+        Ok(stream) => stream,
+        Err(e) => return unreachable(&e),
+    };
+    let _ = stream.set_nodelay(true);
+    let (mut sender, connection) = match hyper::client::conn::http1::handshake(TokioIo::new(stream)).await {
+        Ok(handshake) => handshake,
+        Err(e) => return unreachable(&e),
+    };
+    tokio::spawn(async move {
+        if let Err(e) = connection.with_upgrades().await {
+            tracing::debug!("connection to another node ended: {e}");
+        }
+    });
+    match sender.send_request(request).await {
+        Ok(mut response) => {
+            copse_protocol::upgrade::splice(client_upgrade, &mut response);
+            response.map(Body::new)
+        }
+        Err(e) => unreachable(&e),
+    }
+}

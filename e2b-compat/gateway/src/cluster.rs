@@ -1,0 +1,141 @@
+//! A gateway as a node of a shared database (`copse up --database
+//! postgres://…`): its id, kept in its data dir so a restart is the same
+//! node and adopts its sandboxes again; the address other gateways reach
+//! it on; its heartbeat; and the operator's `copse node` view.
+//!
+//! What a node is and how placement chooses one is `model::node`; which
+//! records a node acts on is `service::nodes`; forwarding calls to the
+//! node that holds a sandbox is `api::forward`.
+
+use std::io::Write;
+use std::net::SocketAddr;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+
+use crate::model::{HEARTBEAT_MS, NodeRecord, NodeStore, now_ms, validate_node_id};
+use crate::service::Sandboxes;
+
+const NODE_ID_FILE: &str = "node-id";
+
+/// This data dir's node id: the one it was given on its first start on a
+/// shared database, or a new one.
+pub fn node_id(data_dir: &Path) -> anyhow::Result<String> {
+    let path = data_dir.join(NODE_ID_FILE);
+    match std::fs::read_to_string(&path) {
+        Ok(id) => {
+            let id = id.trim().to_string();
+            validate_node_id(&id).map_err(anyhow::Error::msg).with_context(|| format!("reading {}", path.display()))?;
+            Ok(id)
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let id = crate::model::new_id();
+            let mut file = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(&path)
+                .with_context(|| format!("creating {}", path.display()))?;
+            writeln!(file, "{id}")?;
+            file.sync_all()?;
+            Ok(id)
+        }
+        Err(e) => Err(e).with_context(|| format!("reading {}", path.display())),
+    }
+}
+
+/// Where other gateways reach this one: `--advertise`, or the listen
+/// address when it names one host.
+pub fn api_url(listen: SocketAddr, advertise: Option<&str>) -> anyhow::Result<String> {
+    match advertise {
+        Some(url) => {
+            let uri: axum::http::Uri = url.parse().with_context(|| format!("--advertise {url:?} is not a URL"))?;
+            anyhow::ensure!(
+                uri.scheme_str() == Some("http") && uri.port_u16().is_some() && uri.path() == "/",
+                "--advertise {url:?}: give http://HOST:PORT (other gateways call it)"
+            );
+            Ok(url.trim_end_matches('/').to_string())
+        }
+        None if listen.ip().is_unspecified() => {
+            anyhow::bail!(
+                "listening on {listen}: say where other gateways reach this one with --advertise http://HOST:PORT"
+            )
+        }
+        None => Ok(format!("http://{listen}")),
+    }
+}
+
+/// Rewrites this node's record every [`HEARTBEAT_MS`] until aborted.
+pub fn spawn_heartbeat(svc: Arc<Sandboxes>) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_millis(HEARTBEAT_MS as u64));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            if let Err(e) = svc.heartbeat().await {
+                tracing::warn!("heartbeat: {e:#}");
+            }
+        }
+    })
+}
+
+/// `copse node ls`: one line per node.
+pub fn table(nodes: &[NodeRecord], sandboxes: &[(Option<String>, bool)]) -> String {
+    let now = now_ms();
+    let mut out = format!(
+        "{:<20}  {:<8}  {:>7}  {:>9}  {:>8}  {:>6}  {}\n",
+        "NODE", "STATUS", "HEARD", "FREE MEM", "RUNNING", "PAUSED", "ADDRESS"
+    );
+    for node in nodes {
+        let mine = sandboxes.iter().filter(|(n, _)| n.as_deref() == Some(node.id.as_str()));
+        let paused = mine.clone().filter(|(_, paused)| *paused).count();
+        let running = mine.count() - paused;
+        out.push_str(&format!(
+            "{:<20}  {:<8}  {:>6}s  {:>6} MB  {:>8}  {:>6}  {}\n",
+            node.id,
+            node.status(now).as_str(),
+            (now - node.heartbeat_at_ms).max(0) / 1000,
+            node.capacity.memory_free_mb,
+            running,
+            paused,
+            node.api_url
+        ));
+    }
+    out
+}
+
+/// `copse node drain|undrain ID`: whether new sandboxes may be placed on
+/// it. Its record's other fields stay as its heartbeat wrote them.
+pub fn set_draining(nodes: &dyn NodeStore, id: &str, draining: bool) -> anyhow::Result<()> {
+    anyhow::ensure!(nodes.set_draining(id, draining)?, "no node {id} in this database");
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_data_dir_keeps_its_node_id_and_a_bad_one_stops_the_start() {
+        let dir = tempfile::tempdir().unwrap();
+        let first = node_id(dir.path()).unwrap();
+        assert_eq!(node_id(dir.path()).unwrap(), first);
+        std::fs::write(dir.path().join(NODE_ID_FILE), "../x\n").unwrap();
+        assert!(node_id(dir.path()).is_err());
+    }
+
+    #[test]
+    fn other_gateways_need_an_address_that_names_a_host() {
+        let any: SocketAddr = "0.0.0.0:3000".parse().unwrap();
+        let one: SocketAddr = "10.0.0.5:3000".parse().unwrap();
+        assert_eq!(api_url(one, None).unwrap(), "http://10.0.0.5:3000");
+        assert!(api_url(any, None).is_err());
+        assert_eq!(api_url(any, Some("http://node1:3000/")).unwrap(), "http://node1:3000");
+        assert!(api_url(any, Some("https://node1:3000")).is_err());
+        assert!(api_url(any, Some("http://node1")).is_err());
+        assert!(api_url(any, Some("http://node1:3000/x")).is_err());
+    }
+}

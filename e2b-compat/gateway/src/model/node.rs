@@ -1,0 +1,161 @@
+//! A node: one `copse up` on a shared database (`--database postgres://…`),
+//! the host whose substrate runs the sandboxes placed on it. Every gateway
+//! on a shared database is a node; a gateway on its own SQLite database is
+//! none (everything in its database is its own).
+//!
+//! A node says it is alive by rewriting its record every
+//! [`HEARTBEAT_MS`]; one silent for [`LOST_AFTER_MS`] is lost. Its
+//! sandboxes are then reported as lost, never re-created elsewhere: their
+//! processes and files may still be running on a host that only lost its
+//! way to the database.
+
+use serde::{Deserialize, Serialize};
+
+pub const HEARTBEAT_MS: i64 = 2_000;
+/// Five missed heartbeats: long enough for a busy host's stall, short
+/// enough that a create is not sent to a dead node for long.
+pub const LOST_AFTER_MS: i64 = 10_000;
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeRecord {
+    pub id: String,
+    /// Where other gateways reach this node's API to forward it the calls
+    /// for its sandboxes.
+    pub api_url: String,
+    /// The substrate's name (`linux-namespaces`, `freebsd-jails`, …).
+    pub substrate: String,
+    pub capacity: Capacity,
+    /// Templates whose files this node holds, so a create of one starts
+    /// here without a fetch.
+    pub templates: Vec<String>,
+    pub started_at_ms: i64,
+    pub heartbeat_at_ms: i64,
+    /// Set by `copse node drain`: no new sandbox is placed here.
+    #[serde(default)]
+    pub draining: bool,
+}
+
+/// What a node has and what of it is free, as of its last heartbeat.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Capacity {
+    pub cpus: u32,
+    pub memory_mb: u64,
+    pub memory_free_mb: u64,
+    pub disk_free_mb: u64,
+    /// Sandboxes running here (paused ones hold no processes).
+    pub running: u32,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum NodeStatus {
+    Active,
+    Draining,
+    Lost,
+}
+
+impl NodeStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NodeStatus::Active => "active",
+            NodeStatus::Draining => "draining",
+            NodeStatus::Lost => "lost",
+        }
+    }
+}
+
+impl NodeRecord {
+    pub fn status(&self, now_ms: i64) -> NodeStatus {
+        if now_ms - self.heartbeat_at_ms > LOST_AFTER_MS {
+            NodeStatus::Lost
+        } else if self.draining {
+            NodeStatus::Draining
+        } else {
+            NodeStatus::Active
+        }
+    }
+
+    /// How much a new sandbox of `template` would like this node: its free
+    /// memory shared among the sandboxes it runs and the new one. `None`
+    /// for a node that is not active or lacks the template's files (they
+    /// are not fetched from another node).
+    pub fn placement_score(&self, template: &str, now_ms: i64) -> Option<u64> {
+        if self.status(now_ms) != NodeStatus::Active || !self.templates.iter().any(|t| t == template) {
+            return None;
+        }
+        Some(self.capacity.memory_free_mb / (u64::from(self.capacity.running) + 1))
+    }
+}
+
+/// The node that should take a new sandbox of `template`: the best score,
+/// ties to the lowest id so every gateway picks the same one.
+pub fn place<'a>(nodes: &'a [NodeRecord], template: &str, now_ms: i64) -> Option<&'a NodeRecord> {
+    nodes
+        .iter()
+        .filter_map(|n| Some((n.placement_score(template, now_ms)?, n)))
+        .max_by(|(a, na), (b, nb)| a.cmp(b).then_with(|| nb.id.cmp(&na.id)))
+        .map(|(_, n)| n)
+}
+
+/// Node ids are what `new_id` makes: 20 lowercase letters and digits. A
+/// `node-id` file edited by hand is checked before it names records.
+pub fn validate_node_id(id: &str) -> Result<(), String> {
+    if id.len() == 20 && id.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit()) {
+        Ok(())
+    } else {
+        Err(format!("node id {id:?} is not 20 lowercase letters and digits"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(id: &str, free: u64, running: u32, heartbeat: i64) -> NodeRecord {
+        NodeRecord {
+            id: id.into(),
+            api_url: format!("http://{id}"),
+            substrate: "linux-namespaces".into(),
+            capacity: Capacity { cpus: 2, memory_mb: 8192, memory_free_mb: free, disk_free_mb: 1000, running },
+            templates: vec!["base".into()],
+            started_at_ms: 0,
+            heartbeat_at_ms: heartbeat,
+            draining: false,
+        }
+    }
+
+    #[test]
+    fn a_silent_node_is_lost_and_a_draining_one_takes_nothing() {
+        let mut n = node("a", 4096, 0, 1_000);
+        assert_eq!(n.status(1_000 + LOST_AFTER_MS), NodeStatus::Active);
+        assert_eq!(n.status(1_001 + LOST_AFTER_MS), NodeStatus::Lost);
+        n.draining = true;
+        assert_eq!(n.status(2_000), NodeStatus::Draining);
+        assert_eq!(n.placement_score("base", 2_000), None);
+    }
+
+    #[test]
+    fn placement_shares_free_memory_among_sandboxes_and_needs_the_template() {
+        let now = 5_000;
+        let nodes = vec![node("a", 2048, 0, now), node("b", 6144, 0, now), node("c", 6144, 4, now)];
+        assert_eq!(place(&nodes, "base", now).map(|n| n.id.as_str()), Some("b"));
+        // One host seen by two nodes: the one running fewer wins.
+        let same = vec![node("x", 4096, 1, now), node("y", 4100, 0, now)];
+        assert_eq!(place(&same, "base", now).map(|n| n.id.as_str()), Some("y"));
+        // Equal: the lowest id, whichever gateway asks.
+        let equal = vec![node("y", 4096, 1, now), node("x", 4096, 1, now)];
+        assert_eq!(place(&equal, "base", now).map(|n| n.id.as_str()), Some("x"));
+        // A node without the template's files takes none of it.
+        assert!(place(&nodes, "custom", now).is_none());
+        // Nobody alive: nowhere.
+        assert!(place(&nodes, "base", now + LOST_AFTER_MS + 1).is_none());
+    }
+
+    #[test]
+    fn node_ids_are_checked_before_they_name_records() {
+        assert!(validate_node_id("abcdefghij0123456789").is_ok());
+        assert!(validate_node_id("../../etc/passwd").is_err());
+        assert!(validate_node_id("ABCDEFGHIJ0123456789").is_err());
+        assert!(validate_node_id("").is_err());
+    }
+}

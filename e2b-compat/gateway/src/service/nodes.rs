@@ -1,0 +1,157 @@
+//! The service as one node of a shared database (`model::node`): which
+//! records are this host's to act on, where a new sandbox should run, and
+//! the heartbeat that tells the other gateways what this host holds.
+//!
+//! A gateway acts on the host only for its own node's records: recovery,
+//! the reaper, the journal and shutdown never touch another node's. Calls
+//! for another node's sandbox are forwarded to it by `crate::cluster`.
+
+use std::sync::Arc;
+
+use super::Sandboxes;
+use crate::model::{Caller, NodeRecord, NodeStatus, NodeStore, Result, SandboxError, SandboxRecord, now_ms, place};
+
+/// This gateway's seat in a shared database.
+#[derive(Clone)]
+pub struct Membership {
+    pub id: String,
+    /// Where other gateways reach this one.
+    pub api_url: String,
+    pub nodes: Arc<dyn NodeStore>,
+    pub started_at_ms: i64,
+}
+
+/// Which node a record's host is, as seen from this gateway.
+#[derive(Debug)]
+pub enum Owner {
+    Here,
+    /// Another node, heard from lately.
+    There(NodeRecord),
+    /// Another node that has stopped heartbeating (or was never
+    /// registered): its sandboxes are reported lost, not re-created.
+    Lost {
+        node: String,
+        last_heard_ms: Option<i64>,
+    },
+}
+
+impl Sandboxes {
+    /// Makes this gateway a node of a shared database.
+    pub fn with_membership(mut self, membership: Option<Membership>) -> Self {
+        self.node = membership;
+        self
+    }
+
+    /// This gateway's node id, if it shares its database.
+    pub fn node(&self) -> Option<&str> {
+        self.node.as_ref().map(|m| m.id.as_str())
+    }
+
+    /// Whether a record naming `node` is held by this gateway's host:
+    /// always on a single host; on a shared database, only this node's
+    /// (and records from before nodes, which any node may adopt).
+    pub fn holds(&self, node: Option<&str>) -> bool {
+        match (self.node(), node) {
+            (Some(own), Some(node)) => own == node,
+            _ => true,
+        }
+    }
+
+    /// The records of the sandboxes this gateway's host holds: what
+    /// recovery, the reaper and shutdown act on.
+    pub(super) fn own_records(&self) -> anyhow::Result<Vec<SandboxRecord>> {
+        Ok(self.store.all()?.into_iter().filter(|r| self.holds(r.node.as_deref())).collect())
+    }
+
+    /// The node whose host holds what a record naming `node` describes.
+    pub fn owner(&self, node: Option<&str>) -> anyhow::Result<Owner> {
+        let (Some(membership), Some(node)) = (&self.node, node) else { return Ok(Owner::Here) };
+        if node == membership.id {
+            return Ok(Owner::Here);
+        }
+        Ok(match membership.nodes.node(node)? {
+            Some(record) if record.status(now_ms()) != NodeStatus::Lost => Owner::There(record),
+            record => Owner::Lost { node: node.to_string(), last_heard_ms: record.map(|r| r.heartbeat_at_ms) },
+        })
+    }
+
+    /// The sandbox `id`'s node, whoever asks (the node it is forwarded to
+    /// checks the caller); `Here` for an id no record has, which this
+    /// gateway then answers as missing.
+    pub fn owner_of_sandbox(&self, id: &str) -> anyhow::Result<Owner> {
+        match self.store.get(id)? {
+            Some(record) => self.owner(record.node.as_deref()),
+            None => Ok(Owner::Here),
+        }
+    }
+
+    /// Where a create of `template` by `caller` runs: the node holding the
+    /// snapshot or built template it names (their files are there), else
+    /// the node with the most room that has the template. `Here` on a
+    /// single host.
+    pub fn place_create(&self, caller: &Caller, template: &str) -> Result<Owner> {
+        let Some(membership) = &self.node else { return Ok(Owner::Here) };
+        if let Some(snapshot) = self.store.snapshot(&caller.team, template)? {
+            return Ok(self.owner(snapshot.node.as_deref())?);
+        }
+        if let Some(built) = self.ready_template(&caller.team, template)? {
+            return Ok(self.owner(built.node.as_deref())?);
+        }
+        let nodes = membership.nodes.nodes()?;
+        match place(&nodes, template, now_ms()) {
+            Some(chosen) if chosen.id != membership.id => Ok(Owner::There(chosen.clone())),
+            Some(_) => Ok(Owner::Here),
+            None if nodes.iter().any(|n| n.id == membership.id && n.draining) => {
+                Err(SandboxError::Unavailable(format!(
+                    "no node can take a sandbox of {template}: this one is draining and no other active one has it"
+                )))
+            }
+            // This node answers: a template no node has is its error to give.
+            None => Ok(Owner::Here),
+        }
+    }
+
+    /// This node's record as of now: what it has free and holds.
+    pub async fn heartbeat(&self) -> anyhow::Result<()> {
+        let Some(membership) = &self.node else { return Ok(()) };
+        let templates: Vec<String> =
+            self.substrate_templates().await?.into_iter().filter(super::nameable).map(|t| t.name).collect();
+        let running = self.own_records()?.iter().filter(|r| r.paused.is_none()).count();
+        let memory = self.substrate.host_memory();
+        let disk_free_mb = nix::sys::statvfs::statvfs(&self.run_dir)
+            .map(|s| s.blocks_available().saturating_mul(s.fragment_size()) >> 20)
+            .unwrap_or(0);
+        let record = NodeRecord {
+            id: membership.id.clone(),
+            api_url: membership.api_url.clone(),
+            substrate: self.substrate.name().to_string(),
+            capacity: crate::model::Capacity {
+                cpus: std::thread::available_parallelism().map_or(1, |n| n.get() as u32),
+                memory_mb: memory.map_or(0, |m| m.total_mb),
+                memory_free_mb: memory.map_or(0, |m| m.available_mb),
+                disk_free_mb,
+                running: running as u32,
+            },
+            templates,
+            started_at_ms: membership.started_at_ms,
+            heartbeat_at_ms: now_ms(),
+            // The stored flag is kept: a drain outlives restarts, and only
+            // `copse node undrain` ends it.
+            draining: false,
+        };
+        membership.nodes.beat(&record)
+    }
+}
+
+impl Owner {
+    /// The error for a call about `what` that must run on a lost node.
+    pub fn lost_error(what: &str, node: &str, last_heard_ms: Option<i64>) -> SandboxError {
+        let heard = match last_heard_ms {
+            Some(at) => format!("not heard from for {} s", (now_ms() - at) / 1000),
+            None => "not registered".to_string(),
+        };
+        SandboxError::Unavailable(format!(
+            "{what} is on node {node}, which is lost ({heard}); it is not re-created elsewhere"
+        ))
+    }
+}

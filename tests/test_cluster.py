@@ -1,0 +1,170 @@
+"""Two gateways on one PostgreSQL (`copse up --database`), each a node with
+its own data dir, bridge and subnet: the SDK may talk to either about any
+sandbox, creates are placed by room, one gateway's start, stop or crash
+never touches the other's sandboxes, a node that stops heartbeating is
+reported lost, and a drained node takes no new sandboxes."""
+
+import re
+import subprocess
+import time
+
+import pytest
+from e2b import Sandbox
+
+from conftest import API_KEY, BRIDGE, COPSE, DATA_DIR, SUBNET, Gateway, second_data_dir
+from postgres_server import database_url  # a fixture, used by name
+
+LOST_AFTER_S = 10  # model/node.rs
+HEARTBEAT_S = 2
+
+
+def node_network(n: int) -> tuple[str, str]:
+    return f"{BRIDGE[:9]}{n}", f"10.{(int(SUBNET.split('.')[1]) + 120 + 10 * n) % 256}.0.0/16"
+
+
+class Node(Gateway):
+    def __init__(self, n: int, database: str):
+        super().__init__(second_data_dir(f"node{n}"))
+        self.bridge, subnet = node_network(n)
+        self.args = ["--database", database, "--bridge", self.bridge, "--subnet", subnet]
+
+    def up(self):
+        self.start(extra_args=self.args)
+
+    @property
+    def id(self) -> str:
+        return (self.data_dir / "node-id").read_text().strip()
+
+    def env(self) -> dict:
+        return dict(api_key=API_KEY, api_url=self.url, sandbox_url=self.url)
+
+    def holds(self, sandbox_id: str) -> bool:
+        return (self.data_dir / "sandboxes" / sandbox_id).exists()
+
+
+@pytest.fixture(scope="module")
+def nodes(database_url):
+    DATA_DIR.mkdir(parents=True, exist_ok=True)
+    subprocess.run([str(COPSE), "template", "build", "--data-dir", str(DATA_DIR)], check=True)
+    pair = [Node(1, database_url), Node(2, database_url)]
+    for node in pair:
+        node.up()
+    yield pair
+    for node in pair:
+        node.stop()
+        subprocess.run(["nft", "delete", "table", "inet", f"copse_{node.bridge}"], capture_output=True)
+        subprocess.run(["ip", "link", "del", node.bridge], capture_output=True)
+
+
+def node_table(database: str) -> dict[str, str]:
+    """`copse node ls`: each node's status."""
+    out = subprocess.run([str(COPSE), "node", "ls", "--database", database],
+                         check=True, capture_output=True, text=True).stdout
+    return {m[1]: m[2] for m in re.finditer(r"^([a-z0-9]{20})\s+(\w+)", out, re.M)}
+
+
+def create_after_heartbeat(via: Node) -> Sandbox:
+    """A create once every node has reported the last one (placement reads
+    heartbeats)."""
+    time.sleep(HEARTBEAT_S + 1)
+    return Sandbox.create(timeout=300, **via.env())
+
+
+def test_either_gateway_reaches_every_sandbox_and_creates_spread_by_room(nodes, database_url):
+    one, two = nodes
+    assert node_table(database_url) == {one.id: "active", two.id: "active"}
+    made = []
+    try:
+        for via in (one, one, two, two):
+            made.append(create_after_heartbeat(via))
+        where = [(one.holds(s.sandbox_id), two.holds(s.sandbox_id)) for s in made]
+        assert all(a != b for a, b in where), f"each sandbox is on exactly one node: {where}"
+        assert sum(a for a, _ in where) == 2, f"the node with fewer sandboxes takes the next: {where}"
+        for sbx in made:
+            for via in nodes:
+                again = Sandbox.connect(sbx.sandbox_id, **via.env())
+                out = again.commands.run(f"echo {sbx.sandbox_id} > /tmp/at && cat /tmp/at")
+                assert out.stdout.split()[0] == sbx.sandbox_id
+                assert again.get_info().sandbox_id == sbx.sandbox_id
+        listed = {s.sandbox_id for s in Sandbox.list(**two.env()).next_items()}
+        assert {s.sandbox_id for s in made} <= listed, "one database: every gateway lists every sandbox"
+        # A kill through the other gateway reaches the sandbox's own host.
+        first = made.pop(0)
+        holder, other = (one, two) if one.holds(first.sandbox_id) else (two, one)
+        Sandbox.kill(first.sandbox_id, **other.env())
+        assert not holder.holds(first.sandbox_id)
+    finally:
+        for sbx in made:
+            sbx.kill()
+
+
+def test_a_gateways_restart_leaves_the_other_nodes_sandboxes_alone(nodes, database_url):
+    one, two = nodes
+    subprocess.run([str(COPSE), "node", "drain", two.id, "--database", database_url], check=True)
+    try:
+        kept = create_after_heartbeat(one)
+        assert one.holds(kept.sandbox_id)
+        kept.files.write("/home/user/note", "on node one")
+        # Before nodes, this stop killed every sandbox in the database and
+        # the start forgot the ones its host did not have.
+        two.stop()
+        two.up()
+        again = Sandbox.connect(kept.sandbox_id, **two.env())
+        assert again.files.read("/home/user/note") == "on node one"
+        assert kept.sandbox_id in {s.sandbox_id for s in Sandbox.list(**one.env()).next_items()}
+        kept.kill()
+    finally:
+        subprocess.run([str(COPSE), "node", "undrain", two.id, "--database", database_url], check=True)
+
+
+def test_a_drained_node_takes_no_new_sandboxes(nodes, database_url):
+    one, two = nodes
+    subprocess.run([str(COPSE), "node", "drain", one.id, "--database", database_url], check=True)
+    made = []
+    try:
+        assert node_table(database_url)[one.id] == "draining"
+        for _ in range(2):
+            made.append(create_after_heartbeat(one))
+        assert all(two.holds(s.sandbox_id) for s in made), "creates through the drained node's gateway go elsewhere"
+        subprocess.run([str(COPSE), "node", "drain", two.id, "--database", database_url], check=True)
+        with pytest.raises(Exception, match="draining"):
+            made.append(Sandbox.create(timeout=60, **one.env()))
+    finally:
+        for node in nodes:
+            subprocess.run([str(COPSE), "node", "undrain", node.id, "--database", database_url], check=True)
+        for sbx in made:
+            sbx.kill()
+    assert set(node_table(database_url).values()) == {"active"}
+
+
+def test_a_crashed_node_is_reported_lost_and_comes_back_with_its_sandboxes(nodes, database_url):
+    one, two = nodes
+    subprocess.run([str(COPSE), "node", "drain", one.id, "--database", database_url], check=True)
+    try:
+        stranded = create_after_heartbeat(one)
+    finally:
+        subprocess.run([str(COPSE), "node", "undrain", one.id, "--database", database_url], check=True)
+    assert two.holds(stranded.sandbox_id)
+    try:
+        two.crash()
+        time.sleep(LOST_AFTER_S + 1)
+        assert node_table(database_url)[two.id] == "lost"
+        with pytest.raises(Exception, match="lost"):
+            Sandbox.connect(stranded.sandbox_id, **one.env()).commands.run("true")
+        # It is still listed: lost is reported, never silently dropped.
+        assert stranded.sandbox_id in {s.sandbox_id for s in Sandbox.list(**one.env()).next_items()}
+        fresh = create_after_heartbeat(one)
+        try:
+            assert one.holds(fresh.sandbox_id), "a lost node takes no new sandboxes"
+        finally:
+            fresh.kill()
+        # Back: it adopts what survived, and the other gateway reaches it.
+        two.up()
+        time.sleep(HEARTBEAT_S + 0.5)
+        assert node_table(database_url)[two.id] == "active"
+        out = Sandbox.connect(stranded.sandbox_id, **one.env()).commands.run("echo back")
+        assert out.stdout.strip() == "back"
+    finally:
+        if two.proc.poll() is not None:
+            two.up()
+        stranded.kill()
