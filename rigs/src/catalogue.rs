@@ -335,6 +335,17 @@ pub const RIGS: &[RigDef] = &[
             ("first_read_ms", "create response read → GET /files of a file from the snapshot read"),
         ],
     },
+    RigDef {
+        name: "cluster",
+        version: 1,
+        task: "bench:cluster",
+        title: "Create to first exec through a cluster",
+        clock: &[
+            ("create_ms", "POST /v2/sandboxes sent → 201 read (forwarded: through node two's gateway to node one)"),
+            ("exec_ms", "create response read → the end event of process.Process/Start of /bin/true read"),
+            ("total_ms", "create sent → the first command's end event read"),
+        ],
+    },
 ];
 
 pub fn find(name: &str) -> Option<&'static RigDef> {

@@ -44,6 +44,7 @@ pub mod egress_probe;
 pub mod load;
 #[cfg(target_os = "linux")]
 pub mod net;
+pub mod postgres;
 pub mod run_code;
 pub mod seaweedfs;
 pub mod template;

@@ -128,7 +128,8 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         })
         .await??;
     }
-    let (store, access_tokens) = Indexed::new(open_store(&config)?)?;
+    let node = membership.as_ref().map(|m| m.id.clone());
+    let (store, access_tokens) = Indexed::new(open_store(&config)?, node.as_deref())?;
     // Its own connection: `data_version` then moves when anyone else,
     // the CLI among them, changes keys or teams.
     let directory = Directory::open(open_store(&config)?, keys.clone())?;

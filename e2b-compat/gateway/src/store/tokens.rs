@@ -72,15 +72,19 @@ pub struct Indexed {
 }
 
 impl Indexed {
-    /// Wraps `inner`, indexing the sandboxes it already holds.
-    pub fn new(inner: Box<dyn Store>) -> anyhow::Result<(Self, Arc<AccessTokens>)> {
+    /// Wraps `inner`, indexing the sandboxes it already holds. `node`: on a
+    /// shared database, this gateway's node; only its records are indexed,
+    /// as only its own writes keep the index in step (another node's
+    /// sandbox counted here would never be uncounted).
+    pub fn new(inner: Box<dyn Store>, node: Option<&str>) -> anyhow::Result<(Self, Arc<AccessTokens>)> {
         let tokens = Arc::new(AccessTokens::default());
         let usage = Arc::new(Usage::default());
-        for record in inner.all()? {
+        let here = |of: Option<&str>| node.is_none() || of.is_none() || of == node;
+        for record in inner.all()?.into_iter().filter(|r| here(r.node.as_deref())) {
             tokens.set(&record.id, &record.access_token);
             usage.sandbox(&record);
         }
-        for snapshot in inner.snapshots()? {
+        for snapshot in inner.snapshots()?.into_iter().filter(|s| here(s.node.as_deref())) {
             usage.snapshot(&snapshot);
         }
         Ok((Self { inner, tokens: tokens.clone(), usage }, tokens))
@@ -249,7 +253,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let sqlite = SqliteStore::open(&dir.path().join("copse.db")).unwrap();
         sqlite.put(&record("old", "t")).unwrap();
-        let (store, _) = Indexed::new(Box::new(sqlite)).unwrap();
+        let (store, _) = Indexed::new(Box::new(sqlite), None).unwrap();
         let usage = store.usage();
         let disk = copse_substrate::Limits::default().disk_mb << 20;
         assert_eq!(usage.of("default").running, 1, "records already stored are counted");
@@ -272,6 +276,19 @@ mod tests {
         assert_eq!(usage.of("default").running, 1);
     }
 
+    #[test]
+    fn on_a_shared_database_only_this_nodes_records_are_counted() {
+        let dir = tempfile::tempdir().unwrap();
+        let sqlite = SqliteStore::open(&dir.path().join("copse.db")).unwrap();
+        for (id, node) in [("mine", Some("n1")), ("theirs", Some("n2")), ("older", None)] {
+            sqlite.put(&SandboxRecord { node: node.map(String::from), ..record(id, id) }).unwrap();
+        }
+        let (store, tokens) = Indexed::new(Box::new(sqlite), Some("n1")).unwrap();
+        assert_eq!(store.usage().of("default").running, 2, "its own and the record from before nodes");
+        assert_eq!(tokens.holder_of("theirs"), None);
+        assert_eq!(tokens.holder_of("mine").as_deref(), Some("mine"));
+    }
+
     fn link<'a>(signature: &'a str, expiration: Option<u64>) -> SignedLink<'a> {
         SignedLink { path: "/home/user/a.txt", operation: "read", username: "user", expiration, signature }
     }
@@ -281,7 +298,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let sqlite = SqliteStore::open(&dir.path().join("copse.db")).unwrap();
         sqlite.put(&record("old", "token-old")).unwrap();
-        let (store, tokens) = Indexed::new(Box::new(sqlite)).unwrap();
+        let (store, tokens) = Indexed::new(Box::new(sqlite), None).unwrap();
         store.put(&record("new", "token-new")).unwrap();
         for (id, token) in [("old", "token-old"), ("new", "token-new")] {
             let signature = signature::sign("/home/user/a.txt", "read", "user", token, Some(9));

@@ -1,0 +1,177 @@
+//! `copse-rig-cluster`: what a node of a shared database costs a create and
+//! its first command at concurrency 1. Three ways in, same host, same
+//! template: one gateway on its own SQLite (the single-host baseline); node
+//! one of two on a throwaway PostgreSQL, called directly; and the same
+//! node's sandboxes reached through node two's gateway (drained, so every
+//! create is placed on node one and every call forwarded). Writes one JSON
+//! result to `benchmarks/results/` (see `benchmarks/schema.md`).
+//!
+//! Three nodes sharing two cores at c=50 (creates per second with 1, 2, 3
+//! nodes) is not measured yet.
+
+use std::net::SocketAddr;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use clap::Parser;
+use copse_rigs::exec::first_exec;
+use copse_rigs::facts::random_hex;
+use copse_rigs::postgres::Postgres;
+use copse_rigs::report::{find, p50_difference, print_footer};
+use copse_rigs::{Binaries, Conn, Gateway, LEAN_CLIENT, RigArgs, Run, Scenario, ms};
+use serde_json::json;
+
+const RIG: &str = "cluster";
+const CREATE_BODY: &str = r#"{"templateID":"base","metadata":{},"envVars":{}}"#;
+/// model/node.rs's heartbeat, and a margin: placement reads heartbeats.
+const HEARTBEAT_WAIT: Duration = Duration::from_millis(2_500);
+
+#[derive(Parser, Debug)]
+#[command(version, about = "Create-to-first-exec through a two-node cluster vs one gateway")]
+struct Args {
+    /// Timed samples per scenario.
+    #[arg(long, default_value_t = 40)]
+    samples: usize,
+    #[command(flatten)]
+    common: RigArgs,
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let run = Run::begin(RIG);
+    let bins = &args.common.bins;
+    bins.check()?;
+    bins.build_template(Some("base"))?;
+    let key = random_hex(16)?;
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let mut notes = Vec::new();
+    let mut scenarios = Vec::new();
+
+    let single = Gateway::start(bins, &key, &["base=0".into()], "copse-rig-cluster")?;
+    scenarios.push(rt.block_on(measure("single-node-c1", single.addr, &key, args.samples))?);
+    single.stop(&mut notes);
+
+    let pg = Postgres::start(&bins.data_dir)?;
+    let nodes = (1..=2).map(|n| node(bins, &key, &pg.url, n)).collect::<anyhow::Result<Vec<_>>>()?;
+    let measured = (|| {
+        let two = std::fs::read_to_string(nodes[1].1.data_dir.join("node-id"))?;
+        copse(bins, &["node", "drain", two.trim(), "--database", &pg.url])?;
+        std::thread::sleep(HEARTBEAT_WAIT);
+        let direct = rt.block_on(measure("cluster-direct-c1", nodes[0].0.addr, &key, args.samples))?;
+        let forwarded = rt.block_on(measure("cluster-forwarded-c1", nodes[1].0.addr, &key, args.samples))?;
+        anyhow::Ok([direct, forwarded])
+    })();
+    for (gateway, _, bridge) in nodes {
+        gateway.stop(&mut notes);
+        drop_network(&bridge);
+    }
+    scenarios.extend(measured?);
+    let pg_version = pg.version.clone();
+    drop(pg);
+
+    let added =
+        p50_difference(find(&scenarios, "cluster-forwarded-c1"), find(&scenarios, "single-node-c1"), "total_ms");
+    let targets = json!([{
+        "claim": "the cluster adds <= 3 ms p50 to create -> first exec at c=1 (forwarded through another node's gateway, vs one gateway on SQLite)",
+        "scenario": "cluster-forwarded-c1",
+        "metric": "total_ms",
+        "stat": "p50 difference from single-node-c1",
+        "limit_ms": 3.0,
+        "value_ms": added,
+        "met": added.as_f64().map(|v| v <= 3.0),
+    }]);
+    let derived = json!({
+        "cluster_direct_minus_single_p50_total_ms":
+            p50_difference(find(&scenarios, "cluster-direct-c1"), find(&scenarios, "single-node-c1"), "total_ms"),
+        "forwarding_p50_total_ms":
+            p50_difference(find(&scenarios, "cluster-forwarded-c1"), find(&scenarios, "cluster-direct-c1"), "total_ms"),
+    });
+    let params = json!({
+        "client": LEAN_CLIENT,
+        "samples": args.samples,
+        "template": "base",
+        "create_body": CREATE_BODY,
+        "database": format!("PostgreSQL {pg_version} from Debian, on a unix socket on this host"),
+        "nodes": "two `copse up --database` on this host, each with its own data dir, bridge and subnet; node two drained",
+    });
+    let (path, result) = run.write(&args.common.out_dir, params, bins, &scenarios, derived, targets, notes)?;
+    for s in &scenarios {
+        let line: Vec<String> = ["create_ms", "exec_ms", "total_ms"]
+            .iter()
+            .filter_map(|k| s.summary(k).map(|v| format!("{k} p50 {:.2} p95 {:.2}", v.p50, v.p95)))
+            .collect();
+        println!("{:<22} {}", s.name, line.join(" | "));
+    }
+    print_footer(&result, &path);
+    Ok(())
+}
+
+/// Node `n`: its own data dir beside the rig's (templates hard-linked from
+/// it), bridge and subnet, on the shared database.
+fn node(bins: &Binaries, key: &str, database: &str, n: u8) -> anyhow::Result<(Gateway, Binaries, String)> {
+    let data_dir = bins.data_dir.join(format!("cluster-node{n}"));
+    std::fs::create_dir_all(&data_dir)?;
+    for entry in std::fs::read_dir(&data_dir)?.flatten() {
+        // The sandboxes' disk stays mounted between runs; the gateway
+        // clears it at start.
+        if !matches!(entry.file_name().to_str(), Some("disk" | "disk.img")) {
+            let path = entry.path();
+            if path.is_dir() { std::fs::remove_dir_all(&path)? } else { std::fs::remove_file(&path)? }
+        }
+    }
+    let status = Command::new("cp").arg("-al").arg(bins.data_dir.join("templates")).arg(&data_dir).status()?;
+    anyhow::ensure!(status.success(), "linking the templates into {}", data_dir.display());
+    let node_bins = Binaries { data_dir, ..bins.clone() };
+    let bridge = format!("copsebc{n}");
+    let args =
+        ["--database", database, "--bridge", &bridge, "--subnet", &format!("10.{}.0.0/16", 96 + n)].map(String::from);
+    let gateway = Gateway::start_with(&node_bins, key, &["base=0".into()], "copse-rig-cluster", &[], &args)?;
+    Ok((gateway, node_bins, bridge))
+}
+
+fn drop_network(bridge: &str) {
+    let _ = Command::new("nft").args(["delete", "table", "inet", &format!("copse_{bridge}")]).output();
+    let _ = Command::new("ip").args(["link", "del", bridge]).output();
+}
+
+fn copse(bins: &Binaries, args: &[&str]) -> anyhow::Result<()> {
+    let out = Command::new(&bins.copse).args(args).output()?;
+    if !out.status.success() {
+        bail!("copse {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr));
+    }
+    Ok(())
+}
+
+/// `n` creates through `addr`, each followed by its first command
+/// (`/bin/true`) and a delete, one after another on one connection.
+async fn measure(name: &str, addr: SocketAddr, key: &str, n: usize) -> anyhow::Result<Scenario> {
+    eprintln!("-- {name}: {n} samples through {addr}");
+    let mut conn = Conn::open(addr).await?;
+    let mut rows = Vec::new();
+    for sample in 0..n + 2 {
+        let t0 = Instant::now();
+        let created = conn.create_sandbox(key, CREATE_BODY).await.context("create")?;
+        let t_created = Instant::now();
+        let (_, t_done) = first_exec(&mut conn, &created.id, &created.token).await.context("first exec")?;
+        conn.delete_sandbox(key, &created.id).await.context("delete")?;
+        // Two untimed: the connection's and the node's first.
+        if sample >= 2 {
+            rows.push([ms(t_created - t0), ms(t_done - t_created), ms(t_done - t0)]);
+        }
+    }
+    let mut series = std::collections::BTreeMap::new();
+    for (i, metric) in ["create_ms", "exec_ms", "total_ms"].iter().enumerate() {
+        series.insert(metric.to_string(), rows.iter().map(|r| Some(r[i])).collect());
+    }
+    let mut counters = serde_json::Map::new();
+    counters.insert("ok".into(), json!(rows.len()));
+    Ok(Scenario {
+        name: name.into(),
+        client: "lean-rust".into(),
+        concurrency: 1,
+        series,
+        counters,
+        ..Default::default()
+    })
+}
