@@ -44,7 +44,8 @@ fn postgres_user() -> anyhow::Result<(u32, u32)> {
 }
 
 impl Postgres {
-    /// Starts it under `parent` and waits until it accepts connections.
+    /// Starts it under `parent` (which the postgres user must be able to
+    /// reach) and waits until it accepts connections.
     pub fn start(parent: &Path) -> anyhow::Result<Self> {
         let (uid, gid) = postgres_user()?;
         let dir = parent.join(format!("postgres-{}", std::process::id()));

@@ -52,7 +52,8 @@ fn main() -> anyhow::Result<()> {
     scenarios.push(rt.block_on(measure("single-node-c1", single.addr, &key, args.samples))?);
     single.stop(&mut notes);
 
-    let pg = Postgres::start(&bins.data_dir)?;
+    // Not in the data dir: it is 0700, closed to the postgres user.
+    let pg = Postgres::start(&std::env::temp_dir())?;
     let nodes = (1..=2).map(|n| node(bins, &key, &pg.url, n)).collect::<anyhow::Result<Vec<_>>>()?;
     let measured = (|| {
         let two = std::fs::read_to_string(nodes[1].1.data_dir.join("node-id"))?;
