@@ -70,6 +70,26 @@ def create_after_heartbeat(via: Node) -> Sandbox:
     return Sandbox.create(timeout=300, **via.env())
 
 
+def drain(node: Node, database: str, draining: bool = True):
+    subprocess.run([str(COPSE), "node", "drain" if draining else "undrain", node.id, "--database", database],
+                   check=True)
+
+
+def create_on(target: Node, nodes: list[Node], database: str, via: Node) -> Sandbox:
+    """A sandbox placed on `target` (the others drained meanwhile), the
+    create sent through `via`'s gateway."""
+    others = [n for n in nodes if n is not target]
+    for node in others:
+        drain(node, database)
+    try:
+        sbx = create_after_heartbeat(via)
+    finally:
+        for node in others:
+            drain(node, database, False)
+    assert target.holds(sbx.sandbox_id)
+    return sbx
+
+
 def test_either_gateway_reaches_every_sandbox_and_creates_spread_by_room(nodes, database_url):
     one, two = nodes
     assert node_table(database_url) == {one.id: "active", two.id: "active"}
@@ -100,10 +120,8 @@ def test_either_gateway_reaches_every_sandbox_and_creates_spread_by_room(nodes, 
 
 def test_a_gateways_restart_leaves_the_other_nodes_sandboxes_alone(nodes, database_url):
     one, two = nodes
-    subprocess.run([str(COPSE), "node", "drain", two.id, "--database", database_url], check=True)
+    kept = create_on(one, nodes, database_url, via=one)
     try:
-        kept = create_after_heartbeat(one)
-        assert one.holds(kept.sandbox_id)
         kept.files.write("/home/user/note", "on node one")
         # Before nodes, this stop killed every sandbox in the database and
         # the start forgot the ones its host did not have.
@@ -112,26 +130,25 @@ def test_a_gateways_restart_leaves_the_other_nodes_sandboxes_alone(nodes, databa
         again = Sandbox.connect(kept.sandbox_id, **two.env())
         assert again.files.read("/home/user/note") == "on node one"
         assert kept.sandbox_id in {s.sandbox_id for s in Sandbox.list(**one.env()).next_items()}
-        kept.kill()
     finally:
-        subprocess.run([str(COPSE), "node", "undrain", two.id, "--database", database_url], check=True)
+        kept.kill()
 
 
 def test_a_drained_node_takes_no_new_sandboxes(nodes, database_url):
     one, two = nodes
-    subprocess.run([str(COPSE), "node", "drain", one.id, "--database", database_url], check=True)
+    drain(one, database_url)
     made = []
     try:
         assert node_table(database_url)[one.id] == "draining"
         for _ in range(2):
             made.append(create_after_heartbeat(one))
         assert all(two.holds(s.sandbox_id) for s in made), "creates through the drained node's gateway go elsewhere"
-        subprocess.run([str(COPSE), "node", "drain", two.id, "--database", database_url], check=True)
+        drain(two, database_url)
         with pytest.raises(Exception, match="draining"):
             made.append(Sandbox.create(timeout=60, **one.env()))
     finally:
         for node in nodes:
-            subprocess.run([str(COPSE), "node", "undrain", node.id, "--database", database_url], check=True)
+            drain(node, database_url, False)
         for sbx in made:
             sbx.kill()
     assert set(node_table(database_url).values()) == {"active"}
@@ -139,12 +156,7 @@ def test_a_drained_node_takes_no_new_sandboxes(nodes, database_url):
 
 def test_a_crashed_node_is_reported_lost_and_comes_back_with_its_sandboxes(nodes, database_url):
     one, two = nodes
-    subprocess.run([str(COPSE), "node", "drain", one.id, "--database", database_url], check=True)
-    try:
-        stranded = create_after_heartbeat(one)
-    finally:
-        subprocess.run([str(COPSE), "node", "undrain", one.id, "--database", database_url], check=True)
-    assert two.holds(stranded.sandbox_id)
+    stranded = create_on(two, nodes, database_url, via=one)
     try:
         two.crash()
         time.sleep(LOST_AFTER_S + 1)

@@ -2529,7 +2529,7 @@ def test_a_pulled_snapshot_is_only_what_its_manifests_hashes_name(gateway, objec
 
 
 from postgres_server import database_url  # noqa: E402,F401
-from test_cluster import create_after_heartbeat, nodes  # noqa: E402,F401
+from test_cluster import create_on, nodes  # noqa: E402,F401
 
 
 def test_a_forged_forwarding_mark_never_lets_a_gateway_act_on_another_nodes_sandbox(nodes, database_url):
@@ -2538,13 +2538,8 @@ def test_a_forged_forwarding_mark_never_lets_a_gateway_act_on_another_nodes_sand
     (a kill there would forget the record and leave the sandbox running
     unseen). The mark only stops a second forward: the call is refused."""
     one, two = nodes
-    subprocess.run([str(COPSE), "node", "drain", two.id, "--database", database_url], check=True)
+    victim = create_on(one, nodes, database_url, via=one)
     try:
-        victim = create_after_heartbeat(one)
-    finally:
-        subprocess.run([str(COPSE), "node", "undrain", two.id, "--database", database_url], check=True)
-    try:
-        assert one.holds(victim.sandbox_id)
         forged = {"x-copse-forwarded-by": two.id, "X-API-KEY": one.env()["api_key"]}
         kill = httpx.delete(f"{two.url}/sandboxes/{victim.sandbox_id}", headers=forged, timeout=30)
         assert kill.status_code == 409, kill.text
