@@ -4,7 +4,7 @@
 //!
 //! A gateway acts on the host only for its own node's records: recovery,
 //! the reaper, the journal and shutdown never touch another node's. Calls
-//! for another node's sandbox are forwarded to it by `crate::cluster`.
+//! for another node's sandbox are forwarded to it by `api::forward`.
 
 use std::sync::Arc;
 
@@ -111,7 +111,7 @@ impl Sandboxes {
         }
     }
 
-    /// This node's record as of now: what it has free and holds.
+    /// Writes this node's record as of now: what it has free and holds.
     pub async fn heartbeat(&self) -> anyhow::Result<()> {
         let Some(membership) = &self.node else { return Ok(()) };
         let templates: Vec<String> =
