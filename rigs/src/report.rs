@@ -36,6 +36,18 @@ pub struct Scenario {
 }
 
 impl Scenario {
+    /// A lean-client scenario from rows of `metrics`, one row per sample,
+    /// every sample counted `ok`.
+    pub fn from_rows<const N: usize>(name: &str, cc: usize, metrics: &[&str; N], rows: &[[f64; N]]) -> Self {
+        let mut series = BTreeMap::new();
+        for (i, metric) in metrics.iter().enumerate() {
+            series.insert(metric.to_string(), rows.iter().map(|r| Some(r[i])).collect());
+        }
+        let mut counters = serde_json::Map::new();
+        counters.insert("ok".into(), serde_json::json!(rows.len()));
+        Self { name: name.into(), client: "lean-rust".into(), concurrency: cc, series, counters, ..Default::default() }
+    }
+
     pub fn summary(&self, metric: &str) -> Option<Summary> {
         let v: Vec<f64> = self.series.get(metric)?.iter().flatten().copied().collect();
         Summary::of(&v)

@@ -161,18 +161,5 @@ async fn measure(name: &str, addr: SocketAddr, key: &str, n: usize) -> anyhow::R
             rows.push([ms(t_created - t0), ms(t_done - t_created), ms(t_done - t0)]);
         }
     }
-    let mut series = std::collections::BTreeMap::new();
-    for (i, metric) in ["create_ms", "exec_ms", "total_ms"].iter().enumerate() {
-        series.insert(metric.to_string(), rows.iter().map(|r| Some(r[i])).collect());
-    }
-    let mut counters = serde_json::Map::new();
-    counters.insert("ok".into(), json!(rows.len()));
-    Ok(Scenario {
-        name: name.into(),
-        client: "lean-rust".into(),
-        concurrency: 1,
-        series,
-        counters,
-        ..Default::default()
-    })
+    Ok(Scenario::from_rows(name, 1, &["create_ms", "exec_ms", "total_ms"], &rows))
 }

@@ -7,7 +7,6 @@
 //! Every clock is client-side, from sending the request to having read the
 //! whole response, on one keep-alive connection per worker.
 
-use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Instant;
@@ -287,7 +286,12 @@ async fn pause_resume(api: &Api, cc: usize, n: usize, memory: bool) -> anyhow::R
     });
     let rows = collect(join_all(workers).await)?;
     let mode = if memory { "memory" } else { "filesystem" };
-    Ok(scenario(&format!("pause-resume-{mode}-c{cc}"), cc, &["pause_ms", "resume_ms", "resume_to_health_ms"], &rows))
+    Ok(Scenario::from_rows(
+        &format!("pause-resume-{mode}-c{cc}"),
+        cc,
+        &["pause_ms", "resume_ms", "resume_to_health_ms"],
+        &rows,
+    ))
 }
 
 /// Snapshots of sandboxes with `mb` megabytes written since boot; each
@@ -313,7 +317,7 @@ async fn snapshots(api: &Api, name: &str, cc: usize, n: usize, mb: usize) -> any
         anyhow::Ok(rows)
     });
     let rows = collect(join_all(workers).await)?;
-    let mut s = scenario(name, cc, &["snapshot_ms", "delete_ms"], &rows);
+    let mut s = Scenario::from_rows(name, cc, &["snapshot_ms", "delete_ms"], &rows);
     s.counters.insert("dirty_mb".into(), json!(mb));
     Ok(s)
 }
@@ -346,7 +350,7 @@ async fn from_snapshot(api: &Api, mb: usize, cc: usize, n: usize) -> anyhow::Res
     api.expect(&mut conn, Method::DELETE, &format!("/templates/{snap}"), None, StatusCode::NO_CONTENT).await?;
     // At concurrency 1 the name earlier results (and the site) use.
     let name = if cc == 1 { format!("from-{mb}mb") } else { format!("from-{mb}mb-c{cc}") };
-    let mut s = scenario(&name, cc, &["create_ms", "first_read_ms", "total_ms"], &rows);
+    let mut s = Scenario::from_rows(&name, cc, &["create_ms", "first_read_ms", "total_ms"], &rows);
     s.counters.insert("snapshot_dirty_mb".into(), json!(mb));
     Ok(s)
 }
@@ -380,7 +384,7 @@ async fn object_store(api: &Api, bins: &Binaries, store: &SeaweedFs, mb: usize, 
         api.delete(&mut conn, &child.id).await?;
         api.expect(&mut conn, Method::DELETE, &format!("/templates/{snap}"), None, StatusCode::NO_CONTENT).await?;
     }
-    let mut s = scenario(
+    let mut s = Scenario::from_rows(
         &format!("object-store-{mb}mb"),
         1,
         &["push_ms", "repush_ms", "pull_ms", "create_ms", "first_read_ms"],
@@ -441,7 +445,8 @@ async fn memory_snapshot(api: &Api, mb: usize, n: usize) -> anyhow::Result<Scena
         api.expect(&mut conn, Method::DELETE, &format!("/templates/{snap}"), None, StatusCode::NO_CONTENT).await?;
     }
     api.delete(&mut conn, &source.id).await?;
-    let mut s = scenario(&format!("memory-{mb}mb"), 1, &["snapshot_ms", "restore_ms", "first_read_ms"], &rows);
+    let mut s =
+        Scenario::from_rows(&format!("memory-{mb}mb"), 1, &["snapshot_ms", "restore_ms", "first_read_ms"], &rows);
     s.counters.insert("shm_mb".into(), json!(mb));
     Ok(s)
 }
@@ -471,7 +476,7 @@ async fn rollback(api: &Api, n: usize) -> anyhow::Result<Scenario> {
     }
     api.delete(&mut conn, &sbx.id).await?;
     api.expect(&mut conn, Method::DELETE, &format!("/templates/{snap}"), None, StatusCode::NO_CONTENT).await?;
-    let mut s = scenario("rollback-16mb", 1, &["rollback_ms"], &rows);
+    let mut s = Scenario::from_rows("rollback-16mb", 1, &["rollback_ms"], &rows);
     s.counters.insert("snapshot_dirty_mb".into(), json!(16));
     Ok(s)
 }
@@ -524,7 +529,7 @@ async fn clone(api: &Api, total: u32, cc: usize, rounds: usize) -> anyhow::Resul
         }
     }
     api.delete(&mut conn, &source.id).await?;
-    let mut s = scenario(&format!("clone-{total}-c{cc}"), cc, &["wall_ms", "per_sandbox_ms"], &rows);
+    let mut s = Scenario::from_rows(&format!("clone-{total}-c{cc}"), cc, &["wall_ms", "per_sandbox_ms"], &rows);
     s.counters.insert("clones_per_round".into(), json!(total));
     s.counters.insert("failed_clones".into(), json!(failures));
     // A round with failed clones still counts: its wall clock covers every
@@ -534,16 +539,6 @@ async fn clone(api: &Api, total: u32, cc: usize, rounds: usize) -> anyhow::Resul
 }
 
 // ---------------------------------------------------------------- helpers
-
-fn scenario<const N: usize>(name: &str, cc: usize, metrics: &[&str; N], rows: &[[f64; N]]) -> Scenario {
-    let mut series = BTreeMap::new();
-    for (i, metric) in metrics.iter().enumerate() {
-        series.insert(metric.to_string(), rows.iter().map(|r| Some(r[i])).collect());
-    }
-    let mut counters = serde_json::Map::new();
-    counters.insert("ok".into(), json!(rows.len()));
-    Scenario { name: name.into(), client: "lean-rust".into(), concurrency: cc, series, counters, ..Default::default() }
-}
 
 fn collect<T>(results: Vec<anyhow::Result<Vec<T>>>) -> anyhow::Result<Vec<T>> {
     let mut out = Vec::new();

@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use axum::body::Body;
 use axum::extract::{MatchedPath, Request, State};
-use axum::http::{HeaderValue, StatusCode, Uri, Version, header};
+use axum::http::{HeaderValue, StatusCode, Uri, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use hyper_util::rt::TokioIo;
@@ -125,10 +125,7 @@ async fn send(from: &str, node: &NodeRecord, mut request: Request) -> Response {
     if let Ok(from) = HeaderValue::from_str(from) {
         request.headers_mut().insert(FORWARDED_BY, from);
     }
-    *request.version_mut() = Version::HTTP_11;
-    if let Some(path) = request.uri().path_and_query().cloned() {
-        *request.uri_mut() = Uri::from(path);
-    }
+    super::proxy::origin_form(&mut request);
     let client_upgrade = copse_protocol::upgrade::take(&mut request);
     let stream = match tokio::net::TcpStream::connect(authority.as_str()).await {
         Ok(stream) => stream,

@@ -285,12 +285,7 @@ async fn forward(record: &SandboxRecord, port: Option<u16>, mut request: Request
     if let Some(port) = port {
         request.headers_mut().insert(SANDBOX_PORT_HEADER, HeaderValue::from(port));
     }
-    // The agent speaks HTTP/1.1; a request that came in over HTTP/2 carries
-    // an absolute URI, which HTTP/1.1 origin servers need not accept.
-    *request.version_mut() = Version::HTTP_11;
-    if let Some(path) = request.uri().path_and_query().cloned() {
-        *request.uri_mut() = Uri::from(path);
-    }
+    origin_form(&mut request);
     let client_upgrade = copse_protocol::upgrade::take(&mut request);
     match agent_link::send(&record.agent_socket, request).await {
         Ok(mut response) => {
@@ -302,6 +297,17 @@ async fn forward(record: &SandboxRecord, port: Option<u16>, mut request: Request
             ApiError::new(StatusCode::BAD_GATEWAY, format!("sandbox {} is not reachable: {e}", record.id))
                 .into_response()
         }
+    }
+}
+
+/// Makes `request` an HTTP/1.1 request in origin form, for a hop that
+/// speaks HTTP/1.1 (the agent, another node's gateway): a request that came
+/// in over HTTP/2 carries an absolute URI, which HTTP/1.1 origin servers
+/// need not accept.
+pub(super) fn origin_form(request: &mut Request) {
+    *request.version_mut() = Version::HTTP_11;
+    if let Some(path) = request.uri().path_and_query().cloned() {
+        *request.uri_mut() = Uri::from(path);
     }
 }
 

@@ -78,7 +78,9 @@ impl Sandboxes {
     /// sandbox paused without memory, which has nothing running to measure.
     pub async fn metrics(&self, caller: &Caller, id: &str) -> Result<Option<Metric>> {
         let record = self.get(caller, id)?;
-        if record.has_no_processes() {
+        // Another node's sandbox is sampled on its own host (a list of many
+        // is not gathered across nodes: each gateway answers for its own).
+        if record.has_no_processes() || !self.holds(record.node.as_deref()) {
             return Ok(None);
         }
         let owned = id.to_string();
@@ -134,11 +136,6 @@ impl Sandboxes {
     pub async fn latest_metrics(&self, caller: &Caller, ids: &[String]) -> Result<Vec<(String, Metric)>> {
         let mut found = Vec::new();
         for id in ids {
-            // Another node samples its own (a cluster-wide list is not
-            // gathered: each gateway answers for its host).
-            if self.store.get(id)?.is_some_and(|r| !self.holds(r.node.as_deref())) {
-                continue;
-            }
             if self.stale(id) {
                 match self.metrics(caller, id).await {
                     Ok(_) | Err(SandboxError::NotFound(_)) => {}
