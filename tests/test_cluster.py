@@ -1,8 +1,9 @@
 """Two gateways on one PostgreSQL (`copse up --database`), each a node with
-its own data dir, bridge and subnet: the SDK may talk to either about any
-sandbox, creates are placed by room, one gateway's start, stop or crash
-never touches the other's sandboxes, a node that stops heartbeating is
-reported lost, and a drained node takes no new sandboxes."""
+its own data dir, bridge and subnet, forwarding to each other over the
+cluster's mutual TLS: the SDK may talk to either about any sandbox, creates
+are placed by room, one gateway's start, stop or crash never touches the
+other's sandboxes, a node that stops heartbeating is reported lost, and a
+drained node takes no new sandboxes."""
 
 import re
 import subprocess
@@ -11,22 +12,39 @@ import time
 import pytest
 from e2b import Sandbox
 
-from conftest import API_KEY, BRIDGE, COPSE, DATA_DIR, SUBNET, Gateway, second_data_dir
+from conftest import API_KEY, BRIDGE, COPSE, DATA_DIR, SUBNET, Gateway, free_port, second_data_dir
 from postgres_server import database_url  # a fixture, used by name
 
 LOST_AFTER_S = 10  # model/node.rs
 HEARTBEAT_S = 2
+NODE_TABLE_TTL_S = 0.5  # service/nodes.rs: a drain is seen this much later at most
 
 
 def node_network(n: int) -> tuple[str, str]:
     return f"{BRIDGE[:9]}{n}", f"10.{(int(SUBNET.split('.')[1]) + 120 + 10 * n) % 256}.0.0/16"
 
 
+def cluster_ca(directory) -> str:
+    """A new cluster CA in `directory` (`copse tls cluster-ca`)."""
+    subprocess.run([str(COPSE), "tls", "cluster-ca", "--out", str(directory)], check=True, capture_output=True)
+    return str(directory)
+
+
+def node_cert(ca: str, out) -> str:
+    """A node certificate for 127.0.0.1 signed by `ca`, in `out`."""
+    subprocess.run([str(COPSE), "tls", "node-cert", "--ca", ca, "--host", "127.0.0.1", "--out", str(out)],
+                   check=True, capture_output=True)
+    return str(out)
+
+
 class Node(Gateway):
-    def __init__(self, n: int, database: str):
+    def __init__(self, n: int, database: str, ca: str):
         super().__init__(second_data_dir(f"node{n}"))
         self.bridge, subnet = node_network(n)
-        self.args = ["--database", database, "--bridge", self.bridge, "--subnet", subnet]
+        self.tls = node_cert(ca, self.data_dir / "cluster-tls")
+        self.peer_port = free_port()
+        self.args = ["--database", database, "--bridge", self.bridge, "--subnet", subnet,
+                     "--cluster-tls", self.tls, "--cluster-listen", f"127.0.0.1:{self.peer_port}"]
 
     def up(self):
         self.start(extra_args=self.args)
@@ -43,10 +61,11 @@ class Node(Gateway):
 
 
 @pytest.fixture(scope="module")
-def nodes(database_url):
+def nodes(database_url, tmp_path_factory):
     DATA_DIR.mkdir(parents=True, exist_ok=True)
     subprocess.run([str(COPSE), "template", "build", "--data-dir", str(DATA_DIR)], check=True)
-    pair = [Node(1, database_url), Node(2, database_url)]
+    ca = cluster_ca(tmp_path_factory.mktemp("cluster") / "ca")
+    pair = [Node(1, database_url, ca), Node(2, database_url, ca)]
     for node in pair:
         node.up()
     yield pair
@@ -144,6 +163,7 @@ def test_a_drained_node_takes_no_new_sandboxes(nodes, database_url):
             made.append(create_after_heartbeat(one))
         assert all(two.holds(s.sandbox_id) for s in made), "creates through the drained node's gateway go elsewhere"
         drain(two, database_url)
+        time.sleep(NODE_TABLE_TTL_S + 0.5)
         with pytest.raises(Exception, match="draining"):
             made.append(Sandbox.create(timeout=60, **one.env()))
     finally:

@@ -9,6 +9,7 @@ import os
 import pathlib
 import select
 import socket
+import ssl
 import stat
 import subprocess
 import tempfile
@@ -2529,29 +2530,66 @@ def test_a_pulled_snapshot_is_only_what_its_manifests_hashes_name(gateway, objec
 
 
 from postgres_server import database_url  # noqa: E402,F401
-from test_cluster import create_on, nodes  # noqa: E402,F401
+from test_cluster import cluster_ca, create_on, node_cert, nodes  # noqa: E402,F401
 
 
 def test_a_forged_forwarding_mark_never_lets_a_gateway_act_on_another_nodes_sandbox(nodes, database_url):
-    """A caller marks its request as already forwarded by another gateway,
+    """A caller marks its request as already forwarded by another node,
     hoping the gateway it reaches acts on a sandbox its host does not hold
     (a kill there would forget the record and leave the sandbox running
-    unseen). The mark only stops a second forward: the call is refused."""
+    unseen). A mark counts only on the peer listener, over the cluster's
+    mutual TLS: on the public listener it is dropped and the call goes to
+    the sandbox's own node like any other."""
     one, two = nodes
     victim = create_on(one, nodes, database_url, via=one)
     try:
         forged = {"x-copse-forwarded-by": two.id, "X-API-KEY": one.env()["api_key"]}
-        kill = httpx.delete(f"{two.url}/sandboxes/{victim.sandbox_id}", headers=forged, timeout=30)
-        assert kill.status_code == 409, kill.text
-        assert kill.json()["code"] == 409
         files = httpx.get(
             f"{two.url}/files",
             params={"path": "/etc/hostname"},
             headers={**forged, "e2b-sandbox-id": victim.sandbox_id, "X-Access-Token": victim._envd_access_token},
             timeout=30,
         )
-        assert files.status_code == 409, files.text
+        assert files.status_code == 200, files.text
+        assert files.text == victim.files.read("/etc/hostname")
+        kill = httpx.delete(f"{two.url}/sandboxes/{victim.sandbox_id}", headers=forged, timeout=30)
+        assert kill.status_code == 204, kill.text
+        assert not one.holds(victim.sandbox_id), "the kill reached the node that runs the sandbox"
+        assert victim.sandbox_id not in {s.sandbox_id for s in Sandbox.list(**two.env()).next_items()}
+    finally:
+        if one.holds(victim.sandbox_id):
+            victim.kill()
+
+
+def peer_client(node, cert_dir=None) -> httpx.Client:
+    """A client of `node`'s peer listener that trusts the cluster CA and
+    shows the node certificate in `cert_dir`, if any."""
+    context = ssl.create_default_context(cafile=f"{node.tls}/ca.pem")
+    if cert_dir is not None:
+        context.load_cert_chain(f"{cert_dir}/node.pem", f"{cert_dir}/node-key.pem")
+    return httpx.Client(base_url=f"https://127.0.0.1:{node.peer_port}", verify=context, timeout=30)
+
+
+def test_only_a_node_of_the_cluster_ca_reaches_the_peer_listener(nodes, database_url, tmp_path):
+    """The peer listener is where a forwarded call is believed: a client
+    without a certificate, or with one from another CA, gets no answer; a
+    node of the cluster does, and a call it marks as forwarded is still
+    never acted on by a node that does not hold the sandbox."""
+    one, two = nodes
+    victim = create_on(one, nodes, database_url, via=one)
+    try:
+        api = {"X-API-KEY": one.env()["api_key"]}
+        stranger = node_cert(cluster_ca(tmp_path / "other-ca"), tmp_path / "stranger")
+        for refused in (peer_client(one), peer_client(one, stranger)):
+            with refused, pytest.raises((httpx.TransportError, ssl.SSLError)):
+                refused.get(f"/sandboxes/{victim.sandbox_id}", headers=api)
+        with peer_client(one, two.tls) as peer:
+            detail = peer.get(f"/sandboxes/{victim.sandbox_id}", headers={**api, "x-copse-forwarded-by": two.id})
+            assert detail.status_code == 200, detail.text
+            assert detail.json()["sandboxID"] == victim.sandbox_id
+        with peer_client(two, one.tls) as peer:
+            marked = peer.delete(f"/sandboxes/{victim.sandbox_id}", headers={**api, "x-copse-forwarded-by": one.id})
+            assert marked.status_code == 409, marked.text
         assert victim.commands.run("echo alive").stdout.strip() == "alive"
-        assert victim.sandbox_id in {s.sandbox_id for s in Sandbox.list(**two.env()).next_items()}
     finally:
         victim.kill()

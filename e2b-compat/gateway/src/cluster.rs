@@ -47,24 +47,41 @@ pub fn node_id(data_dir: &Path) -> anyhow::Result<String> {
     }
 }
 
-/// Where other gateways reach this one: `--advertise`, or the listen
-/// address when it names one host.
-pub fn api_url(listen: SocketAddr, advertise: Option<&str>) -> anyhow::Result<String> {
+/// Where other gateways reach this one: `--advertise`, or the address
+/// they are served on (the peer listener with cluster TLS, else the API
+/// listener) when it names one host. Without cluster TLS only a loopback
+/// address will do: forwarded calls carry API keys and access tokens.
+pub fn api_url(listen: SocketAddr, advertise: Option<&str>, peer_listen: Option<SocketAddr>) -> anyhow::Result<String> {
+    let scheme = if peer_listen.is_some() { "https" } else { "http" };
+    let served = peer_listen.unwrap_or(listen);
+    let in_the_clear = || {
+        anyhow::anyhow!(
+            "other nodes would reach this one over plain HTTP: give --cluster-tls DIR and --cluster-listen ADDR \
+             (see `copse tls cluster-ca`), or keep the cluster on loopback addresses"
+        )
+    };
     match advertise {
         Some(url) => {
             let uri: axum::http::Uri = url.parse().with_context(|| format!("--advertise {url:?} is not a URL"))?;
             anyhow::ensure!(
-                uri.scheme_str() == Some("http") && uri.port_u16().is_some() && uri.path() == "/",
-                "--advertise {url:?}: give http://HOST:PORT (other gateways call it)"
+                uri.scheme_str() == Some(scheme) && uri.port_u16().is_some() && uri.path() == "/",
+                "--advertise {url:?}: give {scheme}://HOST:PORT (other gateways call it{})",
+                if peer_listen.is_some() { " on --cluster-listen" } else { "" }
             );
+            let host = uri.host().unwrap_or_default().trim_start_matches('[').trim_end_matches(']');
+            let loopback = host == "localhost" || host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback());
+            if peer_listen.is_none() && !loopback {
+                return Err(in_the_clear());
+            }
             Ok(url.trim_end_matches('/').to_string())
         }
-        None if listen.ip().is_unspecified() => {
+        None if served.ip().is_unspecified() => {
             anyhow::bail!(
-                "listening on {listen}: say where other gateways reach this one with --advertise http://HOST:PORT"
+                "serving other nodes on {served}: say where they reach this one with --advertise {scheme}://HOST:PORT"
             )
         }
-        None => Ok(format!("http://{listen}")),
+        None if peer_listen.is_none() && !served.ip().is_loopback() => Err(in_the_clear()),
+        None => Ok(format!("{scheme}://{served}")),
     }
 }
 
@@ -128,14 +145,23 @@ mod tests {
     }
 
     #[test]
-    fn other_gateways_need_an_address_that_names_a_host() {
+    fn other_gateways_need_an_address_that_names_a_host_and_tls_off_loopback() {
         let any: SocketAddr = "0.0.0.0:3000".parse().unwrap();
+        let local: SocketAddr = "127.0.0.1:3000".parse().unwrap();
         let one: SocketAddr = "10.0.0.5:3000".parse().unwrap();
-        assert_eq!(api_url(one, None).unwrap(), "http://10.0.0.5:3000");
-        assert!(api_url(any, None).is_err());
-        assert_eq!(api_url(any, Some("http://node1:3000/")).unwrap(), "http://node1:3000");
-        assert!(api_url(any, Some("https://node1:3000")).is_err());
-        assert!(api_url(any, Some("http://node1")).is_err());
-        assert!(api_url(any, Some("http://node1:3000/x")).is_err());
+        let peer: SocketAddr = "10.0.0.5:3443".parse().unwrap();
+        assert_eq!(api_url(local, None, None).unwrap(), "http://127.0.0.1:3000");
+        assert!(api_url(any, None, None).is_err());
+        assert!(api_url(one, None, None).is_err(), "plain HTTP between hosts");
+        assert_eq!(api_url(any, Some("http://localhost:3000/"), None).unwrap(), "http://localhost:3000");
+        assert!(api_url(any, Some("http://node1:3000"), None).is_err(), "plain HTTP between hosts");
+        assert!(api_url(any, Some("https://127.0.0.1:3000"), None).is_err(), "TLS needs the cluster's files");
+        assert!(api_url(any, Some("http://127.0.0.1"), None).is_err());
+        assert!(api_url(any, Some("http://127.0.0.1:3000/x"), None).is_err());
+        // With cluster TLS, the peer listener is the address.
+        assert_eq!(api_url(any, None, Some(peer)).unwrap(), "https://10.0.0.5:3443");
+        assert_eq!(api_url(one, Some("https://node1:3443"), Some(peer)).unwrap(), "https://node1:3443");
+        assert!(api_url(one, Some("http://node1:3443"), Some(peer)).is_err());
+        assert!(api_url(one, None, Some("0.0.0.0:3443".parse().unwrap())).is_err());
     }
 }

@@ -20,6 +20,8 @@ pub struct Config {
     /// Where other gateways on a shared database reach this one (`None`:
     /// the listen address).
     pub advertise: Option<String>,
+    /// Mutual TLS between the nodes of a shared database.
+    pub cluster_tls: Option<ClusterTls>,
     pub agent_binary: PathBuf,
     /// Leave sandboxes running on shutdown, to be re-adopted on restart.
     pub keep_sandboxes: bool,
@@ -42,6 +44,14 @@ pub struct Config {
     /// Extra CA certificates (PEM) the egress proxy trusts for the servers
     /// it re-originates intercepted HTTPS to, besides the host's store.
     pub egress_upstream_ca: Option<PathBuf>,
+}
+
+/// The node's cluster TLS files (`copse tls node-cert`) and the peer
+/// listener other nodes forward calls to.
+#[derive(Debug, Clone)]
+pub struct ClusterTls {
+    pub dir: PathBuf,
+    pub listen: SocketAddr,
 }
 
 #[derive(Debug, Clone)]

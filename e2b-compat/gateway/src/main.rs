@@ -115,16 +115,25 @@ enum Command {
         #[arg(long, env = "COPSE_METRICS_LISTEN")]
         metrics_listen: Option<SocketAddr>,
         /// With --database: the URL other gateways forward this node's
-        /// sandboxes' calls to (default: http://LISTEN).
+        /// sandboxes' calls to (default: https://CLUSTER_LISTEN with
+        /// --cluster-tls, else http://LISTEN, on loopback only).
         #[arg(long, env = "COPSE_ADVERTISE")]
         advertise: Option<String>,
+        /// With --database: this node's cluster TLS files (`copse tls
+        /// node-cert`); other nodes then reach it over mutual TLS on
+        /// --cluster-listen.
+        #[arg(long, env = "COPSE_CLUSTER_TLS", requires_all = ["database", "cluster_listen"])]
+        cluster_tls: Option<PathBuf>,
+        /// The listener for other nodes' forwarded calls (mutual TLS).
+        #[arg(long, env = "COPSE_CLUSTER_LISTEN", requires = "cluster_tls")]
+        cluster_listen: Option<SocketAddr>,
         /// For the crash test only: abort at the step COPSE_FAULT names.
         #[arg(long, hide = true)]
         debug_faults: bool,
         #[command(flatten)]
         registry: RegistryArgs,
     },
-    /// Local TLS for domain mode.
+    /// Local TLS: domain mode, and the mutual TLS between a cluster's nodes.
     Tls {
         #[command(subcommand)]
         command: TlsCommand,
@@ -251,6 +260,25 @@ enum TlsCommand {
         out: Option<PathBuf>,
         #[arg(long, env = "COPSE_DATA_DIR", default_value = config::DEFAULT_DATA_DIR)]
         data_dir: PathBuf,
+    },
+    /// Mint the CA of a cluster's mutual TLS (nodes on one database).
+    ClusterCa {
+        /// Where to write ca.pem and ca-key.pem (keep the key off the nodes).
+        #[arg(long)]
+        out: PathBuf,
+    },
+    /// Sign a node's certificate with the cluster CA, for `copse up
+    /// --cluster-tls OUT`.
+    NodeCert {
+        /// The directory `copse tls cluster-ca` wrote.
+        #[arg(long)]
+        ca: PathBuf,
+        /// A name or address other nodes reach this one by; repeatable.
+        #[arg(long = "host", required = true)]
+        hosts: Vec<String>,
+        /// Where to write ca.pem, node.pem and node-key.pem.
+        #[arg(long)]
+        out: PathBuf,
     },
 }
 
@@ -549,6 +577,8 @@ fn main() -> anyhow::Result<()> {
             limits,
             metrics_listen,
             advertise,
+            cluster_tls,
+            cluster_listen,
             debug_faults,
             registry,
         } => {
@@ -561,6 +591,7 @@ fn main() -> anyhow::Result<()> {
                 data_dir: paths.data_dir,
                 database_url: paths.database,
                 advertise,
+                cluster_tls: cluster_tls.zip(cluster_listen).map(|(dir, listen)| config::ClusterTls { dir, listen }),
                 agent_binary: config::find_agent(paths.agent)?,
                 keep_sandboxes,
                 pools,
@@ -600,6 +631,24 @@ fn main() -> anyhow::Result<()> {
             let out = out.unwrap_or_else(|| data_dir.join("tls").join(domain.to_ascii_lowercase()));
             let minted = copse_gateway::tls::mint::init(&domain, &out)?;
             print!("{}", copse_gateway::tls::mint::instructions(&domain, &minted));
+            Ok(())
+        }
+        Command::Tls { command: TlsCommand::ClusterCa { out } } => {
+            let cert = copse_gateway::tls::cluster::init_ca(&out)?;
+            println!(
+                "wrote {} and its key; sign each node's certificate with `copse tls node-cert --ca {}`",
+                cert.display(),
+                out.display()
+            );
+            Ok(())
+        }
+        Command::Tls { command: TlsCommand::NodeCert { ca, hosts, out } } => {
+            copse_gateway::tls::cluster::issue(&ca, &hosts, &out)?;
+            println!(
+                "wrote {out} for {hosts}; start the node with --database … --cluster-tls {out} --cluster-listen ADDR",
+                out = out.display(),
+                hosts = hosts.join(", ")
+            );
             Ok(())
         }
         Command::Template {
@@ -894,6 +943,7 @@ fn local_config(paths: Paths) -> anyhow::Result<Config> {
         data_dir: paths.data_dir,
         database_url: paths.database,
         advertise: None,
+        cluster_tls: None,
         // Template and snapshot commands boot no sandbox: without an agent
         // they still work (a template can build while the agent compiles).
         agent_binary: config::find_agent(paths.agent).unwrap_or_else(|_| "copse-agent".into()),

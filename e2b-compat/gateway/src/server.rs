@@ -39,12 +39,15 @@ pub fn open_store(config: &Config) -> anyhow::Result<Box<dyn Database>> {
 fn membership(config: &Config) -> anyhow::Result<Option<crate::service::Membership>> {
     let Some(url) = &config.database_url else { return Ok(None) };
     config::private_data_dir(&config.data_dir)?;
-    Ok(Some(crate::service::Membership {
-        id: crate::cluster::node_id(&config.data_dir)?,
-        api_url: crate::cluster::api_url(config.listen, config.advertise.as_deref())?,
-        nodes: Arc::new(store::PostgresStore::open(url)?),
-        started_at_ms: crate::model::now_ms(),
-    }))
+    Ok(Some(crate::service::Membership::new(
+        crate::cluster::node_id(&config.data_dir)?,
+        crate::cluster::api_url(
+            config.listen,
+            config.advertise.as_deref(),
+            config.cluster_tls.as_ref().map(|c| c.listen),
+        )?,
+        Arc::new(store::PostgresStore::open(url)?),
+    )))
 }
 
 pub fn default_recipes() -> Vec<Recipe> {
@@ -104,6 +107,7 @@ fn egress_interception(config: &Config, substrate: &dyn Substrate) -> anyhow::Re
 pub async fn run(config: Config) -> anyhow::Result<()> {
     // A bad certificate fails before templates are built or sandboxes touched.
     let tls = config.tls.as_ref().map(|files| tls::acceptor(&files.cert, &files.key)).transpose()?;
+    let node_tls = config.cluster_tls.as_ref().map(|c| tls::cluster::NodeTls::load(&c.dir)).transpose()?;
     // So is a short key; a generated one exists before anything is built.
     config::private_data_dir(&config.data_dir)?;
     let keys = ApiKeys::load(&config.data_dir, &config.listen)?;
@@ -156,6 +160,16 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     if !recovery.adopted.is_empty() || !recovery.removed.is_empty() {
         tracing::info!(adopted = ?recovery.adopted, removed = ?recovery.removed, "recovered sandboxes from the previous run");
     }
+    // Bound before the node is registered: other nodes may forward to it
+    // as soon as it is.
+    let peer_listener = match &config.cluster_tls {
+        Some(cluster) => Some(
+            tokio::net::TcpListener::bind(cluster.listen)
+                .await
+                .with_context(|| format!("listening for other nodes on {}", cluster.listen))?,
+        ),
+        None => None,
+    };
     // Registered before it listens: a create on another gateway may be
     // placed here as soon as this returns.
     let heartbeat = match svc.node() {
@@ -210,9 +224,27 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             .with_directory(directory.clone()),
     );
     let gate = api::Gate { directory, rates: Default::default() };
-    let app = api::router(svc.clone(), secrets, volumes, gate, exposure).layer(axum::Extension(access_tokens));
+    let peers = api::forward::Peers::new(node_tls.as_ref().map(|t| t.client.clone()));
+    let app = api::router(svc.clone(), secrets, volumes, gate, exposure)
+        .layer(axum::Extension(access_tokens))
+        .layer(axum::Extension(peers));
     let keep_sandboxes = config.keep_sandboxes;
     let (stopping_tx, stopping_rx) = tokio::sync::oneshot::channel::<()>();
+    let (peers_stop_tx, peers_stop_rx) = tokio::sync::watch::channel(false);
+    let peer_server = match (peer_listener, node_tls) {
+        (Some(listener), Some(node_tls)) => {
+            println!("serving other nodes on https://{} (mutual TLS)", listener.local_addr()?);
+            let app = app.clone().layer(axum::Extension(api::forward::PeerLink));
+            // Every node's calls come from its one address.
+            let limits = serve::Limits { per_client: PEER_CONNECTIONS, ..config.limits };
+            let mut stop = peers_stop_rx;
+            let stopped = async move {
+                let _ = stop.wait_for(|stopped| *stopped).await;
+            };
+            Some(tokio::spawn(serve::serve(listener, Some(node_tls.acceptor), app, limits, stopped)))
+        }
+        _ => None,
+    };
     let stop = {
         let svc = svc.clone();
         async move {
@@ -238,6 +270,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             // signal, it could cut short a drain that waits for a boot or a
             // warm-up in flight, leaving its sandbox behind.
             let _ = stopping_tx.send(());
+            let _ = peers_stop_tx.send(true);
         }
     };
     let server = serve::serve(listener, tls, app, config.limits, stop);
@@ -248,6 +281,9 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             let _ = stopping_rx.await;
             tokio::time::sleep(SHUTDOWN_GRACE).await;
         } => tracing::warn!("closing connections still open after {SHUTDOWN_GRACE:?}"),
+    }
+    if let Some(peer_server) = peer_server {
+        peer_server.abort();
     }
     println!("copse stopped");
     Ok(())
@@ -294,6 +330,10 @@ fn key_hint(keys: &Origin) -> String {
         Origin::Environment => "export E2B_API_KEY=...   # a key from COPSE_API_KEY".to_string(),
     }
 }
+
+/// Connections one node may hold open to another's peer listener: its
+/// forwarded command streams and uploads, for every sandbox there.
+const PEER_CONNECTIONS: usize = 4096;
 
 /// How long open connections may finish after the sandboxes are gone.
 const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(5);

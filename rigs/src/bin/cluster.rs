@@ -3,13 +3,16 @@
 //! template: one gateway on its own SQLite (the single-host baseline); node
 //! one of two on a throwaway PostgreSQL, called directly; and the same
 //! node's sandboxes reached through node two's gateway (drained, so every
-//! create is placed on node one and every call forwarded). Writes one JSON
+//! create is placed on node one and every call forwarded, over the
+//! cluster's mutual TLS as a cluster between hosts runs). All three run at
+//! once and take turns, sample by sample. Writes one JSON
 //! result to `benchmarks/results/` (see `benchmarks/schema.md`).
 //!
 //! Three nodes sharing two cores at c=50 (creates per second with 1, 2, 3
 //! nodes) is not measured yet.
 
 use std::net::SocketAddr;
+use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -46,28 +49,34 @@ fn main() -> anyhow::Result<()> {
     let key = random_hex(16)?;
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let mut notes = Vec::new();
-    let mut scenarios = Vec::new();
 
     let single = Gateway::start(bins, &key, &["base=0".into()], "copse-rig-cluster")?;
-    scenarios.push(rt.block_on(measure("single-node-c1", single.addr, &key, args.samples))?);
-    single.stop(&mut notes);
-
     // Not in the data dir: it is 0700, closed to the postgres user.
     let pg = Postgres::start(&std::env::temp_dir())?;
-    let nodes = (1..=2).map(|n| node(bins, &key, &pg.url, n)).collect::<anyhow::Result<Vec<_>>>()?;
+    // A new CA each run: `cluster-ca` and `node-cert` never overwrite.
+    let tls = bins.data_dir.join("cluster-tls");
+    if tls.exists() {
+        std::fs::remove_dir_all(&tls)?;
+    }
+    copse(bins, &["tls", "cluster-ca", "--out", &tls.join("ca").to_string_lossy()])?;
+    let nodes = (1..=2).map(|n| node(bins, &key, &pg.url, &tls, n)).collect::<anyhow::Result<Vec<_>>>()?;
     let measured = (|| {
         let two = std::fs::read_to_string(nodes[1].1.data_dir.join("node-id"))?;
         copse(bins, &["node", "drain", two.trim(), "--database", &pg.url])?;
         std::thread::sleep(HEARTBEAT_WAIT);
-        let direct = rt.block_on(measure("cluster-direct-c1", nodes[0].0.addr, &key, args.samples))?;
-        let forwarded = rt.block_on(measure("cluster-forwarded-c1", nodes[1].0.addr, &key, args.samples))?;
-        anyhow::Ok([direct, forwarded])
+        let ways = [
+            ("single-node-c1", single.addr),
+            ("cluster-direct-c1", nodes[0].0.addr),
+            ("cluster-forwarded-c1", nodes[1].0.addr),
+        ];
+        rt.block_on(measure(&ways, &key, args.samples))
     })();
+    single.stop(&mut notes);
     for (gateway, _, bridge) in nodes {
         gateway.stop(&mut notes);
         drop_network(&bridge);
     }
-    scenarios.extend(measured?);
+    let scenarios = measured?;
     let pg_version = pg.version.clone();
     drop(pg);
 
@@ -94,7 +103,8 @@ fn main() -> anyhow::Result<()> {
         "template": "base",
         "create_body": CREATE_BODY,
         "database": format!("PostgreSQL {pg_version} from Debian, on a unix socket on this host"),
-        "nodes": "two `copse up --database` on this host, each with its own data dir, bridge and subnet; node two drained",
+        "nodes": "two `copse up --database` on this host, each with its own data dir, bridge and subnet; node two drained; the single gateway runs beside them, and the three ways in take turns sample by sample",
+        "forwarding": "kept-alive HTTP/1.1 connections over mutual TLS (TLS 1.3, ECDSA P-256 node certificates from `copse tls cluster-ca`/`node-cert`) to the node's peer listener",
     });
     let (path, result) = run.write(&args.common.out_dir, params, bins, &scenarios, derived, targets, notes)?;
     for s in &scenarios {
@@ -109,8 +119,9 @@ fn main() -> anyhow::Result<()> {
 }
 
 /// Node `n`: its own data dir beside the rig's (templates hard-linked from
-/// it), bridge and subnet, on the shared database.
-fn node(bins: &Binaries, key: &str, database: &str, n: u8) -> anyhow::Result<(Gateway, Binaries, String)> {
+/// it), bridge and subnet, on the shared database, with a certificate of
+/// the cluster CA in `tls`.
+fn node(bins: &Binaries, key: &str, database: &str, tls: &Path, n: u8) -> anyhow::Result<(Gateway, Binaries, String)> {
     let data_dir = bins.data_dir.join(format!("cluster-node{n}"));
     std::fs::create_dir_all(&data_dir)?;
     for entry in std::fs::read_dir(&data_dir)?.flatten() {
@@ -125,8 +136,24 @@ fn node(bins: &Binaries, key: &str, database: &str, n: u8) -> anyhow::Result<(Ga
     anyhow::ensure!(status.success(), "linking the templates into {}", data_dir.display());
     let node_bins = Binaries { data_dir, ..bins.clone() };
     let bridge = format!("copsebc{n}");
-    let args =
-        ["--database", database, "--bridge", &bridge, "--subnet", &format!("10.{}.0.0/16", 96 + n)].map(String::from);
+    let certs = tls.join(format!("node{n}")).to_string_lossy().into_owned();
+    let ca = tls.join("ca").to_string_lossy().into_owned();
+    copse(bins, &["tls", "node-cert", "--ca", &ca, "--host", "127.0.0.1", "--out", &certs])?;
+    // A port free now; the node binds it moments later.
+    let peer_port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+    let args = [
+        "--database",
+        database,
+        "--bridge",
+        &bridge,
+        "--subnet",
+        &format!("10.{}.0.0/16", 96 + n),
+        "--cluster-tls",
+        &certs,
+        "--cluster-listen",
+        &format!("127.0.0.1:{peer_port}"),
+    ]
+    .map(String::from);
     let gateway = Gateway::start_with(&node_bins, key, &["base=0".into()], "copse-rig-cluster", &[], &args)?;
     Ok((gateway, node_bins, bridge))
 }
@@ -144,22 +171,34 @@ fn copse(bins: &Binaries, args: &[&str]) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `n` creates through `addr`, each followed by its first command
-/// (`/bin/true`) and a delete, one after another on one connection.
-async fn measure(name: &str, addr: SocketAddr, key: &str, n: usize) -> anyhow::Result<Scenario> {
-    eprintln!("-- {name}: {n} samples through {addr}");
-    let mut conn = Conn::open(addr).await?;
-    let mut rows = Vec::new();
+/// `n` creates through each way in, each followed by its first command
+/// (`/bin/true`) and a delete, one after another on one connection per
+/// way. The ways take turns sample by sample, so a slow spell of this
+/// shared host falls on all of them alike.
+async fn measure(ways: &[(&str, SocketAddr)], key: &str, n: usize) -> anyhow::Result<Vec<Scenario>> {
+    let mut conns = Vec::new();
+    for (name, addr) in ways {
+        eprintln!("-- {name}: {n} samples through {addr}");
+        conns.push(Conn::open(*addr).await?);
+    }
+    let mut rows = vec![Vec::new(); ways.len()];
     for sample in 0..n + 2 {
-        let t0 = Instant::now();
-        let created = conn.create_sandbox(key, CREATE_BODY).await.context("create")?;
-        let t_created = Instant::now();
-        let (_, t_done) = first_exec(&mut conn, &created.id, &created.token).await.context("first exec")?;
-        conn.delete_sandbox(key, &created.id).await.context("delete")?;
-        // Two untimed: the connection's and the node's first.
-        if sample >= 2 {
-            rows.push([ms(t_created - t0), ms(t_done - t_created), ms(t_done - t0)]);
+        for ((conn, rows), (name, _)) in conns.iter_mut().zip(&mut rows).zip(ways) {
+            let t0 = Instant::now();
+            let created = conn.create_sandbox(key, CREATE_BODY).await.with_context(|| format!("{name}: create"))?;
+            let t_created = Instant::now();
+            let (_, t_done) =
+                first_exec(conn, &created.id, &created.token).await.with_context(|| format!("{name}: first exec"))?;
+            conn.delete_sandbox(key, &created.id).await.with_context(|| format!("{name}: delete"))?;
+            // Two untimed: the connection's and the node's first.
+            if sample >= 2 {
+                rows.push([ms(t_created - t0), ms(t_done - t_created), ms(t_done - t0)]);
+            }
         }
     }
-    Ok(Scenario::from_rows(name, 1, &["create_ms", "exec_ms", "total_ms"], &rows))
+    Ok(ways
+        .iter()
+        .zip(rows)
+        .map(|((name, _), rows)| Scenario::from_rows(name, 1, &["create_ms", "exec_ms", "total_ms"], &rows))
+        .collect())
 }

@@ -6,17 +6,25 @@
 //! The request is passed on whole (its API key or access token, its body
 //! streamed, an upgrade spliced through), so the owner checks the caller as
 //! it would a direct call; it is marked with this node's id, and a marked
-//! request is never forwarded again. A call for a sandbox on a lost node
-//! is a 503 that says so.
+//! request is never forwarded again. When the cluster has a CA
+//! (`tls::cluster`) calls go over mutual TLS to each node's peer listener,
+//! and only that listener honours a mark: on the public one any caller
+//! could write it. A call for a sandbox on a lost node is a 503 that says
+//! so.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::body::Body;
 use axum::extract::{MatchedPath, Request, State};
 use axum::http::{HeaderValue, StatusCode, Uri, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use hyper_util::rt::TokioIo;
+use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+use tokio_rustls::rustls::ClientConfig;
 
 use super::error::ApiError;
 use crate::model::{NodeRecord, SandboxError};
@@ -27,15 +35,74 @@ use crate::tenancy::Principal;
 pub const FORWARDED_BY: &str = "x-copse-forwarded-by";
 /// A create's body is read before it is placed; E2B's are small JSON.
 const MAX_CREATE_BODY: usize = 1 << 20;
+/// Shorter than the time a node's listener keeps an idle connection (its
+/// header timeout), so a pooled connection is not reused as it closes.
+const POOL_IDLE: Duration = Duration::from_secs(5);
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How this node reaches the others: kept-alive connections, over mutual
+/// TLS when the cluster has a CA. A request extension on every route.
+#[derive(Clone)]
+pub struct Peers {
+    client: Client<HttpsConnector<HttpConnector>, Body>,
+    tls: bool,
+}
+
+/// On requests that came in over the peer listener, whose client showed a
+/// certificate of the cluster's CA.
+#[derive(Clone, Copy, Debug)]
+pub struct PeerLink;
+
+impl Peers {
+    /// `tls`: the node's client side of the cluster's TLS; `None` for a
+    /// cluster on loopback, which speaks plain HTTP.
+    pub fn new(tls: Option<Arc<ClientConfig>>) -> Self {
+        let mut http = HttpConnector::new();
+        http.enforce_http(false);
+        http.set_nodelay(true);
+        http.set_connect_timeout(Some(CONNECT_TIMEOUT));
+        let connector = match &tls {
+            Some(config) => HttpsConnectorBuilder::new().with_tls_config(config.as_ref().clone()).https_only(),
+            // No roots: an https:// node address fails rather than going
+            // unverified (`cluster::api_url` refuses one anyway).
+            None => HttpsConnectorBuilder::new().with_tls_config(no_roots()).https_or_http(),
+        }
+        .enable_http1()
+        .wrap_connector(http);
+        let client = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(POOL_IDLE)
+            .pool_timer(TokioTimer::new())
+            .build(connector);
+        Self { client, tls: tls.is_some() }
+    }
+}
+
+fn no_roots() -> ClientConfig {
+    let provider = Arc::new(tokio_rustls::rustls::crypto::ring::default_provider());
+    ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .expect("ring supports the default protocol versions")
+        .with_root_certificates(tokio_rustls::rustls::RootCertStore::empty())
+        .with_no_client_auth()
+}
+
+/// Whether another node forwarded `request`: it carries the mark, and,
+/// when the cluster has TLS, came over the peer listener. The mark is
+/// removed either way (a forward writes its own).
+pub fn take_mark(request: &mut Request) -> bool {
+    let marked = request.headers_mut().remove(FORWARDED_BY).is_some();
+    let tls = request.extensions().get::<Peers>().is_none_or(|peers| peers.tls);
+    marked && (!tls || request.extensions().get::<PeerLink>().is_some())
+}
 
 /// The control plane's part (inside the API-key check, so a create's team
 /// is known): calls naming a sandbox go to its node, creates to the node
 /// placement picks.
-pub async fn control_plane(State(svc): State<Arc<Sandboxes>>, request: Request, next: Next) -> Response {
+pub async fn control_plane(State(svc): State<Arc<Sandboxes>>, mut request: Request, next: Next) -> Response {
     if svc.node().is_none() {
         return next.run(request).await;
     }
-    let forwarded = request.headers().contains_key(FORWARDED_BY);
+    let forwarded = take_mark(&mut request);
     if let Some(id) = sandbox_in_path(&request) {
         return match svc.owner_of_sandbox(&id) {
             Ok(Owner::Here) => next.run(request).await,
@@ -84,7 +151,10 @@ pub async fn to_owner(svc: &Sandboxes, owner: Owner, what: &str, forwarded: bool
             ),
         )
         .into_response(),
-        Owner::There(node) => send(svc.node().unwrap_or_default(), &node, request).await,
+        Owner::There(node) => match request.extensions().get::<Peers>().cloned() {
+            Some(peers) => send(&peers, svc.node().unwrap_or_default(), &node, request).await,
+            None => ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "no way to reach other nodes").into_response(),
+        },
     }
 }
 
@@ -106,15 +176,11 @@ fn is_create(request: &Request) -> bool {
     request.method() == axum::http::Method::POST && matches!(matched, Some("/sandboxes" | "/v2/sandboxes"))
 }
 
-/// Passes `request` to `node`'s gateway, one connection per call.
-async fn send(from: &str, node: &NodeRecord, mut request: Request) -> Response {
+/// Passes `request` to `node`'s gateway.
+async fn send(peers: &Peers, from: &str, node: &NodeRecord, mut request: Request) -> Response {
     let unreachable = |e: &dyn std::fmt::Display| {
         tracing::warn!(node = %node.id, "forwarding to {}: {e}", node.api_url);
         ApiError::new(StatusCode::BAD_GATEWAY, format!("node {} is not reachable: {e}", node.id)).into_response()
-    };
-    let authority = match node.api_url.parse::<Uri>().ok().and_then(|u| u.authority().cloned()) {
-        Some(authority) => authority,
-        None => return unreachable(&format!("its address {:?} is not a URL", node.api_url)),
     };
     // HTTP/2 carries the name in the URI, which becomes origin-form below.
     if !request.headers().contains_key(header::HOST)
@@ -126,26 +192,19 @@ async fn send(from: &str, node: &NodeRecord, mut request: Request) -> Response {
         request.headers_mut().insert(FORWARDED_BY, from);
     }
     super::proxy::origin_form(&mut request);
+    // The pool picks a connection by the node's scheme and address; the
+    // request goes on the wire in origin form, its Host header kept.
+    match format!("{}{}", node.api_url, request.uri()).parse::<Uri>() {
+        Ok(uri) => *request.uri_mut() = uri,
+        Err(_) => return unreachable(&format!("its address {:?} is not a URL", node.api_url)),
+    }
     let client_upgrade = copse_protocol::upgrade::take(&mut request);
-    let stream = match tokio::net::TcpStream::connect(authority.as_str()).await {
-        Ok(stream) => stream,
-        Err(e) => return unreachable(&e),
-    };
-    let _ = stream.set_nodelay(true);
-    let (mut sender, connection) = match hyper::client::conn::http1::handshake(TokioIo::new(stream)).await {
-        Ok(handshake) => handshake,
-        Err(e) => return unreachable(&e),
-    };
-    tokio::spawn(async move {
-        if let Err(e) = connection.with_upgrades().await {
-            tracing::debug!("connection to another node ended: {e}");
-        }
-    });
-    match sender.send_request(request).await {
+    match peers.client.request(request).await {
         Ok(mut response) => {
             copse_protocol::upgrade::splice(client_upgrade, &mut response);
             response.map(Body::new)
         }
-        Err(e) => unreachable(&e),
+        // The client's error names only its kind; its sources say why.
+        Err(e) => unreachable(&format!("{:#}", anyhow::Error::from(e))),
     }
 }

@@ -37,7 +37,7 @@ const TRAFFIC_TOKEN_HEADER: &str = copse_protocol::headers::TRAFFIC_ACCESS_TOKEN
 const PORT_TLS_HEADER: &str = copse_protocol::headers::PORT_TLS;
 const AGENT_PORT: u16 = copse_protocol::headers::AGENT_PORT;
 
-pub async fn switch(State(svc): State<Arc<Sandboxes>>, request: Request, next: Next) -> Response {
+pub async fn switch(State(svc): State<Arc<Sandboxes>>, mut request: Request, next: Next) -> Response {
     let (record, port) = match target(&svc, &request) {
         Target::Sandbox(record, port) => (record, port),
         Target::Missing(id) => return not_found(&id),
@@ -51,7 +51,7 @@ pub async fn switch(State(svc): State<Arc<Sandboxes>>, request: Request, next: N
     match svc.owner(record.node.as_deref()) {
         Ok(Owner::Here) => {}
         Ok(owner) => {
-            let forwarded = request.headers().contains_key(super::forward::FORWARDED_BY);
+            let forwarded = super::forward::take_mark(&mut request);
             return super::forward::to_owner(&svc, owner, &format!("sandbox {}", record.id), forwarded, request).await;
         }
         Err(e) => return ApiError::from(model::SandboxError::from(e)).into_response(),

@@ -6,10 +6,16 @@
 //! the reaper, the journal and shutdown never touch another node's. Calls
 //! for another node's sandbox are forwarded to it by `api::forward`.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use super::Sandboxes;
 use crate::model::{Caller, NodeRecord, NodeStatus, NodeStore, Result, SandboxError, SandboxRecord, now_ms, place};
+
+/// How long one read of the node table serves placement and forwarding. A
+/// node's row moves only at its heartbeat, every two seconds; a drain is
+/// seen this much later at most.
+const NODE_TABLE_TTL: Duration = Duration::from_millis(500);
 
 /// This gateway's seat in a shared database.
 #[derive(Clone)]
@@ -19,6 +25,43 @@ pub struct Membership {
     pub api_url: String,
     pub nodes: Arc<dyn NodeStore>,
     pub started_at_ms: i64,
+    /// The last read of every node's row: forwarding needs the owner's
+    /// address on every call, and a database round trip for it would be a
+    /// fixed cost on each.
+    table: Arc<Mutex<Option<TableRead>>>,
+}
+
+/// When the node table was read, and what it held.
+type TableRead = (Instant, Arc<Vec<NodeRecord>>);
+
+impl Membership {
+    pub fn new(id: String, api_url: String, nodes: Arc<dyn NodeStore>) -> Self {
+        Self { id, api_url, nodes, started_at_ms: now_ms(), table: Arc::default() }
+    }
+
+    /// Every node's row, read at most [`NODE_TABLE_TTL`] ago unless `fresh`.
+    fn node_table(&self, fresh: bool) -> anyhow::Result<Arc<Vec<NodeRecord>>> {
+        let mut table = self.table.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((read_at, rows)) = table.as_ref()
+            && !fresh
+            && read_at.elapsed() < NODE_TABLE_TTL
+        {
+            return Ok(rows.clone());
+        }
+        let rows = Arc::new(self.nodes.nodes()?);
+        *table = Some((Instant::now(), rows.clone()));
+        Ok(rows)
+    }
+
+    /// `id`'s row; a node missing from the last read is looked for afresh
+    /// (it may have registered since).
+    fn node_record(&self, id: &str) -> anyhow::Result<Option<NodeRecord>> {
+        let find = |rows: &[NodeRecord]| rows.iter().find(|n| n.id == id).cloned();
+        match find(&self.node_table(false)?) {
+            Some(record) => Ok(Some(record)),
+            None => Ok(find(&self.node_table(true)?)),
+        }
+    }
 }
 
 /// Which node a record's host is, as seen from this gateway.
@@ -69,7 +112,7 @@ impl Sandboxes {
         if node == membership.id {
             return Ok(Owner::Here);
         }
-        Ok(match membership.nodes.node(node)? {
+        Ok(match membership.node_record(node)? {
             Some(record) if record.status(now_ms()) != NodeStatus::Lost => Owner::There(record),
             record => Owner::Lost { node: node.to_string(), last_heard_ms: record.map(|r| r.heartbeat_at_ms) },
         })
@@ -97,7 +140,7 @@ impl Sandboxes {
         if let Some(built) = self.ready_template(&caller.team, template)? {
             return Ok(self.owner(built.node.as_deref())?);
         }
-        let nodes = membership.nodes.nodes()?;
+        let nodes = membership.node_table(false)?;
         match place(&nodes, template, now_ms()) {
             Some(chosen) if chosen.id != membership.id => Ok(Owner::There(chosen.clone())),
             Some(_) => Ok(Owner::Here),

@@ -111,7 +111,7 @@ fn validate(domain: &str) -> anyhow::Result<String> {
     Ok(domain)
 }
 
-fn write(path: &Path, contents: &str, mode: u32) -> anyhow::Result<()> {
+pub(super) fn write(path: &Path, contents: &str, mode: u32) -> anyhow::Result<()> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
     let mut file = std::fs::OpenOptions::new()

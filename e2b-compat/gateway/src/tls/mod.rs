@@ -4,6 +4,7 @@
 //! control plane and every sandbox port; the router tells them apart by host.
 //! The listener itself (handshake timeout included) is `serve`'s.
 
+pub mod cluster;
 pub mod mint;
 
 use std::path::Path;
