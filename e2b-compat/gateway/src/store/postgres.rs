@@ -10,11 +10,12 @@
 //! current-thread runtime. A lost connection (a restarted server) is made
 //! again before the next call; the call in flight fails.
 
+use std::collections::HashMap;
 use std::sync::mpsc;
 
 use anyhow::Context;
 use postgres::types::ToSql;
-use postgres::{Client, NoTls, Transaction};
+use postgres::{Client, NoTls, Row, Statement, Transaction};
 use serde::de::DeserializeOwned;
 
 use super::table::Table;
@@ -23,7 +24,61 @@ use crate::model::{
     Store, Team, TemplateLabels, TemplateRecord, VolumeRecord, VolumeStore,
 };
 
-type Job = Box<dyn FnOnce(&mut Client) + Send>;
+type Job = Box<dyn FnOnce(&mut Conn) + Send>;
+
+/// The store thread's connection. A query sent as text is prepared anew
+/// each time, a round trip of its own before the one that runs it; here
+/// each text is prepared once per connection and its statement reused.
+struct Conn {
+    client: Client,
+    prepared: HashMap<String, Statement>,
+}
+
+type Params<'a> = [&'a (dyn ToSql + Sync)];
+
+impl Conn {
+    fn new(client: Client) -> Self {
+        Self { client, prepared: HashMap::new() }
+    }
+
+    /// Runs `sql`'s statement; one that failed is prepared afresh next
+    /// time (a migration by a newer gateway may have changed its plan).
+    fn with_statement<T>(
+        &mut self,
+        sql: &str,
+        run: impl FnOnce(&mut Client, &Statement) -> Result<T, postgres::Error>,
+    ) -> Result<T, postgres::Error> {
+        let statement = match self.prepared.get(sql) {
+            Some(statement) => statement.clone(),
+            None => {
+                let statement = self.client.prepare(sql)?;
+                self.prepared.insert(sql.to_string(), statement.clone());
+                statement
+            }
+        };
+        let result = run(&mut self.client, &statement);
+        if result.is_err() {
+            self.prepared.remove(sql);
+        }
+        result
+    }
+
+    fn execute(&mut self, sql: &str, params: &Params) -> Result<u64, postgres::Error> {
+        self.with_statement(sql, |c, s| c.execute(s, params))
+    }
+
+    fn query(&mut self, sql: &str, params: &Params) -> Result<Vec<Row>, postgres::Error> {
+        self.with_statement(sql, |c, s| c.query(s, params))
+    }
+
+    fn query_opt(&mut self, sql: &str, params: &Params) -> Result<Option<Row>, postgres::Error> {
+        self.with_statement(sql, |c, s| c.query_opt(s, params))
+    }
+
+    fn transaction(&mut self) -> Result<Transaction<'_>, postgres::Error> {
+        self.client.transaction()
+    }
+}
 
 pub struct PostgresStore {
     jobs: mpsc::Sender<Job>,
@@ -41,10 +96,10 @@ impl PostgresStore {
         let (jobs, queue) = mpsc::channel::<Job>();
         let (ready, opened) = mpsc::sync_channel(1);
         std::thread::Builder::new().name("copse-postgres".into()).spawn(move || {
-            let mut client = match connect(&config).and_then(|mut client| migrate(&mut client).map(|()| client)) {
+            let mut conn = match connect(&config).and_then(|mut client| migrate(&mut client).map(|()| client)) {
                 Ok(client) => {
                     let _ = ready.send(Ok(()));
-                    client
+                    Conn::new(client)
                 }
                 Err(err) => {
                     let _ = ready.send(Err(err));
@@ -52,13 +107,13 @@ impl PostgresStore {
                 }
             };
             for job in queue {
-                if client.is_closed() {
+                if conn.client.is_closed() {
                     match connect(&config) {
-                        Ok(fresh) => client = fresh,
+                        Ok(fresh) => conn = Conn::new(fresh),
                         Err(err) => tracing::warn!(error = %err, "reconnecting to the database"),
                     }
                 }
-                job(&mut client);
+                job(&mut conn);
             }
         })?;
         opened.recv().context("the database thread ended while connecting")??;
@@ -68,7 +123,7 @@ impl PostgresStore {
     /// Runs `work` on this store's connection and waits for its result.
     fn run<T: Send + 'static>(
         &self,
-        work: impl FnOnce(&mut Client) -> anyhow::Result<T> + Send + 'static,
+        work: impl FnOnce(&mut Conn) -> anyhow::Result<T> + Send + 'static,
     ) -> anyhow::Result<T> {
         let (reply, result) = mpsc::sync_channel(1);
         self.jobs
@@ -197,11 +252,11 @@ fn bump_tenancy(tx: &mut Transaction) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn delete_by_id(c: &mut Client, table: Table, id: &str) -> anyhow::Result<bool> {
+fn delete_by_id(c: &mut Conn, table: Table, id: &str) -> anyhow::Result<bool> {
     Ok(c.execute(&format!("DELETE FROM {} WHERE id = $1", table.name()), &[&id])? > 0)
 }
 
-fn decode_one<T: DeserializeOwned>(c: &mut Client, table: Table, id: &str) -> anyhow::Result<Option<T>> {
+fn decode_one<T: DeserializeOwned>(c: &mut Conn, table: Table, id: &str) -> anyhow::Result<Option<T>> {
     let row = c.query_opt(&format!("SELECT record FROM {} WHERE id = $1", table.name()), &[&id])?;
     match row {
         Some(row) => decode_or_quarantine(c, table, id, row.get(0)),
@@ -212,7 +267,7 @@ fn decode_one<T: DeserializeOwned>(c: &mut Client, table: Table, id: &str) -> an
 /// As in `sqlite.rs`: a row that no longer parses is moved, whole, to
 /// `quarantine`, so one bad record does not fail every listing.
 fn decode_or_quarantine<T: DeserializeOwned>(
-    c: &mut Client,
+    c: &mut Conn,
     table: Table,
     id: &str,
     json: &str,
@@ -593,6 +648,34 @@ mod tests {
         let mut client = Client::connect(&server.url(), NoTls).unwrap();
         let applied: i64 = client.query_one("SELECT count(*) FROM refinery_schema_history", &[]).unwrap().get(0);
         assert_eq!(applied, 2, "V1__tables and V2__nodes, each once");
+    }
+
+    /// Statements are kept per connection: after the server drops the
+    /// connection (a restart, an administrator), the call in flight fails
+    /// and the next ones prepare theirs on the new connection.
+    #[test]
+    fn a_dropped_connection_is_made_again_with_its_statements() {
+        let server = TestPostgres::start();
+        let store = PostgresStore::open(&server.url()).unwrap();
+        let snapshot = crate::store::behaviour::snapshot("acme", "s1", "k");
+        store.put_snapshot(&snapshot).unwrap();
+        assert!(store.snapshot("acme", "s1").unwrap().is_some());
+        let mut admin = Client::connect(&server.url(), NoTls).unwrap();
+        admin
+            .execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+                 WHERE pid <> pg_backend_pid() AND datname = current_database()",
+                &[],
+            )
+            .unwrap();
+        // The first call may still find the old connection open.
+        let _ = store.snapshot("acme", "s1");
+        assert_eq!(store.snapshot("acme", "s1").unwrap().map(|s| s.id), Some("s1".to_string()));
+        // A table changed under a kept statement: that statement fails
+        // once, then is prepared again.
+        admin.batch_execute("ALTER TABLE team_snapshots ALTER COLUMN record TYPE varchar").unwrap();
+        let _ = store.snapshot("acme", "s1");
+        assert!(store.snapshot("acme", "s1").unwrap().is_some());
     }
 
     #[test]
