@@ -39,11 +39,10 @@ impl Membership {
         Self { id, api_url, nodes, started_at_ms: now_ms(), table: Arc::default() }
     }
 
-    /// Every node's row, read at most [`NODE_TABLE_TTL`] ago unless `fresh`.
-    fn node_table(&self, fresh: bool) -> anyhow::Result<Arc<Vec<NodeRecord>>> {
+    /// Every node's row, read at most [`NODE_TABLE_TTL`] ago.
+    fn node_table(&self) -> anyhow::Result<Arc<Vec<NodeRecord>>> {
         let mut table = self.table.lock().unwrap_or_else(|e| e.into_inner());
         if let Some((read_at, rows)) = table.as_ref()
-            && !fresh
             && read_at.elapsed() < NODE_TABLE_TTL
         {
             return Ok(rows.clone());
@@ -53,13 +52,12 @@ impl Membership {
         Ok(rows)
     }
 
-    /// `id`'s row; a node missing from the last read is looked for afresh
-    /// (it may have registered since).
+    /// `id`'s row; a node missing from the last read is looked up (it
+    /// may have registered since).
     fn node_record(&self, id: &str) -> anyhow::Result<Option<NodeRecord>> {
-        let find = |rows: &[NodeRecord]| rows.iter().find(|n| n.id == id).cloned();
-        match find(&self.node_table(false)?) {
-            Some(record) => Ok(Some(record)),
-            None => Ok(find(&self.node_table(true)?)),
+        match self.node_table()?.iter().find(|n| n.id == id) {
+            Some(record) => Ok(Some(record.clone())),
+            None => self.nodes.node(id),
         }
     }
 }
@@ -140,7 +138,7 @@ impl Sandboxes {
         if let Some(built) = self.ready_template(&caller.team, template)? {
             return Ok(self.owner(built.node.as_deref())?);
         }
-        let nodes = membership.node_table(false)?;
+        let nodes = membership.node_table()?;
         match place(&nodes, template, now_ms()) {
             Some(chosen) if chosen.id != membership.id => Ok(Owner::There(chosen.clone())),
             Some(_) => Ok(Owner::Here),
