@@ -58,16 +58,10 @@ pub fn issue(ca_dir: &Path, hosts: &[String], out: &Path) -> anyhow::Result<()> 
     let files = [out.join(CA_CERT), out.join(NODE_CERT), out.join(NODE_KEY)];
     refuse_existing(&files.iter().collect::<Vec<_>>(), out)?;
 
-    let now = OffsetDateTime::now_utc();
-    let mut leaf = CertificateParams::new(hosts.to_vec()).context("a host is neither a DNS name nor an address")?;
-    leaf.distinguished_name.push(DnType::CommonName, format!("copse node {}", hosts[0]));
-    leaf.key_usages = vec![KeyUsagePurpose::DigitalSignature];
     // One certificate for both ends: a node serves forwarded calls and
     // forwards them.
-    leaf.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth, ExtendedKeyUsagePurpose::ClientAuth];
-    leaf.use_authority_key_identifier_extension = true;
-    leaf.not_before = now - Duration::days(1);
-    leaf.not_after = now + Duration::days(825);
+    let both = vec![ExtendedKeyUsagePurpose::ServerAuth, ExtendedKeyUsagePurpose::ClientAuth];
+    let leaf = super::mint::leaf_params(hosts.to_vec(), &format!("copse node {}", hosts[0]), both)?;
     let leaf_key = KeyPair::generate()?;
     let leaf_cert = leaf.signed_by(&leaf_key, &issuer)?;
 

@@ -50,15 +50,8 @@ pub fn init(domain: &str, dir: &Path) -> anyhow::Result<Minted> {
     let ca_cert = ca.self_signed(&ca_key)?;
     let issuer = Issuer::new(ca, ca_key);
 
-    let mut leaf = CertificateParams::new(vec![domain.clone(), format!("*.{domain}")])?;
-    leaf.distinguished_name.push(DnType::CommonName, domain.clone());
-    leaf.key_usages = vec![KeyUsagePurpose::DigitalSignature];
-    leaf.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
-    leaf.use_authority_key_identifier_extension = true;
-    leaf.not_before = now - Duration::days(1);
-    // The longest life some clients (Apple's) still accept for a server
-    // certificate.
-    leaf.not_after = now + Duration::days(825);
+    let leaf =
+        leaf_params(vec![domain.clone(), format!("*.{domain}")], &domain, vec![ExtendedKeyUsagePurpose::ServerAuth])?;
     let leaf_key = KeyPair::generate()?;
     let leaf_cert = leaf.signed_by(&leaf_key, &issuer)?;
 
@@ -67,6 +60,26 @@ pub fn init(domain: &str, dir: &Path) -> anyhow::Result<Minted> {
     write(&minted.cert, &format!("{}{}", leaf_cert.pem(), ca_cert.pem()), 0o644)?;
     write(&minted.key, &leaf_key.serialize_pem(), 0o600)?;
     Ok(minted)
+}
+
+/// A leaf certificate's fields: `names` (DNS names or addresses), signed
+/// by a CA, for `usages`.
+pub(super) fn leaf_params(
+    names: Vec<String>,
+    common_name: &str,
+    usages: Vec<ExtendedKeyUsagePurpose>,
+) -> anyhow::Result<CertificateParams> {
+    let now = OffsetDateTime::now_utc();
+    let mut leaf = CertificateParams::new(names).context("a name is neither a DNS name nor an address")?;
+    leaf.distinguished_name.push(DnType::CommonName, common_name);
+    leaf.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+    leaf.extended_key_usages = usages;
+    leaf.use_authority_key_identifier_extension = true;
+    leaf.not_before = now - Duration::days(1);
+    // The longest life some clients (Apple's) still accept for a server
+    // certificate.
+    leaf.not_after = now + Duration::days(825);
+    Ok(leaf)
 }
 
 /// What to do next, for the person who ran `copse tls init`.
