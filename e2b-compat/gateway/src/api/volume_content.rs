@@ -194,12 +194,33 @@ async fn write_file(
     let mut stream = body.into_data_stream();
     while let Some(chunk) = stream.next().await {
         let chunk = chunk.map_err(|e| ApiError::bad_request(format!("reading the request body: {e}")))?;
-        file.write_all(&chunk).await.map_err(|e| write_error(e, &query.path))?;
+        if let Err(e) = file.write_all(&chunk).await {
+            discard_rest(&mut stream).await;
+            return Err(write_error(e, &query.path).into());
+        }
     }
     file.flush().await.map_err(|e| write_error(e, &query.path))?;
     file.sync_data().await.map_err(|e| write_error(e, &query.path))?;
     let entry = run(move || Ok(files.stat(&query.path)?)).await?;
     Ok((StatusCode::CREATED, Json(wire(entry))).into_response())
+}
+
+/// After a failed write (a full volume), what is left of the upload is
+/// read and dropped, within bounds: answered early, a client still sending
+/// sees its connection closed (a broken pipe) instead of the error.
+async fn discard_rest(stream: &mut axum::body::BodyDataStream) {
+    const LIMIT: usize = 256 << 20;
+    const TIME: std::time::Duration = std::time::Duration::from_secs(10);
+    let _ = tokio::time::timeout(TIME, async {
+        let mut read = 0usize;
+        while let Some(Ok(chunk)) = stream.next().await {
+            read += chunk.len();
+            if read >= LIMIT {
+                break;
+            }
+        }
+    })
+    .await;
 }
 
 async fn list_dir(
