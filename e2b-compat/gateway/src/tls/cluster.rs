@@ -34,7 +34,7 @@ const CA_NAME: &str = "copse cluster CA";
 /// Writes a new cluster CA (certificate and key) into `dir`.
 pub fn init_ca(dir: &Path) -> anyhow::Result<PathBuf> {
     let (cert, key) = (dir.join(CA_CERT), dir.join(CA_KEY));
-    refuse_existing(&[&cert, &key], dir)?;
+    refuse_existing(&[cert.clone(), key.clone()], dir)?;
     let ca_key = KeyPair::generate()?;
     let ca_cert = ca_params()?.self_signed(&ca_key)?;
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
@@ -56,7 +56,7 @@ pub fn issue(ca_dir: &Path, hosts: &[String], out: &Path) -> anyhow::Result<()> 
     let ca_key = KeyPair::from_pem(&ca_key).context("parsing the cluster CA's key")?;
     let issuer = Issuer::new(ca_params()?, ca_key);
     let files = [out.join(CA_CERT), out.join(NODE_CERT), out.join(NODE_KEY)];
-    refuse_existing(&files.iter().collect::<Vec<_>>(), out)?;
+    refuse_existing(&files, out)?;
 
     // One certificate for both ends: a node serves forwarded calls and
     // forwards them.
@@ -85,7 +85,7 @@ fn ca_params() -> anyhow::Result<CertificateParams> {
     Ok(ca)
 }
 
-fn refuse_existing(files: &[&PathBuf], dir: &Path) -> anyhow::Result<()> {
+fn refuse_existing(files: &[PathBuf], dir: &Path) -> anyhow::Result<()> {
     if let Some(existing) = files.iter().find(|p| p.exists()) {
         bail!("{} exists; choose another directory than {} or remove it first", existing.display(), dir.display());
     }
