@@ -134,14 +134,14 @@ class Gateway:
         self.proc = None
         self.log = open(data_dir / "gateway.log", "ab")
 
-    def start(self, keep_sandboxes: bool = False, pools: str = "base=0", extra_args=()):
+    def start(self, keep_sandboxes: bool = False, pools: str = "base=0", extra_args=(), env=None):
         # No warm pool by default: the leak checks account for every sandbox
         # on the host, and pooled ones belong to no user.
         args = [str(COPSE), "up", "--listen", f"{self.host}:{self.port}", "--data-dir", str(self.data_dir), "--pool", pools]
         if keep_sandboxes:
             args.append("--keep-sandboxes")
         args.extend(extra_args)
-        env = dict(os.environ, COPSE_API_KEY=API_KEY, COPSE_LOG=os.environ.get("COPSE_LOG", "info"))
+        env = dict(env or os.environ, COPSE_API_KEY=API_KEY, COPSE_LOG=os.environ.get("COPSE_LOG", "info"))
         self.proc = subprocess.Popen(args, env=env, stdout=self.log, stderr=self.log)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:

@@ -3,7 +3,8 @@ its own data dir, bridge and subnet, forwarding to each other over the
 cluster's mutual TLS: the SDK may talk to either about any sandbox, creates
 are placed by room, one gateway's start, stop or crash never touches the
 other's sandboxes, a node that stops heartbeating is reported lost, and a
-drained node takes no new sandboxes."""
+drained node takes no new sandboxes. The nodes share an object store
+(SeaweedFS): a snapshot moves through it to a node other than its own."""
 
 import re
 import subprocess
@@ -13,6 +14,7 @@ import pytest
 from e2b import Sandbox
 
 from conftest import API_KEY, BRIDGE, COPSE, DATA_DIR, SUBNET, Gateway, free_port, second_data_dir
+from object_store import object_store  # noqa: F401 (a fixture, used by name)
 from postgres_server import database_url  # a fixture, used by name
 
 LOST_AFTER_S = 10  # model/node.rs
@@ -38,16 +40,18 @@ def node_cert(ca: str, out) -> str:
 
 
 class Node(Gateway):
-    def __init__(self, n: int, database: str, ca: str):
+    def __init__(self, n: int, database: str, ca: str, objects):
         super().__init__(second_data_dir(f"node{n}"))
         self.bridge, subnet = node_network(n)
         self.tls = node_cert(ca, self.data_dir / "cluster-tls")
         self.peer_port = free_port()
         self.args = ["--database", database, "--bridge", self.bridge, "--subnet", subnet,
                      "--cluster-tls", self.tls, "--cluster-listen", f"127.0.0.1:{self.peer_port}"]
+        self.objects = objects
 
     def up(self):
-        self.start(extra_args=self.args)
+        # The object store's URL and keys reach it in its environment.
+        self.start(extra_args=self.args, env=self.objects.env())
 
     @property
     def id(self) -> str:
@@ -61,11 +65,11 @@ class Node(Gateway):
 
 
 @pytest.fixture(scope="module")
-def nodes(database_url, tmp_path_factory):
+def nodes(database_url, object_store, tmp_path_factory):
     DATA_DIR.mkdir(parents=True, exist_ok=True)
     subprocess.run([str(COPSE), "template", "build", "--data-dir", str(DATA_DIR)], check=True)
     ca = cluster_ca(tmp_path_factory.mktemp("cluster") / "ca")
-    pair = [Node(1, database_url, ca), Node(2, database_url, ca)]
+    pair = [Node(1, database_url, ca, object_store), Node(2, database_url, ca, object_store)]
     for node in pair:
         node.up()
     yield pair
@@ -200,3 +204,54 @@ def test_a_crashed_node_is_reported_lost_and_comes_back_with_its_sandboxes(nodes
         if two.proc.poll() is not None:
             two.up()
         stranded.kill()
+
+
+def create_while_stored(snapshot: str, via: Node, deadline_s: float = 60) -> Sandbox:
+    """A create from `snapshot` once its node has stored it: until then a
+    node that must fetch it answers that it is not in the object store yet."""
+    deadline = time.monotonic() + deadline_s
+    while True:
+        try:
+            return Sandbox.create(snapshot, timeout=300, **via.env())
+        except Exception as e:
+            if "not in the object store yet" not in str(e) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+
+
+def test_a_snapshot_starts_on_another_node_through_the_object_store(nodes, database_url, object_store):
+    one, two = nodes
+    name = f"moving-{time.monotonic_ns() % 10**9}"
+    source = create_on(one, nodes, database_url, via=two)
+    try:
+        source.files.write("/home/user/note", "taken on node one")
+        source.commands.run("sleep 4242", background=True)
+        # The object store is down when the snapshot is taken: the snapshot
+        # is taken all the same, and uploaded once the store is back.
+        object_store.stop()
+        source.create_snapshot(name=name, mode="full")
+    finally:
+        source.kill()
+    try:
+        drain(one, database_url)
+        time.sleep(NODE_TABLE_TTL_S + 0.5)
+        with pytest.raises(Exception, match="not in the object store yet"):
+            Sandbox.create(name, timeout=60, **one.env())
+        object_store.start()
+        moved = create_while_stored(name, via=one)
+        try:
+            assert two.holds(moved.sandbox_id), "the drained node's snapshot starts on the other node"
+            assert moved.files.read("/home/user/note") == "taken on node one"
+            assert "sleep 4242" in moved.commands.run("ps -eo args").stdout, "its memory came along"
+        finally:
+            moved.kill()
+        # A second create finds the files already fetched.
+        again = Sandbox.create(name, timeout=300, **two.env())
+        again.kill()
+    finally:
+        drain(one, database_url, False)
+        if object_store.proc.poll() is not None:
+            object_store.start()
+    assert object_store.read(f"snapshots/default/{name}"), "the manifest is in the bucket"
+    Sandbox.delete_snapshot(name, **two.env())
+    assert object_store.read(f"snapshots/default/{name}") is None, "a deleted snapshot leaves the bucket"

@@ -2530,7 +2530,8 @@ def test_a_pulled_snapshot_is_only_what_its_manifests_hashes_name(gateway, objec
 
 
 from postgres_server import database_url  # noqa: E402,F401
-from test_cluster import cluster_ca, create_on, node_cert, nodes  # noqa: E402,F401
+from test_cluster import cluster_ca, create_on, create_while_stored, drain, node_cert, nodes  # noqa: E402,F401
+from test_cluster import NODE_TABLE_TTL_S  # noqa: E402
 
 
 def test_a_forged_forwarding_mark_never_lets_a_gateway_act_on_another_nodes_sandbox(nodes, database_url):
@@ -2593,3 +2594,44 @@ def test_only_a_node_of_the_cluster_ca_reaches_the_peer_listener(nodes, database
         assert victim.commands.run("echo alive").stdout.strip() == "alive"
     finally:
         victim.kill()
+
+
+def test_a_manifest_swapped_in_the_bucket_never_starts_another_snapshots_files(nodes, database_url, object_store):
+    """Whoever can write the cluster's bucket puts one snapshot's manifest
+    under another's name, hoping a node that fetches the first starts the
+    second's files (another sandbox's secrets, under a name the victim
+    trusts). The node checks the fetched stream names the files the
+    database records for that snapshot, and refuses anything else."""
+    one, two = nodes
+    tag = os.urandom(4).hex()
+    names = {text: f"swap-{text}-{tag}" for text in ("victim", "other")}
+    source = create_on(one, nodes, database_url, via=one)
+    try:
+        for text, name in names.items():
+            source.files.write("/home/user/note", text)
+            source.create_snapshot(name=name, mode="filesystem")
+    finally:
+        source.kill()
+    keys = {text: f"snapshots/default/{name}" for text, name in names.items()}
+    deadline = time.monotonic() + 60
+    while not all(object_store.read(k) for k in keys.values()):
+        assert time.monotonic() < deadline, "the node stored its snapshots"
+        time.sleep(0.5)
+    real = object_store.read(keys["victim"])
+    object_store.overwrite(keys["victim"], object_store.read(keys["other"]))
+    drain(one, database_url)
+    try:
+        time.sleep(NODE_TABLE_TTL_S + 0.5)
+        with pytest.raises(Exception, match="another version"):
+            create_while_stored(names["victim"], via=two)
+        object_store.overwrite(keys["victim"], real)
+        moved = create_while_stored(names["victim"], via=two)
+        try:
+            assert two.holds(moved.sandbox_id)
+            assert moved.files.read("/home/user/note") == "victim"
+        finally:
+            moved.kill()
+    finally:
+        drain(one, database_url, False)
+        for name in names.values():
+            Sandbox.delete_snapshot(name, **one.env())

@@ -153,6 +153,14 @@ impl Bucket {
         Ok(Some(got.bytes().await.map_err(|e| self.failed("reading", key, e))?))
     }
 
+    /// Removes `key`; one already gone is not an error.
+    pub async fn delete(&self, key: &str) -> anyhow::Result<()> {
+        match self.store.delete(&Path::from(key)).await {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+            Err(e) => Err(self.failed("deleting", key, e)),
+        }
+    }
+
     fn failed(&self, doing: &str, key: &str, error: object_store::Error) -> anyhow::Error {
         anyhow::anyhow!("object store {}: {doing} {key}: {error}", self.name)
     }

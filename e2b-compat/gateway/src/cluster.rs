@@ -85,17 +85,39 @@ pub fn api_url(listen: SocketAddr, advertise: Option<&str>, peer_listen: Option<
     }
 }
 
-/// Rewrites this node's record every [`HEARTBEAT_MS`] until aborted.
+/// Rewrites this node's record every [`HEARTBEAT_MS`], and uploads its
+/// new snapshots to the object store as each is taken (and as often, for
+/// one whose upload failed), until aborted. The two
+/// run side by side: a long upload never delays a heartbeat.
 pub fn spawn_heartbeat(svc: Arc<Sandboxes>) -> tokio::task::JoinHandle<()> {
-    tokio::spawn(async move {
+    let every = || {
         let mut tick = tokio::time::interval(Duration::from_millis(HEARTBEAT_MS as u64));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tick.tick().await;
-            if let Err(e) = svc.heartbeat().await {
-                tracing::warn!("heartbeat: {e:#}");
+        tick
+    };
+    tokio::spawn(async move {
+        let beats = async {
+            let mut tick = every();
+            loop {
+                tick.tick().await;
+                if let Err(e) = svc.heartbeat().await {
+                    tracing::warn!("heartbeat: {e:#}");
+                }
             }
-        }
+        };
+        let uploads = async {
+            let mut tick = every();
+            loop {
+                tokio::select! {
+                    _ = tick.tick() => {}
+                    _ = svc.snapshot_taken() => {}
+                }
+                if let Err(e) = svc.store_snapshots().await {
+                    tracing::warn!("storing snapshots: {e:#}");
+                }
+            }
+        };
+        tokio::join!(beats, uploads);
     })
 }
 

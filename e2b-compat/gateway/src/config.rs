@@ -22,6 +22,9 @@ pub struct Config {
     pub advertise: Option<String>,
     /// Mutual TLS between the nodes of a shared database.
     pub cluster_tls: Option<ClusterTls>,
+    /// The object store the nodes of a shared database move snapshots
+    /// through.
+    pub object_store: Option<copse_objects::BucketConfig>,
     pub agent_binary: PathBuf,
     /// Leave sandboxes running on shutdown, to be re-adopted on restart.
     pub keep_sandboxes: bool,

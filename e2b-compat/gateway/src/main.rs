@@ -127,6 +127,13 @@ enum Command {
         /// The listener for other nodes' forwarded calls (mutual TLS).
         #[arg(long, env = "COPSE_CLUSTER_LISTEN", requires = "cluster_tls")]
         cluster_listen: Option<SocketAddr>,
+        /// With --database: the object store the nodes move snapshots
+        /// through (s3://BUCKET or http(s)://HOST:PORT/BUCKET; keys from
+        /// AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY). Each node uploads
+        /// the snapshots it takes; another node fetches one it is asked to
+        /// start while the snapshot's own node is drained or lost.
+        #[arg(long = "object-store", env = "COPSE_OBJECT_STORE", requires = "database")]
+        object_store: Option<String>,
         /// For the crash test only: abort at the step COPSE_FAULT names.
         #[arg(long, hide = true)]
         debug_faults: bool,
@@ -579,6 +586,7 @@ fn main() -> anyhow::Result<()> {
             advertise,
             cluster_tls,
             cluster_listen,
+            object_store,
             debug_faults,
             registry,
         } => {
@@ -592,6 +600,9 @@ fn main() -> anyhow::Result<()> {
                 database_url: paths.database,
                 advertise,
                 cluster_tls: cluster_tls.zip(cluster_listen).map(|(dir, listen)| config::ClusterTls { dir, listen }),
+                object_store: object_store
+                    .map(|url| copse_objects::BucketConfig::parse(&url, |name| std::env::var(name).ok()))
+                    .transpose()?,
                 agent_binary: config::find_agent(paths.agent)?,
                 keep_sandboxes,
                 pools,
@@ -944,6 +955,7 @@ fn local_config(paths: Paths) -> anyhow::Result<Config> {
         database_url: paths.database,
         advertise: None,
         cluster_tls: None,
+        object_store: None,
         // Template and snapshot commands boot no sandbox: without an agent
         // they still work (a template can build while the agent compiles).
         agent_binary: config::find_agent(paths.agent).unwrap_or_else(|_| "copse-agent".into()),

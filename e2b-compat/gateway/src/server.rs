@@ -39,15 +39,18 @@ pub fn open_store(config: &Config) -> anyhow::Result<Box<dyn Database>> {
 fn membership(config: &Config) -> anyhow::Result<Option<crate::service::Membership>> {
     let Some(url) = &config.database_url else { return Ok(None) };
     config::private_data_dir(&config.data_dir)?;
-    Ok(Some(crate::service::Membership::new(
-        crate::cluster::node_id(&config.data_dir)?,
-        crate::cluster::api_url(
-            config.listen,
-            config.advertise.as_deref(),
-            config.cluster_tls.as_ref().map(|c| c.listen),
-        )?,
-        Arc::new(store::PostgresStore::open(url)?),
-    )))
+    Ok(Some(
+        crate::service::Membership::new(
+            crate::cluster::node_id(&config.data_dir)?,
+            crate::cluster::api_url(
+                config.listen,
+                config.advertise.as_deref(),
+                config.cluster_tls.as_ref().map(|c| c.listen),
+            )?,
+            Arc::new(store::PostgresStore::open(url)?),
+        )
+        .with_objects(config.object_store.as_ref().map(copse_objects::Bucket::open).transpose()?),
+    ))
 }
 
 pub fn default_recipes() -> Vec<Recipe> {

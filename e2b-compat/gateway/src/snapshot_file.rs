@@ -4,12 +4,15 @@
 //! `copse snapshot push|pull` move the same stream through an object store
 //! (`copse_objects`: content-addressed chunks, so a second snapshot of a
 //! sandbox sends only what changed), under `snapshots/<team>/<id>`.
+//! The nodes of a cluster use the same stream on their own
+//! (`service/objects.rs`): [`push_record`] and [`fetch_files`].
 
 use std::io::{BufRead, Read, Write};
 
 use anyhow::{Context, bail};
 use copse_objects::{Bucket, PullReport, PushReport, ReaderStopped};
 use copse_substrate::Substrate;
+use tokio::runtime::Handle;
 
 use crate::model::{SnapshotRecord, Store, now_ms, snapshot_key, validate_snapshot_name, validate_team_name};
 
@@ -24,11 +27,28 @@ pub fn export(
     out: &mut dyn Write,
 ) -> anyhow::Result<()> {
     let record = store.snapshot(team, id)?.with_context(|| format!("snapshot {id} of team {team} not found"))?;
+    write_export(substrate, &record, out)
+}
+
+fn write_export(substrate: &dyn Substrate, record: &SnapshotRecord, out: &mut dyn Write) -> anyhow::Result<()> {
     writeln!(out, "{MAGIC}")?;
-    writeln!(out, "{}", serde_json::to_string(&record)?)?;
+    writeln!(out, "{}", serde_json::to_string(record)?)?;
     substrate.export_snapshot(&record.key, out)?;
     out.flush()?;
     Ok(())
+}
+
+/// The record an export's header holds; `input` is left at the
+/// substrate's stream.
+fn read_header(input: &mut dyn BufRead) -> anyhow::Result<SnapshotRecord> {
+    let mut line = String::new();
+    input.read_line(&mut line)?;
+    if line.trim_end() != MAGIC {
+        bail!("not a copse snapshot export (expected a '{MAGIC}' header)");
+    }
+    line.clear();
+    input.read_line(&mut line)?;
+    serde_json::from_str(&line).context("corrupt snapshot header")
 }
 
 /// Reads an export into `team`; the snapshot keeps its name unless `name`
@@ -41,14 +61,9 @@ pub fn import(
     input: &mut dyn BufRead,
     name: Option<String>,
 ) -> anyhow::Result<SnapshotRecord> {
-    let mut line = String::new();
-    input.read_line(&mut line)?;
-    if line.trim_end() != MAGIC {
-        bail!("not a copse snapshot export (expected a '{MAGIC}' header)");
-    }
-    line.clear();
-    input.read_line(&mut line)?;
-    let mut record: SnapshotRecord = serde_json::from_str(&line).context("corrupt snapshot header")?;
+    let mut record = read_header(input)?;
+    // Whether it is in an object store is for the host it goes to to say.
+    record.in_object_store = false;
     if let Some(name) = name {
         record.names = vec![name.clone()];
         record.id = name;
@@ -82,7 +97,7 @@ pub fn import(
 /// name may hold `/` (E2B's `namespace/alias`); an S3 key's empty and `.`
 /// segments are dropped or resolved by clients, which would give two names
 /// one key, so such names stay on their host.
-fn object_key(team: &str, id: &str) -> anyhow::Result<String> {
+pub fn object_key(team: &str, id: &str) -> anyhow::Result<String> {
     validate_team_name(team)?;
     validate_snapshot_name(id)?;
     if id.split('/').any(|segment| segment.is_empty() || segment == ".") {
@@ -105,11 +120,22 @@ pub fn push(
     id: &str,
     bucket: &Bucket,
 ) -> anyhow::Result<PushReport> {
-    let key = object_key(team, id)?;
-    let runtime = runtime()?;
+    let record = store.snapshot(team, id)?.with_context(|| format!("snapshot {id} of team {team} not found"))?;
+    push_record(substrate, &record, bucket, runtime()?.handle())
+}
+
+/// Exports the snapshot `record` names into `bucket`, as [`push`] does;
+/// `runtime` runs the uploads (called off it: this blocks).
+pub fn push_record(
+    substrate: &dyn Substrate,
+    record: &SnapshotRecord,
+    bucket: &Bucket,
+    runtime: &Handle,
+) -> anyhow::Result<PushReport> {
+    let key = object_key(&record.team, &record.id)?;
     let (reader, mut writer) = std::io::pipe()?;
     std::thread::scope(|scope| {
-        let exporter = scope.spawn(move || export(store, substrate, team, id, &mut writer));
+        let exporter = scope.spawn(move || write_export(substrate, record, &mut writer));
         let exported = || exporter.join().unwrap_or_else(|_| bail!("the export panicked"));
         runtime.block_on(copse_objects::push(bucket, &key, reader, exported))
     })
@@ -126,18 +152,55 @@ pub fn pull(
     name: Option<String>,
     bucket: &Bucket,
 ) -> anyhow::Result<(SnapshotRecord, PullReport)> {
-    let key = object_key(team, id)?;
     let runtime = runtime()?;
+    stream_from(bucket, team, id, runtime.handle(), |input| import(store, substrate, team, input, name))
+}
+
+/// Fetches the files of the snapshot `record` describes from `bucket`
+/// into this host's substrate under the record's own key, for a node that
+/// was asked to start a snapshot another node took. What the bucket holds
+/// under its name must be that snapshot: one replaced or swapped there
+/// since (its header names other files) is refused, never started.
+pub fn fetch_files(
+    substrate: &dyn Substrate,
+    record: &SnapshotRecord,
+    bucket: &Bucket,
+    runtime: &Handle,
+) -> anyhow::Result<PullReport> {
+    let (_, report) = stream_from(bucket, &record.team, &record.id, runtime, |input| {
+        let stored = read_header(input)?;
+        if (stored.team.as_str(), stored.key.as_str()) != (record.team.as_str(), record.key.as_str()) {
+            bail!(
+                "the object store holds another version of snapshot {} than the database names; it was not fetched",
+                record.id
+            );
+        }
+        let mut rest: Box<dyn Read + '_> = Box::new(input);
+        substrate.import_snapshot(&record.key, &mut rest)
+    })?;
+    Ok(report)
+}
+
+/// Streams `team`'s snapshot `id` from `bucket` into `consume` (on a
+/// thread of its own: it reads a blocking stream).
+fn stream_from<T: Send>(
+    bucket: &Bucket,
+    team: &str,
+    id: &str,
+    runtime: &Handle,
+    consume: impl FnOnce(&mut dyn BufRead) -> anyhow::Result<T> + Send,
+) -> anyhow::Result<(T, PullReport)> {
+    let key = object_key(team, id)?;
     let manifest = runtime
         .block_on(copse_objects::manifest(bucket, &key))?
         .with_context(|| format!("the object store has no snapshot {id} of team {team}"))?;
     let (sink, reader) = copse_objects::stream(4);
     std::thread::scope(|scope| {
-        let importer = scope.spawn(move || import(store, substrate, team, &mut std::io::BufReader::new(reader), name));
+        let consumer = scope.spawn(move || consume(&mut std::io::BufReader::new(reader)));
         let pulled = runtime.block_on(copse_objects::pull(bucket, &manifest, sink));
-        let imported = importer.join().unwrap_or_else(|_| bail!("the import panicked"));
-        match (pulled, imported) {
-            (Ok(report), Ok(record)) => Ok((record, report)),
+        let consumed = consumer.join().unwrap_or_else(|_| bail!("the import panicked"));
+        match (pulled, consumed) {
+            (Ok(report), Ok(value)) => Ok((value, report)),
             // The import refused the stream (a name taken, a template
             // missing): its reason, not the fetch's "reader stopped".
             (Err(e), Err(refused)) if e.is::<ReaderStopped>() => Err(refused),

@@ -36,6 +36,10 @@ pub struct SnapshotRecord {
     /// `None` on a single host, and for records from before nodes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node: Option<String>,
+    /// Its node has uploaded it to the cluster's object store, so any node
+    /// may fetch and start it (`service/objects.rs`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub in_object_store: bool,
 }
 
 /// Public snapshot names may carry E2B's `namespace/alias:tag` shape.

@@ -32,6 +32,11 @@ pub trait Store: Send + Sync {
     /// Every snapshot of every team, ordered by team, then id.
     fn snapshots(&self) -> anyhow::Result<Vec<SnapshotRecord>>;
     fn remove_snapshot(&self, team: &str, id: &str) -> anyhow::Result<bool>;
+    /// Replaces the snapshot's record only while the stored one still
+    /// names the same files (`key`): a background change to a snapshot
+    /// must not bring back one deleted, or undo one replaced, meanwhile.
+    /// Whether it was replaced.
+    fn update_snapshot(&self, record: &SnapshotRecord) -> anyhow::Result<bool>;
 
     /// Inserts or replaces a built template's record (by id; its name is
     /// unique within its team).

@@ -140,6 +140,7 @@ impl Sandboxes {
                     request.template
                 )));
             }
+            self.fetch_snapshot(&snapshot).await?;
             let network = Network::New(policy.clone());
             let volumes = &request.volumes;
             self.boot_from(new_id(), &snapshot.template, Some(snapshot.key), network, snapshot.memory, volumes).await?

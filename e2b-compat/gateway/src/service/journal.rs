@@ -180,7 +180,7 @@ impl Sandboxes {
         Ok(self.blocking(move |s| s.resume(&id)).await?)
     }
 
-    async fn has_snapshot(&self, key: &str) -> anyhow::Result<bool> {
+    pub(super) async fn has_snapshot(&self, key: &str) -> anyhow::Result<bool> {
         Ok(self.blocking(|s| s.snapshots()).await?.iter().any(|s| s.id == key))
     }
 

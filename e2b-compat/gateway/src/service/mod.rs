@@ -16,6 +16,7 @@ mod journal;
 mod kill;
 mod metrics;
 mod nodes;
+mod objects;
 mod observe;
 mod pause;
 mod pools;
@@ -73,6 +74,8 @@ pub struct Sandboxes {
     sandbox_log: crate::sandbox_log::SandboxLog,
     /// One state change (pause, resume, rollback) at a time per sandbox.
     transitions: transitions::Transitions,
+    /// One fetch from the object store at a time per snapshot (`objects.rs`).
+    fetching: transitions::Transitions,
     addresses: Addresses,
     quota: quota::Quota,
     /// Copy steps' uploaded archives (`builds/uploads.rs`).
@@ -121,6 +124,7 @@ impl Sandboxes {
             metric_history: Default::default(),
             sandbox_log: crate::sandbox_log::SandboxLog::disabled(),
             transitions: Default::default(),
+            fetching: Default::default(),
             addresses: Addresses::new(None),
             quota: Default::default(),
             template_files,

@@ -29,6 +29,12 @@ pub struct Membership {
     /// address on every call, and a database round trip for it would be a
     /// fixed cost on each.
     table: Arc<Mutex<Option<TableRead>>>,
+    /// The cluster's object store, through which a snapshot moves to the
+    /// node that starts it (`objects.rs`).
+    pub objects: Option<Arc<copse_objects::Bucket>>,
+    /// Rung when this node takes a snapshot, so its upload starts at once
+    /// rather than at the next round.
+    pub snapshot_taken: Arc<tokio::sync::Notify>,
 }
 
 /// When the node table was read, and what it held.
@@ -36,7 +42,20 @@ type TableRead = (Instant, Arc<Vec<NodeRecord>>);
 
 impl Membership {
     pub fn new(id: String, api_url: String, nodes: Arc<dyn NodeStore>) -> Self {
-        Self { id, api_url, nodes, started_at_ms: now_ms(), table: Arc::default() }
+        Self {
+            id,
+            api_url,
+            nodes,
+            started_at_ms: now_ms(),
+            table: Arc::default(),
+            objects: None,
+            snapshot_taken: Arc::default(),
+        }
+    }
+
+    pub fn with_objects(mut self, bucket: Option<copse_objects::Bucket>) -> Self {
+        self.objects = bucket.map(Arc::new);
+        self
     }
 
     /// Every node's row, read at most [`NODE_TABLE_TTL`] ago.
@@ -128,21 +147,31 @@ impl Sandboxes {
 
     /// Where a create of `template` by `caller` runs: the node holding the
     /// snapshot or built template it names (their files are there), else
-    /// the node with the most room that has the template. `Here` on a
-    /// single host.
+    /// the node with the most room that has the template. With an object
+    /// store, a snapshot whose node takes no new sandboxes (draining, lost)
+    /// is placed as its template would be, and fetched there once its node
+    /// has stored it. `Here` on a single host.
     pub fn place_create(&self, caller: &Caller, template: &str) -> Result<Owner> {
         let Some(membership) = &self.node else { return Ok(Owner::Here) };
         if let Some(snapshot) = self.store.snapshot(&caller.team, template)? {
-            return Ok(self.owner(snapshot.node.as_deref())?);
+            let holder = self.owner(snapshot.node.as_deref())?;
+            if membership.objects.is_none() || self.takes_sandboxes(&holder)? {
+                return Ok(holder);
+            }
+            if !snapshot.in_object_store {
+                return Err(SandboxError::Unavailable(format!(
+                    "snapshot {template} is on node {}, which takes no new sandboxes, and is not in the object store yet; try again shortly",
+                    snapshot.node.as_deref().unwrap_or("-")
+                )));
+            }
+            return Ok(self.place_by_room(membership, &snapshot.template)?.unwrap_or(holder));
         }
         if let Some(built) = self.ready_template(&caller.team, template)? {
             return Ok(self.owner(built.node.as_deref())?);
         }
-        let nodes = membership.node_table()?;
-        match place(&nodes, template, now_ms()) {
-            Some(chosen) if chosen.id != membership.id => Ok(Owner::There(chosen.clone())),
-            Some(_) => Ok(Owner::Here),
-            None if nodes.iter().any(|n| n.id == membership.id && n.draining) => {
+        match self.place_by_room(membership, template)? {
+            Some(owner) => Ok(owner),
+            None if membership.node_table()?.iter().any(|n| n.id == membership.id && n.draining) => {
                 Err(SandboxError::Unavailable(format!(
                     "no node can take a sandbox of {template}: this one is draining and no other active one has it"
                 )))
@@ -150,6 +179,28 @@ impl Sandboxes {
             // This node answers: a template no node has is its error to give.
             None => Ok(Owner::Here),
         }
+    }
+
+    /// The active node with the most room that has `template`, if any.
+    fn place_by_room(&self, membership: &Membership, template: &str) -> anyhow::Result<Option<Owner>> {
+        let nodes = membership.node_table()?;
+        Ok(place(&nodes, template, now_ms()).map(|chosen| match chosen.id == membership.id {
+            true => Owner::Here,
+            false => Owner::There(chosen.clone()),
+        }))
+    }
+
+    /// Whether `owner` takes new sandboxes: heard from, not draining.
+    fn takes_sandboxes(&self, owner: &Owner) -> anyhow::Result<bool> {
+        let draining = |id: &str| -> anyhow::Result<bool> {
+            let Some(membership) = &self.node else { return Ok(false) };
+            Ok(membership.node_record(id)?.is_some_and(|n| n.draining))
+        };
+        Ok(match owner {
+            Owner::Here => !draining(self.node().unwrap_or_default())?,
+            Owner::There(node) => !node.draining,
+            Owner::Lost { .. } => false,
+        })
     }
 
     /// Writes this node's record as of now: what it has free and holds.

@@ -78,9 +78,11 @@ impl Sandboxes {
             agent_token: info.memory.then(|| record.access_token.clone()),
             volume_mounts: record.volume_mounts.clone(),
             node: self.node().map(str::to_string),
+            in_object_store: false,
         };
         self.store.put_snapshot(&snapshot)?;
         fault::point("snapshot:after-record");
+        self.upload_soon();
         if let Some(old) = replaced {
             self.blocking(move |s| s.delete_snapshot(&old.key)).await?;
         }
@@ -194,6 +196,9 @@ impl Sandboxes {
     pub async fn delete_snapshot(&self, caller: &Caller, id: &str) -> Result<()> {
         let snapshot = self.snapshot(caller, id)?;
         self.store.remove_snapshot(&snapshot.team, id)?;
+        if snapshot.in_object_store {
+            self.forget_stored(&snapshot).await;
+        }
         self.blocking(move |s| s.delete_snapshot(&snapshot.key)).await?;
         self.collect_waiting_image_templates().await;
         Ok(())

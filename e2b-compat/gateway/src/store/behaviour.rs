@@ -32,6 +32,7 @@ macro_rules! behaviours {
             journal_intents_outlive_the_connection_until_cleared_and_a_torn_one_is_quarantined,
             an_unreadable_row_is_quarantined_and_the_rest_still_listed,
             snapshot_names_are_per_team,
+            a_snapshot_is_updated_only_while_it_names_the_same_files,
             keys_are_revoked_by_an_unambiguous_prefix_and_other_connections_are_noticed,
             sandboxes_are_listed_by_id_and_expire_by_their_end,
             templates_are_found_by_id_and_by_name_within_their_team
@@ -235,6 +236,22 @@ pub fn snapshot_names_are_per_team(db: &dyn Backend) {
     assert!(store.remove_snapshot("acme", "s1").unwrap());
     assert!(!store.remove_snapshot("acme", "s1").unwrap());
     assert!(store.snapshot(DEFAULT_TEAM, "s1").unwrap().is_some());
+}
+
+pub fn a_snapshot_is_updated_only_while_it_names_the_same_files(db: &dyn Backend) {
+    let store = db.open();
+    let mut stored = snapshot(DEFAULT_TEAM, "s1", "k");
+    stored.in_object_store = true;
+    assert!(!store.update_snapshot(&stored).unwrap(), "no record: nothing is brought back");
+    assert!(store.snapshot(DEFAULT_TEAM, "s1").unwrap().is_none());
+    store.put_snapshot(&snapshot(DEFAULT_TEAM, "s1", "k")).unwrap();
+    assert!(db.open().update_snapshot(&stored).unwrap());
+    assert!(store.snapshot(DEFAULT_TEAM, "s1").unwrap().unwrap().in_object_store);
+    // Replaced by a snapshot of other files: the update of the old one is refused.
+    store.put_snapshot(&snapshot(DEFAULT_TEAM, "s1", "k2")).unwrap();
+    assert!(!store.update_snapshot(&stored).unwrap());
+    let now = store.snapshot(DEFAULT_TEAM, "s1").unwrap().unwrap();
+    assert_eq!((now.key.as_str(), now.in_object_store), ("k2", false));
 }
 
 pub fn keys_are_revoked_by_an_unambiguous_prefix_and_other_connections_are_noticed(db: &dyn Backend) {

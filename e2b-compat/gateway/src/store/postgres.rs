@@ -348,6 +348,18 @@ impl Store for PostgresStore {
         self.run(move |c| Ok(c.execute("DELETE FROM team_snapshots WHERE team = $1 AND id = $2", &[&team, &id])? > 0))
     }
 
+    fn update_snapshot(&self, record: &SnapshotRecord) -> anyhow::Result<bool> {
+        let (team, id, key) = (record.team.clone(), record.id.clone(), record.key.clone());
+        let json = serde_json::to_string(record)?;
+        self.run(move |c| {
+            Ok(c.execute(
+                "UPDATE team_snapshots SET record = $4
+                 WHERE team = $1 AND id = $2 AND (record::jsonb ->> 'key') = $3",
+                &[&team, &id, &key, &json],
+            )? > 0)
+        })
+    }
+
     fn put_template(&self, record: &TemplateRecord) -> anyhow::Result<()> {
         let (id, team, name) = (record.id.clone(), record.team.clone(), record.name.clone());
         let json = serde_json::to_string(record)?;

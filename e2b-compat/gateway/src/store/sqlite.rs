@@ -234,6 +234,15 @@ impl Store for SqliteStore {
         Ok(self.lock().execute("DELETE FROM team_snapshots WHERE team = ?1 AND id = ?2", params![team, id])? > 0)
     }
 
+    fn update_snapshot(&self, record: &SnapshotRecord) -> anyhow::Result<bool> {
+        let json = serde_json::to_string(record)?;
+        Ok(self.lock().execute(
+            "UPDATE team_snapshots SET record = ?4
+             WHERE team = ?1 AND id = ?2 AND json_extract(record, '$.key') = ?3",
+            params![record.team, record.id, record.key, json],
+        )? > 0)
+    }
+
     fn put_template(&self, record: &TemplateRecord) -> anyhow::Result<()> {
         let json = serde_json::to_string(record)?;
         self.lock().execute(

@@ -185,6 +185,11 @@ impl Store for Indexed {
         self.inner.remove_template_labels(id)
     }
 
+    fn update_snapshot(&self, record: &SnapshotRecord) -> anyhow::Result<bool> {
+        // The files are the same ones: what the team holds does not change.
+        self.inner.update_snapshot(record)
+    }
+
     fn remove_snapshot(&self, team: &str, id: &str) -> anyhow::Result<bool> {
         let removed = self.inner.remove_snapshot(team, id)?;
         self.usage.snapshot_gone(team, id);

@@ -1,0 +1,137 @@
+//! A cluster's snapshots in its object store. Each node uploads the
+//! snapshots it takes in the background (`cluster.rs` runs
+//! [`Sandboxes::store_snapshots`] as soon as one is taken, and on a timer,
+//! so an upload the store refused is tried again), and marks each one
+//! stored once all of it is there. A node asked to start a snapshot it does not hold fetches the
+//! files first ([`Sandboxes::fetch_snapshot`]); placement sends it such a
+//! create only when the snapshot is stored and its own node takes no new
+//! sandboxes (`nodes.rs`).
+//!
+//! A fetched copy stays on the node under the snapshot's key, and is
+//! removed with the other files no record names at the node's next start
+//! once the snapshot is deleted.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use copse_objects::Bucket;
+use tokio::runtime::Handle;
+
+use super::Sandboxes;
+use crate::model::{Result, SandboxError, SnapshotRecord};
+use crate::snapshot_file;
+
+impl Sandboxes {
+    fn objects(&self) -> Option<Arc<Bucket>> {
+        self.node.as_ref()?.objects.clone()
+    }
+
+    /// Waits until this node takes a snapshot (for ever without an object
+    /// store).
+    pub async fn snapshot_taken(&self) {
+        match self.node.as_ref().filter(|m| m.objects.is_some()) {
+            Some(membership) => membership.snapshot_taken.notified().await,
+            None => std::future::pending().await,
+        }
+    }
+
+    /// Starts the upload of the snapshot just taken.
+    pub(super) fn upload_soon(&self) {
+        if let Some(membership) = &self.node {
+            membership.snapshot_taken.notify_one();
+        }
+    }
+
+    /// Uploads this node's snapshots that are not in the object store yet;
+    /// one that fails stays unmarked, for the next round.
+    pub async fn store_snapshots(&self) -> anyhow::Result<()> {
+        let Some(bucket) = self.objects() else { return Ok(()) };
+        let pending: Vec<SnapshotRecord> = self
+            .store
+            .snapshots()?
+            .into_iter()
+            .filter(|s| !s.in_object_store && s.node.is_some() && self.holds(s.node.as_deref()))
+            .filter(|s| snapshot_file::object_key(&s.team, &s.id).is_ok())
+            .collect();
+        for mut snapshot in pending {
+            let (record, bucket, runtime) = (snapshot.clone(), bucket.clone(), Handle::current());
+            let started = Instant::now();
+            let sent = match self.blocking(move |s| snapshot_file::push_record(s, &record, &bucket, &runtime)).await {
+                Ok(sent) => sent,
+                Err(e) => {
+                    tracing::warn!(snapshot = %snapshot.id, team = %snapshot.team, "storing a snapshot in the object store: {e}");
+                    continue;
+                }
+            };
+            snapshot.in_object_store = true;
+            if self.store.update_snapshot(&snapshot)? {
+                tracing::info!(
+                    snapshot = %snapshot.id,
+                    team = %snapshot.team,
+                    chunks = sent.chunks,
+                    kib = sent.bytes >> 10,
+                    sent_kib = sent.new_bytes >> 10,
+                    ms = started.elapsed().as_millis() as u64,
+                    "stored a snapshot in the object store"
+                );
+            } else if self.store.snapshot(&snapshot.team, &snapshot.id)?.is_none() {
+                // Deleted while it was uploaded. (One replaced meanwhile is
+                // uploaded in its turn, over this manifest.)
+                self.forget_stored(&snapshot).await;
+            }
+        }
+        Ok(())
+    }
+
+    /// Makes sure the files of `snapshot` are on this host, fetching them
+    /// from the object store when another node took it.
+    pub(super) async fn fetch_snapshot(&self, snapshot: &SnapshotRecord) -> Result<()> {
+        if self.holds(snapshot.node.as_deref()) {
+            return Ok(());
+        }
+        // Two creates of one snapshot fetch it once.
+        let _fetching = self.fetching.lock(&snapshot.key).await;
+        if self.has_snapshot(&snapshot.key).await? {
+            return Ok(());
+        }
+        let node = snapshot.node.as_deref().unwrap_or("-");
+        let Some(bucket) = self.objects() else {
+            return Err(SandboxError::Unavailable(format!(
+                "snapshot {} is on node {node}, and this node has no object store to fetch it from",
+                snapshot.id
+            )));
+        };
+        if !snapshot.in_object_store {
+            return Err(SandboxError::Unavailable(format!(
+                "snapshot {} is on node {node} and not in the object store yet; try again shortly",
+                snapshot.id
+            )));
+        }
+        let (record, runtime, started) = (snapshot.clone(), Handle::current(), Instant::now());
+        let got =
+            self.blocking(move |s| snapshot_file::fetch_files(s, &record, &bucket, &runtime)).await.map_err(|e| {
+                SandboxError::Unavailable(format!("fetching snapshot {} from the object store: {e}", snapshot.id))
+            })?;
+        self.fetching.forget(&snapshot.key);
+        tracing::info!(
+            snapshot = %snapshot.id,
+            from = node,
+            chunks = got.chunks,
+            kib = got.bytes >> 10,
+            ms = started.elapsed().as_millis() as u64,
+            "fetched a snapshot from the object store"
+        );
+        Ok(())
+    }
+
+    /// Removes a deleted snapshot's manifest from the object store (chunks
+    /// that other snapshots may share stay); a failure leaves an object no
+    /// record names, which is logged.
+    pub(super) async fn forget_stored(&self, snapshot: &SnapshotRecord) {
+        let Some(bucket) = self.objects() else { return };
+        let Ok(key) = snapshot_file::object_key(&snapshot.team, &snapshot.id) else { return };
+        if let Err(e) = bucket.delete(&key).await {
+            tracing::warn!(snapshot = %snapshot.id, "removing a deleted snapshot from the object store: {e:#}");
+        }
+    }
+}
