@@ -344,6 +344,23 @@ pub const RIGS: &[RigDef] = &[
             ("create_ms", "POST /v2/sandboxes sent → 201 read (forwarded: through node two's gateway to node one)"),
             ("exec_ms", "create response read → the end event of process.Process/Start of /bin/true read"),
             ("total_ms", "create sent → the first command's end event read"),
+            (
+                "snapshot_ms",
+                "cross-node restore: POST /sandboxes/{id}/snapshots {memory: false} on node one sent → 201 read",
+            ),
+            (
+                "upload_ms",
+                "snapshot answered → its manifest in the bucket (node one exports it, cuts it into content-defined chunks, PUTs those the bucket lacks, then the manifest; polled every 20 ms)",
+            ),
+            (
+                "restore_create_ms",
+                "node one drained: POST /v2/sandboxes from the snapshot through node two's gateway sent → 201 read (manifest and chunks fetched 4 at a time and checked against their hashes, the stream imported, the sandbox booted)",
+            ),
+            ("first_read_ms", "create response read → GET /files of a file written before the snapshot read"),
+            (
+                "cached_create_ms",
+                "a second create of the snapshot on node two, which holds the fetched files: sent → 201 read",
+            ),
         ],
     },
 ];

@@ -7,6 +7,7 @@
 //! - `facts`: host, checkout and binary facts for the result file.
 //! - `gateway`: the private gateway each rig starts and stops.
 //! - `client`: the lean HTTP/1.1 client the rigs time the gateway with.
+//! - `api`: the E2B calls the lifecycle and cluster rigs make.
 //! - `exec`: the first command of a new sandbox (`/bin/true` through the agent).
 //! - `report`: scenarios, targets and the result file (`benchmarks/schema.md`).
 //! - `catalogue`: every rig with its task and clock definitions.
@@ -27,6 +28,7 @@
 //!   Linux only).
 //! - `bhyve`: the bhyve rigs' clocks and refusal (`copse-rig-bhyve`).
 
+pub mod api;
 pub mod catalogue;
 pub mod client;
 pub mod exec;

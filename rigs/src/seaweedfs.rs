@@ -73,11 +73,16 @@ impl SeaweedFs {
         ]
     }
 
-    fn create_bucket(&self, weed: &Path, master: &str) -> anyhow::Result<()> {
-        let deadline = Instant::now() + Duration::from_secs(90);
+    /// The bucket, as a copse host opens it.
+    pub fn bucket(&self) -> anyhow::Result<Bucket> {
         let config =
             BucketConfig::parse(&self.url, |name| self.env().into_iter().find(|(k, _)| *k == name).map(|(_, v)| v))?;
-        let bucket = Bucket::open(&config)?;
+        Bucket::open(&config)
+    }
+
+    fn create_bucket(&self, weed: &Path, master: &str) -> anyhow::Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(90);
+        let bucket = self.bucket()?;
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
         let (mut created, mut last) = (false, String::new());
         while Instant::now() < deadline {

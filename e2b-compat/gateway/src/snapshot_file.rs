@@ -17,6 +17,9 @@ use tokio::runtime::Handle;
 use crate::model::{SnapshotRecord, Store, now_ms, snapshot_key, validate_snapshot_name, validate_team_name};
 
 const MAGIC: &str = "copse-snapshot 1";
+/// A header line longer than this is not one copse wrote: a record is a
+/// few hundred bytes.
+const MAX_HEADER_LINE: u64 = 1 << 20;
 
 /// Writes `team`'s snapshot `id` to `out`.
 pub fn export(
@@ -42,12 +45,15 @@ fn write_export(substrate: &dyn Substrate, record: &SnapshotRecord, out: &mut dy
 /// substrate's stream.
 fn read_header(input: &mut dyn BufRead) -> anyhow::Result<SnapshotRecord> {
     let mut line = String::new();
-    input.read_line(&mut line)?;
+    (&mut *input).take(MAX_HEADER_LINE).read_line(&mut line)?;
     if line.trim_end() != MAGIC {
         bail!("not a copse snapshot export (expected a '{MAGIC}' header)");
     }
     line.clear();
-    input.read_line(&mut line)?;
+    (&mut *input).take(MAX_HEADER_LINE).read_line(&mut line)?;
+    if !line.ends_with('\n') {
+        bail!("corrupt snapshot header: no record line within {MAX_HEADER_LINE} bytes");
+    }
     serde_json::from_str(&line).context("corrupt snapshot header")
 }
 
@@ -212,7 +218,19 @@ fn stream_from<T: Send>(
 
 #[cfg(test)]
 mod tests {
-    use super::object_key;
+    use super::{MAGIC, MAX_HEADER_LINE, object_key, read_header};
+
+    #[test]
+    fn a_header_is_read_up_to_the_stream_and_an_endless_line_is_refused() {
+        let record = r#"{"id":"s","names":["s"],"key":"k","template":"base","source_sandbox":"x","created_at_ms":0,"size_bytes":0}"#;
+        let mut stream = format!("{MAGIC}\n{record}\nTAR").into_bytes();
+        let mut input = std::io::Cursor::new(&mut stream[..]);
+        assert_eq!(read_header(&mut input).unwrap().key, "k");
+        assert_eq!(std::io::Read::bytes(input).count(), 3, "left at the substrate's stream");
+        let endless = format!("{MAGIC}\n{{\"id\":\"{}", "x".repeat(MAX_HEADER_LINE as usize + 10));
+        let refused = read_header(&mut std::io::Cursor::new(endless.as_bytes())).unwrap_err();
+        assert!(refused.to_string().contains("no record line"), "{refused}");
+    }
 
     #[test]
     fn object_keys_are_one_per_name_and_stay_under_the_teams_prefix() {

@@ -5,11 +5,17 @@
 //! node's sandboxes reached through node two's gateway (drained, so every
 //! create is placed on node one and every call forwarded, over the
 //! cluster's mutual TLS as a cluster between hosts runs). All three run at
-//! once and take turns, sample by sample. Writes one JSON
-//! result to `benchmarks/results/` (see `benchmarks/schema.md`).
+//! once and take turns, sample by sample.
 //!
-//! Three nodes sharing two cores at c=50 (creates per second with 1, 2, 3
-//! nodes) is not measured yet.
+//! Then a snapshot moving between the nodes through the object store
+//! (SeaweedFS on loopback): a sandbox on node one with N MB written, its
+//! snapshot (files only), the upload node one makes on its own, and a create
+//! from it through node two's gateway while node one is drained: the fetch
+//! and the boot, then a second create that finds the files fetched.
+//!
+//! Writes one JSON result to `benchmarks/results/` (see
+//! `benchmarks/schema.md`). Three nodes sharing two cores at c=50 (creates
+//! per second with 1, 2, 3 nodes) is not measured yet.
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -17,18 +23,28 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
+use bytes::Bytes;
 use clap::Parser;
+use copse_rigs::api::{Api, filler_seeded};
 use copse_rigs::exec::first_exec;
 use copse_rigs::facts::random_hex;
 use copse_rigs::postgres::Postgres;
 use copse_rigs::report::{find, p50_difference, print_footer};
+use copse_rigs::seaweedfs::SeaweedFs;
 use copse_rigs::{Binaries, Conn, Gateway, LEAN_CLIENT, RigArgs, Run, Scenario, ms};
+use hyper::{Method, StatusCode};
 use serde_json::json;
 
 const RIG: &str = "cluster";
 const CREATE_BODY: &str = r#"{"templateID":"base","metadata":{},"envVars":{}}"#;
 /// model/node.rs's heartbeat, and a margin: placement reads heartbeats.
 const HEARTBEAT_WAIT: Duration = Duration::from_millis(2_500);
+/// service/nodes.rs's node table cache, and a margin: a drain is seen
+/// this much later.
+const DRAIN_WAIT: Duration = Duration::from_millis(800);
+/// A 1 GiB snapshot needs a sandbox disk larger than the default quota.
+const DISK_MB: &str = "2048";
+const MARKER: &[u8] = b"taken on node one";
 
 #[derive(Parser, Debug)]
 #[command(version, about = "Create-to-first-exec through a two-node cluster vs one gateway")]
@@ -36,6 +52,15 @@ struct Args {
     /// Timed samples per scenario.
     #[arg(long, default_value_t = 40)]
     samples: usize,
+    /// Sizes (MB written into the sandbox) of the snapshots moved between nodes.
+    #[arg(long, value_delimiter = ',', default_values_t = [0usize, 100, 1024])]
+    restore_mb: Vec<usize>,
+    /// Snapshots moved per size.
+    #[arg(long, default_value_t = 3)]
+    restore_samples: usize,
+    /// SeaweedFS's `weed`, as scripts/seaweedfs installs it.
+    #[arg(long, default_value = "/usr/local/bin/weed")]
+    weed: std::path::PathBuf,
     #[command(flatten)]
     common: RigArgs,
 }
@@ -50,26 +75,50 @@ fn main() -> anyhow::Result<()> {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let mut notes = Vec::new();
 
-    let single = Gateway::start(bins, &key, &["base=0".into()], "copse-rig-cluster")?;
+    let disk = ["--disk-mb".to_string(), DISK_MB.to_string()];
+    let single = Gateway::start_with(bins, &key, &["base=0".into()], "copse-rig-cluster", &[], &disk)?;
     // Not in the data dir: it is 0700, closed to the postgres user.
     let pg = Postgres::start(&std::env::temp_dir())?;
+    let store = SeaweedFs::start(&args.weed, &bins.data_dir)?;
     // A new CA each run: `cluster-ca` and `node-cert` never overwrite.
     let tls = bins.data_dir.join("cluster-tls");
     if tls.exists() {
         std::fs::remove_dir_all(&tls)?;
     }
     copse(bins, &["tls", "cluster-ca", "--out", &tls.join("ca").to_string_lossy()])?;
-    let nodes = (1..=2).map(|n| node(bins, &key, &pg.url, &tls, n)).collect::<anyhow::Result<Vec<_>>>()?;
+    let nodes = (1..=2).map(|n| node(bins, &key, &pg.url, &tls, &store, n)).collect::<anyhow::Result<Vec<_>>>()?;
     let measured = (|| {
-        let two = std::fs::read_to_string(nodes[1].1.data_dir.join("node-id"))?;
-        copse(bins, &["node", "drain", two.trim(), "--database", &pg.url])?;
+        let ids = nodes
+            .iter()
+            .map(|(_, b, _)| Ok(std::fs::read_to_string(b.data_dir.join("node-id"))?.trim().to_string()))
+            .collect::<anyhow::Result<Vec<String>>>()?;
+        let drain = |n: usize, on: bool| {
+            copse(bins, &["node", if on { "drain" } else { "undrain" }, &ids[n], "--database", &pg.url])
+        };
+        drain(1, true)?;
         std::thread::sleep(HEARTBEAT_WAIT);
         let ways = [
             ("single-node-c1", single.addr),
             ("cluster-direct-c1", nodes[0].0.addr),
             ("cluster-forwarded-c1", nodes[1].0.addr),
         ];
-        rt.block_on(measure(&ways, &key, args.samples))
+        let mut scenarios = rt.block_on(measure(&ways, &key, args.samples))?;
+        let apis = [0, 1].map(|n| Api { addr: nodes[n].0.addr, key: key.clone() });
+        let two_holds = |id: &str| nodes[1].1.data_dir.join("sandboxes").join(id).exists();
+        let bucket = store.bucket()?;
+        for &mb in &args.restore_mb {
+            eprintln!("-- cross-node restore of {mb} MB: {} samples", args.restore_samples);
+            let mut rows = Vec::new();
+            for sample in 0..args.restore_samples {
+                let moved = Move { apis: &apis, bucket: &bucket, drain: &drain, two_holds: &two_holds };
+                rows.push(rt.block_on(moved.once(mb, sample as u64))?);
+            }
+            let metrics = ["snapshot_ms", "upload_ms", "restore_create_ms", "first_read_ms", "cached_create_ms"];
+            let mut scenario = Scenario::from_rows(&format!("cross-node-restore-{mb}mb"), 1, &metrics, &rows);
+            scenario.counters.insert("dirty_mb".into(), json!(mb));
+            scenarios.push(scenario);
+        }
+        anyhow::Ok(scenarios)
     })();
     single.stop(&mut notes);
     for (gateway, _, bridge) in nodes {
@@ -79,6 +128,7 @@ fn main() -> anyhow::Result<()> {
     let scenarios = measured?;
     let pg_version = pg.version.clone();
     drop(pg);
+    drop(store);
 
     let added =
         p50_difference(find(&scenarios, "cluster-forwarded-c1"), find(&scenarios, "single-node-c1"), "total_ms");
@@ -105,6 +155,19 @@ fn main() -> anyhow::Result<()> {
         "database": format!("PostgreSQL {pg_version} from Debian, on a unix socket on this host"),
         "nodes": "two `copse up --database` on this host, each with its own data dir, bridge and subnet; node two drained; the single gateway runs beside them, and the three ways in take turns sample by sample",
         "forwarding": "kept-alive HTTP/1.1 connections over mutual TLS (TLS 1.3, ECDSA P-256 node certificates from `copse tls cluster-ca`/`node-cert`) to the node's peer listener",
+        "disk_mb": DISK_MB,
+        "cross_node_restore": {
+            "object_store": "SeaweedFS `weed server` (master, volume, filer, S3 gateway) on loopback, its files in the rig's data dir (ext4 without a journal)",
+            "sizes_mb": args.restore_mb,
+            "samples_per_size": args.restore_samples,
+            "snapshot": "files only (`memory: false`), of a sandbox on node one with N MB of incompressible bytes written to /home/user, each sample's bytes different (nothing deduplicated in the bucket)",
+            "upload_ms": "from the snapshot call's answer until its manifest is in the bucket (node one uploads on its own; polled every 20 ms)",
+            "restore_create_ms": "create from the snapshot through node two's gateway with node one drained: placement, the fetch from the bucket (chunks checked against their hashes), the import and the boot",
+            "first_read_ms": "reading a file written before the snapshot, from the new sandbox",
+            "cached_create_ms": "a second create of the same snapshot on node two, which holds the fetched files",
+            "lazy_fetch": "none: the whole snapshot is fetched before the boot",
+            "published_comparison": "CloudFlare's sandbox backup/restore write-up reports a restore of a squashfs image mounted in 2.2 s, on their hardware and network; not comparable beyond order of magnitude",
+        },
     });
     let (path, result) = run.write(&args.common.out_dir, params, bins, &scenarios, derived, targets, notes)?;
     for s in &scenarios {
@@ -119,9 +182,16 @@ fn main() -> anyhow::Result<()> {
 }
 
 /// Node `n`: its own data dir beside the rig's (templates hard-linked from
-/// it), bridge and subnet, on the shared database, with a certificate of
-/// the cluster CA in `tls`.
-fn node(bins: &Binaries, key: &str, database: &str, tls: &Path, n: u8) -> anyhow::Result<(Gateway, Binaries, String)> {
+/// it), bridge and subnet, on the shared database and object store, with a
+/// certificate of the cluster CA in `tls`.
+fn node(
+    bins: &Binaries,
+    key: &str,
+    database: &str,
+    tls: &Path,
+    store: &SeaweedFs,
+    n: u8,
+) -> anyhow::Result<(Gateway, Binaries, String)> {
     let data_dir = bins.data_dir.join(format!("cluster-node{n}"));
     std::fs::create_dir_all(&data_dir)?;
     for entry in std::fs::read_dir(&data_dir)?.flatten() {
@@ -152,9 +222,13 @@ fn node(bins: &Binaries, key: &str, database: &str, tls: &Path, n: u8) -> anyhow
         &certs,
         "--cluster-listen",
         &format!("127.0.0.1:{peer_port}"),
+        "--disk-mb",
+        DISK_MB,
     ]
     .map(String::from);
-    let gateway = Gateway::start_with(&node_bins, key, &["base=0".into()], "copse-rig-cluster", &[], &args)?;
+    let env = store.env();
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let gateway = Gateway::start_with(&node_bins, key, &["base=0".into()], "copse-rig-cluster", &env, &args)?;
     Ok((gateway, node_bins, bridge))
 }
 
@@ -201,4 +275,60 @@ async fn measure(ways: &[(&str, SocketAddr)], key: &str, n: usize) -> anyhow::Re
         .zip(rows)
         .map(|((name, _), rows)| Scenario::from_rows(name, 1, &["create_ms", "exec_ms", "total_ms"], &rows))
         .collect())
+}
+
+/// One snapshot moved from node one to node two. Node two is drained
+/// before and after.
+struct Move<'a> {
+    apis: &'a [Api; 2],
+    bucket: &'a copse_objects::Bucket,
+    drain: &'a dyn Fn(usize, bool) -> anyhow::Result<()>,
+    two_holds: &'a dyn Fn(&str) -> bool,
+}
+
+impl Move<'_> {
+    /// [snapshot, upload, restore create, first read, cached create] in ms.
+    async fn once(&self, mb: usize, seed: u64) -> anyhow::Result<[f64; 5]> {
+        let [one, two] = self.apis;
+        let (mut c1, mut c2) = (Conn::open(one.addr).await?, Conn::open(two.addr).await?);
+        let source = one.create(&mut c1, "base").await?;
+        if mb > 0 {
+            one.upload(&mut c1, &source, "/home/user/dirty.bin", filler_seeded(mb, ((mb as u64) << 8) + seed + 1))
+                .await?;
+        }
+        one.upload(&mut c1, &source, "/home/user/marker", Bytes::from_static(MARKER)).await?;
+        let t0 = Instant::now();
+        let snap = one.snapshot(&mut c1, &source.id).await?;
+        let snapshot = ms(t0.elapsed());
+        let t1 = Instant::now();
+        let manifest = format!("snapshots/default/{snap}");
+        while !self.bucket.has(&manifest).await? {
+            if t1.elapsed() > Duration::from_secs(600) {
+                bail!("snapshot {snap} was not in the bucket after 10 minutes");
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let upload = ms(t1.elapsed());
+        one.delete(&mut c1, &source.id).await?;
+        (self.drain)(1, false)?;
+        (self.drain)(0, true)?;
+        tokio::time::sleep(DRAIN_WAIT).await;
+        let restored = async {
+            let (moved, create, read) = two.create_and_read_marker(&mut c2, &snap, MARKER).await?;
+            if !(self.two_holds)(&moved.id) {
+                bail!("sandbox {} from snapshot {snap} is not on node two", moved.id);
+            }
+            two.delete(&mut c2, &moved.id).await?;
+            let (again, cached, _) = two.create_and_read_marker(&mut c2, &snap, MARKER).await?;
+            two.delete(&mut c2, &again.id).await?;
+            anyhow::Ok([create, read, cached])
+        }
+        .await;
+        (self.drain)(0, false)?;
+        (self.drain)(1, true)?;
+        tokio::time::sleep(DRAIN_WAIT).await;
+        let [create, read, cached] = restored?;
+        one.expect(&mut c1, Method::DELETE, &format!("/templates/{snap}"), None, StatusCode::NO_CONTENT).await?;
+        Ok([snapshot, upload, create, read, cached])
+    }
 }

@@ -2,10 +2,10 @@
 //! snapshots it takes in the background (`cluster.rs` runs
 //! [`Sandboxes::store_snapshots`] as soon as one is taken, and on a timer,
 //! so an upload the store refused is tried again), and marks each one
-//! stored once all of it is there. A node asked to start a snapshot it does not hold fetches the
-//! files first ([`Sandboxes::fetch_snapshot`]); placement sends it such a
-//! create only when the snapshot is stored and its own node takes no new
-//! sandboxes (`nodes.rs`).
+//! stored once all of it is there. A node asked to start a snapshot it
+//! does not hold fetches the files first ([`Sandboxes::fetch_snapshot`]);
+//! placement sends it such a create only when the snapshot is stored and
+//! its own node takes no new sandboxes (`nodes.rs`).
 //!
 //! A fetched copy stays on the node under the snapshot's key, and is
 //! removed with the other files no record names at the node's next start
@@ -108,11 +108,11 @@ impl Sandboxes {
             )));
         }
         let (record, runtime, started) = (snapshot.clone(), Handle::current(), Instant::now());
-        let got =
-            self.blocking(move |s| snapshot_file::fetch_files(s, &record, &bucket, &runtime)).await.map_err(|e| {
-                SandboxError::Unavailable(format!("fetching snapshot {} from the object store: {e}", snapshot.id))
-            })?;
+        let fetched = self.blocking(move |s| snapshot_file::fetch_files(s, &record, &bucket, &runtime)).await;
         self.fetching.forget(&snapshot.key);
+        let got = fetched.map_err(|e| {
+            SandboxError::Unavailable(format!("fetching snapshot {} from the object store: {e}", snapshot.id))
+        })?;
         tracing::info!(
             snapshot = %snapshot.id,
             from = node,
