@@ -170,8 +170,10 @@ fn main() -> anyhow::Result<()> {
         },
     });
     let (path, result) = run.write(&args.common.out_dir, params, bins, &scenarios, derived, targets, notes)?;
+    let metrics =
+        ["create_ms", "exec_ms", "total_ms", "snapshot_ms", "upload_ms", "restore_create_ms", "cached_create_ms"];
     for s in &scenarios {
-        let line: Vec<String> = ["create_ms", "exec_ms", "total_ms"]
+        let line: Vec<String> = metrics
             .iter()
             .filter_map(|k| s.summary(k).map(|v| format!("{k} p50 {:.2} p95 {:.2}", v.p50, v.p95)))
             .collect();
