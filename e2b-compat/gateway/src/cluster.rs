@@ -86,9 +86,10 @@ pub fn api_url(listen: SocketAddr, advertise: Option<&str>, peer_listen: Option<
 }
 
 /// Rewrites this node's record every [`HEARTBEAT_MS`], and uploads its
-/// new snapshots to the object store as each is taken (and as often, for
-/// one whose upload failed), until aborted. The two
-/// run side by side: a long upload never delays a heartbeat.
+/// new snapshots to the object store as each is taken (and as often while
+/// an upload has failed), until aborted. The two run side by side: a long
+/// upload never delays a heartbeat. The snapshot table is read only when
+/// there may be something to upload.
 pub fn spawn_heartbeat(svc: Arc<Sandboxes>) -> tokio::task::JoinHandle<()> {
     let every = || {
         let mut tick = tokio::time::interval(Duration::from_millis(HEARTBEAT_MS as u64));
@@ -107,14 +108,21 @@ pub fn spawn_heartbeat(svc: Arc<Sandboxes>) -> tokio::task::JoinHandle<()> {
         };
         let uploads = async {
             let mut tick = every();
+            // At start: what a previous run left unstored.
+            let mut retry = true;
             loop {
-                tokio::select! {
-                    _ = tick.tick() => {}
-                    _ = svc.snapshot_taken() => {}
+                if retry {
+                    tokio::select! {
+                        _ = tick.tick() => {}
+                        _ = svc.snapshot_taken() => {}
+                    }
+                } else {
+                    svc.snapshot_taken().await;
                 }
-                if let Err(e) = svc.store_snapshots().await {
+                retry = svc.store_snapshots().await.unwrap_or_else(|e| {
                     tracing::warn!("storing snapshots: {e:#}");
-                }
+                    true
+                });
             }
         };
         tokio::join!(beats, uploads);

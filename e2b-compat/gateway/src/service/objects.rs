@@ -1,7 +1,8 @@
 //! A cluster's snapshots in its object store. Each node uploads the
 //! snapshots it takes in the background (`cluster.rs` runs
-//! [`Sandboxes::store_snapshots`] as soon as one is taken, and on a timer,
-//! so an upload the store refused is tried again), and marks each one
+//! [`Sandboxes::store_snapshots`] as soon as one is taken, at start, and
+//! on a timer only while an upload the store refused waits to be tried
+//! again), and marks each one
 //! stored once all of it is there. A node asked to start a snapshot it
 //! does not hold fetches the files first ([`Sandboxes::fetch_snapshot`]);
 //! placement sends it such a create only when the snapshot is stored and
@@ -43,9 +44,10 @@ impl Sandboxes {
     }
 
     /// Uploads this node's snapshots that are not in the object store yet;
-    /// one that fails stays unmarked, for the next round.
-    pub async fn store_snapshots(&self) -> anyhow::Result<()> {
-        let Some(bucket) = self.objects() else { return Ok(()) };
+    /// one that fails stays unmarked, for the next round. Whether any
+    /// stays unmarked.
+    pub async fn store_snapshots(&self) -> anyhow::Result<bool> {
+        let Some(bucket) = self.objects() else { return Ok(false) };
         let pending: Vec<SnapshotRecord> = self
             .store
             .snapshots()?
@@ -53,6 +55,7 @@ impl Sandboxes {
             .filter(|s| !s.in_object_store && s.node.is_some() && self.holds(s.node.as_deref()))
             .filter(|s| snapshot_file::object_key(&s.team, &s.id).is_ok())
             .collect();
+        let mut failed = false;
         for mut snapshot in pending {
             let (record, bucket, runtime) = (snapshot.clone(), bucket.clone(), Handle::current());
             let started = Instant::now();
@@ -60,6 +63,7 @@ impl Sandboxes {
                 Ok(sent) => sent,
                 Err(e) => {
                     tracing::warn!(snapshot = %snapshot.id, team = %snapshot.team, "storing a snapshot in the object store: {e}");
+                    failed = true;
                     continue;
                 }
             };
@@ -80,7 +84,7 @@ impl Sandboxes {
                 self.forget_stored(&snapshot).await;
             }
         }
-        Ok(())
+        Ok(failed)
     }
 
     /// Makes sure the files of `snapshot` are on this host, fetching them
