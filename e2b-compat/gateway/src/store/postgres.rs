@@ -32,13 +32,17 @@ type Job = Box<dyn FnOnce(&mut Conn) + Send>;
 struct Conn {
     client: Client,
     prepared: HashMap<String, Statement>,
+    /// A call failed as the connection does when it is lost. The client
+    /// notices the closed socket on its own task, so `is_closed` may not
+    /// say so yet when the next call comes.
+    lost: bool,
 }
 
 type Params<'a> = [&'a (dyn ToSql + Sync)];
 
 impl Conn {
     fn new(client: Client) -> Self {
-        Self { client, prepared: HashMap::new() }
+        Self { client, prepared: HashMap::new(), lost: false }
     }
 
     /// Runs `sql`'s statement; one that failed is prepared afresh next
@@ -57,8 +61,9 @@ impl Conn {
             }
         };
         let result = run(&mut self.client, &statement);
-        if result.is_err() {
+        if let Err(err) = &result {
             self.prepared.remove(sql);
+            self.lost |= connection_lost(err);
         }
         result
     }
@@ -107,7 +112,7 @@ impl PostgresStore {
                 }
             };
             for job in queue {
-                if conn.client.is_closed() {
+                if conn.lost || conn.client.is_closed() {
                     match connect(&config) {
                         Ok(fresh) => conn = Conn::new(fresh),
                         Err(err) => tracing::warn!(error = %err, "reconnecting to the database"),
@@ -221,6 +226,19 @@ impl PostgresStore {
             Ok(())
         })
     }
+}
+
+/// An error of the connection rather than of the statement: one the
+/// server did not send (the socket, mostly; the rare other client-side
+/// error costs one needless reconnect) or a FATAL one, which the server
+/// sends before it closes the session (`pg_terminate_backend`, a
+/// shutdown).
+fn connection_lost(err: &postgres::Error) -> bool {
+    err.is_closed()
+        || match err.as_db_error() {
+            None => true,
+            Some(db) => matches!(db.severity(), "FATAL" | "PANIC"),
+        }
 }
 
 fn connect(config: &postgres::Config) -> anyhow::Result<Client> {
@@ -673,14 +691,17 @@ mod tests {
         store.put_snapshot(&snapshot).unwrap();
         assert!(store.snapshot("acme", "s1").unwrap().is_some());
         let mut admin = Client::connect(&server.url(), NoTls).unwrap();
+        // With a timeout, the server waits for each backend to exit: a
+        // call made before that would still be answered, and the one after
+        // it would meet the dead socket instead of the first one below.
         admin
             .execute(
-                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+                "SELECT pg_terminate_backend(pid, 10000) FROM pg_stat_activity
                  WHERE pid <> pg_backend_pid() AND datname = current_database()",
                 &[],
             )
             .unwrap();
-        // The first call may still find the old connection open.
+        // The first call may find the old connection not yet seen closed.
         let _ = store.snapshot("acme", "s1");
         assert_eq!(store.snapshot("acme", "s1").unwrap().map(|s| s.id), Some("s1".to_string()));
         // A table changed under a kept statement: that statement fails
