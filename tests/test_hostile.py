@@ -2635,3 +2635,45 @@ def test_a_manifest_swapped_in_the_bucket_never_starts_another_snapshots_files(n
         drain(one, database_url, False)
         for name in names.values():
             Sandbox.delete_snapshot(name, **one.env())
+
+
+@pytest.fixture(scope="module")
+def script_cluster():
+    from cluster_script import Cluster
+
+    pair = Cluster("copsehcl", "172.30.79", nodes=2)
+    pair.up()
+    yield pair
+    pair.down()
+
+
+def test_a_cluster_sandbox_reaches_neither_the_database_nor_the_object_store_nor_any_node(script_cluster):
+    """`scripts/cluster` puts PostgreSQL, SeaweedFS and every node's API and
+    peer listener on one host link; a sandbox's root must reach none of them
+    (the database's password and the bucket's keys are in node processes'
+    environments and command lines, not the sandbox's)."""
+    from cluster_script import reachable
+
+    cluster = script_cluster
+    sbx = Sandbox.create(timeout=120, **cluster.via(cluster.gateways[0]))
+    try:
+        # The probe itself works: a port the sandbox serves opens.
+        sbx.commands.run("python3 -m http.server 8123 --bind 127.0.0.1", background=True)
+        deadline = time.monotonic() + 10
+        while not reachable(sbx, "127.0.0.1", 8123):
+            assert time.monotonic() < deadline, "nothing opens from this sandbox: the probe proves nothing"
+            time.sleep(0.2)
+        host = f"{cluster.net}.1"
+        services = {"PostgreSQL": (host, 5439), "S3": (host, 18333), "filer": (host, 18888),
+                    "master": (host, 19333), "volume": (host, 18080)}
+        for n in (1, 2):
+            services[f"node {n} API"] = (cluster.node_address(n), 3000)
+            services[f"node {n} peers"] = (cluster.node_address(n), 3443)
+        opened = [name for name, (address, port) in services.items() if reachable(sbx, address, port)]
+        assert opened == []
+        environment = sbx.commands.run("cat /proc/1/environ | tr '\\0' '\\n'; env").stdout
+        assert cluster.env["E2B_API_KEY"] not in environment
+        assert cluster.env["AWS_SECRET_ACCESS_KEY"] not in environment
+        assert cluster.env["COPSE_DATABASE"].split(":")[2].split("@")[0] not in environment
+    finally:
+        sbx.kill()

@@ -77,7 +77,7 @@ impl HostNetwork {
     pub fn open(cfg: NetConfig) -> anyhow::Result<Self> {
         let claim = claim(&cfg.bridge)?;
         let bridge = &cfg.bridge;
-        if !Path::new("/sys/class/net").join(bridge).exists() {
+        if netlink::index_of(bridge).is_err() {
             ip_batch(&format!("link add {bridge} type bridge\n"))?;
         }
         let gateway = format!("{}/{}", cfg.gateway(), cfg.subnet.prefix_len());
@@ -234,8 +234,7 @@ impl HostNetwork {
         }
         self.rewrite()?;
         let keep: Vec<String> = self.lock().values().map(|a| a.attachment.host_if.clone()).collect();
-        let stray: String = self
-            .interfaces()
+        let stray: String = netlink::link_names()
             .into_iter()
             .filter(|name| self.cfg.owns_if(name) && !keep.contains(name))
             .map(|name| format!("link del {name}\n"))
@@ -278,7 +277,7 @@ impl HostNetwork {
         // An ingress hook needs its device: leave out sandboxes whose veth
         // vanished (they are being destroyed).
         let present: Vec<(Attachment, ResolvedPolicy)> =
-            sandboxes.into_iter().filter(|(a, _)| Path::new("/sys/class/net").join(&a.host_if).exists()).collect();
+            sandboxes.into_iter().filter(|(a, _)| netlink::index_of(&a.host_if).is_ok()).collect();
         nft_apply(&nft::table(&self.cfg, Some(self.listeners()), &present))
     }
 
@@ -288,12 +287,6 @@ impl HostNetwork {
 
     fn table_exists(&self) -> bool {
         nft_table_exists(&self.cfg.table())
-    }
-
-    fn interfaces(&self) -> Vec<String> {
-        std::fs::read_dir("/sys/class/net")
-            .map(|d| d.filter_map(Result::ok).filter_map(|e| e.file_name().into_string().ok()).collect())
-            .unwrap_or_default()
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Attached>> {

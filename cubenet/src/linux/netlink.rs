@@ -248,6 +248,17 @@ impl Msg {
     }
 }
 
+/// The interfaces of the calling thread's network namespace. Not
+/// `/sys/class/net`: that shows the namespace sysfs was mounted in, the
+/// host's when the gateway runs in a namespace of its own under the host's
+/// mounts (`nsenter --net`, `scripts/cluster`).
+pub fn link_names() -> Vec<String> {
+    match nix::net::if_::if_nameindex() {
+        Ok(links) => links.iter().filter_map(|l| l.name().to_str().ok().map(str::to_owned)).collect(),
+        Err(_) => Vec::new(),
+    }
+}
+
 /// Index of interface `name` in the calling thread's network namespace.
 pub fn index_of(name: &str) -> anyhow::Result<u32> {
     let c = std::ffi::CString::new(name)?;
