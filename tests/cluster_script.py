@@ -31,7 +31,11 @@ class Cluster:
     def up(self):
         subprocess.run([str(COPSE), "template", "build", "--data-dir", str(DATA_DIR)], check=True)
         self.run("down")  # what an interrupted earlier run left
-        printed = self.run("up").stdout
+        try:
+            printed = self.run("up").stdout
+        except BaseException:
+            self.run("down")
+            raise
         self.env = dict(re.findall(r"^([A-Z0-9_]+)=(.*)$", printed, re.M))
         assert {"E2B_API_URL", "E2B_API_KEY", "COPSE_GATEWAYS", "COPSE_DATABASE"} <= self.env.keys(), printed
 

@@ -341,9 +341,15 @@ pub const RIGS: &[RigDef] = &[
         task: "bench:cluster",
         title: "Create to first exec through a cluster",
         clock: &[
-            ("create_ms", "POST /v2/sandboxes sent → 201 read (forwarded: through node two's gateway to node one)"),
+            (
+                "create_ms",
+                "POST /v2/sandboxes sent → 201 read (forwarded: through node two's gateway to node one; bursts: through node one's gateway to the node placement picks)",
+            ),
             ("exec_ms", "create response read → the end event of process.Process/Start of /bin/true read"),
-            ("total_ms", "create sent → the first command's end event read"),
+            (
+                "total_ms",
+                "create sent → the first command's end event read (bursts: the same, per create, while the other clients' creates run)",
+            ),
             (
                 "snapshot_ms",
                 "cross-node restore: POST /sandboxes/{id}/snapshots {memory: false} on node one sent → 201 read",

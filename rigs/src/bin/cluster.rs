@@ -13,13 +13,18 @@
 //! from it through node two's gateway while node one is drained: the fetch
 //! and the boot, then a second create that finds the files fetched.
 //!
+//! Last, creates per second at c=50 with 1, 2 and 3 active nodes (the
+//! others drained), all sent through node one's gateway: every sandbox
+//! stays until the burst ends, so placement sees them pile up. The three
+//! nodes share this host's two cores, so more nodes add no CPU here.
+//!
 //! Writes one JSON result to `benchmarks/results/` (see
-//! `benchmarks/schema.md`). Three nodes sharing two cores at c=50 (creates
-//! per second with 1, 2, 3 nodes) is not measured yet.
+//! `benchmarks/schema.md`).
 
 use std::net::SocketAddr;
 use std::path::Path;
 use std::process::Command;
+use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
@@ -58,6 +63,12 @@ struct Args {
     /// Snapshots moved per size.
     #[arg(long, default_value_t = 3)]
     restore_samples: usize,
+    /// Clients at once in the creates-per-second bursts.
+    #[arg(long, default_value_t = 50)]
+    burst_concurrency: usize,
+    /// Creates per burst (one burst per node count, 1 to 3).
+    #[arg(long, default_value_t = 150)]
+    burst_creates: usize,
     /// SeaweedFS's `weed`, as scripts/seaweedfs installs it.
     #[arg(long, default_value = "/usr/local/bin/weed")]
     weed: std::path::PathBuf,
@@ -86,7 +97,7 @@ fn main() -> anyhow::Result<()> {
         std::fs::remove_dir_all(&tls)?;
     }
     copse(bins, &["tls", "cluster-ca", "--out", &tls.join("ca").to_string_lossy()])?;
-    let nodes = (1..=2).map(|n| node(bins, &key, &pg.url, &tls, &store, n)).collect::<anyhow::Result<Vec<_>>>()?;
+    let nodes = (1..=3).map(|n| node(bins, &key, &pg.url, &tls, &store, n)).collect::<anyhow::Result<Vec<_>>>()?;
     let measured = (|| {
         let ids = nodes
             .iter()
@@ -95,7 +106,9 @@ fn main() -> anyhow::Result<()> {
         let drain = |n: usize, on: bool| {
             copse(bins, &["node", if on { "drain" } else { "undrain" }, &ids[n], "--database", &pg.url])
         };
+        // Node three takes part in the bursts only.
         drain(1, true)?;
+        drain(2, true)?;
         std::thread::sleep(HEARTBEAT_WAIT);
         let ways = [
             ("single-node-c1", single.addr),
@@ -117,6 +130,15 @@ fn main() -> anyhow::Result<()> {
             let mut scenario = Scenario::from_rows(&format!("cross-node-restore-{mb}mb"), 1, &metrics, &rows);
             scenario.counters.insert("dirty_mb".into(), json!(mb));
             scenarios.push(scenario);
+        }
+        let holders: Vec<&Path> = nodes.iter().map(|(_, b, _)| b.data_dir.as_path()).collect();
+        for active in 1..=nodes.len() {
+            for n in 0..nodes.len() {
+                drain(n, n >= active)?;
+            }
+            std::thread::sleep(HEARTBEAT_WAIT);
+            let burst = Burst { addr: nodes[0].0.addr, key: &key, holders: &holders };
+            scenarios.push(rt.block_on(burst.run(active, args.burst_concurrency, args.burst_creates))?);
         }
         anyhow::Ok(scenarios)
     })();
@@ -156,6 +178,14 @@ fn main() -> anyhow::Result<()> {
         "nodes": "two `copse up --database` on this host, each with its own data dir, bridge and subnet; node two drained; the single gateway runs beside them, and the three ways in take turns sample by sample",
         "forwarding": "kept-alive HTTP/1.1 connections over mutual TLS (TLS 1.3, ECDSA P-256 node certificates from `copse tls cluster-ca`/`node-cert`) to the node's peer listener",
         "disk_mb": DISK_MB,
+        "bursts": {
+            "scenarios": "creates-c{C}-{N}-nodes: N active nodes (the rest drained), C clients at once through node one's gateway, each creating and running its first command (`/bin/true`) until the burst's creates are made",
+            "creates": args.burst_creates,
+            "concurrency": args.burst_concurrency,
+            "kept": "every sandbox stays until the burst ends (then all are deleted, untimed), so each node's count grows during it",
+            "counters": "creates_per_s = creates / wall clock of the burst; on_node_K = how many landed on node K",
+            "host": "the three nodes share this host's two cores and memory: more nodes add no CPU",
+        },
         "cross_node_restore": {
             "object_store": "SeaweedFS `weed server` (master, volume, filer, S3 gateway) on loopback, its files in the rig's data dir (ext4 without a journal)",
             "sizes_mb": args.restore_mb,
@@ -277,6 +307,62 @@ async fn measure(ways: &[(&str, SocketAddr)], key: &str, n: usize) -> anyhow::Re
         .zip(rows)
         .map(|((name, _), rows)| Scenario::from_rows(name, 1, &["create_ms", "exec_ms", "total_ms"], &rows))
         .collect())
+}
+
+/// A burst of creates through one gateway, with the node data dirs to tell
+/// where each sandbox landed.
+struct Burst<'a> {
+    addr: SocketAddr,
+    key: &'a str,
+    holders: &'a [&'a Path],
+}
+
+impl Burst<'_> {
+    /// `creates` creates from `clients` connections at once, each followed
+    /// by its first command; then every sandbox is deleted (untimed).
+    async fn run(&self, active: usize, clients: usize, creates: usize) -> anyhow::Result<Scenario> {
+        let name = format!("creates-c{clients}-{active}-nodes");
+        eprintln!("-- {name}: {creates} creates");
+        let tickets = std::sync::atomic::AtomicUsize::new(creates);
+        let take = || tickets.fetch_update(Relaxed, Relaxed, |left| left.checked_sub(1)).is_ok();
+        let mut conns = Vec::new();
+        for _ in 0..clients {
+            conns.push(Conn::open(self.addr).await?);
+        }
+        let t0 = Instant::now();
+        let workers = conns.iter_mut().map(|conn| async {
+            let mut made = Vec::new();
+            while take() {
+                let started = Instant::now();
+                let created = conn.create_sandbox(self.key, CREATE_BODY).await.context("create")?;
+                let t_created = Instant::now();
+                let (_, t_done) = first_exec(conn, &created.id, &created.token).await.context("first exec")?;
+                made.push((created.id, [ms(t_created - started), ms(t_done - started)]));
+            }
+            anyhow::Ok(made)
+        });
+        let made: Vec<_> = futures::future::try_join_all(workers).await?.into_iter().flatten().collect();
+        let wall = t0.elapsed();
+        let mut landed = vec![0usize; self.holders.len()];
+        for (id, _) in &made {
+            if let Some(k) = self.holders.iter().position(|dir| dir.join("sandboxes").join(id).exists()) {
+                landed[k] += 1;
+            }
+        }
+        let mut cleanup = Conn::open(self.addr).await?;
+        for (id, _) in &made {
+            cleanup.delete_sandbox(self.key, id).await?;
+        }
+        let rows: Vec<[f64; 2]> = made.iter().map(|(_, row)| *row).collect();
+        let mut scenario = Scenario::from_rows(&name, clients, &["create_ms", "total_ms"], &rows);
+        scenario.wall_ms = Some(ms(wall));
+        scenario.counters.insert("active_nodes".into(), json!(active));
+        scenario.counters.insert("creates_per_s".into(), json!(made.len() as f64 / wall.as_secs_f64()));
+        for (k, count) in landed.iter().enumerate() {
+            scenario.counters.insert(format!("on_node_{}", k + 1), json!(count));
+        }
+        Ok(scenario)
+    }
 }
 
 /// One snapshot moved from node one to node two. Node two is drained

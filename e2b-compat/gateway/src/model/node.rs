@@ -9,6 +9,8 @@
 //! processes and files may still be running on a host that only lost its
 //! way to the database.
 
+use std::collections::HashMap;
+
 use serde::{Deserialize, Serialize};
 
 pub const HEARTBEAT_MS: i64 = 2_000;
@@ -76,25 +78,63 @@ impl NodeRecord {
     }
 
     /// How much a new sandbox of `template` would like this node: its free
-    /// memory shared among the sandboxes it runs and the new one. `None`
-    /// for a node that is not active or lacks the template's files (they
-    /// are not fetched from another node).
-    pub fn placement_score(&self, template: &str, now_ms: i64) -> Option<u64> {
+    /// memory shared among the sandboxes it runs, the `pending` ones sent
+    /// to it since, and the new one. `None` for a node that is not active
+    /// or lacks the template's files (they are not fetched from another
+    /// node).
+    pub fn placement_score(&self, template: &str, now_ms: i64, pending: u32) -> Option<u64> {
         if self.status(now_ms) != NodeStatus::Active || !self.templates.iter().any(|t| t == template) {
             return None;
         }
-        Some(self.capacity.memory_free_mb / (u64::from(self.capacity.running) + 1))
+        Some(self.capacity.memory_free_mb / (u64::from(self.capacity.running) + u64::from(pending) + 1))
     }
 }
 
 /// The node that should take a new sandbox of `template`: the best score,
 /// ties to the lowest id so every gateway picks the same one.
-pub fn place<'a>(nodes: &'a [NodeRecord], template: &str, now_ms: i64) -> Option<&'a NodeRecord> {
+pub fn place<'a>(
+    nodes: &'a [NodeRecord],
+    template: &str,
+    now_ms: i64,
+    recent: &RecentPlacements,
+) -> Option<&'a NodeRecord> {
     nodes
         .iter()
-        .filter_map(|n| Some((n.placement_score(template, now_ms)?, n)))
+        .filter_map(|n| Some((n.placement_score(template, now_ms, recent.pending(n))?, n)))
         .max_by(|(a, na), (b, nb)| a.cmp(b).then_with(|| nb.id.cmp(&na.id)))
         .map(|(_, n)| n)
+}
+
+/// The creates one gateway placed on each node lately. A node's count of
+/// running sandboxes moves only at its heartbeat, so without these a burst
+/// of creates between two heartbeats would all go where the last one
+/// showed the most room. Only this gateway's own creates are known here:
+/// a burst split over several gateways still lands unevenly.
+#[derive(Debug, Default)]
+pub struct RecentPlacements {
+    at_ms: HashMap<String, Vec<i64>>,
+}
+
+impl RecentPlacements {
+    /// A create counts until a heartbeat of its node a whole interval
+    /// later: by then the node has its record (or the create has failed),
+    /// so the count it reports includes it.
+    pub fn pending(&self, node: &NodeRecord) -> u32 {
+        let unseen = |at: &&i64| **at + HEARTBEAT_MS > node.heartbeat_at_ms;
+        self.at_ms.get(&node.id).map_or(0, |times| times.iter().filter(unseen).count() as u32)
+    }
+
+    /// Notes a create placed on `node`, and forgets the ones every node's
+    /// heartbeat now counts.
+    pub fn record(&mut self, node: &str, now_ms: i64, nodes: &[NodeRecord]) {
+        for n in nodes {
+            if let Some(times) = self.at_ms.get_mut(&n.id) {
+                times.retain(|at| at + HEARTBEAT_MS > n.heartbeat_at_ms);
+            }
+        }
+        self.at_ms.retain(|id, times| !times.is_empty() && nodes.iter().any(|n| &n.id == id));
+        self.at_ms.entry(node.to_string()).or_default().push(now_ms);
+    }
 }
 
 /// Node ids are what `new_id` makes: 20 lowercase letters and digits. A
@@ -131,12 +171,13 @@ mod tests {
         assert_eq!(n.status(1_001 + LOST_AFTER_MS), NodeStatus::Lost);
         n.draining = true;
         assert_eq!(n.status(2_000), NodeStatus::Draining);
-        assert_eq!(n.placement_score("base", 2_000), None);
+        assert_eq!(n.placement_score("base", 2_000, 0), None);
     }
 
     #[test]
     fn placement_shares_free_memory_among_sandboxes_and_needs_the_template() {
         let now = 5_000;
+        let place = |nodes, template, now| place(nodes, template, now, &RecentPlacements::default());
         let nodes = vec![node("a", 2048, 0, now), node("b", 6144, 0, now), node("c", 6144, 4, now)];
         assert_eq!(place(&nodes, "base", now).map(|n| n.id.as_str()), Some("b"));
         // One host seen by two nodes: the one running fewer wins.
@@ -149,6 +190,32 @@ mod tests {
         assert!(place(&nodes, "custom", now).is_none());
         // Nobody alive: nowhere.
         assert!(place(&nodes, "base", now + LOST_AFTER_MS + 1).is_none());
+    }
+
+    #[test]
+    fn a_burst_between_heartbeats_spreads_over_the_nodes() {
+        let now = 10_000;
+        let mut nodes = vec![node("a", 4096, 0, now), node("b", 4096, 0, now), node("c", 2048, 0, now)];
+        let mut recent = RecentPlacements::default();
+        let mut placed = Vec::new();
+        for i in 0..10 {
+            let chosen = place(&nodes, "base", now + i, &recent).unwrap().id.clone();
+            recent.record(&chosen, now + i, &nodes);
+            placed.push(chosen);
+        }
+        // By room: c has half of a's and b's, so it takes half as many.
+        assert_eq!(placed.iter().filter(|id| *id == "a").count(), 4, "{placed:?}");
+        assert_eq!(placed.iter().filter(|id| *id == "b").count(), 4, "{placed:?}");
+        assert_eq!(placed.iter().filter(|id| *id == "c").count(), 2, "{placed:?}");
+        // A heartbeat taken right after still may not count them all; one
+        // a whole interval later does, and then they no longer add up.
+        nodes[0].heartbeat_at_ms = now + 100;
+        assert_eq!(recent.pending(&nodes[0]), 4);
+        nodes[0].heartbeat_at_ms = now + 10 + HEARTBEAT_MS;
+        nodes[0].capacity.running = 4;
+        assert_eq!(recent.pending(&nodes[0]), 0);
+        recent.record("b", now + 20 + HEARTBEAT_MS, &nodes);
+        assert!(!recent.at_ms.contains_key("a"), "settled placements are forgotten");
     }
 
     #[test]

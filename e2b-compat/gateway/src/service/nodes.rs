@@ -10,7 +10,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::Sandboxes;
-use crate::model::{Caller, NodeRecord, NodeStatus, NodeStore, Result, SandboxError, SandboxRecord, now_ms, place};
+use crate::model::{
+    Caller, NodeRecord, NodeStatus, NodeStore, RecentPlacements, Result, SandboxError, SandboxRecord, now_ms, place,
+};
 
 /// How long one read of the node table serves placement and forwarding. A
 /// node's row moves only at its heartbeat, every two seconds; a drain is
@@ -29,6 +31,9 @@ pub struct Membership {
     /// address on every call, and a database round trip for it would be a
     /// fixed cost on each.
     table: Arc<Mutex<Option<TableRead>>>,
+    /// Creates this gateway placed that the nodes' heartbeats may not
+    /// count yet.
+    recent: Arc<Mutex<RecentPlacements>>,
     /// The cluster's object store, through which a snapshot moves to the
     /// node that starts it (`objects.rs`).
     pub objects: Option<Arc<copse_objects::Bucket>>,
@@ -48,6 +53,7 @@ impl Membership {
             nodes,
             started_at_ms: now_ms(),
             table: Arc::default(),
+            recent: Arc::default(),
             objects: None,
             snapshot_taken: Arc::default(),
         }
@@ -181,10 +187,15 @@ impl Sandboxes {
         }
     }
 
-    /// The active node with the most room that has `template`, if any.
+    /// The active node with the most room that has `template`, if any,
+    /// counting the creates this gateway sent since each node's heartbeat.
     fn place_by_room(&self, membership: &Membership, template: &str) -> anyhow::Result<Option<Owner>> {
         let nodes = membership.node_table()?;
-        Ok(place(&nodes, template, now_ms()).map(|chosen| match chosen.id == membership.id {
+        let now = now_ms();
+        let mut recent = membership.recent.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(chosen) = place(&nodes, template, now, &recent) else { return Ok(None) };
+        recent.record(&chosen.id, now, &nodes);
+        Ok(Some(match chosen.id == membership.id {
             true => Owner::Here,
             false => Owner::There(chosen.clone()),
         }))
