@@ -4,6 +4,7 @@ PostgreSQL and SeaweedFS the script starts. Named apart from a cluster an
 operator may run on the same host (its own state dir, namespaces, bridge
 and link subnet)."""
 
+import contextlib
 import os
 import re
 import subprocess
@@ -62,6 +63,17 @@ class Cluster:
 
     def host_link_exists(self) -> bool:
         return subprocess.run(["ip", "link", "show", self.name], capture_output=True).returncode == 0
+
+
+@contextlib.contextmanager
+def cluster_up(name: str, net: str, nodes: int):
+    """A cluster up for the block, down after it whatever happened."""
+    cluster = Cluster(name, net, nodes)
+    cluster.up()
+    try:
+        yield cluster
+    finally:
+        cluster.down()
 
 
 def reachable(sbx, host: str, port: int) -> bool:

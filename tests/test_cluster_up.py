@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from e2b import Sandbox
 
-from cluster_script import Cluster
+from cluster_script import Cluster, cluster_up
 from leakcheck import CGROUP_ROOT, subtree_for
 
 HEARTBEAT_S = 2  # placement reads heartbeats
@@ -22,10 +22,8 @@ HEARTBEAT_S = 2  # placement reads heartbeats
 
 @pytest.fixture(scope="module")
 def cluster():
-    three = Cluster("copsetcl", "172.30.78", nodes=3)
-    three.up()
-    yield three
-    three.down()
+    with cluster_up("copsetcl", "172.30.78", nodes=3) as three:
+        yield three
 
 
 def node_of(sbx: Sandbox) -> int:

@@ -2639,12 +2639,10 @@ def test_a_manifest_swapped_in_the_bucket_never_starts_another_snapshots_files(n
 
 @pytest.fixture(scope="module")
 def script_cluster():
-    from cluster_script import Cluster
+    from cluster_script import cluster_up
 
-    pair = Cluster("copsehcl", "172.30.79", nodes=2)
-    pair.up()
-    yield pair
-    pair.down()
+    with cluster_up("copsehcl", "172.30.79", nodes=2) as pair:
+        yield pair
 
 
 def test_a_cluster_sandbox_reaches_neither_the_database_nor_the_object_store_nor_any_node(script_cluster):

@@ -1,9 +1,9 @@
 //! `copse-rig-cluster`: what a node of a shared database costs a create and
 //! its first command at concurrency 1. Three ways in, same host, same
 //! template: one gateway on its own SQLite (the single-host baseline); node
-//! one of two on a throwaway PostgreSQL, called directly; and the same
-//! node's sandboxes reached through node two's gateway (drained, so every
-//! create is placed on node one and every call forwarded, over the
+//! one of three on a throwaway PostgreSQL, called directly; and the same
+//! node's sandboxes reached through node two's gateway (nodes two and three
+//! drained, so every create is placed on node one and every call forwarded, over the
 //! cluster's mutual TLS as a cluster between hosts runs). All three run at
 //! once and take turns, sample by sample.
 //!
@@ -52,7 +52,10 @@ const DISK_MB: &str = "2048";
 const MARKER: &[u8] = b"taken on node one";
 
 #[derive(Parser, Debug)]
-#[command(version, about = "Create-to-first-exec through a two-node cluster vs one gateway")]
+#[command(
+    version,
+    about = "Create-to-first-exec through a cluster vs one gateway; snapshots between nodes; creates/s with 1-3 nodes"
+)]
 struct Args {
     /// Timed samples per scenario.
     #[arg(long, default_value_t = 40)]
