@@ -255,3 +255,57 @@ def test_a_snapshot_starts_on_another_node_through_the_object_store(nodes, datab
     assert object_store.read(f"snapshots/default/{name}"), "the manifest is in the bucket"
     Sandbox.delete_snapshot(name, **two.env())
     assert object_store.read(f"snapshots/default/{name}") is None, "a deleted snapshot leaves the bucket"
+
+
+def kill_quietly(sandboxes: list[Sandbox]):
+    """Kills each (a cleanup: one already gone or unreachable is passed)."""
+    for sbx in sandboxes:
+        try:
+            sbx.kill()
+        except Exception:
+            pass
+
+
+def stored_paused(object_store, database: str, sandbox_id: str, within_s: float = 90) -> bytes:
+    """The manifest of a paused sandbox's files in the bucket, once its node
+    has uploaded them and marked its record (`service/relocate.rs`)."""
+    deadline = time.monotonic() + within_s
+    query = f"SELECT record::jsonb -> 'paused' ->> 'in_object_store' FROM sandboxes WHERE id = '{sandbox_id}'"
+    while True:
+        marked = subprocess.run(["psql", database, "-tAc", query], check=True, capture_output=True, text=True)
+        manifest = object_store.read(f"paused/default/{sandbox_id}")
+        if manifest is not None and marked.stdout.strip() == "true":
+            return manifest
+        assert time.monotonic() < deadline, f"sandbox {sandbox_id}'s files never reached the object store"
+        time.sleep(0.5)
+
+
+def test_a_drain_that_moves_sandboxes_resumes_them_on_another_node(nodes, database_url, object_store):
+    """`copse node drain --move-sandboxes`: the node pauses its running and
+    frozen sandboxes into the object store with their memory, and uploads
+    the one paused on its files; a connect through either gateway resumes
+    each on the other node with its files, and its processes where memory
+    was kept. Once running again, its files leave the bucket."""
+    one, two = nodes
+    running, frozen, on_files = made = [create_on(one, nodes, database_url, via=two) for _ in range(3)]
+    try:
+        for sbx in made:
+            sbx.files.write("/home/user/note", f"written on node one in {sbx.sandbox_id}")
+            sbx.commands.run("sleep 4243", background=True)
+        assert frozen.pause() is True
+        assert on_files.pause(mode="filesystem") is True
+        subprocess.run([str(COPSE), "node", "drain", one.id, "--move-sandboxes", "--database", database_url],
+                       check=True)
+        for sbx in made:
+            stored_paused(object_store, database_url, sbx.sandbox_id)
+            assert not one.holds(sbx.sandbox_id), "paused to its files: nothing of it runs on node one"
+        for sbx, via in [(running, one), (frozen, two), (on_files, one)]:
+            back = Sandbox.connect(sbx.sandbox_id, timeout=120, **via.env())
+            assert two.holds(sbx.sandbox_id), "resumed on the node that takes sandboxes"
+            assert back.files.read("/home/user/note") == f"written on node one in {sbx.sandbox_id}"
+            processes = back.commands.run("ps -eo args").stdout
+            assert ("sleep 4243" in processes) == (sbx is not on_files), "memory came along where it was kept"
+            assert object_store.read(f"paused/default/{sbx.sandbox_id}") is None, "its files left the bucket"
+    finally:
+        drain(one, database_url, False)
+        kill_quietly(made)

@@ -2531,7 +2531,7 @@ def test_a_pulled_snapshot_is_only_what_its_manifests_hashes_name(gateway, objec
 
 from postgres_server import database_url  # noqa: E402,F401
 from test_cluster import cluster_ca, create_on, create_while_stored, drain, node_cert, nodes  # noqa: E402,F401
-from test_cluster import NODE_TABLE_TTL_S  # noqa: E402
+from test_cluster import NODE_TABLE_TTL_S, kill_quietly, stored_paused  # noqa: E402
 
 
 def test_a_forged_forwarding_mark_never_lets_a_gateway_act_on_another_nodes_sandbox(nodes, database_url):
@@ -2677,3 +2677,30 @@ def test_a_cluster_sandbox_reaches_neither_the_database_nor_the_object_store_nor
         assert cluster.env["COPSE_DATABASE"].split(":")[2].split("@")[0] not in environment
     finally:
         sbx.kill()
+
+
+def test_a_paused_sandboxs_files_swapped_in_the_bucket_never_resume_as_it(nodes, database_url, object_store):
+    """The same swap for a paused sandbox that may move: another paused
+    sandbox's manifest under the victim's key. The node that resumes the
+    victim refuses a stream that names other files than its record, and
+    resumes it once the bucket holds its own again."""
+    one, two = nodes
+    victim, other = made = [create_on(one, nodes, database_url, via=one) for _ in range(2)]
+    try:
+        for text, sbx in zip(("victim", "other"), made):
+            sbx.files.write("/home/user/note", text)
+            assert sbx.pause(mode="filesystem") is True
+        real = stored_paused(object_store, database_url, victim.sandbox_id)
+        key = f"paused/default/{victim.sandbox_id}"
+        object_store.overwrite(key, stored_paused(object_store, database_url, other.sandbox_id))
+        drain(one, database_url)
+        time.sleep(NODE_TABLE_TTL_S + 0.5)
+        with pytest.raises(Exception, match="another version"):
+            Sandbox.connect(victim.sandbox_id, timeout=60, **two.env())
+        object_store.overwrite(key, real)
+        back = Sandbox.connect(victim.sandbox_id, timeout=60, **two.env())
+        assert two.holds(victim.sandbox_id)
+        assert back.files.read("/home/user/note") == "victim"
+    finally:
+        drain(one, database_url, False)
+        kill_quietly(made)

@@ -85,27 +85,17 @@ pub fn api_url(listen: SocketAddr, advertise: Option<&str>, peer_listen: Option<
     }
 }
 
-/// Rewrites this node's record every [`HEARTBEAT_MS`], and uploads its
-/// new snapshots to the object store as each is taken (and as often while
-/// an upload has failed), until aborted. The two run side by side: a long
-/// upload never delays a heartbeat. The snapshot table is read only when
+/// Rewrites this node's record every [`HEARTBEAT_MS`], uploads its new
+/// snapshots (and paused sandboxes' files) to the object store as each is
+/// taken (and as often while an upload has failed), and pauses its
+/// sandboxes away when a drain asks, until aborted. The three run side by
+/// side: a long upload never delays a heartbeat. The snapshot table is read only when
 /// there may be something to upload.
 pub fn spawn_heartbeat(svc: Arc<Sandboxes>) -> tokio::task::JoinHandle<()> {
-    let every = || {
-        let mut tick = tokio::time::interval(Duration::from_millis(HEARTBEAT_MS as u64));
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        tick
-    };
     tokio::spawn(async move {
-        let beats = async {
-            let mut tick = every();
-            loop {
-                tick.tick().await;
-                if let Err(e) = svc.heartbeat().await {
-                    tracing::warn!("heartbeat: {e:#}");
-                }
-            }
-        };
+        let beats = each_beat("heartbeat", || svc.heartbeat());
+        // A drain with --move-sandboxes, seen at most a heartbeat late.
+        let moves = each_beat("moving sandboxes out", || svc.move_out_if_asked());
         let uploads = async {
             let mut tick = every();
             // At start: what a previous run left unstored.
@@ -125,8 +115,30 @@ pub fn spawn_heartbeat(svc: Arc<Sandboxes>) -> tokio::task::JoinHandle<()> {
                 });
             }
         };
-        tokio::join!(beats, uploads);
+        tokio::join!(beats, uploads, moves);
     })
+}
+
+fn every() -> tokio::time::Interval {
+    let mut tick = tokio::time::interval(Duration::from_millis(HEARTBEAT_MS as u64));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tick
+}
+
+/// Runs `job` every heartbeat interval for ever; a failure is logged as
+/// `what`'s and the next round runs all the same.
+async fn each_beat<F, Fut>(what: &str, mut job: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = anyhow::Result<()>>,
+{
+    let mut tick = every();
+    loop {
+        tick.tick().await;
+        if let Err(e) = job().await {
+            tracing::warn!("{what}: {e:#}");
+        }
+    }
 }
 
 /// `copse node ls`: one line per node.
@@ -155,9 +167,10 @@ pub fn table(nodes: &[NodeRecord], sandboxes: &[(Option<String>, bool)]) -> Stri
 }
 
 /// `copse node drain|undrain ID`: whether new sandboxes may be placed on
-/// it. Its record's other fields stay as its heartbeat wrote them.
-pub fn set_draining(nodes: &dyn NodeStore, id: &str, draining: bool) -> anyhow::Result<()> {
-    anyhow::ensure!(nodes.set_draining(id, draining)?, "no node {id} in this database");
+/// it, and whether it moves its own away. Its record's other fields stay
+/// as its heartbeat wrote them.
+pub fn set_draining(nodes: &dyn NodeStore, id: &str, draining: bool, moving_out: bool) -> anyhow::Result<()> {
+    anyhow::ensure!(nodes.set_draining(id, draining, moving_out)?, "no node {id} in this database");
     Ok(())
 }
 

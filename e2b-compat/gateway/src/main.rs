@@ -501,11 +501,17 @@ enum NodeCommand {
         #[arg(long, env = "COPSE_DATABASE")]
         database: String,
     },
-    /// Place no new sandbox on node ID (its sandboxes keep running).
+    /// Place no new sandbox on node ID (its sandboxes keep running, unless
+    /// --move-sandboxes).
     Drain {
         id: String,
         #[arg(long, env = "COPSE_DATABASE")]
         database: String,
+        /// Also pause its sandboxes (with their memory where it can be
+        /// checkpointed) into the object store, each to resume on whichever
+        /// node takes it at its next connect. Sandboxes with volumes stay.
+        #[arg(long)]
+        move_sandboxes: bool,
     },
     /// Let node ID take new sandboxes again.
     Undrain {
@@ -782,13 +788,20 @@ fn node(command: NodeCommand) -> anyhow::Result<()> {
             print!("{}", copse_gateway::cluster::table(&store.nodes()?, &sandboxes));
             Ok(())
         }
-        NodeCommand::Drain { id, database } => {
-            copse_gateway::cluster::set_draining(&PostgresStore::open(&database)?, &id, true)?;
-            println!("node {id} takes no new sandboxes; its own keep running (`copse node undrain {id}` ends this)");
+        NodeCommand::Drain { id, database, move_sandboxes } => {
+            copse_gateway::cluster::set_draining(&PostgresStore::open(&database)?, &id, true, move_sandboxes)?;
+            match move_sandboxes {
+                true => println!(
+                    "node {id} takes no new sandboxes and pauses its own into the object store; each resumes on another node at its next connect"
+                ),
+                false => println!(
+                    "node {id} takes no new sandboxes; its own keep running (`copse node undrain {id}` ends this)"
+                ),
+            }
             Ok(())
         }
         NodeCommand::Undrain { id, database } => {
-            copse_gateway::cluster::set_draining(&PostgresStore::open(&database)?, &id, false)?;
+            copse_gateway::cluster::set_draining(&PostgresStore::open(&database)?, &id, false, false)?;
             println!("node {id} takes new sandboxes again");
             Ok(())
         }

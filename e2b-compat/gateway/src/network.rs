@@ -134,6 +134,12 @@ impl Addresses {
         }
     }
 
+    /// Whether `address` is of this gateway's subnet (one a sandbox paused
+    /// on another node holds is of that node's).
+    pub fn is_local(&self, address: Ipv4Addr) -> bool {
+        self.config.as_ref().is_some_and(|c| c.subnet.contains(&address))
+    }
+
     pub fn release(&self, id: &str) {
         if let Some(pool) = self.lock().as_mut() {
             pool.release(id);

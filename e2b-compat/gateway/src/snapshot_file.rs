@@ -112,6 +112,16 @@ pub fn object_key(team: &str, id: &str) -> anyhow::Result<String> {
     Ok(format!("snapshots/{team}/{id}"))
 }
 
+/// Where the files of `team`'s paused sandbox `sandbox_id` wait in an
+/// object store for the node that resumes it (`service/relocate.rs`).
+pub fn paused_object_key(team: &str, sandbox_id: &str) -> anyhow::Result<String> {
+    validate_team_name(team)?;
+    if sandbox_id.is_empty() || !sandbox_id.chars().all(|c| c.is_ascii_alphanumeric()) {
+        bail!("sandbox id {sandbox_id:?} is not one copse made");
+    }
+    Ok(format!("paused/{team}/{sandbox_id}"))
+}
+
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
     Ok(tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?)
 }
@@ -138,12 +148,22 @@ pub fn push_record(
     bucket: &Bucket,
     runtime: &Handle,
 ) -> anyhow::Result<PushReport> {
-    let key = object_key(&record.team, &record.id)?;
+    push_under(substrate, record, &object_key(&record.team, &record.id)?, bucket, runtime)
+}
+
+/// Exports the files `record` names into `bucket` under `key`.
+pub fn push_under(
+    substrate: &dyn Substrate,
+    record: &SnapshotRecord,
+    key: &str,
+    bucket: &Bucket,
+    runtime: &Handle,
+) -> anyhow::Result<PushReport> {
     let (reader, mut writer) = std::io::pipe()?;
     std::thread::scope(|scope| {
         let exporter = scope.spawn(move || write_export(substrate, record, &mut writer));
         let exported = || exporter.join().unwrap_or_else(|_| bail!("the export panicked"));
-        runtime.block_on(copse_objects::push(bucket, &key, reader, exported))
+        runtime.block_on(copse_objects::push(bucket, key, reader, exported))
     })
 }
 
@@ -159,7 +179,9 @@ pub fn pull(
     bucket: &Bucket,
 ) -> anyhow::Result<(SnapshotRecord, PullReport)> {
     let runtime = runtime()?;
-    stream_from(bucket, team, id, runtime.handle(), |input| import(store, substrate, team, input, name))
+    let key = object_key(team, id)?;
+    let what = format!("snapshot {id} of team {team}");
+    stream_from(bucket, &key, &what, runtime.handle(), |input| import(store, substrate, team, input, name))
 }
 
 /// Fetches the files of the snapshot `record` describes from `bucket`
@@ -173,7 +195,20 @@ pub fn fetch_files(
     bucket: &Bucket,
     runtime: &Handle,
 ) -> anyhow::Result<PullReport> {
-    let (_, report) = stream_from(bucket, &record.team, &record.id, runtime, |input| {
+    fetch_under(substrate, record, &object_key(&record.team, &record.id)?, bucket, runtime)
+}
+
+/// Fetches the files `record` names from `bucket`'s `key`, as
+/// [`fetch_files`] does.
+pub fn fetch_under(
+    substrate: &dyn Substrate,
+    record: &SnapshotRecord,
+    key: &str,
+    bucket: &Bucket,
+    runtime: &Handle,
+) -> anyhow::Result<PullReport> {
+    let what = format!("{} of team {}", record.id, record.team);
+    let (_, report) = stream_from(bucket, key, &what, runtime, |input| {
         let stored = read_header(input)?;
         if (stored.team.as_str(), stored.key.as_str()) != (record.team.as_str(), record.key.as_str()) {
             bail!(
@@ -187,19 +222,18 @@ pub fn fetch_files(
     Ok(report)
 }
 
-/// Streams `team`'s snapshot `id` from `bucket` into `consume` (on a
-/// thread of its own: it reads a blocking stream).
+/// Streams the export of `what` under `key` in `bucket` into `consume`
+/// (on a thread of its own: it reads a blocking stream).
 fn stream_from<T: Send>(
     bucket: &Bucket,
-    team: &str,
-    id: &str,
+    key: &str,
+    what: &str,
     runtime: &Handle,
     consume: impl FnOnce(&mut dyn BufRead) -> anyhow::Result<T> + Send,
 ) -> anyhow::Result<(T, PullReport)> {
-    let key = object_key(team, id)?;
     let manifest = runtime
-        .block_on(copse_objects::manifest(bucket, &key))?
-        .with_context(|| format!("the object store has no snapshot {id} of team {team}"))?;
+        .block_on(copse_objects::manifest(bucket, key))?
+        .with_context(|| format!("the object store has no {what}"))?;
     let (sink, reader) = copse_objects::stream(4);
     std::thread::scope(|scope| {
         let consumer = scope.spawn(move || consume(&mut std::io::BufReader::new(reader)));

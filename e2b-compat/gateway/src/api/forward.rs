@@ -104,7 +104,11 @@ pub async fn control_plane(State(svc): State<Arc<Sandboxes>>, mut request: Reque
     }
     let forwarded = take_mark(&mut request);
     if let Some(id) = sandbox_in_path(&request) {
-        return match svc.owner_of_sandbox(&id) {
+        let owner = match is_resume(&request) {
+            true => svc.owner_for_resume(&id, forwarded),
+            false => svc.owner_of_sandbox(&id),
+        };
+        return match owner {
             Ok(Owner::Here) => next.run(request).await,
             Ok(owner) => to_owner(&svc, owner, &format!("sandbox {id}"), forwarded, request).await,
             Err(e) => ApiError::from(SandboxError::from(e)).into_response(),
@@ -169,6 +173,12 @@ fn sandbox_in_path(request: &Request) -> Option<String> {
     }
     let at = matched.split('/').position(|segment| segment == "{id}")?;
     request.uri().path().split('/').nth(at).map(str::to_string)
+}
+
+/// A connect or resume: a paused sandbox may move to the node that takes it.
+fn is_resume(request: &Request) -> bool {
+    let matched = request.extensions().get::<MatchedPath>().map(MatchedPath::as_str).unwrap_or_default();
+    request.method() == axum::http::Method::POST && (matched.ends_with("/connect") || matched.ends_with("/resume"))
 }
 
 fn is_create(request: &Request) -> bool {

@@ -47,11 +47,16 @@ pub async fn switch(State(svc): State<Arc<Sandboxes>>, mut request: Request, nex
         Target::ControlPlane => return next.run(request).await,
     };
     tracing::Span::current().record("sandbox_id", record.id.as_str());
-    // Another node's sandbox: its gateway checks the caller.
-    match svc.owner(record.node.as_deref()) {
+    // Another node's sandbox: its gateway checks the caller. Traffic that
+    // resumes a paused one may move it (`service/relocate.rs`).
+    let forwarded = super::forward::take_mark(&mut request);
+    let owner = match record.paused.is_some() && record.auto_resume {
+        true => svc.place_resume(&record, forwarded),
+        false => svc.owner(record.node.as_deref()),
+    };
+    match owner {
         Ok(Owner::Here) => {}
         Ok(owner) => {
-            let forwarded = super::forward::take_mark(&mut request);
             return super::forward::to_owner(&svc, owner, &format!("sandbox {}", record.id), forwarded, request).await;
         }
         Err(e) => return ApiError::from(model::SandboxError::from(e)).into_response(),

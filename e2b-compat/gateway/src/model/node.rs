@@ -35,6 +35,11 @@ pub struct NodeRecord {
     /// Set by `copse node drain`: no new sandbox is placed here.
     #[serde(default)]
     pub draining: bool,
+    /// Set with `draining` by `copse node drain --move-sandboxes`: the node
+    /// also pauses its sandboxes to the object store, where they resume on
+    /// whichever node takes them (`service/relocate.rs`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub moving_out: bool,
 }
 
 /// What a node has and what of it is free, as of its last heartbeat.
@@ -161,6 +166,7 @@ mod tests {
             started_at_ms: 0,
             heartbeat_at_ms: heartbeat,
             draining: false,
+            moving_out: false,
         }
     }
 

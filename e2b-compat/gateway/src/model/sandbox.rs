@@ -92,6 +92,15 @@ pub struct Paused {
     /// paused before it was kept have none and are never reaped by it.
     #[serde(default)]
     pub paused_at_ms: Option<i64>,
+    /// Its files (`files_only`) also hold a checkpoint of its processes,
+    /// restored running at resume: it was paused by a drain that moves a
+    /// node's sandboxes away (`service/relocate.rs`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub memory: bool,
+    /// Its node has uploaded its files to the cluster's object store, so
+    /// it may resume on another node when its own takes no sandboxes.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub in_object_store: bool,
 }
 
 fn yes() -> bool {

@@ -24,6 +24,11 @@ pub trait Store: Send + Sync {
     fn expired(&self, now_ms: i64) -> anyhow::Result<Vec<String>>;
     /// Whether there was a record to remove.
     fn remove(&self, id: &str) -> anyhow::Result<bool>;
+    /// Writes `record` only while the stored one still names node
+    /// `from_node` and the same paused files as `record`; whether it did.
+    /// How a node claims a paused sandbox from another, or marks one
+    /// stored, when another gateway may be doing the same.
+    fn swap_paused(&self, record: &SandboxRecord, from_node: Option<&str>) -> anyhow::Result<bool>;
 
     /// Inserts or replaces the snapshot's record (its id is unique within
     /// its team).
@@ -116,11 +121,12 @@ pub trait VolumeStore: Send + Sync {
 /// database holds none.
 pub trait NodeStore: Send + Sync {
     /// Inserts or replaces the node's record (its heartbeat), keeping the
-    /// stored `draining`: that is the operator's to set, and a heartbeat
-    /// must not undo a drain that came after it read the record.
+    /// stored `draining` and `moving_out`: they are the operator's to set,
+    /// and a heartbeat must not undo a drain that came after it read the
+    /// record.
     fn beat(&self, node: &NodeRecord) -> anyhow::Result<()>;
-    /// False when there is no such node.
-    fn set_draining(&self, id: &str, draining: bool) -> anyhow::Result<bool>;
+    /// Sets `draining` and `moving_out`; false when there is no such node.
+    fn set_draining(&self, id: &str, draining: bool, moving_out: bool) -> anyhow::Result<bool>;
     fn node(&self, id: &str) -> anyhow::Result<Option<NodeRecord>>;
     /// Every node, ordered by id.
     fn nodes(&self) -> anyhow::Result<Vec<NodeRecord>>;

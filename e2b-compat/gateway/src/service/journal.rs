@@ -90,6 +90,8 @@ impl Sandboxes {
                         remaining_ms: (record.end_at_ms - now_ms()).max(0),
                         files_only: Some(key.clone()),
                         paused_at_ms: Some(now_ms()),
+                        memory: false,
+                        in_object_store: false,
                     });
                     record.state = State::Paused;
                     record.end_at_ms = i64::MAX;

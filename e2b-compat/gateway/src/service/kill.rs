@@ -29,7 +29,8 @@ impl Sandboxes {
         let id = record.id.as_str();
         let owned = id.to_string();
         let attached = record.network.is_some() && !record.has_no_processes();
-        let files = record.paused.and_then(|p| p.files_only);
+        let stored = record.paused.as_ref().is_some_and(|p| p.in_object_store);
+        let files = record.paused.clone().and_then(|p| p.files_only);
         let _intent = self.journal(id, Change::Kill { files: files.clone() })?;
         let destroyed = self
             .blocking(move |s| {
@@ -48,6 +49,9 @@ impl Sandboxes {
         self.addresses.release(id);
         self.store.remove(id)?;
         fault::point("kill:after-record");
+        if stored {
+            self.forget_paused(&record).await;
+        }
         self.cpu_samples.forget(id);
         self.metric_history.forget(id);
         self.transitions.forget(id);

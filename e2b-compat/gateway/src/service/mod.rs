@@ -22,6 +22,7 @@ mod pause;
 mod pools;
 mod quota;
 mod recover;
+mod relocate;
 mod rollback;
 mod secrets;
 mod snapshot;

@@ -189,7 +189,7 @@ impl Sandboxes {
 
     /// The active node with the most room that has `template`, if any,
     /// counting the creates this gateway sent since each node's heartbeat.
-    fn place_by_room(&self, membership: &Membership, template: &str) -> anyhow::Result<Option<Owner>> {
+    pub(super) fn place_by_room(&self, membership: &Membership, template: &str) -> anyhow::Result<Option<Owner>> {
         let nodes = membership.node_table()?;
         let now = now_ms();
         let mut recent = membership.recent.lock().unwrap_or_else(|e| e.into_inner());
@@ -202,7 +202,7 @@ impl Sandboxes {
     }
 
     /// Whether `owner` takes new sandboxes: heard from, not draining.
-    fn takes_sandboxes(&self, owner: &Owner) -> anyhow::Result<bool> {
+    pub(super) fn takes_sandboxes(&self, owner: &Owner) -> anyhow::Result<bool> {
         let draining = |id: &str| -> anyhow::Result<bool> {
             let Some(membership) = &self.node else { return Ok(false) };
             Ok(membership.node_record(id)?.is_some_and(|n| n.draining))
@@ -241,6 +241,7 @@ impl Sandboxes {
             // The stored flag is kept: a drain outlives restarts, and only
             // `copse node undrain` ends it.
             draining: false,
+            moving_out: false,
         };
         membership.nodes.beat(&record)
     }

@@ -23,7 +23,7 @@ use crate::model::{Result, SandboxError, SnapshotRecord};
 use crate::snapshot_file;
 
 impl Sandboxes {
-    fn objects(&self) -> Option<Arc<Bucket>> {
+    pub(super) fn objects(&self) -> Option<Arc<Bucket>> {
         self.node.as_ref()?.objects.clone()
     }
 
@@ -43,9 +43,10 @@ impl Sandboxes {
         }
     }
 
-    /// Uploads this node's snapshots that are not in the object store yet;
-    /// one that fails stays unmarked, for the next round. Whether any
-    /// stays unmarked.
+    /// Uploads this node's snapshots, and the files of its sandboxes paused
+    /// on their files, that are not in the object store yet; one that
+    /// fails stays unmarked, for the next round. Whether any stays
+    /// unmarked.
     pub async fn store_snapshots(&self) -> anyhow::Result<bool> {
         let Some(bucket) = self.objects() else { return Ok(false) };
         let pending: Vec<SnapshotRecord> = self
@@ -84,7 +85,7 @@ impl Sandboxes {
                 self.forget_stored(&snapshot).await;
             }
         }
-        Ok(failed)
+        Ok(self.store_paused(&bucket).await? || failed)
     }
 
     /// Makes sure the files of `snapshot` are on this host, fetching them
@@ -93,37 +94,43 @@ impl Sandboxes {
         if self.holds(snapshot.node.as_deref()) {
             return Ok(());
         }
+        let key = snapshot_file::object_key(&snapshot.team, &snapshot.id)?;
+        self.fetch_files(snapshot, &key, &format!("snapshot {}", snapshot.id)).await
+    }
+
+    /// Fetches the files `files` names (a snapshot's, or a paused
+    /// sandbox's stand-in) from the object store's `key` unless this host
+    /// has them; `what` names them in errors.
+    pub(super) async fn fetch_files(&self, files: &SnapshotRecord, key: &str, what: &str) -> Result<()> {
         // Two creates of one snapshot fetch it once.
-        let _fetching = self.fetching.lock(&snapshot.key).await;
-        if self.has_snapshot(&snapshot.key).await? {
+        let _fetching = self.fetching.lock(&files.key).await;
+        if self.has_snapshot(&files.key).await? {
             return Ok(());
         }
-        let node = snapshot.node.as_deref().unwrap_or("-");
+        let node = files.node.as_deref().unwrap_or("-");
         let Some(bucket) = self.objects() else {
             return Err(SandboxError::Unavailable(format!(
-                "snapshot {} is on node {node}, and this node has no object store to fetch it from",
-                snapshot.id
+                "{what} is on node {node}, and this node has no object store to fetch it from"
             )));
         };
-        if !snapshot.in_object_store {
+        if !files.in_object_store {
             return Err(SandboxError::Unavailable(format!(
-                "snapshot {} is on node {node} and not in the object store yet; try again shortly",
-                snapshot.id
+                "{what} is on node {node} and not in the object store yet; try again shortly"
             )));
         }
-        let (record, runtime, started) = (snapshot.clone(), Handle::current(), Instant::now());
-        let fetched = self.blocking(move |s| snapshot_file::fetch_files(s, &record, &bucket, &runtime)).await;
-        self.fetching.forget(&snapshot.key);
-        let got = fetched.map_err(|e| {
-            SandboxError::Unavailable(format!("fetching snapshot {} from the object store: {e}", snapshot.id))
-        })?;
+        let (record, runtime, started) = (files.clone(), Handle::current(), Instant::now());
+        let object = key.to_string();
+        let fetched = self.blocking(move |s| snapshot_file::fetch_under(s, &record, &object, &bucket, &runtime)).await;
+        self.fetching.forget(&files.key);
+        let got =
+            fetched.map_err(|e| SandboxError::Unavailable(format!("fetching {what} from the object store: {e}")))?;
         tracing::info!(
-            snapshot = %snapshot.id,
+            files = what,
             from = node,
             chunks = got.chunks,
             kib = got.bytes >> 10,
             ms = started.elapsed().as_millis() as u64,
-            "fetched a snapshot from the object store"
+            "fetched from the object store"
         );
         Ok(())
     }

@@ -48,12 +48,23 @@ impl Sandboxes {
             Some(key) => self.stash_files(id, key, ["pause-files:after-snapshot", "pause-files:after-destroy"]).await?,
         }
         let now = now_ms();
-        record.paused =
-            Some(Paused { remaining_ms: (record.end_at_ms - now).max(0), files_only: files, paused_at_ms: Some(now) });
+        let on_files = files.is_some();
+        record.paused = Some(Paused {
+            remaining_ms: (record.end_at_ms - now).max(0),
+            files_only: files,
+            paused_at_ms: Some(now),
+            memory: false,
+            in_object_store: false,
+        });
         record.state = State::Paused;
         // The clock stops while paused: a paused sandbox never expires.
         record.end_at_ms = i64::MAX;
         self.store.put(&record)?;
+        if on_files {
+            // In a cluster, its files go to the object store, so it may
+            // resume on another node (`relocate.rs`).
+            self.upload_soon();
+        }
         fault::point(if memory { "pause:after-record" } else { "pause-files:after-record" });
         Ok(())
     }
@@ -107,7 +118,10 @@ impl Sandboxes {
                 fault::point("resume:after-thaw");
                 record
             }
-            (Some(key), false) => self.reboot_from(record, key).await?,
+            (Some(key), false) => {
+                let (record, moved) = self.bring_here(record, key).await?;
+                self.reboot_from(record, key, paused.memory, moved).await?
+            }
         };
         record.paused = None;
         record.state = State::Running;
@@ -121,6 +135,9 @@ impl Sandboxes {
                 // kept files no longer needed.
                 self.blocking(move |s| s.delete_snapshot(&key)).await?;
                 fault::point("resume-files:after-delete");
+                if paused.in_object_store {
+                    self.forget_paused(&record).await;
+                }
             }
         }
         Ok(record)
@@ -158,22 +175,44 @@ impl Sandboxes {
 
     /// Boots the sandbox again, under its id, from the files in substrate
     /// snapshot `key` (kept: the caller drops it once the record says the
-    /// sandbox runs), and hands it back to its owner.
-    async fn reboot_from(&self, mut record: SandboxRecord, key: &str) -> Result<SandboxRecord> {
+    /// sandbox runs), and hands it back to its owner. `memory`: the files
+    /// hold a checkpoint, restored running; `moved`: it was paused on
+    /// another node. Either way it gets an address of this node's subnet
+    /// (one it held here is kept otherwise).
+    async fn reboot_from(
+        &self,
+        mut record: SandboxRecord,
+        key: &str,
+        memory: bool,
+        moved: bool,
+    ) -> Result<SandboxRecord> {
+        let kept_here = record.network.as_ref().is_some_and(|n| self.addresses.is_local(n.address));
+        let fresh = memory || moved || !kept_here;
+        let network = match (&record.network, fresh) {
+            (Some(network), true) => Network::New(network.policy.clone()),
+            (network, _) => Network::kept(network.clone()),
+        };
         let booted = self
             .boot_from(
                 record.id.clone(),
                 &record.template,
                 Some(key.to_string()),
-                Network::kept(record.network.clone()),
-                false,
+                network,
+                memory,
                 &record.volume_mounts,
             )
             .await?;
         fault::point("resume-files:after-boot");
         record.placement = booted.placement;
-        if let Err(e) = self.hand_over(&record, None).await {
-            self.destroy_quietly(&record.id).await;
+        record.agent_socket = booted.agent_socket;
+        record.network = booted.network;
+        // A checkpointed agent demands the token it was handed before.
+        let token = memory.then(|| record.access_token.clone());
+        if let Err(e) = self.hand_over(&record, token.as_deref()).await {
+            match fresh {
+                true => self.discard(&record.id).await,
+                false => self.destroy_quietly(&record.id).await,
+            }
             return Err(e.into());
         }
         Ok(record)
@@ -187,7 +226,7 @@ impl Sandboxes {
             paused.files_only = Some(key.to_string());
         }
         self.store.put(&record)?;
-        self.reboot_from(record, key).await
+        self.reboot_from(record, key, false, false).await
     }
 
     /// Keeps the sandbox's files in new substrate snapshot `key` and ends

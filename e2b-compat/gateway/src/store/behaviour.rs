@@ -33,6 +33,7 @@ macro_rules! behaviours {
             an_unreadable_row_is_quarantined_and_the_rest_still_listed,
             snapshot_names_are_per_team,
             a_snapshot_is_updated_only_while_it_names_the_same_files,
+            a_paused_sandbox_is_claimed_only_while_it_names_the_same_node_and_files,
             keys_are_revoked_by_an_unambiguous_prefix_and_other_connections_are_noticed,
             sandboxes_are_listed_by_id_and_expire_by_their_end,
             templates_are_found_by_id_and_by_name_within_their_team
@@ -105,21 +106,23 @@ pub fn a_nodes_heartbeat_replaces_its_record_but_not_the_operators_drain(db: &dy
         started_at_ms: 1,
         heartbeat_at_ms: 1,
         draining: false,
+        moving_out: false,
     };
-    assert!(!operator.set_draining(&node.id, true).unwrap(), "no such node yet");
+    assert!(!operator.set_draining(&node.id, true, false).unwrap(), "no such node yet");
     gateway.beat(&node).unwrap();
     gateway.beat(&NodeRecord { id: "aaaaaaaaaaaaaaaaaaaa".into(), ..node.clone() }).unwrap();
-    assert!(operator.set_draining(&node.id, true).unwrap());
+    assert!(operator.set_draining(&node.id, true, true).unwrap());
     // The next heartbeat was computed before the drain: it keeps it.
     node.heartbeat_at_ms = 2_001;
     node.capacity.running = 3;
     gateway.beat(&node).unwrap();
     let seen = operator.nodes().unwrap();
     assert_eq!(seen.iter().map(|n| n.id.as_str()).collect::<Vec<_>>(), ["aaaaaaaaaaaaaaaaaaaa", node.id.as_str()]);
-    assert_eq!(operator.node(&node.id).unwrap(), Some(NodeRecord { draining: true, ..node.clone() }));
-    assert!(operator.set_draining(&node.id, false).unwrap());
+    assert_eq!(operator.node(&node.id).unwrap(), Some(NodeRecord { draining: true, moving_out: true, ..node.clone() }));
+    assert!(operator.set_draining(&node.id, false, false).unwrap());
     gateway.beat(&node).unwrap();
-    assert!(!operator.node(&node.id).unwrap().unwrap().draining);
+    let undrained = operator.node(&node.id).unwrap().unwrap();
+    assert!(!undrained.draining && !undrained.moving_out);
     assert!(operator.remove_node(&node.id).unwrap());
     assert!(!operator.remove_node(&node.id).unwrap());
     assert_eq!(gateway.node(&node.id).unwrap(), None);
@@ -305,6 +308,36 @@ pub fn sandboxes_are_listed_by_id_and_expire_by_their_end(db: &dyn Backend) {
     assert!(other.remove("b").unwrap());
     assert!(!other.remove("b").unwrap());
     assert!(store.get("b").unwrap().is_none());
+}
+
+pub fn a_paused_sandbox_is_claimed_only_while_it_names_the_same_node_and_files(db: &dyn Backend) {
+    let (one, two) = (db.open(), db.open());
+    let mut record = sandbox("s", i64::MAX);
+    record.node = Some("a".into());
+    record.paused = Some(crate::model::Paused {
+        remaining_ms: 1_000,
+        files_only: Some("k1".into()),
+        paused_at_ms: Some(1),
+        memory: true,
+        in_object_store: true,
+    });
+    one.put(&record).unwrap();
+    let claim = |store: &dyn Database, node: &str| {
+        store.swap_paused(&SandboxRecord { node: Some(node.into()), ..record.clone() }, Some("a")).unwrap()
+    };
+    assert!(claim(one.as_ref(), "b"), "the first claim wins");
+    assert!(!claim(two.as_ref(), "c"), "a second claim from the same state loses");
+    assert_eq!(two.get("s").unwrap().unwrap().node.as_deref(), Some("b"));
+    // Paused on other files since: a claim that read the old ones loses.
+    let mut moved = SandboxRecord { node: Some("b".into()), ..record.clone() };
+    moved.paused.as_mut().unwrap().files_only = Some("k2".into());
+    one.put(&moved).unwrap();
+    assert!(!two.swap_paused(&SandboxRecord { node: Some("c".into()), ..record.clone() }, Some("b")).unwrap());
+    let mut unnoded = sandbox("t", i64::MAX);
+    two.put(&unnoded).unwrap();
+    unnoded.end_at_ms = 5;
+    assert!(two.swap_paused(&unnoded, None).unwrap(), "no node and no paused files match themselves");
+    assert_eq!(one.get("t").unwrap().unwrap().end_at_ms, 5);
 }
 
 pub fn templates_are_found_by_id_and_by_name_within_their_team(db: &dyn Backend) {

@@ -318,6 +318,20 @@ impl Store for PostgresStore {
         })
     }
 
+    fn swap_paused(&self, record: &SandboxRecord, from_node: Option<&str>) -> anyhow::Result<bool> {
+        let (id, end_at_ms, json) = (record.id.clone(), record.end_at_ms, serde_json::to_string(record)?);
+        let from_node = from_node.map(str::to_string);
+        let files = record.paused.as_ref().and_then(|p| p.files_only.clone());
+        self.run(move |c| {
+            Ok(c.execute(
+                "UPDATE sandboxes SET end_at_ms = $2, record = $3 WHERE id = $1
+                 AND (record::jsonb ->> 'node') IS NOT DISTINCT FROM $4
+                 AND (record::jsonb -> 'paused' ->> 'files_only') IS NOT DISTINCT FROM $5",
+                &[&id, &end_at_ms, &json, &from_node, &files],
+            )? > 0)
+        })
+    }
+
     fn get(&self, id: &str) -> anyhow::Result<Option<SandboxRecord>> {
         self.decode_one(Table::Sandboxes, id)
     }
@@ -589,19 +603,20 @@ impl NodeStore for PostgresStore {
         self.run(move |c| {
             c.execute(
                 "INSERT INTO nodes (id, record) VALUES ($1, $2) ON CONFLICT (id) DO UPDATE SET record = jsonb_set(
-                     excluded.record::jsonb, '{draining}', COALESCE(nodes.record::jsonb -> 'draining', 'false'))::text",
+                     jsonb_set(excluded.record::jsonb, '{draining}', COALESCE(nodes.record::jsonb -> 'draining', 'false')),
+                     '{moving_out}', COALESCE(nodes.record::jsonb -> 'moving_out', 'false'))::text",
                 &[&id, &json],
             )?;
             Ok(())
         })
     }
 
-    fn set_draining(&self, id: &str, draining: bool) -> anyhow::Result<bool> {
+    fn set_draining(&self, id: &str, draining: bool, moving_out: bool) -> anyhow::Result<bool> {
         let id = id.to_owned();
         self.run(move |c| {
-            let sql = "UPDATE nodes SET record = jsonb_set(record::jsonb, '{draining}', to_jsonb($2::bool))::text
-                       WHERE id = $1";
-            Ok(c.execute(sql, &[&id, &draining])? > 0)
+            let sql = "UPDATE nodes SET record = jsonb_set(jsonb_set(record::jsonb, '{draining}', to_jsonb($2::bool)),
+                       '{moving_out}', to_jsonb($3::bool))::text WHERE id = $1";
+            Ok(c.execute(sql, &[&id, &draining, &moving_out])? > 0)
         })
     }
 

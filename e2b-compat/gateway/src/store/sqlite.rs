@@ -187,6 +187,16 @@ impl Store for SqliteStore {
         Ok(())
     }
 
+    fn swap_paused(&self, record: &SandboxRecord, from_node: Option<&str>) -> anyhow::Result<bool> {
+        let files = record.paused.as_ref().and_then(|p| p.files_only.as_deref());
+        let swapped = self.lock().execute(
+            "UPDATE sandboxes SET end_at_ms = ?2, record = ?3 WHERE id = ?1
+             AND json_extract(record, '$.node') IS ?4 AND json_extract(record, '$.paused.files_only') IS ?5",
+            params![record.id, record.end_at_ms, serde_json::to_string(record)?, from_node, files],
+        )?;
+        Ok(swapped > 0)
+    }
+
     fn get(&self, id: &str) -> anyhow::Result<Option<SandboxRecord>> {
         decode_one(&self.lock(), Table::Sandboxes, "id", id)
     }
@@ -476,17 +486,18 @@ impl NodeStore for SqliteStore {
     fn beat(&self, node: &NodeRecord) -> anyhow::Result<()> {
         self.lock().execute(
             "INSERT INTO nodes (id, record) VALUES (?1, ?2) ON CONFLICT(id) DO UPDATE SET record = json_set(
-                 excluded.record, '$.draining',
-                 json(CASE WHEN json_extract(nodes.record, '$.draining') THEN 'true' ELSE 'false' END))",
+                 excluded.record,
+                 '$.draining', json(CASE WHEN json_extract(nodes.record, '$.draining') THEN 'true' ELSE 'false' END),
+                 '$.moving_out', json(CASE WHEN json_extract(nodes.record, '$.moving_out') THEN 'true' ELSE 'false' END))",
             params![node.id, serde_json::to_string(node)?],
         )?;
         Ok(())
     }
 
-    fn set_draining(&self, id: &str, draining: bool) -> anyhow::Result<bool> {
-        let flag = if draining { "true" } else { "false" };
-        let sql = "UPDATE nodes SET record = json_set(record, '$.draining', json(?2)) WHERE id = ?1";
-        Ok(self.lock().execute(sql, params![id, flag])? > 0)
+    fn set_draining(&self, id: &str, draining: bool, moving_out: bool) -> anyhow::Result<bool> {
+        let flag = |on: bool| if on { "true" } else { "false" };
+        let sql = "UPDATE nodes SET record = json_set(record, '$.draining', json(?2), '$.moving_out', json(?3)) WHERE id = ?1";
+        Ok(self.lock().execute(sql, params![id, flag(draining), flag(moving_out)])? > 0)
     }
 
     fn node(&self, id: &str) -> anyhow::Result<Option<NodeRecord>> {

@@ -104,6 +104,15 @@ impl Store for Indexed {
         Ok(())
     }
 
+    fn swap_paused(&self, record: &SandboxRecord, from_node: Option<&str>) -> anyhow::Result<bool> {
+        let swapped = self.inner.swap_paused(record, from_node)?;
+        if swapped {
+            self.tokens.set(&record.id, &record.access_token);
+            self.usage.sandbox(record);
+        }
+        Ok(swapped)
+    }
+
     fn get(&self, id: &str) -> anyhow::Result<Option<SandboxRecord>> {
         self.inner.get(id)
     }

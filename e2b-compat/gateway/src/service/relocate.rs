@@ -1,0 +1,233 @@
+//! Paused sandboxes that move between the nodes of a cluster.
+//!
+//! A node with an object store uploads the files of each sandbox it holds
+//! paused on its files (`Paused::files_only`), as it does its snapshots
+//! (`objects.rs`), and marks the record. A connect or resume of such a
+//! sandbox whose node takes no new sandboxes (draining or lost) is placed
+//! as a create of its template would be; the node it lands on claims the
+//! record (a swap that holds only while the record still names the old node
+//! and the same files, so two gateways never both resume it), fetches the
+//! files, and boots it there on an address of its own subnet.
+//!
+//! `copse node drain ID --move-sandboxes` makes a node pause its sandboxes
+//! that way on its own: each is checkpointed with its memory where CRIU
+//! can, else kept as its files, so the next connect resumes it on another
+//! node. Sandboxes with volumes stay (a volume's bytes live on their node).
+//! Frozen sandboxes (paused with memory in place) are thawed first.
+
+use copse_objects::Bucket;
+use tokio::runtime::Handle;
+
+use super::Sandboxes;
+use super::nodes::Owner;
+use super::quota::Kind;
+use crate::model::{
+    Caller, Change, Paused, Result, SandboxError, SandboxRecord, SnapshotRecord, State, now_ms, snapshot_key,
+};
+use crate::snapshot_file;
+
+impl Sandboxes {
+    /// Where a connect (or resume) of sandbox `id` runs: on its own node
+    /// while that takes sandboxes, else, for a sandbox whose files are in
+    /// the object store, here if this node was sent the call or takes
+    /// sandboxes, else where a create of its template would go.
+    pub fn owner_for_resume(&self, id: &str, forwarded: bool) -> anyhow::Result<Owner> {
+        match self.store.get(id)? {
+            Some(record) => self.place_resume(&record, forwarded),
+            None => Ok(Owner::Here),
+        }
+    }
+
+    /// [`Self::owner_for_resume`] of a record already read.
+    pub fn place_resume(&self, record: &SandboxRecord, forwarded: bool) -> anyhow::Result<Owner> {
+        let owner = self.owner(record.node.as_deref())?;
+        let Some(membership) = &self.node else { return Ok(owner) };
+        let movable = record.paused.as_ref().is_some_and(|p| p.files_only.is_some() && p.in_object_store);
+        if !movable || membership.objects.is_none() || self.takes_sandboxes(&owner)? {
+            return Ok(owner);
+        }
+        if forwarded && self.takes_sandboxes(&Owner::Here)? {
+            return Ok(Owner::Here);
+        }
+        Ok(self.place_by_room(membership, &record.template)?.unwrap_or(owner))
+    }
+
+    /// Claims paused sandbox `record` for this node if another holds it,
+    /// and fetches its files (substrate snapshot `key`) unless they are
+    /// here. The record as claimed, and whether it moved.
+    pub(super) async fn bring_here(&self, mut record: SandboxRecord, key: &str) -> Result<(SandboxRecord, bool)> {
+        let moved = !self.holds(record.node.as_deref());
+        if moved {
+            let from = record.node.clone();
+            record.node = self.node().map(str::to_string);
+            if !self.store.swap_paused(&record, from.as_deref())? {
+                return Err(SandboxError::Conflict(format!(
+                    "sandbox {} was resumed or moved by another node meanwhile",
+                    record.id
+                )));
+            }
+            tracing::info!(sandbox_id = %record.id, from = from.as_deref().unwrap_or("-"), "moving a paused sandbox here");
+        }
+        if let Some(paused) = record.paused.as_ref().filter(|p| p.in_object_store) {
+            let files = stand_in(&record, key, paused);
+            let object = snapshot_file::paused_object_key(&record.team, &record.id)?;
+            self.fetch_files(&files, &object, &format!("paused sandbox {}", record.id)).await?;
+        }
+        Ok((record, moved))
+    }
+
+    /// Uploads the files of this node's sandboxes paused on their files
+    /// that are not in the object store yet; whether any upload failed.
+    pub(super) async fn store_paused(&self, bucket: &std::sync::Arc<Bucket>) -> anyhow::Result<bool> {
+        let pending: Vec<SandboxRecord> = self
+            .own_records()?
+            .into_iter()
+            .filter(|r| r.node.is_some())
+            .filter(|r| r.paused.as_ref().is_some_and(|p| p.files_only.is_some() && !p.in_object_store))
+            .collect();
+        let mut failed = false;
+        for record in pending {
+            let Some(paused) = record.paused.clone() else { continue };
+            let Some(key) = paused.files_only.clone() else { continue };
+            let Ok(object) = snapshot_file::paused_object_key(&record.team, &record.id) else { continue };
+            let (files, bucket, runtime) = (stand_in(&record, &key, &paused), bucket.clone(), Handle::current());
+            let pushed = self.blocking(move |s| snapshot_file::push_under(s, &files, &object, &bucket, &runtime)).await;
+            if let Err(e) = pushed {
+                tracing::warn!(sandbox_id = %record.id, "storing a paused sandbox's files in the object store: {e}");
+                failed = true;
+                continue;
+            }
+            // Marked only while it is still paused here on these files.
+            let _transition = self.transitions.lock(&record.id).await;
+            let Some(mut now) = self.store.get(&record.id)? else {
+                self.forget_paused(&record).await;
+                continue;
+            };
+            match now.paused.as_mut() {
+                Some(p) if p.files_only.as_deref() == Some(key.as_str()) && self.holds(now.node.as_deref()) => {
+                    p.in_object_store = true;
+                }
+                _ => continue,
+            }
+            if self.store.swap_paused(&now, now.node.as_deref())? {
+                tracing::info!(sandbox_id = %record.id, memory = paused.memory, "stored a paused sandbox in the object store");
+            }
+        }
+        Ok(failed)
+    }
+
+    /// Removes a paused sandbox's files from the object store once it runs
+    /// again or is gone (their chunks stay, as a deleted snapshot's do).
+    pub(super) async fn forget_paused(&self, record: &SandboxRecord) {
+        let Some(bucket) = self.objects() else { return };
+        let Ok(key) = snapshot_file::paused_object_key(&record.team, &record.id) else { return };
+        if let Err(e) = bucket.delete(&key).await {
+            tracing::warn!(sandbox_id = %record.id, "removing a paused sandbox's files from the object store: {e:#}");
+        }
+    }
+
+    /// When the operator drained this node with `--move-sandboxes`, pauses
+    /// each of its sandboxes into the object store (see the module's doc).
+    pub async fn move_out_if_asked(&self) -> anyhow::Result<()> {
+        let Some(membership) = self.node.as_ref().filter(|m| m.objects.is_some()) else { return Ok(()) };
+        let asked = membership.nodes.node(&membership.id)?.is_some_and(|n| n.draining && n.moving_out);
+        if !asked {
+            return Ok(());
+        }
+        for record in self.own_records()? {
+            let on_files = record.paused.as_ref().is_some_and(|p| p.files_only.is_some());
+            if on_files || !record.volume_mounts.is_empty() {
+                continue;
+            }
+            match self.pause_to_move(&record.id).await {
+                Ok(memory) => tracing::info!(sandbox_id = %record.id, memory, "paused to move to another node"),
+                Err(e) => tracing::warn!(sandbox_id = %record.id, "pausing to move to another node: {e}"),
+            }
+        }
+        Ok(())
+    }
+
+    /// Pauses sandbox `id` on a checkpoint of its files and memory (or its
+    /// files alone when the checkpoint fails); whether memory was kept.
+    async fn pause_to_move(&self, id: &str) -> Result<bool> {
+        let _transition = self.transitions.lock(id).await;
+        let Some(mut record) = self.store.get(id)? else { return Ok(false) };
+        if !self.holds(record.node.as_deref()) || record.paused.as_ref().is_some_and(|p| p.files_only.is_some()) {
+            return Ok(false);
+        }
+        if let Some(frozen) = record.paused.clone() {
+            // A checkpoint is of running processes.
+            let _intent = self.journal(id, Change::Resume { files: None })?;
+            self.blocking({
+                let id = id.to_string();
+                move |s| s.resume(&id)
+            })
+            .await?;
+            record.paused = None;
+            record.state = State::Running;
+            record.end_at_ms = now_ms() + frozen.remaining_ms.max(1000);
+            self.store.put(&record)?;
+        }
+        let _place = self.quota.reserve_for(&Caller::team(&record.team), &record.team, Kind::Paused, 1, 0)?;
+        let key = snapshot_key();
+        let _intent = self.journal(id, Change::Pause { files: Some(key.clone()) })?;
+        let memory = self
+            .blocking({
+                let (id, key) = (id.to_string(), key.clone());
+                move |s| {
+                    let memory = match s.snapshot(&id, &key, true) {
+                        Ok(_) => true,
+                        Err(e) => {
+                            tracing::warn!(sandbox_id = %id, "checkpointing its memory failed, keeping its files only: {e:#}");
+                            s.snapshot(&id, &key, false)?;
+                            false
+                        }
+                    };
+                    s.destroy(&id)?;
+                    Ok(memory)
+                }
+            })
+            .await?;
+        if record.network.is_some() {
+            self.observe_network(false, true);
+        }
+        // Restored processes get a new address wherever they resume.
+        if memory {
+            self.addresses.release(id);
+        }
+        let now = now_ms();
+        record.paused = Some(Paused {
+            remaining_ms: (record.end_at_ms - now).max(0),
+            files_only: Some(key),
+            paused_at_ms: Some(now),
+            memory,
+            in_object_store: false,
+        });
+        record.state = State::Paused;
+        record.end_at_ms = i64::MAX;
+        self.store.put(&record)?;
+        self.upload_soon();
+        Ok(memory)
+    }
+}
+
+/// A paused sandbox's files as the object store's stream names them: a
+/// snapshot record of the sandbox's own id, which the fetching node checks
+/// against the database's.
+fn stand_in(record: &SandboxRecord, key: &str, paused: &Paused) -> SnapshotRecord {
+    SnapshotRecord {
+        id: record.id.clone(),
+        team: record.team.clone(),
+        names: Vec::new(),
+        key: key.to_string(),
+        template: record.template.clone(),
+        source_sandbox: record.id.clone(),
+        created_at_ms: paused.paused_at_ms.unwrap_or_default(),
+        size_bytes: 0,
+        memory: paused.memory,
+        agent_token: None,
+        volume_mounts: Vec::new(),
+        node: record.node.clone(),
+        in_object_store: paused.in_object_store,
+    }
+}
