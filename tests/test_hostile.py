@@ -2529,6 +2529,31 @@ def test_a_pulled_snapshot_is_only_what_its_manifests_hashes_name(gateway, objec
         Sandbox.delete_snapshot(name)
 
 
+
+@pytest.mark.timeout(300, func_only=True)
+def test_a_forged_manifest_or_odd_key_never_makes_gc_remove_anything_but_unnamed_chunks(gateway, object_store):
+    """Whoever writes the bucket plants a manifest naming keys outside
+    `chunks/`, and objects under `chunks/` that are not a chunk's name,
+    hoping `copse snapshot gc` removes a snapshot's manifest or follows a
+    path. Collection reads a manifest only as one (a forged one names
+    nothing and is reported) and removes only `chunks/<sha256>` keys."""
+    name = f"gc-victim-{os.urandom(4).hex()}"
+    snapshot_with_file(name, "/home/user/note", "kept through gc")
+    copse_snapshot(object_store, "push", name, "--data-dir", str(gateway.data_dir))
+    Sandbox.delete_snapshot(name)
+    forged = {"format": "copse-chunks 1", "size": 1, "chunks": [{"sha256": f"../snapshots/default/{name}", "len": 1}]}
+    object_store.overwrite(f"snapshots/default/forged-{name}", json.dumps(forged).encode())
+    odd = [f"chunks/{'0' * 63}", f"chunks/{'a' * 64}.x", f"chunks/nested/{'b' * 64}"]
+    for key in odd:
+        object_store.overwrite(key, b"not a chunk")
+    out = copse_snapshot(object_store, "gc", "--min-age-hours", "0").stdout
+    assert f"not a manifest (left alone): snapshots/default/forged-{name}" in out, out
+    assert object_store.read(f"snapshots/default/{name}") is not None
+    assert object_store.read(f"snapshots/default/forged-{name}") is not None
+    assert [key for key in odd if object_store.read(key) is None] == [], "only a chunk's own name is collected"
+    copse_snapshot(object_store, "pull", name, "--data-dir", str(gateway.data_dir))
+    Sandbox.delete_snapshot(name)
+
 from postgres_server import database_url  # noqa: E402,F401
 from test_cluster import cluster_ca, create_on, create_while_stored, drain, node_cert, nodes  # noqa: E402,F401
 from test_cluster import NODE_TABLE_TTL_S, kill_quietly, stored_paused  # noqa: E402

@@ -5,11 +5,13 @@ another brings it back, and the official SDK creates sandboxes from it
 there, memory included. The hostile side (tampered chunks and manifests)
 is in test_hostile.py."""
 
+import json
 import re
 import subprocess
 import time
 import uuid
 
+import httpx
 import pytest
 from e2b import Sandbox
 from object_store import copse_snapshot, object_store, snapshot_with_file  # noqa: F401 (a fixture)
@@ -129,3 +131,52 @@ def test_an_object_store_that_is_down_is_a_clear_error_and_the_next_push_works(g
     finally:
         for snapshot in (name, f"{name}-b"):
             Sandbox.delete_snapshot(snapshot)
+
+
+GC = re.compile(r"(\d+) manifests name (\d+) of (\d+) chunks; (?:removed|would remove) (\d+) unnamed chunks "
+                r"\((\d+) KiB\); (\d+) unnamed chunks are younger")
+
+
+def gc(store, *args) -> dict:
+    out = copse_snapshot(store, "gc", *args).stdout
+    found = GC.search(out)
+    assert found, out
+    manifests, named, chunks, removed, kib, young = map(int, found.groups())
+    return dict(manifests=manifests, named=named, chunks=chunks, removed=removed, kib=kib, young=young, out=out)
+
+
+@pytest.mark.timeout(300, func_only=True)
+def test_gc_removes_only_old_chunks_that_no_manifest_names(gateway, object_store):
+    """`copse snapshot gc`: once a manifest is gone, the chunks only it
+    named are removed, but not before they are older than the minimum age
+    (a push running meanwhile may be counting on them), never a chunk
+    another manifest names, and a dry run removes nothing."""
+    tag = uuid.uuid4().hex[:8]
+    sbx = Sandbox.create(timeout=120)
+    try:
+        for version in ("keep", "drop"):
+            sbx.commands.run("head -c 3000000 /dev/urandom > /home/user/ballast")
+            sbx.create_snapshot(name=f"{version}-{tag}", mode="filesystem")
+            push(object_store, f"{version}-{tag}", gateway.data_dir)
+            Sandbox.delete_snapshot(f"{version}-{tag}")
+    finally:
+        sbx.kill()
+    chunks = {version: {c["sha256"] for c in json.loads(object_store.read(f"snapshots/default/{version}-{tag}"))["chunks"]}
+              for version in ("keep", "drop")}
+    only_dropped = chunks["drop"] - chunks["keep"]
+    assert len(only_dropped) >= 2, "the second ballast is new bytes"
+    httpx.delete(object_store.object_path(f"snapshots/default/drop-{tag}"), timeout=10).raise_for_status()
+
+    young = gc(object_store)
+    assert young["removed"] == 0 and young["young"] >= len(only_dropped), young["out"]
+    dry = gc(object_store, "--min-age-hours", "0", "--dry-run")
+    assert dry["removed"] >= len(only_dropped), dry["out"]
+    assert all(object_store.read(f"chunks/{h}") is not None for h in only_dropped), "a dry run removes nothing"
+    done = gc(object_store, "--min-age-hours", "0")
+    assert done["removed"] == dry["removed"] and done["kib"] >= 2900, done["out"]
+    assert all(object_store.read(f"chunks/{h}") is None for h in only_dropped)
+    assert all(object_store.read(f"chunks/{h}") is not None for h in chunks["keep"])
+    assert gc(object_store, "--min-age-hours", "0")["removed"] == 0, "nothing is left to collect"
+    # Every chunk of the kept snapshot is checked again on its way back.
+    copse_snapshot(object_store, "pull", f"keep-{tag}", "--name", f"kept-{tag}", "--data-dir", str(gateway.data_dir))
+    Sandbox.delete_snapshot(f"kept-{tag}")

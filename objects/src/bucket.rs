@@ -81,6 +81,19 @@ impl BucketConfig {
     }
 }
 
+/// One object of a listing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Stored {
+    pub key: String,
+    pub size: u64,
+    /// When it was last written, in ms since the epoch.
+    pub modified_ms: i64,
+}
+
+pub(crate) fn now_ms() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
+}
+
 /// An open bucket. Cheap to clone.
 #[derive(Clone, Debug)]
 pub struct Bucket {
@@ -131,11 +144,40 @@ impl Bucket {
 
     /// Whether `key` exists.
     pub async fn has(&self, key: &str) -> anyhow::Result<bool> {
+        self.has_recent(key, Duration::MAX).await
+    }
+
+    /// Whether `key` exists and was written less than `within` ago.
+    pub async fn has_recent(&self, key: &str, within: Duration) -> anyhow::Result<bool> {
         match self.store.head(&Path::from(key)).await {
-            Ok(_) => Ok(true),
+            Ok(meta) => {
+                let within_ms = i64::try_from(within.as_millis()).unwrap_or(i64::MAX);
+                Ok(meta.last_modified.timestamp_millis() > now_ms().saturating_sub(within_ms))
+            }
             Err(object_store::Error::NotFound { .. }) => Ok(false),
             Err(e) => Err(self.failed("looking up", key, e)),
         }
+    }
+
+    /// Every object whose key starts with `prefix` (a whole path segment,
+    /// or "" for all).
+    pub async fn list(&self, prefix: &str) -> anyhow::Result<Vec<Stored>> {
+        use futures::TryStreamExt;
+        let prefix = (!prefix.is_empty()).then(|| Path::from(prefix));
+        let listed: Vec<object_store::ObjectMeta> = self
+            .store
+            .list(prefix.as_ref())
+            .try_collect()
+            .await
+            .map_err(|e| self.failed("listing", prefix.as_ref().map_or("", |p| p.as_ref()), e))?;
+        Ok(listed
+            .into_iter()
+            .map(|meta| Stored {
+                key: meta.location.to_string(),
+                size: meta.size,
+                modified_ms: meta.last_modified.timestamp_millis(),
+            })
+            .collect())
     }
 
     pub async fn put(&self, key: &str, bytes: Bytes) -> anyhow::Result<()> {

@@ -64,7 +64,9 @@ pub async fn push(
     let uploads = futures::stream::unfold(rx, |mut rx| async { rx.recv().await.map(|item| (item, rx)) })
         .map(|item| async move {
             let (chunk, data) = item?;
-            let new = !bucket.has(&chunk.key()).await?;
+            // A chunk stored long ago is written again: that is what keeps
+            // garbage collection from removing it under this push (`gc.rs`).
+            let new = !bucket.has_recent(&chunk.key(), crate::gc::REWRITE_AFTER).await?;
             if new {
                 bucket.put(&chunk.key(), data).await?;
             }

@@ -1,6 +1,6 @@
 //! Object storage for copse: where a node puts what another node may need
-//! (snapshots today; templates' layers and paused sandboxes are the same
-//! kind of stream), through the S3 API of a real object store.
+//! (snapshots and paused sandboxes' files; templates' layers would be the
+//! same kind of stream), through the S3 API of a real object store.
 //!
 //! A stream is stored as content-defined chunks named by their SHA-256
 //! (`chunks/<hex>`), so every stream that shares bytes with one already
@@ -13,10 +13,12 @@
 
 mod bucket;
 mod chunks;
+mod gc;
 mod manifest;
 mod stream;
 
-pub use bucket::{Bucket, BucketConfig};
+pub use bucket::{Bucket, BucketConfig, Stored};
 pub use chunks::{PullReport, PushReport, ReaderStopped, manifest, pull, push};
+pub use gc::{DEFAULT_MIN_AGE, GcReport, REWRITE_AFTER, collect_garbage};
 pub use manifest::{ChunkRef, Manifest};
 pub use stream::{StreamReader, StreamSender, stream};

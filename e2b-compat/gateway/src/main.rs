@@ -553,6 +553,19 @@ enum SnapshotCommand {
         #[arg(long)]
         name: Option<String>,
     },
+    /// Remove the chunks no manifest in the object store names any more
+    /// (deleted snapshots', resumed sandboxes'), once none has been
+    /// written for --min-age-hours. Safe beside nodes that push meanwhile
+    /// while no push takes longer than the minimum age less 12 hours.
+    Gc {
+        #[command(flatten)]
+        store: ObjectStoreArg,
+        #[arg(long, default_value_t = copse_objects::DEFAULT_MIN_AGE.as_secs() / 3600)]
+        min_age_hours: u64,
+        /// Count what would go; remove nothing.
+        #[arg(long)]
+        dry_run: bool,
+    },
     /// Read a snapshot from FILE ("-" for stdin), keeping its name unless --name.
     Import {
         file: PathBuf,
@@ -853,6 +866,30 @@ fn snapshot(command: SnapshotCommand) -> anyhow::Result<()> {
                 got.chunks,
                 got.bytes >> 10
             );
+            Ok(())
+        }
+        SnapshotCommand::Gc { store, min_age_hours, dry_run } => {
+            let min_age = std::time::Duration::from_secs(min_age_hours * 3600);
+            if min_age < copse_objects::DEFAULT_MIN_AGE {
+                eprintln!(
+                    "warning: --min-age-hours {min_age_hours} is under {}: a push running meanwhile may lose chunks it counted on",
+                    copse_objects::DEFAULT_MIN_AGE.as_secs() / 3600
+                );
+            }
+            let report = snapshot_file::collect_garbage(&store.open()?, min_age, dry_run)?;
+            println!(
+                "{} manifests name {} of {} chunks; {} {} unnamed chunks ({} KiB); {} unnamed chunks are younger than {min_age_hours} h",
+                report.manifests,
+                report.named_chunks,
+                report.chunks,
+                if dry_run { "would remove" } else { "removed" },
+                report.removed,
+                report.removed_bytes >> 10,
+                report.young_unnamed
+            );
+            for key in &report.not_manifests {
+                println!("not a manifest (left alone): {key}");
+            }
             Ok(())
         }
         SnapshotCommand::Import { file, name, team, debug_faults, paths } => {

@@ -167,6 +167,15 @@ pub fn push_under(
     })
 }
 
+/// `copse snapshot gc`: see [`copse_objects::collect_garbage`].
+pub fn collect_garbage(
+    bucket: &Bucket,
+    min_age: std::time::Duration,
+    dry_run: bool,
+) -> anyhow::Result<copse_objects::GcReport> {
+    runtime()?.block_on(copse_objects::collect_garbage(bucket, min_age, dry_run))
+}
+
 /// `copse snapshot pull`: imports `team`'s snapshot `id` from `bucket`
 /// as [`import`] does from a file (under `name` if given), each chunk
 /// checked against its hash before the import reads it.
