@@ -23,23 +23,53 @@ def pg_program(name: str) -> str:
     return found[-1]
 
 
+class PostgresServer:
+    """One throwaway cluster; `restart` stops it (fast shutdown, every
+    connection cut) and starts it again on the same files."""
+
+    def __init__(self):
+        pg = pwd.getpwnam("postgres")
+        self.root = tempfile.mkdtemp(prefix="copse-pg-")
+        os.chown(self.root, pg.pw_uid, pg.pw_gid)
+        self.as_postgres = dict(user=pg.pw_uid, group=pg.pw_gid, cwd=self.root)
+        self.data = f"{self.root}/data"
+        subprocess.run([pg_program("initdb"), "--no-sync", "--auth=trust", "--username=postgres", "-D", self.data],
+                       check=True, capture_output=True, **self.as_postgres)
+        self.server = None
+        self.start()
+
+    @property
+    def url(self) -> str:
+        return f"postgresql:///postgres?user=postgres&host={self.root}"
+
+    def start(self):
+        log_path = pathlib.Path(f"{self.root}/server.log")
+        log_path.unlink(missing_ok=True)
+        log = open(log_path, "wb")
+        self.server = subprocess.Popen([pg_program("postgres"), "-D", self.data, "-c", "listen_addresses=",
+                                        "-k", self.root], stdout=log, stderr=log, **self.as_postgres)
+        deadline = time.monotonic() + 60
+        while b"ready to accept connections" not in log_path.read_bytes():
+            assert self.server.poll() is None and time.monotonic() < deadline, log_path.read_text()
+            time.sleep(0.1)
+
+    def stop(self):
+        self.server.send_signal(signal.SIGINT)  # fast shutdown
+        self.server.wait(timeout=60)
+
+    def restart(self):
+        self.stop()
+        self.start()
+
+
 @pytest.fixture(scope="module")
-def database_url():
-    pg = pwd.getpwnam("postgres")
-    root = tempfile.mkdtemp(prefix="copse-pg-")
-    os.chown(root, pg.pw_uid, pg.pw_gid)
-    as_postgres = dict(user=pg.pw_uid, group=pg.pw_gid, cwd=root)
-    data = f"{root}/data"
-    subprocess.run([pg_program("initdb"), "--no-sync", "--auth=trust", "--username=postgres", "-D", data],
-                   check=True, capture_output=True, **as_postgres)
-    log = open(f"{root}/server.log", "wb")
-    server = subprocess.Popen([pg_program("postgres"), "-D", data, "-c", "listen_addresses=", "-k", root],
-                              stdout=log, stderr=log, **as_postgres)
-    deadline = time.monotonic() + 60
-    while b"ready to accept connections" not in pathlib.Path(f"{root}/server.log").read_bytes():
-        assert server.poll() is None and time.monotonic() < deadline, pathlib.Path(f"{root}/server.log").read_text()
-        time.sleep(0.1)
-    yield f"postgresql:///postgres?user=postgres&host={root}"
-    server.send_signal(signal.SIGINT)  # fast shutdown
-    server.wait(timeout=60)
-    shutil.rmtree(root, ignore_errors=True)
+def database_server():
+    server = PostgresServer()
+    yield server
+    server.stop()
+    shutil.rmtree(server.root, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def database_url(database_server):
+    return database_server.url

@@ -8,6 +8,7 @@ drained node takes no new sandboxes. The nodes share an object store
 
 import re
 import subprocess
+import threading
 import time
 
 import pytest
@@ -15,7 +16,7 @@ from e2b import Sandbox
 
 from conftest import API_KEY, BRIDGE, COPSE, DATA_DIR, SUBNET, Gateway, free_port, second_data_dir
 from object_store import object_store  # noqa: F401 (a fixture, used by name)
-from postgres_server import database_url  # a fixture, used by name
+from postgres_server import database_server, database_url  # noqa: F401 (fixtures, used by name)
 
 LOST_AFTER_S = 10  # model/node.rs
 HEARTBEAT_S = 2
@@ -156,6 +157,62 @@ def test_a_gateways_restart_leaves_the_other_nodes_sandboxes_alone(nodes, databa
     finally:
         kept.kill()
 
+
+
+def listed(via: Node) -> set[str]:
+    """Every sandbox id the API lists, page by page."""
+    pages, ids = Sandbox.list(limit=100, **via.env()), set()
+    while pages.has_next:
+        ids |= {s.sandbox_id for s in pages.next_items()}
+    return ids
+
+
+def test_a_database_and_a_gateway_restarted_mid_load_lose_no_record_and_leave_no_stray(nodes, database_server):
+    """Creates keep coming through node two while PostgreSQL restarts
+    (every connection cut) and node one's gateway is killed with -9 and
+    started again. Creates may fail meanwhile, with an error; every create
+    that answered has its record and its sandbox, reachable through either
+    gateway, and no sandbox on either host is without a record."""
+    one, two = nodes
+    before = listed(two)
+    made, failed, stop = [], [], threading.Event()
+
+    def load():
+        while not stop.is_set():
+            try:
+                made.append(Sandbox.create(timeout=300, **two.env()).sandbox_id)
+            except Exception as e:  # the restarts' window: refused, never half-made
+                failed.append(str(e))
+
+    workers = [threading.Thread(target=load) for _ in range(2)]
+    for worker in workers:
+        worker.start()
+    try:
+        time.sleep(3)
+        database_server.restart()
+        time.sleep(2)
+        one.crash()
+        one.up()
+        time.sleep(3)
+    finally:
+        stop.set()
+        for worker in workers:
+            worker.join(timeout=120)
+    now = listed(two)
+    try:
+        assert len(made) == len(set(made)) >= 4, (made, failed)
+        assert set(made) <= now, f"answered creates without a record: {set(made) - now}"
+        for sandbox_id in made:
+            for via in nodes:
+                back = Sandbox.connect(sandbox_id, **via.env())
+                assert back.commands.run("echo here").stdout.strip() == "here"
+        on_hosts = {p.name for node in nodes for p in (node.data_dir / "sandboxes").iterdir()}
+        assert on_hosts <= now, f"sandboxes no record names: {on_hosts - now}"
+        for via in nodes:
+            Sandbox.create(timeout=60, **via.env()).kill()
+    finally:
+        for sandbox_id in listed(two) - before:
+            Sandbox.kill(sandbox_id, **two.env())
 
 def test_a_drained_node_takes_no_new_sandboxes(nodes, database_url):
     one, two = nodes

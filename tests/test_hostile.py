@@ -2554,7 +2554,7 @@ def test_a_forged_manifest_or_odd_key_never_makes_gc_remove_anything_but_unnamed
     copse_snapshot(object_store, "pull", name, "--data-dir", str(gateway.data_dir))
     Sandbox.delete_snapshot(name)
 
-from postgres_server import database_url  # noqa: E402,F401
+from postgres_server import database_server, database_url  # noqa: E402,F401
 from test_cluster import cluster_ca, create_on, create_while_stored, drain, node_cert, nodes  # noqa: E402,F401
 from test_cluster import NODE_TABLE_TTL_S, kill_quietly, stored_paused  # noqa: E402
 

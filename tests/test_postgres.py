@@ -13,7 +13,7 @@ import pytest
 from e2b import Sandbox
 
 from conftest import API_KEY, BRIDGE, COPSE, DATA_DIR, SUBNET, Gateway, second_data_dir
-from postgres_server import database_url  # a fixture, used by name
+from postgres_server import database_server, database_url  # noqa: F401 (fixtures, used by name)
 
 PG_BRIDGE = f"{BRIDGE[:9]}p"
 PG_SUBNET = f"10.{(int(SUBNET.split('.')[1]) + 110) % 256}.0.0/16"
