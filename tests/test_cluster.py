@@ -171,8 +171,9 @@ def test_a_database_and_a_gateway_restarted_mid_load_lose_no_record_and_leave_no
     """Creates keep coming through node two while PostgreSQL restarts
     (every connection cut) and node one's gateway is killed with -9 and
     started again. Creates may fail meanwhile, with an error; every create
-    that answered has its record and its sandbox, reachable through either
-    gateway, and no sandbox on either host is without a record."""
+    that answered has its record (a dozen of them, spread over the run, are
+    used through each gateway), and no sandbox on either host is without a
+    record."""
     one, two = nodes
     before = listed(two)
     made, failed, stop = [], [], threading.Event()
@@ -183,6 +184,7 @@ def test_a_database_and_a_gateway_restarted_mid_load_lose_no_record_and_leave_no
                 made.append(Sandbox.create(timeout=300, **two.env()).sandbox_id)
             except Exception as e:  # the restarts' window: refused, never half-made
                 failed.append(str(e))
+            time.sleep(0.2)  # steady load, not a flood: each sandbox is checked after
 
     workers = [threading.Thread(target=load) for _ in range(2)]
     for worker in workers:
@@ -202,7 +204,7 @@ def test_a_database_and_a_gateway_restarted_mid_load_lose_no_record_and_leave_no
     try:
         assert len(made) == len(set(made)) >= 4, (made, failed)
         assert set(made) <= now, f"answered creates without a record: {set(made) - now}"
-        for sandbox_id in made:
+        for sandbox_id in made[:: max(1, len(made) // 12)]:
             for via in nodes:
                 back = Sandbox.connect(sandbox_id, **via.env())
                 assert back.commands.run("echo here").stdout.strip() == "here"
