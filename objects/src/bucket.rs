@@ -159,17 +159,11 @@ impl Bucket {
         }
     }
 
-    /// Every object whose key starts with `prefix` (a whole path segment,
-    /// or "" for all).
-    pub async fn list(&self, prefix: &str) -> anyhow::Result<Vec<Stored>> {
+    /// Every object in the bucket.
+    pub async fn list(&self) -> anyhow::Result<Vec<Stored>> {
         use futures::TryStreamExt;
-        let prefix = (!prefix.is_empty()).then(|| Path::from(prefix));
-        let listed: Vec<object_store::ObjectMeta> = self
-            .store
-            .list(prefix.as_ref())
-            .try_collect()
-            .await
-            .map_err(|e| self.failed("listing", prefix.as_ref().map_or("", |p| p.as_ref()), e))?;
+        let listed: Vec<object_store::ObjectMeta> =
+            self.store.list(None).try_collect().await.map_err(|e| self.failed("listing", "", e))?;
         Ok(listed
             .into_iter()
             .map(|meta| Stored {

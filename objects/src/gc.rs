@@ -8,14 +8,14 @@
 //! [`DEFAULT_MIN_AGE`] − [`REWRITE_AFTER`] (12 hours):
 //! - a push skips only chunks written less than [`REWRITE_AFTER`] ago, and
 //!   writes an older one again, which makes it young;
-//! - the collector lists the chunks *before* it reads the manifests, and
+//! - the collector lists the bucket once, *then* reads the manifests, and
 //!   removes only chunks last written more than the minimum age before
 //!   that listing.
 //!
 //! A chunk a running push skipped was young at the push's start, so it is
 //! removed only by a collection listed at least `min age − REWRITE_AFTER`
 //! later, by when the push has written its manifest, which that collection
-//! then reads.
+//! lists and reads.
 
 use std::collections::HashSet;
 use std::time::Duration;
@@ -53,11 +53,12 @@ pub struct GcReport {
 /// only counts them.
 pub async fn collect_garbage(bucket: &Bucket, min_age: Duration, dry_run: bool) -> anyhow::Result<GcReport> {
     let started_ms = now_ms();
-    // Chunks first: see the module's doc.
-    let chunks = bucket.list(CHUNKS).await?;
+    // The listing before any manifest is read: see the module's doc.
+    let (chunks, others): (Vec<Stored>, Vec<Stored>) =
+        bucket.list().await?.into_iter().partition(|o| o.key.starts_with(CHUNKS));
     let mut report = GcReport { chunks: chunks.len(), ..GcReport::default() };
     let mut named = HashSet::new();
-    for object in bucket.list("").await?.into_iter().filter(|o| !o.key.starts_with(CHUNKS)) {
+    for object in others {
         // One removed since the listing names nothing.
         let Some(bytes) = bucket.get(&object.key).await? else { continue };
         match Manifest::parse(&bytes) {

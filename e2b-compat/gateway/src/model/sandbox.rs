@@ -112,6 +112,28 @@ impl SandboxRecord {
     pub fn has_no_processes(&self) -> bool {
         self.paused.as_ref().is_some_and(|p| p.files_only.is_some())
     }
+
+    /// Paused as of `now_ms`, its files in `files_only` if its processes
+    /// are gone (`memory`: with a checkpoint of them). The clock stops
+    /// while paused: a paused sandbox never expires.
+    pub fn set_paused(&mut self, files_only: Option<String>, memory: bool, now_ms: i64) {
+        self.paused = Some(Paused {
+            remaining_ms: (self.end_at_ms - now_ms).max(0),
+            files_only,
+            paused_at_ms: Some(now_ms),
+            memory,
+            in_object_store: false,
+        });
+        self.state = State::Paused;
+        self.end_at_ms = i64::MAX;
+    }
+
+    /// Running again as of `now_ms`, for `lifetime_ms`.
+    pub fn set_running(&mut self, lifetime_ms: i64, now_ms: i64) {
+        self.paused = None;
+        self.state = State::Running;
+        self.end_at_ms = now_ms + lifetime_ms;
+    }
 }
 
 /// A lifetime the caller asked for, if E2B allows it.

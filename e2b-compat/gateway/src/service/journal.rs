@@ -86,15 +86,7 @@ impl Sandboxes {
                     self.thaw(&id).await?;
                 } else if self.has_snapshot(key).await? {
                     // Its processes are gone but its files were kept: paused.
-                    record.paused = Some(crate::model::Paused {
-                        remaining_ms: (record.end_at_ms - now_ms()).max(0),
-                        files_only: Some(key.clone()),
-                        paused_at_ms: Some(now_ms()),
-                        memory: false,
-                        in_object_store: false,
-                    });
-                    record.state = State::Paused;
-                    record.end_at_ms = i64::MAX;
+                    record.set_paused(Some(key.clone()), false, now_ms());
                     self.store.put(&record)?;
                 }
             }
@@ -145,9 +137,7 @@ impl Sandboxes {
     }
 
     fn mark_running(&self, mut record: SandboxRecord, remaining_ms: i64) -> anyhow::Result<()> {
-        record.paused = None;
-        record.state = State::Running;
-        record.end_at_ms = now_ms() + remaining_ms.max(1000);
+        record.set_running(remaining_ms.max(1000), now_ms());
         self.store.put(&record)
     }
 

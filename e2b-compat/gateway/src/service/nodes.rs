@@ -79,7 +79,7 @@ impl Membership {
 
     /// `id`'s row; a node missing from the last read is looked up (it
     /// may have registered since).
-    fn node_record(&self, id: &str) -> anyhow::Result<Option<NodeRecord>> {
+    pub(super) fn node_record(&self, id: &str) -> anyhow::Result<Option<NodeRecord>> {
         match self.node_table()?.iter().find(|n| n.id == id) {
             Some(record) => Ok(Some(record.clone())),
             None => self.nodes.node(id),

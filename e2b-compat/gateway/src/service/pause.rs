@@ -45,20 +45,12 @@ impl Sandboxes {
                 .await?;
                 fault::point("pause:after-freeze");
             }
-            Some(key) => self.stash_files(id, key, ["pause-files:after-snapshot", "pause-files:after-destroy"]).await?,
+            Some(key) => {
+                self.stash_files(id, key, false, ["pause-files:after-snapshot", "pause-files:after-destroy"]).await?;
+            }
         }
-        let now = now_ms();
         let on_files = files.is_some();
-        record.paused = Some(Paused {
-            remaining_ms: (record.end_at_ms - now).max(0),
-            files_only: files,
-            paused_at_ms: Some(now),
-            memory: false,
-            in_object_store: false,
-        });
-        record.state = State::Paused;
-        // The clock stops while paused: a paused sandbox never expires.
-        record.end_at_ms = i64::MAX;
+        record.set_paused(files, false, now_ms());
         self.store.put(&record)?;
         if on_files {
             // In a cluster, its files go to the object store, so it may
@@ -123,9 +115,7 @@ impl Sandboxes {
                 self.reboot_from(record, key, paused.memory, moved).await?
             }
         };
-        record.paused = None;
-        record.state = State::Running;
-        record.end_at_ms = now_ms() + lifetime;
+        record.set_running(lifetime, now_ms());
         self.store.put(&record)?;
         match files {
             None => fault::point("resume:after-record"),
@@ -219,7 +209,7 @@ impl Sandboxes {
     }
 
     async fn restart_from_own_files(&self, mut record: SandboxRecord, key: &str) -> Result<SandboxRecord> {
-        self.stash_files(&record.id, key, ["restart:after-snapshot", "restart:after-destroy"]).await?;
+        self.stash_files(&record.id, key, false, ["restart:after-snapshot", "restart:after-destroy"]).await?;
         // Recorded before the reboot: if that fails, the sandbox stays
         // paused on its files instead of pointing at processes now gone.
         if let Some(paused) = record.paused.as_mut() {
@@ -230,18 +220,37 @@ impl Sandboxes {
     }
 
     /// Keeps the sandbox's files in new substrate snapshot `key` and ends
-    /// its processes; `faults` are the fault points after each step.
-    async fn stash_files(&self, id: &str, key: &str, faults: [&'static str; 2]) -> Result<()> {
+    /// its processes; `memory`: with a checkpoint of them where one can be
+    /// taken (else the files alone). Whether memory was kept; `faults` are
+    /// the fault points after each step.
+    pub(super) async fn stash_files(
+        &self,
+        id: &str,
+        key: &str,
+        memory: bool,
+        faults: [&'static str; 2],
+    ) -> Result<bool> {
         let attached = self.store.get(id).ok().flatten().is_some_and(|r| r.network.is_some());
         let stashed = self
             .blocking({
                 let (id, key) = (id.to_string(), key.to_string());
                 move |s| {
-                    s.snapshot(&id, &key, false)?;
+                    let kept = match memory.then(|| s.snapshot(&id, &key, true)) {
+                        Some(Ok(_)) => true,
+                        Some(Err(e)) => {
+                            tracing::warn!(sandbox_id = %id, "checkpointing its memory failed, keeping its files only: {e:#}");
+                            s.snapshot(&id, &key, false)?;
+                            false
+                        }
+                        None => {
+                            s.snapshot(&id, &key, false)?;
+                            false
+                        }
+                    };
                     fault::point(faults[0]);
                     s.destroy(&id)?;
                     fault::point(faults[1]);
-                    Ok(())
+                    Ok(kept)
                 }
             })
             .await;

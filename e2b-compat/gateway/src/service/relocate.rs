@@ -21,9 +21,7 @@ use tokio::runtime::Handle;
 use super::Sandboxes;
 use super::nodes::Owner;
 use super::quota::Kind;
-use crate::model::{
-    Caller, Change, Paused, Result, SandboxError, SandboxRecord, SnapshotRecord, State, now_ms, snapshot_key,
-};
+use crate::model::{Caller, Change, Paused, Result, SandboxError, SandboxRecord, SnapshotRecord, now_ms, snapshot_key};
 use crate::snapshot_file;
 
 impl Sandboxes {
@@ -79,16 +77,18 @@ impl Sandboxes {
     /// Uploads the files of this node's sandboxes paused on their files
     /// that are not in the object store yet; whether any upload failed.
     pub(super) async fn store_paused(&self, bucket: &std::sync::Arc<Bucket>) -> anyhow::Result<bool> {
-        let pending: Vec<SandboxRecord> = self
+        let pending: Vec<(SandboxRecord, Paused, String)> = self
             .own_records()?
             .into_iter()
             .filter(|r| r.node.is_some())
-            .filter(|r| r.paused.as_ref().is_some_and(|p| p.files_only.is_some() && !p.in_object_store))
+            .filter_map(|r| {
+                let paused = r.paused.clone().filter(|p| !p.in_object_store)?;
+                let key = paused.files_only.clone()?;
+                Some((r, paused, key))
+            })
             .collect();
         let mut failed = false;
-        for record in pending {
-            let Some(paused) = record.paused.clone() else { continue };
-            let Some(key) = paused.files_only.clone() else { continue };
+        for (record, paused, key) in pending {
             let Ok(object) = snapshot_file::paused_object_key(&record.team, &record.id) else { continue };
             let (files, bucket, runtime) = (stand_in(&record, &key, &paused), bucket.clone(), Handle::current());
             let pushed = self.blocking(move |s| snapshot_file::push_under(s, &files, &object, &bucket, &runtime)).await;
@@ -130,7 +130,8 @@ impl Sandboxes {
     /// each of its sandboxes into the object store (see the module's doc).
     pub async fn move_out_if_asked(&self) -> anyhow::Result<()> {
         let Some(membership) = self.node.as_ref().filter(|m| m.objects.is_some()) else { return Ok(()) };
-        let asked = membership.nodes.node(&membership.id)?.is_some_and(|n| n.draining && n.moving_out);
+        // The node table as placement last read it: no query of its own.
+        let asked = membership.node_record(&membership.id)?.is_some_and(|n| n.draining && n.moving_out);
         if !asked {
             return Ok(());
         }
@@ -163,48 +164,19 @@ impl Sandboxes {
                 move |s| s.resume(&id)
             })
             .await?;
-            record.paused = None;
-            record.state = State::Running;
-            record.end_at_ms = now_ms() + frozen.remaining_ms.max(1000);
+            record.set_running(frozen.remaining_ms.max(1000), now_ms());
             self.store.put(&record)?;
         }
         let _place = self.quota.reserve_for(&Caller::team(&record.team), &record.team, Kind::Paused, 1, 0)?;
         let key = snapshot_key();
         let _intent = self.journal(id, Change::Pause { files: Some(key.clone()) })?;
-        let memory = self
-            .blocking({
-                let (id, key) = (id.to_string(), key.clone());
-                move |s| {
-                    let memory = match s.snapshot(&id, &key, true) {
-                        Ok(_) => true,
-                        Err(e) => {
-                            tracing::warn!(sandbox_id = %id, "checkpointing its memory failed, keeping its files only: {e:#}");
-                            s.snapshot(&id, &key, false)?;
-                            false
-                        }
-                    };
-                    s.destroy(&id)?;
-                    Ok(memory)
-                }
-            })
-            .await?;
-        if record.network.is_some() {
-            self.observe_network(false, true);
-        }
+        let memory =
+            self.stash_files(id, &key, true, ["pause-files:after-snapshot", "pause-files:after-destroy"]).await?;
         // Restored processes get a new address wherever they resume.
         if memory {
             self.addresses.release(id);
         }
-        let now = now_ms();
-        record.paused = Some(Paused {
-            remaining_ms: (record.end_at_ms - now).max(0),
-            files_only: Some(key),
-            paused_at_ms: Some(now),
-            memory,
-            in_object_store: false,
-        });
-        record.state = State::Paused;
-        record.end_at_ms = i64::MAX;
+        record.set_paused(Some(key), memory, now_ms());
         self.store.put(&record)?;
         self.upload_soon();
         Ok(memory)
