@@ -186,6 +186,32 @@ def test_https_to_a_rule_host_is_intercepted_for_curl_and_python_and_the_sandbox
         destroy(env, name)
 
 
+def test_https_over_http2_to_a_rule_host_has_every_stream_transformed(env):
+    """A client that picks HTTP/2 (ALPN) is served it by the proxy; each of
+    its streams goes upstream as an HTTP/1.1 request with the rule applied
+    and the Host its :authority named."""
+    value = f"h2-{uuid.uuid4().hex}"
+    name = secret_of(env, value)
+    sbx = create(env, allow_out=["allowed.test"], deny_out=["0.0.0.0/0"], rules=bearer(name))
+    try:
+        sbx.commands.run(ETC_HOSTS, user="root")
+        paths = [f"/{unique('h2')}" for _ in range(2)]
+        # Two transfers on one connection (the second makes no new one).
+        got = sbx.commands.run(
+            "curl -s --http2 -o /dev/null -o /dev/null -w '%{http_version} %{http_code} %{num_connects}\\n' "
+            f"-H 'Authorization: forged' https://allowed.test{paths[0]} https://allowed.test{paths[1]}"
+        ).stdout
+        assert got.split() == ["2", "200", "1", "2", "200", "0"], got
+        for path in paths:
+            (seen,) = requests_to(path)
+            assert seen["headers"].get("Authorization") == f"Bearer {value}", seen
+            assert seen["headers"].get("Host") == "allowed.test", seen
+        assert leaks(sbx, value) == ""
+    finally:
+        sbx.kill()
+        destroy(env, name)
+
+
 # Two requests on ONE connection, with `auto_open` off so http.client
 # cannot quietly reconnect: a second request that met a closed connection
 # fails here instead of being retried.

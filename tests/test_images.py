@@ -4,9 +4,11 @@ sandbox created from it through the SDK; and `Template.build` from such
 images (mirrored and private registries)."""
 
 import ipaddress
+import os
 import shutil
 import subprocess
 import tarfile
+import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 
@@ -89,6 +91,55 @@ def test_an_image_from_a_mirror_becomes_a_template_sandboxes_run_in(gateway, reg
         assert "0 blob(s) downloaded, 3 from the cache" in second.stdout
         assert registry.blob_gets("copse-test/tiny") == fetched
     finally:
+        remove_template(name)
+
+
+BLOBS = DATA_DIR / "images" / "blobs" / "sha256"
+DAY_S = 86_400
+
+
+def aged(path, days: float):
+    """`path`, last written `days` ago."""
+    then = time.time() - days * DAY_S
+    os.utime(path, (then, then))
+    return path
+
+
+@pytest.mark.timeout(300, func_only=True)
+def test_a_pull_removes_the_blobs_no_pull_used_for_a_week_and_keeps_the_ones_it_used(gateway, registry, tmp_path):
+    marker = f"blob-collection-{uuid.uuid4().hex[:8]}"
+    tiny_root(tmp_path / "root", marker)
+    oci_layout(tmp_path / "layout", "1", [layer(tree_members(tmp_path / "root"))])
+    push(tmp_path / "layout", "1", registry, "copse-test/aging")
+    BLOBS.mkdir(parents=True, exist_ok=True)
+    stale = BLOBS / uuid.uuid4().hex.ljust(64, "0")
+    stale.write_bytes(b"a layer nobody pulled for eight days")
+    aged(stale, 8)
+    young = BLOBS / uuid.uuid4().hex.ljust(64, "1")
+    young.write_bytes(b"a layer pulled six days ago")
+    aged(young, 6)
+    leftover = BLOBS / f"{uuid.uuid4().hex.ljust(64, '2')}.partial-99999"
+    leftover.write_bytes(b"half a download")
+    name = f"oci-aging-{uuid.uuid4().hex[:6]}"
+    try:
+        first = copse_pull("docker.io/copse-test/aging:1", name, registry)
+        assert first.returncode == 0, first.stderr
+        assert "2 blob(s) downloaded, 0 from the cache" in first.stdout
+        assert not stale.exists() and not leftover.exists()
+        assert young.exists(), "a blob used within the week stays"
+        # The image's own blobs, unused for eight days, are used again by
+        # the next pull: they stay, stamped as used now.
+        pushed = (tmp_path / "layout" / "blobs" / "sha256").iterdir()
+        own = [BLOBS / p.name for p in pushed if (BLOBS / p.name).exists()]
+        assert len(own) == 2, "the config and the layer"
+        for blob in own:
+            aged(blob, 8)
+        second = copse_pull("docker.io/copse-test/aging:1", name, registry)
+        assert second.returncode == 0, second.stderr
+        assert "0 blob(s) downloaded, 2 from the cache" in second.stdout
+        assert all(time.time() - blob.stat().st_mtime < 3600 for blob in own)
+    finally:
+        young.unlink(missing_ok=True)
         remove_template(name)
 
 

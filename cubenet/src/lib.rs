@@ -20,6 +20,7 @@
 //! Nothing here knows the E2B wire format or the gateway.
 
 pub mod addresses;
+pub mod claim;
 pub mod dns;
 #[cfg(any(target_os = "linux", target_os = "freebsd"))]
 pub mod dns_proxy;

@@ -5,13 +5,37 @@
 //! A blob's file appears only after its whole content matched its digest
 //! (written aside, checked by the client while streaming, then renamed), so
 //! a file under its digest's name is that digest's content.
+//!
+//! Blobs are only read while an image is pulled and unpacked into a
+//! template; after that they save a later pull its download. So the cache
+//! keeps what was used lately: each use stamps the blob's mtime, and
+//! [`collect`] removes blobs unused for longer than it is told. An open
+//! cache holds the cache's lock shared and a collection takes it
+//! exclusively, without waiting: a collection never removes a blob a pull
+//! has found or is writing, and never holds a pull up.
 
+use std::fs::File;
+use std::io::ErrorKind;
 use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
 
 use anyhow::{Context, bail};
 
+const LOCK_FILE: &str = "lock";
+
 pub struct BlobCache {
     dir: PathBuf,
+    /// Shared for as long as the cache is open.
+    _lock: File,
+}
+
+/// What a collection removed.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Collected {
+    pub blobs: usize,
+    pub bytes: u64,
+    /// Downloads a crash or a failure left behind.
+    pub partials: usize,
 }
 
 impl BlobCache {
@@ -21,7 +45,9 @@ impl BlobCache {
         std::fs::create_dir_all(&blobs).with_context(|| format!("creating {}", blobs.display()))?;
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
-        Ok(Self { dir: dir.to_path_buf() })
+        let lock = lock_file(dir)?;
+        lock.lock_shared().with_context(|| format!("locking {}", dir.display()))?;
+        Ok(Self { dir: dir.to_path_buf(), _lock: lock })
     }
 
     /// Where the blob of `digest` lives (whether or not it is there yet).
@@ -31,7 +57,7 @@ impl BlobCache {
         let Some(hex) = digest.strip_prefix("sha256:") else {
             bail!("unsupported digest {digest:?}: only sha256 is accepted");
         };
-        if hex.len() != 64 || !hex.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)) {
+        if !is_hex_digest(hex) {
             bail!("malformed digest {digest:?}");
         }
         Ok(self.dir.join("sha256").join(hex))
@@ -41,6 +67,13 @@ impl BlobCache {
         Ok(self.path(digest)?.is_file())
     }
 
+    /// Marks the blob of `digest` as used now, so a collection keeps it.
+    pub fn touch(&self, digest: &str) -> anyhow::Result<()> {
+        let path = self.path(digest)?;
+        let file = File::options().append(true).open(&path).with_context(|| format!("opening {}", path.display()))?;
+        file.set_modified(SystemTime::now()).with_context(|| format!("stamping {}", path.display()))
+    }
+
     /// A scratch name beside the blob's, for a download in progress.
     pub fn partial(&self, digest: &str) -> anyhow::Result<PathBuf> {
         let path = self.path(digest)?;
@@ -48,9 +81,104 @@ impl BlobCache {
     }
 }
 
+fn lock_file(dir: &Path) -> anyhow::Result<File> {
+    let path = dir.join(LOCK_FILE);
+    File::options()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .with_context(|| format!("opening {}", path.display()))
+}
+
+/// Removes the blobs of the cache in `dir` last used longer than
+/// `unused_for` ago, and every unfinished download. `None` when a pull has
+/// the cache open (the next collection will see to it).
+pub fn collect(dir: &Path, unused_for: Duration) -> anyhow::Result<Option<Collected>> {
+    let blobs = dir.join("sha256");
+    if !blobs.is_dir() {
+        return Ok(Some(Collected::default()));
+    }
+    let lock = lock_file(dir)?;
+    match lock.try_lock() {
+        Ok(()) => {}
+        Err(std::fs::TryLockError::WouldBlock) => return Ok(None),
+        Err(std::fs::TryLockError::Error(e)) => return Err(e).with_context(|| format!("locking {}", dir.display())),
+    }
+    let now = SystemTime::now();
+    let mut collected = Collected::default();
+    for entry in std::fs::read_dir(&blobs).with_context(|| format!("reading {}", blobs.display()))? {
+        let entry = entry?;
+        let name = entry.file_name();
+        let Some(name) = name.to_str() else { continue };
+        // Only what the cache itself names; never followed if a link.
+        let meta = entry.metadata()?;
+        if !meta.file_type().is_file() {
+            continue;
+        }
+        let partial = name.len() > 64 && is_hex_digest(&name[..64]) && name[64..].starts_with(".partial-");
+        let idle = now.duration_since(meta.modified()?).unwrap_or_default();
+        let stale = is_hex_digest(name) && idle > unused_for;
+        if !partial && !stale {
+            continue;
+        }
+        match std::fs::remove_file(entry.path()) {
+            Ok(()) if partial => collected.partials += 1,
+            Ok(()) => {
+                collected.blobs += 1;
+                collected.bytes += meta.len();
+            }
+            Err(e) if e.kind() == ErrorKind::NotFound => {}
+            Err(e) => return Err(e).with_context(|| format!("removing {}", entry.path().display())),
+        }
+    }
+    Ok(Some(collected))
+}
+
+fn is_hex_digest(s: &str) -> bool {
+    s.len() == 64 && s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn blob(cache: &BlobCache, c: char, age: Duration) -> (String, PathBuf) {
+        let digest = format!("sha256:{}", c.to_string().repeat(64));
+        let path = cache.path(&digest).unwrap();
+        std::fs::write(&path, b"layer").unwrap();
+        File::options().append(true).open(&path).unwrap().set_modified(SystemTime::now() - age).unwrap();
+        (digest, path)
+    }
+
+    #[test]
+    fn a_collection_removes_blobs_unused_for_long_and_leftover_downloads_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let day = Duration::from_secs(86_400);
+        let (old, used, fresh, partial, other, linked);
+        {
+            let cache = BlobCache::open(dir.path()).unwrap();
+            old = blob(&cache, 'a', 9 * day).1;
+            let (digest, path) = blob(&cache, 'b', 9 * day);
+            cache.touch(&digest).unwrap();
+            used = path;
+            fresh = blob(&cache, 'c', day).1;
+            partial = cache.partial(&format!("sha256:{}", "d".repeat(64))).unwrap();
+            std::fs::write(&partial, b"half").unwrap();
+            other = dir.path().join("sha256").join("notes.txt");
+            std::fs::write(&other, b"x").unwrap();
+            File::options().append(true).open(&other).unwrap().set_modified(SystemTime::now() - 9 * day).unwrap();
+            linked = dir.path().join("sha256").join("e".repeat(64));
+            std::os::unix::fs::symlink(&other, &linked).unwrap();
+            assert_eq!(collect(dir.path(), 7 * day).unwrap(), None, "an open cache is not collected");
+        }
+        let collected = collect(dir.path(), 7 * day).unwrap().unwrap();
+        assert_eq!(collected, Collected { blobs: 1, bytes: 5, partials: 1 });
+        assert!(!old.exists() && !partial.exists());
+        assert!(used.exists() && fresh.exists() && other.exists(), "used, young and foreign files stay");
+        assert!(linked.symlink_metadata().is_ok(), "a link is neither followed nor removed");
+        assert_eq!(collect(&dir.path().join("never-made"), day).unwrap(), Some(Collected::default()));
+    }
 
     #[test]
     fn only_well_formed_sha256_digests_name_files() {

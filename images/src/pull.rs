@@ -134,6 +134,7 @@ async fn fetch(
 ) -> anyhow::Result<PathBuf> {
     let path = cache.path(&blob.digest)?;
     if cache.has(&blob.digest)? {
+        cache.touch(&blob.digest)?;
         pulled.cached += 1;
         progress(&format!("{what} {} cached", short(&blob.digest)));
         return Ok(path);

@@ -14,9 +14,19 @@
 //! client's next request opens a new connection instead of meeting a closed
 //! one. A refused request is answered (400, 421, 501 or 502, with why) and
 //! the connection closed; CONNECT and upgrades are refused, not spliced.
+//!
+//! Inside intercepted TLS the client may have chosen HTTP/2 (ALPN). Its
+//! streams are served by hyper's HTTP/2 server and go upstream one at a
+//! time as HTTP/1.1 requests, each with a `Host` made from its
+//! `:authority`, as an HTTP/2-to-1.1 intermediary does, so the same check
+//! and rule apply to every stream. HTTP/2 has no `Connection`: a refused
+//! stream is answered alone (the connection's other streams are each
+//! checked anyway), and an upstream that closes ends the client's
+//! connection gracefully (GOAWAY) once the streams in flight are answered.
 
 use std::convert::Infallible;
 use std::net::TcpStream as StdTcpStream;
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -25,14 +35,14 @@ use hyper::body::Incoming;
 use hyper::client::conn::http1::SendRequest;
 use hyper::header::{self, HeaderMap, HeaderValue};
 use hyper::{Request, Response, StatusCode, Version};
-use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 use tokio::runtime::Runtime;
-use tokio::sync::Mutex;
+use tokio::sync::{Mutex, Notify};
 
 use super::intercept::Prefixed;
-use super::rules::{self, Intercept, Misdirected, SecretResolver};
+use super::rules::{self, HostRules, Intercept, Misdirected, SecretResolver};
 
 /// How long a client may take over one request head, idle time on a
 /// kept-alive connection included (hyper's timer starts when it waits for
@@ -41,10 +51,12 @@ use super::rules::{self, Intercept, Misdirected, SecretResolver};
 const HEAD_TIMEOUT: Duration = Duration::from_secs(10);
 
 type Body = Either<Incoming, Full<Bytes>>;
+type Resolve = dyn Fn(&str, &str) -> Option<String> + Send + Sync;
 
-/// A secret resolver as [`serve`] takes it: none yet resolves nothing, so
-/// a request whose rule names a secret is refused, never sent without it.
-pub fn resolver(resolve: Option<&SecretResolver>) -> &dyn Fn(&str, &str) -> Option<String> {
+/// The resolver a request's placeholders are filled by: none yet resolves
+/// nothing, so a request whose rule names a secret is refused, never sent
+/// without it.
+fn resolver(resolve: Option<&SecretResolver>) -> &Resolve {
     fn unresolved(_: &str, _: &str) -> Option<String> {
         None
     }
@@ -69,7 +81,7 @@ where
 {
     let hello = std::mem::take(&mut target.hello);
     block_on_client(runtime, client, hello, |client| async move {
-        serve(client, upstream, &target, resolver(resolve)).await
+        serve(client, ClientProtocol::Http1, upstream, &target, resolve).await
     })
 }
 
@@ -91,58 +103,169 @@ where
     })
 }
 
+/// The protocol the client speaks to the proxy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClientProtocol {
+    Http1,
+    /// Chosen by ALPN inside intercepted TLS.
+    Http2,
+}
+
 /// Serves `client`'s requests to `upstream` until either side closes.
 pub async fn serve<C, U>(
     client: C,
+    protocol: ClientProtocol,
     upstream: U,
     target: &Intercept<'_>,
-    resolve: &dyn Fn(&str, &str) -> Option<String>,
+    resolve: Option<&SecretResolver>,
 ) -> anyhow::Result<()>
 where
-    C: AsyncRead + AsyncWrite + Unpin,
+    C: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     U: AsyncRead + AsyncWrite + Unpin,
 {
     let (sender, connection) = hyper::client::conn::http1::handshake::<_, Incoming>(TokioIo::new(upstream)).await?;
-    let sender = &Mutex::new(sender);
-    let service = hyper::service::service_fn(move |request| async move {
-        Ok::<_, Infallible>(exchange(request, sender, target, resolve).await)
-    });
-    let server = hyper::server::conn::http1::Builder::new()
-        .timer(TokioTimer::new())
-        .header_read_timeout(HEAD_TIMEOUT)
-        // A client that shuts its side after its request still gets the
-        // response, as when the connection was spliced.
-        .half_close(true)
-        .serve_connection(TokioIo::new(client), service);
-    tokio::pin!(server, connection);
-    tokio::select! {
-        served = &mut server => served?,
-        // The upstream is gone; the response in flight still reaches the
-        // client, which was told to close after it.
-        _ = &mut connection => server.await?,
+    tokio::pin!(connection);
+    match protocol {
+        ClientProtocol::Http1 => {
+            let sender = &Mutex::new(sender);
+            let resolve = resolver(resolve);
+            let service = hyper::service::service_fn(move |request| async move {
+                Ok::<_, Infallible>(exchange(request, protocol, sender, target, resolve).await)
+            });
+            let server = hyper::server::conn::http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(HEAD_TIMEOUT)
+                // A client that shuts its side after its request still gets
+                // the response, as when the connection was spliced.
+                .half_close(true)
+                .serve_connection(TokioIo::new(client), service);
+            tokio::pin!(server);
+            tokio::select! {
+                served = &mut server => served?,
+                // The upstream is gone; the response in flight still reaches
+                // the client, which was told to close after it.
+                _ = &mut connection => server.await?,
+            }
+        }
+        ClientProtocol::Http2 => {
+            // hyper runs each stream as a task of its own: what it needs is
+            // owned, not borrowed from this call.
+            let shared = Arc::new(Streams {
+                sender: Mutex::new(sender),
+                name: target.name.clone(),
+                owner: target.owner.to_string(),
+                rules: target.rules.clone(),
+                resolve: resolve.cloned(),
+            });
+            let service = hyper::service::service_fn(move |request| {
+                let shared = shared.clone();
+                async move {
+                    let target = Intercept {
+                        name: shared.name.clone(),
+                        owner: &shared.owner,
+                        rules: &shared.rules,
+                        hello: vec![],
+                    };
+                    let resolve = resolver(shared.resolve.as_ref());
+                    Ok::<_, Infallible>(exchange(request, protocol, &shared.sender, &target, resolve).await)
+                }
+            });
+            let server = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                .timer(TokioTimer::new())
+                .keep_alive_interval(HEAD_TIMEOUT)
+                .serve_connection(TokioIo::new(client), service);
+            tokio::pin!(server);
+            tokio::select! {
+                served = &mut server => served?,
+                _ = &mut connection => {
+                    server.as_mut().graceful_shutdown();
+                    server.await?
+                }
+            }
+        }
     }
     Ok(())
+}
+
+/// Answers `client`'s request with `status` and `why`, then closes: an
+/// intercepted connection whose upstream could not be had. Over HTTP/2,
+/// streams already open get the same answer before the GOAWAY.
+pub async fn refuse<C>(client: C, protocol: ClientProtocol, status: StatusCode, why: &str) -> anyhow::Result<()>
+where
+    C: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let why: Arc<str> = why.into();
+    let answered = Arc::new(Notify::new());
+    let service = {
+        let answered = answered.clone();
+        hyper::service::service_fn(move |_: Request<Incoming>| {
+            answered.notify_one();
+            let response = refusal(status, &why, protocol);
+            async move { Ok::<_, Infallible>(response) }
+        })
+    };
+    match protocol {
+        // The refusal says `Connection: close`: hyper closes after it.
+        ClientProtocol::Http1 => {
+            hyper::server::conn::http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(HEAD_TIMEOUT)
+                .serve_connection(TokioIo::new(client), service)
+                .await?
+        }
+        ClientProtocol::Http2 => {
+            let server = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                .timer(TokioTimer::new())
+                .serve_connection(TokioIo::new(client), service);
+            tokio::pin!(server);
+            tokio::select! {
+                served = &mut server => served?,
+                _ = tokio::time::timeout(HEAD_TIMEOUT, answered.notified()) => {
+                    server.as_mut().graceful_shutdown();
+                    server.await?
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A connection's target and upstream, for its HTTP/2 streams.
+struct Streams {
+    sender: Mutex<SendRequest<Incoming>>,
+    name: Option<String>,
+    owner: String,
+    rules: HostRules,
+    resolve: Option<SecretResolver>,
 }
 
 /// One request: checked, transformed, sent, and its response passed back.
 async fn exchange(
     request: Request<Incoming>,
+    protocol: ClientProtocol,
     sender: &Mutex<SendRequest<Incoming>>,
     target: &Intercept<'_>,
-    resolve: &dyn Fn(&str, &str) -> Option<String>,
+    resolve: &Resolve,
 ) -> Response<Body> {
+    let h2 = protocol == ClientProtocol::Http2;
     let (mut parts, body) = request.into_parts();
+    if h2 {
+        if let Err(why) = host_from_authority(&parts.uri, &mut parts.headers) {
+            return refusal(status(&why), &why.to_string(), protocol);
+        }
+        parts.version = Version::HTTP_11;
+    }
     parts.uri = match rules::addressed(&parts.method, &parts.uri, &parts.headers, target.name.as_deref()) {
         Ok(uri) => uri,
         Err(why) => {
             tracing::info!(name = ?target.name, "egress request refused: {why}");
-            return refusal(status(&why), &why.to_string());
+            return refusal(status(&why), &why.to_string(), protocol);
         }
     };
     let close = closes(parts.version, &parts.headers);
     if let Err(e) = rules::apply(&mut parts.headers, target.rules, target.owner, resolve) {
         tracing::info!(name = ?target.name, "egress request refused: {e}");
-        return refusal(StatusCode::BAD_GATEWAY, &e.to_string());
+        return refusal(StatusCode::BAD_GATEWAY, &e.to_string(), protocol);
     }
     if close {
         parts.headers.insert(header::CONNECTION, HeaderValue::from_static("close"));
@@ -157,17 +280,30 @@ async fn exchange(
             let (mut parts, body) = response.into_parts();
             let upstream_closes = closes(parts.version, &parts.headers);
             rules::strip_hop_by_hop(&mut parts.headers);
-            if upstream_closes || close {
+            if (upstream_closes || close) && !h2 {
                 parts.headers.insert(header::CONNECTION, HeaderValue::from_static("close"));
             }
-            parts.version = Version::HTTP_11;
+            parts.version = if h2 { Version::HTTP_2 } else { Version::HTTP_11 };
             Response::from_parts(parts, Either::Left(body))
         }
         Err(e) => {
             tracing::info!(name = ?target.name, "egress request failed upstream: {e}");
-            refusal(StatusCode::BAD_GATEWAY, &format!("the upstream: {e}"))
+            refusal(StatusCode::BAD_GATEWAY, &format!("the upstream: {e}"), protocol)
         }
     }
+}
+
+/// An HTTP/2 request's `Host`, as HTTP/1.1 carries it: its `:authority`
+/// (RFC 9113 8.3.1). A request that has both keeps its `Host`, which
+/// [`rules::addressed`] then checks against the authority too.
+fn host_from_authority(uri: &hyper::Uri, headers: &mut HeaderMap) -> Result<(), Misdirected> {
+    if headers.contains_key(header::HOST) {
+        return Ok(());
+    }
+    let authority = uri.authority().ok_or(Misdirected::BadHost)?;
+    let value = HeaderValue::from_str(authority.as_str()).map_err(|_| Misdirected::BadHost)?;
+    headers.insert(header::HOST, value);
+    Ok(())
 }
 
 fn status(why: &Misdirected) -> StatusCode {
@@ -191,14 +327,16 @@ fn closes(version: Version, headers: &HeaderMap) -> bool {
     has("close") || (version < Version::HTTP_11 && !has("keep-alive"))
 }
 
-/// The proxy's own answer; the connection closes after it.
-fn refusal(status: StatusCode, why: &str) -> Response<Body> {
+/// The proxy's own answer; an HTTP/1.1 connection closes after it.
+fn refusal(status: StatusCode, why: &str, protocol: ClientProtocol) -> Response<Body> {
     let body = format!("copse egress proxy: {why}\n");
     let mut response = Response::new(Either::Right(Full::new(Bytes::from(body))));
     *response.status_mut() = status;
     let headers = response.headers_mut();
     headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
-    headers.insert(header::CONNECTION, HeaderValue::from_static("close"));
+    if protocol == ClientProtocol::Http1 {
+        headers.insert(header::CONNECTION, HeaderValue::from_static("close"));
+    }
     response
 }
 
@@ -274,7 +412,8 @@ mod tests {
         let serving = async {
             let target =
                 Intercept { name: Some("api.test".into()), owner: &set.owner, rules: &set.hosts[0], hello: vec![] };
-            let _ = serve(proxy_side, to_upstream, &target, &resolve).await;
+            let resolve: SecretResolver = Arc::new(resolve);
+            let _ = serve(proxy_side, ClientProtocol::Http1, to_upstream, &target, Some(&resolve)).await;
         };
         let asking = async {
             let (mut sender, connection) =
@@ -330,6 +469,80 @@ mod tests {
         assert_eq!((answers[0].0, answers[0].1.as_str()), (400, "close"), "{answers:?}");
         assert_eq!(seen.lock().unwrap().len(), 1, "only the first request went upstream");
         assert!(seen_absolute.lock().unwrap().is_empty());
+    }
+
+    /// An HTTP/2 client on `io`, its connection driven in the background.
+    async fn http2_client(io: tokio::io::DuplexStream) -> hyper::client::conn::http2::SendRequest<Full<Bytes>> {
+        let (sender, connection) =
+            hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(io)).await.unwrap();
+        tokio::spawn(connection);
+        sender
+    }
+
+    #[tokio::test]
+    async fn each_http2_stream_gets_the_rule_and_one_for_another_host_is_refused_alone() {
+        let set = rules();
+        let (client, proxy_side) = tokio::io::duplex(64 * 1024);
+        let (to_upstream, seen) = upstream(usize::MAX);
+        let resolve: SecretResolver = Arc::new(resolve);
+        let serving = async {
+            let target =
+                Intercept { name: Some("api.test".into()), owner: &set.owner, rules: &set.hosts[0], hello: vec![] };
+            let _ = serve(proxy_side, ClientProtocol::Http2, to_upstream, &target, Some(&resolve)).await;
+        };
+        let asking = async {
+            let mut sender = http2_client(client).await;
+            let mut answers = Vec::new();
+            for uri in ["https://api.test/one", "https://other.test/two", "https://api.test/three?x=1"] {
+                sender.ready().await.unwrap();
+                let request = Request::post(uri)
+                    .header("authorization", "forged")
+                    .body(Full::new(Bytes::from(format!("body of {uri}"))))
+                    .unwrap();
+                let response = sender.send_request(request).await.unwrap();
+                assert_eq!(response.version(), Version::HTTP_2);
+                assert!(response.headers().get(header::CONNECTION).is_none());
+                let status = response.status().as_u16();
+                let body = response.into_body().collect().await.unwrap().to_bytes();
+                answers.push((status, String::from_utf8_lossy(&body).into_owned()));
+            }
+            answers
+        };
+        let (_, answers) = tokio::join!(serving, asking);
+        assert_eq!(answers[0], (200, "body of https://api.test/one".into()));
+        assert_eq!(answers[1].0, 421, "{answers:?}");
+        assert_eq!(answers[2], (200, "body of https://api.test/three?x=1".into()));
+        let bearer = Some("Bearer s3cr3t".to_string());
+        assert_eq!(*seen.lock().unwrap(), [("/one".into(), bearer.clone()), ("/three?x=1".into(), bearer)]);
+    }
+
+    #[tokio::test]
+    async fn a_refused_connection_gets_its_answer_in_the_clients_protocol() {
+        let (client, proxy_side) = tokio::io::duplex(64 * 1024);
+        let refusing = refuse(proxy_side, ClientProtocol::Http1, StatusCode::BAD_GATEWAY, "no upstream");
+        let asking = async {
+            let (mut sender, connection) =
+                hyper::client::conn::http1::handshake::<_, Full<Bytes>>(TokioIo::new(client)).await.unwrap();
+            tokio::spawn(connection);
+            let response = sender.send_request(Request::get("/").body(Full::default()).unwrap()).await.unwrap();
+            (response.status(), response.headers().get(header::CONNECTION).cloned())
+        };
+        let (_, (status, connection)) = tokio::join!(refusing, asking);
+        assert_eq!((status, connection), (StatusCode::BAD_GATEWAY, Some(HeaderValue::from_static("close"))));
+
+        let (client, proxy_side) = tokio::io::duplex(64 * 1024);
+        let refusing = refuse(proxy_side, ClientProtocol::Http2, StatusCode::GATEWAY_TIMEOUT, "no upstream");
+        let asking = async {
+            let mut sender = http2_client(client).await;
+            let request = Request::get("https://api.test/").body(Full::default()).unwrap();
+            let response = sender.send_request(request).await.unwrap();
+            let body = response.into_body().collect().await.unwrap().to_bytes();
+            String::from_utf8_lossy(&body).into_owned()
+        };
+        // The client may be gone before the GOAWAY: how `refuse` ends is
+        // not what counts, the answer is.
+        let (_, body) = tokio::join!(refusing, asking);
+        assert!(body.contains("no upstream"), "{body}");
     }
 
     #[tokio::test]

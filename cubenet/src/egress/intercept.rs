@@ -11,8 +11,10 @@
 //! ([`super::http`]): every request's `Host` (and an absolute-form target's
 //! authority) must be the SNI name, since a server shared by several names
 //! (a CDN) routes by them and a rule's secret must not reach another name
-//! on it; a request that names another host is answered 421 or 400 and the
-//! connection closed. ALPN offers HTTP/1.1 only, both ways.
+//! on it; a request that names another host is answered 421 or 400 (an
+//! HTTP/1.1 connection is then closed). ALPN offers the sandbox HTTP/2 and HTTP/1.1, and
+//! the upstream HTTP/1.1 only: each of the client's streams goes upstream
+//! as one HTTP/1.1 request ([`super::http`] says how).
 //!
 //! Blocking callers (the proxy's thread per connection) call
 //! [`Interceptor::serve`], which runs the connection on the runtime its upstream lives in.
@@ -26,7 +28,8 @@ use std::task::{Context as TaskContext, Poll};
 use std::time::Duration;
 
 use anyhow::{Context, bail};
-use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
+use hyper::StatusCode;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::runtime::Runtime;
 use tokio::time::timeout;
@@ -37,6 +40,7 @@ use tokio_rustls::rustls::{ClientConfig, RootCertStore, ServerConfig};
 use tokio_rustls::{TlsAcceptor, TlsConnector};
 
 use super::ca::EgressCa;
+use super::http::ClientProtocol;
 use super::rules::{Intercept, SecretResolver};
 
 /// How long each side's TLS handshake may take.
@@ -84,7 +88,7 @@ impl Interceptor {
     {
         let hello = std::mem::take(&mut target.hello);
         super::http::block_on_client(runtime, client, hello, |client| async move {
-            self.intercept(client, upstream, &target, super::http::resolver(resolve)).await
+            self.intercept(client, upstream, &target, resolve).await
         })
     }
 
@@ -93,7 +97,7 @@ impl Interceptor {
         client: Prefixed,
         upstream: U,
         target: &Intercept<'_>,
-        resolve: &dyn Fn(&str, &str) -> Option<String>,
+        resolve: Option<&SecretResolver>,
     ) -> anyhow::Result<()>
     where
         U: AsyncRead + AsyncWrite + Unpin,
@@ -105,25 +109,23 @@ impl Interceptor {
             .with_safe_default_protocol_versions()?
             .with_no_client_auth()
             .with_single_cert(leaf.chain.clone(), leaf.key.clone_key())?;
-        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
         let accept = timeout(HANDSHAKE_TIMEOUT, TlsAcceptor::from(Arc::new(config)).accept(client));
         let connect =
             timeout(HANDSHAKE_TIMEOUT, TlsConnector::from(self.upstream.clone()).connect(server_name, upstream));
         let (client, upstream) = tokio::join!(accept, connect);
-        let mut client =
-            client.context("the client's TLS handshake timed out")?.context("the client's TLS handshake")?;
-        let upstream = match upstream {
-            Ok(Ok(upstream)) => upstream,
-            Ok(Err(e)) => {
-                answer(&mut client, "502 Bad Gateway", &format!("TLS to {name} failed: {e}")).await;
-                bail!("TLS to {name}: {e}");
-            }
-            Err(_) => {
-                answer(&mut client, "504 Gateway Timeout", &format!("TLS to {name} timed out")).await;
-                bail!("TLS to {name} timed out");
-            }
+        let client = client.context("the client's TLS handshake timed out")?.context("the client's TLS handshake")?;
+        let protocol = match client.get_ref().1.alpn_protocol() {
+            Some(b"h2") => ClientProtocol::Http2,
+            _ => ClientProtocol::Http1,
         };
-        super::http::serve(client, upstream, target, resolve).await
+        let (status, why) = match upstream {
+            Ok(Ok(upstream)) => return super::http::serve(client, protocol, upstream, target, resolve).await,
+            Ok(Err(e)) => (StatusCode::BAD_GATEWAY, format!("TLS to {name} failed: {e}")),
+            Err(_) => (StatusCode::GATEWAY_TIMEOUT, format!("TLS to {name} timed out")),
+        };
+        let _ = super::http::refuse(client, protocol, status, &why).await;
+        bail!("{why}")
     }
 }
 
@@ -152,17 +154,6 @@ fn upstream_roots(extra: Option<&Path>) -> anyhow::Result<RootCertStore> {
         anyhow::ensure!(added > 0, "{} holds no certificate", path.display());
     }
     Ok(roots)
-}
-
-/// Answers the client with `status` and closes.
-async fn answer<S: AsyncWrite + Unpin>(client: &mut S, status: &str, why: &str) {
-    let body = format!("copse egress proxy: {why}\n");
-    let response = format!(
-        "HTTP/1.1 {status}\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    );
-    let _ = client.write_all(response.as_bytes()).await;
-    let _ = client.shutdown().await;
 }
 
 /// A stream that first yields bytes already read from it (the ClientHello
@@ -212,7 +203,7 @@ impl AsyncWrite for Prefixed {
 
 #[cfg(test)]
 mod tests {
-    use tokio::io::AsyncReadExt;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     use super::*;
 

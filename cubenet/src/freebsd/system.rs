@@ -4,11 +4,13 @@
 //! redirect to. Compiled for FreeBSD only; **never run on a FreeBSD host
 //! yet**.
 
+use std::path::Path;
 use std::process::Command;
 use std::sync::Arc;
 
 use anyhow::{Context, anyhow};
 
+use crate::claim::{self, BridgeClaim};
 use crate::dns_proxy::DnsProxy;
 use crate::egress::intercept::Interceptor;
 use crate::egress::proxy::EgressProxy;
@@ -38,6 +40,7 @@ impl Runner for System {
 /// same executors, and the same policies by address, as Linux's.
 pub struct HostNetwork {
     network: JailNetwork<System>,
+    _claim: BridgeClaim,
     proxy: EgressProxy,
     /// Kept for its listeners; dropping it stops them.
     _resolver: DnsProxy,
@@ -46,13 +49,15 @@ pub struct HostNetwork {
 /// Opens the host's sandbox network ([`JailNetwork::open`]), starts the
 /// proxy and the resolver on its bridge address (which the open assigned),
 /// and points the anchors' redirects at them; fails if the operator's
-/// pf.conf does not evaluate copse's `rdr-anchor`.
+/// pf.conf does not evaluate copse's `rdr-anchor`, or if another copse
+/// process has the bridge.
 pub fn open(cfg: NetConfig) -> anyhow::Result<HostNetwork> {
+    let claim = claim::claim(Path::new(claim::CLAIMS_DIR), &cfg.bridge)?;
     let network = JailNetwork::open(cfg.clone(), System)?;
     let proxy = EgressProxy::start(cfg.clone(), network.policies())?;
     let resolver = DnsProxy::start(cfg, network.policies())?;
     let network = network.with_redirects(Listeners { proxy: proxy.port(), dns: resolver.port() })?;
-    Ok(HostNetwork { network, proxy, _resolver: resolver })
+    Ok(HostNetwork { network, _claim: claim, proxy, _resolver: resolver })
 }
 
 impl HostNetwork {

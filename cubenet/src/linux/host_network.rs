@@ -9,11 +9,11 @@
 //! ([`super::janitor`]).
 
 use std::collections::HashMap;
-use std::fs::File;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::claim::{self, BridgeClaim};
 use crate::dns::resolve;
 use crate::dns_proxy::DnsProxy;
 use crate::egress::proxy::{EgressProxy, Policies};
@@ -24,7 +24,6 @@ use crate::linux::tools::{ip_batch, nft_apply, nft_table_exists};
 use crate::net::{Attachment, NetConfig, SandboxNetwork};
 use crate::policy::{Policy, ResolvedPolicy};
 use anyhow::{Context, bail};
-use nix::fcntl::{Flock, FlockArg};
 
 struct Attached {
     attachment: Attachment,
@@ -44,38 +43,14 @@ pub struct HostNetwork {
     janitor: Arc<Janitor>,
     proxy: EgressProxy,
     resolver: DnsProxy,
-    _claim: Flock<File>,
-}
-
-/// Where each live network's claim on its bridge is held (`/run` is
-/// emptied at boot, and the kernel drops a dead process's lock).
-const CLAIMS_DIR: &str = "/run/copse/networks";
-
-/// Claims `bridge` for this process until it exits. A second gateway on the
-/// same bridge would rewrite the table for its own sandboxes only (pointing
-/// the redirect at its own proxy) and delete the first one's veths as
-/// strays; it is refused instead.
-fn claim(bridge: &str) -> anyhow::Result<Flock<File>> {
-    std::fs::create_dir_all(CLAIMS_DIR).with_context(|| format!("creating {CLAIMS_DIR}"))?;
-    let path = Path::new(CLAIMS_DIR).join(format!("{bridge}.lock"));
-    let file = File::options()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&path)
-        .with_context(|| format!("opening {}", path.display()))?;
-    Flock::lock(file, FlockArg::LockExclusiveNonblock).map_err(|(_, errno)| {
-        anyhow::anyhow!(
-            "bridge {bridge} is in use by another copse process ({errno}); give this one its own --bridge and --subnet"
-        )
-    })
+    _claim: BridgeClaim,
 }
 
 impl HostNetwork {
     /// Creates the bridge (and an empty table) unless they exist; leaves
     /// existing rules alone until [`Self::reconcile`].
     pub fn open(cfg: NetConfig) -> anyhow::Result<Self> {
-        let claim = claim(&cfg.bridge)?;
+        let claim = claim::claim(Path::new(claim::CLAIMS_DIR), &cfg.bridge)?;
         let bridge = &cfg.bridge;
         if netlink::index_of(bridge).is_err() {
             ip_batch(&format!("link add {bridge} type bridge\n"))?;
@@ -244,19 +219,6 @@ impl HostNetwork {
             && let Err(e) = ip_batch(&stray)
         {
             tracing::warn!("removing stray veths: {e:#}");
-        }
-        Ok(())
-    }
-
-    /// Re-resolves the host names of every policy that has some, and
-    /// applies the ones whose addresses changed.
-    pub fn refresh_hosts(&self, policies: &[(String, Policy)]) -> anyhow::Result<()> {
-        for (id, policy) in policies.iter().filter(|(_, p)| p.has_hosts()) {
-            let resolved = resolve(&self.cfg, policy);
-            let changed = self.lock().get(id).is_some_and(|a| a.policy != resolved || a.wanted != *policy);
-            if changed {
-                self.update(id, policy)?;
-            }
         }
         Ok(())
     }

@@ -30,6 +30,22 @@ pub fn blob_dir(data_dir: &Path) -> PathBuf {
     data_dir.join("images").join("blobs")
 }
 
+/// Blobs no pull has used for this long leave the cache: a pull collects
+/// the cache once it is done.
+pub const BLOBS_UNUSED_FOR: std::time::Duration = std::time::Duration::from_secs(7 * 86_400);
+
+/// Removes the blobs of the cache in `dir` no pull has used lately (see
+/// [`BLOBS_UNUSED_FOR`]); a failure is only logged, as it loses nothing.
+pub fn collect_blobs(dir: &Path) {
+    match copse_images::cache::collect(dir, BLOBS_UNUSED_FOR) {
+        Ok(Some(c)) if c.blobs + c.partials > 0 => {
+            tracing::info!(blobs = c.blobs, bytes = c.bytes, partials = c.partials, "removed unused image blobs");
+        }
+        Ok(_) => {}
+        Err(e) => tracing::warn!("collecting image blobs: {e:#}"),
+    }
+}
+
 /// `docker.io/library/debian:bookworm` → `debian-bookworm`.
 pub fn default_name(reference: &str) -> String {
     let without_digest = reference.split('@').next().unwrap_or(reference);
@@ -70,6 +86,8 @@ pub fn pull_template(
             progress,
         )
         .with_context(|| format!("making template {name} from {}", pulled.reference))?;
+    drop(cache);
+    collect_blobs(&blob_dir(data_dir));
     Ok((info, pulled))
 }
 

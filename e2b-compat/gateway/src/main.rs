@@ -772,7 +772,7 @@ fn main() -> anyhow::Result<()> {
         Command::Secrets { command: SecretsCommand::RotateKey { paths } } => {
             let config = local_config(paths)?;
             let store = server::open_store(&config)?;
-            let resealed = copse_gateway::vault::Vault::open(&config.data_dir)?.rotate(&*store)?;
+            let resealed = copse_gateway::vault::Vault::open(&config.data_dir)?.rotate(&*store, &*store)?;
             println!(
                 "rotated the secrets key in {}: {resealed} value(s) re-sealed",
                 config.data_dir.join(copse_gateway::vault::KEYRING_FILE).display()

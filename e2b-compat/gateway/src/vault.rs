@@ -27,7 +27,7 @@ use base64::engine::general_purpose::STANDARD as BASE64;
 use rand::Rng;
 use ring::aead::{AES_256_GCM, Aad, LessSafeKey, NONCE_LEN, Nonce, UnboundKey};
 
-use crate::model::{SealedValue, SecretRecord, SecretStore, now_ms};
+use crate::model::{SealedValue, SecretRecord, SecretStore, Store, now_ms};
 
 pub const KEYRING_FILE: &str = "secrets.keyring";
 const LOCK_FILE: &str = "secrets.lock";
@@ -114,9 +114,10 @@ impl Vault {
         unseal_with(key, context, sealed)
     }
 
-    /// Re-seals every kept version under a new key and drops the old keys.
-    /// Returns how many values were re-sealed.
-    pub fn rotate(&self, store: &dyn SecretStore) -> anyhow::Result<usize> {
+    /// Re-seals every kept version, and every sandbox's upstream password
+    /// (`store/sealing.rs`, in `sandboxes` as stored), under a new key and
+    /// drops the old keys. Returns how many values were re-sealed.
+    pub fn rotate(&self, store: &dyn SecretStore, sandboxes: &dyn Store) -> anyhow::Result<usize> {
         let _held = self.hold(true)?;
         let mut keys = self.keys()?;
         keys.insert(0, Key::fresh());
@@ -137,6 +138,19 @@ impl Vault {
             }
             record.updated_at_ms = record.updated_at_ms.max(now_ms());
             store.update_secret(&record)?;
+        }
+        for mut record in sandboxes.all()? {
+            let Some(sealed) = record.sealed_upstream_password.as_ref().filter(|s| s.key_id != keys[0].id) else {
+                continue;
+            };
+            let context = crate::store::sealing::seal_context(&record.id);
+            let key = keys.iter().find(|k| k.id == sealed.key_id).with_context(|| {
+                format!("sandbox {}'s egress proxy password: key {} is gone", record.id, sealed.key_id)
+            })?;
+            let plaintext = unseal_with(key, &context, sealed)?;
+            record.sealed_upstream_password = Some(seal_with(&keys[0], &context, &plaintext)?);
+            sandboxes.put(&record)?;
+            resealed += 1;
         }
         keys.truncate(1);
         write_keyring(&self.keyring, &keys)?;
@@ -272,7 +286,7 @@ mod tests {
         store.insert_secret(&record(&vault, "b", &["three"])).unwrap();
         let old_keyring = std::fs::read_to_string(dir.path().join(KEYRING_FILE)).unwrap();
 
-        assert_eq!(vault.rotate(&store).unwrap(), 3);
+        assert_eq!(vault.rotate(&store, &store).unwrap(), 3);
         let keys = vault.keys().unwrap();
         assert_eq!(keys.len(), 1);
         assert!(!old_keyring.contains(&hex(&keys[0].bytes)));
@@ -295,7 +309,7 @@ mod tests {
         write_keyring(&vault.keyring, &keys).unwrap();
         assert_eq!(current_value(&vault, &store.secret("a").unwrap().unwrap()).unwrap(), b"v");
 
-        vault.rotate(&store).unwrap();
+        vault.rotate(&store, &store).unwrap();
         assert_eq!(vault.keys().unwrap().len(), 1);
         assert_eq!(current_value(&vault, &store.secret("a").unwrap().unwrap()).unwrap(), b"v");
     }

@@ -10,7 +10,8 @@
 //! (`tls::cluster`) calls go over mutual TLS to each node's peer listener,
 //! and only that listener honours a mark: on the public one any caller
 //! could write it. A call for a sandbox on a lost node is a 503 that says
-//! so.
+//! so, except describing or killing one paused in the object store, which
+//! any gateway does.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -104,9 +105,12 @@ pub async fn control_plane(State(svc): State<Arc<Sandboxes>>, mut request: Reque
     }
     let forwarded = take_mark(&mut request);
     if let Some(id) = sandbox_in_path(&request) {
-        let owner = match is_resume(&request) {
-            true => svc.owner_for_resume(&id, forwarded),
-            false => svc.owner_of_sandbox(&id),
+        let owner = if is_resume(&request) {
+            svc.owner_for_resume(&id, forwarded)
+        } else if is_describe_or_kill(&request) {
+            svc.owner_for_record_call(&id)
+        } else {
+            svc.owner_of_sandbox(&id)
         };
         return match owner {
             Ok(Owner::Here) => next.run(request).await,
@@ -179,6 +183,14 @@ fn sandbox_in_path(request: &Request) -> Option<String> {
 fn is_resume(request: &Request) -> bool {
     let matched = request.extensions().get::<MatchedPath>().map(MatchedPath::as_str).unwrap_or_default();
     request.method() == axum::http::Method::POST && (matched.ends_with("/connect") || matched.ends_with("/resume"))
+}
+
+/// A call that reads or removes only the sandbox's record (and a paused
+/// sandbox's files in the object store).
+fn is_describe_or_kill(request: &Request) -> bool {
+    let matched = request.extensions().get::<MatchedPath>().map(MatchedPath::as_str);
+    matches!(*request.method(), axum::http::Method::GET | axum::http::Method::DELETE)
+        && matched == Some("/sandboxes/{id}")
 }
 
 fn is_create(request: &Request) -> bool {

@@ -73,6 +73,11 @@ pub struct SandboxRecord {
     /// over TLS. Fixed at create; forks inherit it.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub https_ports: Vec<u16>,
+    /// The password of its `egress_proxy` upstream as the store keeps it,
+    /// sealed (`store/sealing.rs`); the policy's own copy is blank there.
+    /// `None` in a record as read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sealed_upstream_password: Option<super::SealedValue>,
     /// The node whose host holds it, on a shared database (`model::node`);
     /// `None` on a single host, and for records from before nodes.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -238,6 +238,7 @@ impl Sandboxes {
             volume_mounts: request.volumes,
             mask_request_host: request.mask_request_host,
             https_ports: request.https_ports,
+            sealed_upstream_password: None,
             node: self.node().map(str::to_string),
         };
         if let Err(e) = self.hand_over(&record, agent_token.as_deref()).await {

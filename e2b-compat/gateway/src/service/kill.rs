@@ -8,7 +8,13 @@ use crate::telemetry::KillReason;
 
 impl Sandboxes {
     pub async fn kill(&self, caller: &Caller, id: &str) -> Result<()> {
-        self.get(caller, id)?;
+        let record = self.get(caller, id)?;
+        // Routed here from another node only when that node is lost and the
+        // sandbox's files are in the object store: the record is taken over
+        // first, so a resume elsewhere and this kill never both happen.
+        if !self.holds(record.node.as_deref()) {
+            self.claim(record)?;
+        }
         self.end(id, KillReason::Request).await
     }
 

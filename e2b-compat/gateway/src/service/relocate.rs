@@ -40,8 +40,7 @@ impl Sandboxes {
     pub fn place_resume(&self, record: &SandboxRecord, forwarded: bool) -> anyhow::Result<Owner> {
         let owner = self.owner(record.node.as_deref())?;
         let Some(membership) = &self.node else { return Ok(owner) };
-        let movable = record.paused.as_ref().is_some_and(|p| p.files_only.is_some() && p.in_object_store);
-        if !movable || membership.objects.is_none() || self.takes_sandboxes(&owner)? {
+        if !self.movable(record) || self.takes_sandboxes(&owner)? {
             return Ok(owner);
         }
         if forwarded && self.takes_sandboxes(&Owner::Here)? {
@@ -50,21 +49,53 @@ impl Sandboxes {
         Ok(self.place_by_room(membership, &record.template)?.unwrap_or(owner))
     }
 
+    /// Where describing or killing sandbox `id` runs: on its node, except
+    /// for a sandbox whose files are in the object store and whose node is
+    /// lost. Those calls need nothing of that node (the record, and the
+    /// object store for a kill), so any gateway answers them.
+    pub fn owner_for_record_call(&self, id: &str) -> anyhow::Result<Owner> {
+        let Some(record) = self.store.get(id)? else { return Ok(Owner::Here) };
+        Ok(match self.owner(record.node.as_deref())? {
+            Owner::Lost { .. } if self.movable(&record) => Owner::Here,
+            owner => owner,
+        })
+    }
+
+    /// Whether `record` is paused on files that any node of the cluster can
+    /// fetch from the object store.
+    fn movable(&self, record: &SandboxRecord) -> bool {
+        self.objects().is_some() && record.paused.as_ref().is_some_and(|p| p.files_only.is_some() && p.in_object_store)
+    }
+
+    /// Takes paused sandbox `record` over from the node that holds it, as
+    /// long as no other gateway has resumed, moved or killed it meanwhile.
+    pub(super) fn claim(&self, mut record: SandboxRecord) -> Result<SandboxRecord> {
+        let from = record.node.clone();
+        if !self.movable(&record) {
+            return Err(SandboxError::Unavailable(format!(
+                "sandbox {} is on node {}, and its files are not in the object store",
+                record.id,
+                from.as_deref().unwrap_or("-")
+            )));
+        }
+        record.node = self.node().map(str::to_string);
+        if !self.store.swap_paused(&record, from.as_deref())? {
+            return Err(SandboxError::Conflict(format!(
+                "sandbox {} was resumed, moved or killed by another node meanwhile",
+                record.id
+            )));
+        }
+        tracing::info!(sandbox_id = %record.id, from = from.as_deref().unwrap_or("-"), "took over a paused sandbox");
+        Ok(record)
+    }
+
     /// Claims paused sandbox `record` for this node if another holds it,
     /// and fetches its files (substrate snapshot `key`) unless they are
     /// here. The record as claimed, and whether it moved.
     pub(super) async fn bring_here(&self, mut record: SandboxRecord, key: &str) -> Result<(SandboxRecord, bool)> {
         let moved = !self.holds(record.node.as_deref());
         if moved {
-            let from = record.node.clone();
-            record.node = self.node().map(str::to_string);
-            if !self.store.swap_paused(&record, from.as_deref())? {
-                return Err(SandboxError::Conflict(format!(
-                    "sandbox {} was resumed or moved by another node meanwhile",
-                    record.id
-                )));
-            }
-            tracing::info!(sandbox_id = %record.id, from = from.as_deref().unwrap_or("-"), "moving a paused sandbox here");
+            record = self.claim(record)?;
         }
         if let Some(paused) = record.paused.as_ref().filter(|p| p.in_object_store) {
             let files = stand_in(&record, key, paused);

@@ -193,7 +193,9 @@ fn tenant_fixture(quotas: Quotas) -> Fixture {
     let dir = tempfile::tempdir().unwrap();
     let substrate = Arc::new(RecordingSubstrate::default());
     let db = dir.path().join("copse.db");
-    let (store, _) = Indexed::new(Box::new(SqliteStore::open(&db).unwrap()), None).unwrap();
+    let (store, _) =
+        Indexed::new(Box::new(SqliteStore::open(&db).unwrap()), None, crate::vault::Vault::open(dir.path()).unwrap())
+            .unwrap();
     let settings = SqliteStore::open(&db).unwrap();
     settings.put_team(&Team { name: DEFAULTS_ROW.into(), quotas, created_at_ms: 0 }).unwrap();
     let directory = Directory::open(Box::new(settings), ApiKeys::new(["operator-key-0123456789abcdef"]).unwrap());

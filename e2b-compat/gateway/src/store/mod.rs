@@ -3,6 +3,7 @@
 #[cfg(test)]
 mod behaviour;
 mod postgres;
+pub mod sealing;
 mod sqlite;
 mod table;
 #[cfg(test)]

@@ -10,8 +10,10 @@ use std::sync::{Arc, RwLock};
 
 use copse_protocol::signature::{self, Signer};
 
+use super::sealing;
 use super::usage::Usage;
 use crate::model::{KeyRecord, SandboxRecord, SnapshotRecord, Store, Team, TemplateLabels, TemplateRecord};
+use crate::vault::Vault;
 
 /// The sandbox id for each access token's owner.
 #[derive(Default)]
@@ -69,6 +71,8 @@ pub struct Indexed {
     inner: Box<dyn Store>,
     tokens: Arc<AccessTokens>,
     usage: Arc<Usage>,
+    /// Seals the records' upstream passwords (`sealing.rs`).
+    vault: Vault,
 }
 
 impl Indexed {
@@ -76,7 +80,7 @@ impl Indexed {
     /// shared database, this gateway's node; only its records are indexed,
     /// as only its own writes keep the index in step (another node's
     /// sandbox counted here would never be uncounted).
-    pub fn new(inner: Box<dyn Store>, node: Option<&str>) -> anyhow::Result<(Self, Arc<AccessTokens>)> {
+    pub fn new(inner: Box<dyn Store>, node: Option<&str>, vault: Vault) -> anyhow::Result<(Self, Arc<AccessTokens>)> {
         let tokens = Arc::new(AccessTokens::default());
         let usage = Arc::new(Usage::default());
         let here = |of: Option<&str>| node.is_none() || of.is_none() || of == node;
@@ -87,7 +91,7 @@ impl Indexed {
         for snapshot in inner.snapshots()?.into_iter().filter(|s| here(s.node.as_deref())) {
             usage.snapshot(&snapshot);
         }
-        Ok((Self { inner, tokens: tokens.clone(), usage }, tokens))
+        Ok((Self { inner, tokens: tokens.clone(), usage, vault }, tokens))
     }
 
     /// What each team holds, as this store's records say.
@@ -98,14 +102,16 @@ impl Indexed {
 
 impl Store for Indexed {
     fn put(&self, record: &SandboxRecord) -> anyhow::Result<()> {
-        self.inner.put(record)?;
+        let (stored, _held) = sealing::for_storage(&self.vault, record)?;
+        self.inner.put(&stored)?;
         self.tokens.set(&record.id, &record.access_token);
         self.usage.sandbox(record);
         Ok(())
     }
 
     fn swap_paused(&self, record: &SandboxRecord, from_node: Option<&str>) -> anyhow::Result<bool> {
-        let swapped = self.inner.swap_paused(record, from_node)?;
+        let (stored, _held) = sealing::for_storage(&self.vault, record)?;
+        let swapped = self.inner.swap_paused(&stored, from_node)?;
         if swapped {
             self.tokens.set(&record.id, &record.access_token);
             self.usage.sandbox(record);
@@ -114,11 +120,11 @@ impl Store for Indexed {
     }
 
     fn get(&self, id: &str) -> anyhow::Result<Option<SandboxRecord>> {
-        self.inner.get(id)
+        Ok(self.inner.get(id)?.map(|r| sealing::from_storage(&self.vault, r)))
     }
 
     fn all(&self) -> anyhow::Result<Vec<SandboxRecord>> {
-        self.inner.all()
+        Ok(self.inner.all()?.into_iter().map(|r| sealing::from_storage(&self.vault, r)).collect())
     }
 
     fn expired(&self, now_ms: i64) -> anyhow::Result<Vec<String>> {
@@ -126,6 +132,8 @@ impl Store for Indexed {
     }
 
     fn remove(&self, id: &str) -> anyhow::Result<bool> {
+        // A rotation rewrites records it read: none may go meanwhile.
+        let _held = self.vault.writing()?;
         let removed = self.inner.remove(id)?;
         self.tokens.forget(id);
         self.usage.sandbox_gone(id);
@@ -267,7 +275,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let sqlite = SqliteStore::open(&dir.path().join("copse.db")).unwrap();
         sqlite.put(&record("old", "t")).unwrap();
-        let (store, _) = Indexed::new(Box::new(sqlite), None).unwrap();
+        let (store, _) = Indexed::new(Box::new(sqlite), None, Vault::open(dir.path()).unwrap()).unwrap();
         let usage = store.usage();
         let disk = copse_substrate::Limits::default().disk_mb << 20;
         assert_eq!(usage.of("default").running, 1, "records already stored are counted");
@@ -297,7 +305,7 @@ mod tests {
         for (id, node) in [("mine", Some("n1")), ("theirs", Some("n2")), ("older", None)] {
             sqlite.put(&SandboxRecord { node: node.map(String::from), ..record(id, id) }).unwrap();
         }
-        let (store, tokens) = Indexed::new(Box::new(sqlite), Some("n1")).unwrap();
+        let (store, tokens) = Indexed::new(Box::new(sqlite), Some("n1"), Vault::open(dir.path()).unwrap()).unwrap();
         assert_eq!(store.usage().of("default").running, 2, "its own and the record from before nodes");
         assert_eq!(tokens.holder_of("theirs"), None);
         assert_eq!(tokens.holder_of("mine").as_deref(), Some("mine"));
@@ -312,7 +320,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let sqlite = SqliteStore::open(&dir.path().join("copse.db")).unwrap();
         sqlite.put(&record("old", "token-old")).unwrap();
-        let (store, tokens) = Indexed::new(Box::new(sqlite), None).unwrap();
+        let (store, tokens) = Indexed::new(Box::new(sqlite), None, Vault::open(dir.path()).unwrap()).unwrap();
         store.put(&record("new", "token-new")).unwrap();
         for (id, token) in [("old", "token-old"), ("new", "token-new")] {
             let signature = signature::sign("/home/user/a.txt", "read", "user", token, Some(9));

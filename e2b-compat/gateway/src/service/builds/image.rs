@@ -175,6 +175,9 @@ impl Sandboxes {
             });
             logged(import, &mut rx, console).await?;
         }
+        drop(cache);
+        let dir = source.blob_dir.clone();
+        let _ = tokio::task::spawn_blocking(move || crate::images::collect_blobs(&dir)).await;
         Ok((name, pulled.config))
     }
 
