@@ -34,11 +34,16 @@ pub(super) fn for_storage<'a>(
 
 /// `record` as read from the store, its password opened. One that does not
 /// open (a node whose keyring is not the cluster's) is logged and left
-/// blank: the record still serves everything but that upstream's login.
+/// blank, its sealed copy kept in the record so that writing the record
+/// back keeps it: the record still serves everything but that upstream's
+/// login.
 pub(super) fn from_storage(vault: &Vault, mut record: SandboxRecord) -> SandboxRecord {
-    let Some(sealed) = record.sealed_upstream_password.take() else { return record };
-    match vault.unseal(&seal_context(&record.id), &sealed).map(String::from_utf8) {
-        Ok(Ok(password)) => set_upstream_password(&mut record, password),
+    let Some(sealed) = &record.sealed_upstream_password else { return record };
+    match vault.unseal(&seal_context(&record.id), sealed).map(String::from_utf8) {
+        Ok(Ok(password)) => {
+            set_upstream_password(&mut record, password);
+            record.sealed_upstream_password = None;
+        }
         Ok(Err(_)) => tracing::error!(sandbox_id = %record.id, "its egress proxy password is not UTF-8"),
         Err(e) => tracing::error!(sandbox_id = %record.id, "opening its egress proxy password: {e:#}"),
     }
@@ -107,7 +112,11 @@ mod tests {
         let mut swapped = stored.clone();
         swapped.sealed_upstream_password = raw.get("b").unwrap().unwrap().sealed_upstream_password;
         raw.put(&swapped).unwrap();
-        assert_eq!(password(&store.get("a").unwrap().unwrap()), "");
+        let unopened = store.get("a").unwrap().unwrap();
+        assert_eq!(password(&unopened), "");
+        // Written back as read, the sealed copy stays.
+        store.put(&unopened).unwrap();
+        assert_eq!(raw.get("a").unwrap().unwrap().sealed_upstream_password, swapped.sealed_upstream_password);
 
         // A rotation re-seals it; a read after it still opens it.
         store.put(&record("a", "hunter2-socks")).unwrap();
