@@ -66,7 +66,8 @@ impl AccessTokens {
 }
 
 /// A [`Store`] that keeps [`AccessTokens`] and [`Usage`] up to date with
-/// its records.
+/// its records, and seals each record's upstream password on the way in
+/// (`sealing.rs`).
 pub struct Indexed {
     inner: Box<dyn Store>,
     tokens: Arc<AccessTokens>,
