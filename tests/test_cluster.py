@@ -325,15 +325,21 @@ def kill_quietly(sandboxes: list[Sandbox]):
             pass
 
 
+def paused_field(database: str, sandbox_id: str, field: str) -> str:
+    """A field of a sandbox record's `paused`, as the database holds it."""
+    query = f"SELECT record::jsonb -> 'paused' ->> '{field}' FROM sandboxes WHERE id = '{sandbox_id}'"
+    out = subprocess.run(["psql", database, "-tAc", query], check=True, capture_output=True, text=True)
+    return out.stdout.strip()
+
+
 def stored_paused(object_store, database: str, sandbox_id: str, within_s: float = 90) -> bytes:
     """The manifest of a paused sandbox's files in the bucket, once its node
     has uploaded them and marked its record (`service/relocate.rs`)."""
     deadline = time.monotonic() + within_s
-    query = f"SELECT record::jsonb -> 'paused' ->> 'in_object_store' FROM sandboxes WHERE id = '{sandbox_id}'"
     while True:
-        marked = subprocess.run(["psql", database, "-tAc", query], check=True, capture_output=True, text=True)
+        marked = paused_field(database, sandbox_id, "in_object_store")
         manifest = object_store.read(f"paused/default/{sandbox_id}")
-        if manifest is not None and marked.stdout.strip() == "true":
+        if manifest is not None and marked == "true":
             return manifest
         assert time.monotonic() < deadline, f"sandbox {sandbox_id}'s files never reached the object store"
         time.sleep(0.5)

@@ -2558,7 +2558,8 @@ def test_a_forged_manifest_or_odd_key_never_makes_gc_remove_anything_but_unnamed
 
 from postgres_server import database_server, database_url  # noqa: E402,F401
 from test_cluster import cluster_ca, create_on, create_while_stored, drain, node_cert, nodes  # noqa: E402,F401
-from test_cluster import HEARTBEAT_S, LOST_AFTER_S, NODE_TABLE_TTL_S, kill_quietly, node_table, stored_paused  # noqa: E402
+from test_cluster import HEARTBEAT_S, LOST_AFTER_S, NODE_TABLE_TTL_S, kill_quietly, node_table  # noqa: E402
+from test_cluster import paused_field, stored_paused  # noqa: E402
 
 
 def test_a_forged_forwarding_mark_never_lets_a_gateway_act_on_another_nodes_sandbox(nodes, database_url):
@@ -2733,12 +2734,6 @@ def test_a_paused_sandboxs_files_swapped_in_the_bucket_never_resume_as_it(nodes,
         kill_quietly(made)
 
 
-def paused_files_key(database: str, sandbox_id: str) -> str:
-    query = f"SELECT record::jsonb -> 'paused' ->> 'files_only' FROM sandboxes WHERE id = '{sandbox_id}'"
-    out = subprocess.run(["psql", database, "-tAc", query], check=True, capture_output=True, text=True)
-    return out.stdout.strip()
-
-
 def test_a_lost_nodes_paused_sandbox_is_ended_elsewhere_only_by_its_team_and_only_if_stored(
         nodes, database_url, object_store):
     """While a node is lost, another gateway describes and kills a sandbox
@@ -2758,7 +2753,7 @@ def test_a_lost_nodes_paused_sandbox_is_ended_elsewhere_only_by_its_team_and_onl
     try:
         assert stored.pause(mode="filesystem") is True
         stored_paused(object_store, database_url, stored.sandbox_id)
-        key = paused_files_key(database_url, stored.sandbox_id)
+        key = paused_field(database_url, stored.sandbox_id, "files_only")
         assert (one.data_dir / "snapshots" / f"{key}.json").exists()
         one.crash()
         time.sleep(LOST_AFTER_S + 1)

@@ -132,9 +132,7 @@ where
             let service = hyper::service::service_fn(move |request| async move {
                 Ok::<_, Infallible>(exchange(request, protocol, sender, target, resolve).await)
             });
-            let server = hyper::server::conn::http1::Builder::new()
-                .timer(TokioTimer::new())
-                .header_read_timeout(HEAD_TIMEOUT)
+            let server = http1_server()
                 // A client that shuts its side after its request still gets
                 // the response, as when the connection was spliced.
                 .half_close(true)
@@ -170,10 +168,8 @@ where
                     Ok::<_, Infallible>(exchange(request, protocol, &shared.sender, &target, resolve).await)
                 }
             });
-            let server = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
-                .timer(TokioTimer::new())
-                .keep_alive_interval(HEAD_TIMEOUT)
-                .serve_connection(TokioIo::new(client), service);
+            let server =
+                http2_server().keep_alive_interval(HEAD_TIMEOUT).serve_connection(TokioIo::new(client), service);
             tokio::pin!(server);
             tokio::select! {
                 served = &mut server => served?,
@@ -206,17 +202,9 @@ where
     };
     match protocol {
         // The refusal says `Connection: close`: hyper closes after it.
-        ClientProtocol::Http1 => {
-            hyper::server::conn::http1::Builder::new()
-                .timer(TokioTimer::new())
-                .header_read_timeout(HEAD_TIMEOUT)
-                .serve_connection(TokioIo::new(client), service)
-                .await?
-        }
+        ClientProtocol::Http1 => http1_server().serve_connection(TokioIo::new(client), service).await?,
         ClientProtocol::Http2 => {
-            let server = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
-                .timer(TokioTimer::new())
-                .serve_connection(TokioIo::new(client), service);
+            let server = http2_server().serve_connection(TokioIo::new(client), service);
             tokio::pin!(server);
             tokio::select! {
                 served = &mut server => served?,
@@ -228,6 +216,21 @@ where
         }
     }
     Ok(())
+}
+
+/// The sandbox side's HTTP/1.1 server: a head must come within
+/// [`HEAD_TIMEOUT`].
+fn http1_server() -> hyper::server::conn::http1::Builder {
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder.timer(TokioTimer::new()).header_read_timeout(HEAD_TIMEOUT);
+    builder
+}
+
+/// The sandbox side's HTTP/2 server; hyper runs each stream as a task.
+fn http2_server() -> hyper::server::conn::http2::Builder<TokioExecutor> {
+    let mut builder = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
+    builder.timer(TokioTimer::new());
+    builder
 }
 
 /// A connection's target and upstream, for its HTTP/2 streams.
