@@ -2201,6 +2201,33 @@ print(sent, len(held))
 """
 
 
+def test_a_copy_of_the_database_gives_no_socks_password_away_and_a_restart_still_logs_in(gateway, socks_world):
+    """The database never holds the upstream's password in the clear (a
+    copy of it gives nothing away), yet a restarted gateway logs in with it
+    again for the sandboxes it adopts."""
+    import sqlite3
+
+    user, password = socks_world
+    sbx = Sandbox.create(template="base", network={"egress_proxy": socks_proxy(user, password)})
+    try:
+        assert socks_fetch(sbx) == SOCKS_ADDR
+        with sqlite3.connect(DATA_DIR / "copse.db") as db:
+            (stored,) = db.execute("SELECT record FROM sandboxes WHERE id = ?", (sbx.sandbox_id,)).fetchone()
+        assert '"sealed_upstream_password"' in stored and user in stored
+        assert password not in stored
+        for name in ["copse.db", "copse.db-wal"]:
+            if (DATA_DIR / name).exists():
+                assert password.encode() not in (DATA_DIR / name).read_bytes(), name
+        # Killed: the next start adopts the sandbox from its record.
+        gateway.crash()
+        gateway.start()
+        assert socks_fetch(sbx) == SOCKS_ADDR, "the adopted sandbox still goes through the SOCKS server, logged in"
+    finally:
+        if gateway.proc.poll() is not None:
+            gateway.start()
+        sbx.kill()
+
+
 def test_a_dns_flood_from_one_sandbox_does_not_stop_another_resolving(gateway):
     """Queries, oversized datagrams and idle TCP connections as fast as a
     sandbox can send them; another sandbox's queries are still answered
