@@ -7,12 +7,13 @@ drained node takes no new sandboxes. The nodes share an object store
 (SeaweedFS): a snapshot moves through it to a node other than its own."""
 
 import re
+import secrets
 import subprocess
 import threading
 import time
 
 import pytest
-from e2b import Sandbox
+from e2b import RateLimitException, Sandbox
 
 from conftest import API_KEY, BRIDGE, COPSE, DATA_DIR, SUBNET, Gateway, free_port, second_data_dir
 from object_store import object_store  # noqa: F401 (a fixture, used by name)
@@ -58,8 +59,8 @@ class Node(Gateway):
     def id(self) -> str:
         return (self.data_dir / "node-id").read_text().strip()
 
-    def env(self) -> dict:
-        return dict(api_key=API_KEY, api_url=self.url, sandbox_url=self.url)
+    def env(self, api_key: str = API_KEY) -> dict:
+        return dict(api_key=api_key, api_url=self.url, sandbox_url=self.url)
 
     def holds(self, sandbox_id: str) -> bool:
         return (self.data_dir / "sandboxes" / sandbox_id).exists()
@@ -87,11 +88,11 @@ def node_table(database: str) -> dict[str, str]:
     return {m[1]: m[2] for m in re.finditer(r"^([a-z0-9]{20})\s+(\w+)", out, re.M)}
 
 
-def create_after_heartbeat(via: Node) -> Sandbox:
+def create_after_heartbeat(via: Node, api_key: str = API_KEY) -> Sandbox:
     """A create once every node has reported the last one (placement reads
     heartbeats)."""
     time.sleep(HEARTBEAT_S + 1)
-    return Sandbox.create(timeout=300, **via.env())
+    return Sandbox.create(timeout=300, **via.env(api_key))
 
 
 def drain(node: Node, database: str, draining: bool = True):
@@ -99,14 +100,14 @@ def drain(node: Node, database: str, draining: bool = True):
                    check=True)
 
 
-def create_on(target: Node, nodes: list[Node], database: str, via: Node) -> Sandbox:
+def create_on(target: Node, nodes: list[Node], database: str, via: Node, api_key: str = API_KEY) -> Sandbox:
     """A sandbox placed on `target` (the others drained meanwhile), the
     create sent through `via`'s gateway."""
     others = [n for n in nodes if n is not target]
     for node in others:
         drain(node, database)
     try:
-        sbx = create_after_heartbeat(via)
+        sbx = create_after_heartbeat(via, api_key)
     finally:
         for node in others:
             drain(node, database, False)
@@ -332,13 +333,13 @@ def paused_field(database: str, sandbox_id: str, field: str) -> str:
     return out.stdout.strip()
 
 
-def stored_paused(object_store, database: str, sandbox_id: str, within_s: float = 90) -> bytes:
+def stored_paused(object_store, database: str, sandbox_id: str, within_s: float = 90, team: str = "default") -> bytes:
     """The manifest of a paused sandbox's files in the bucket, once its node
     has uploaded them and marked its record (`service/relocate.rs`)."""
     deadline = time.monotonic() + within_s
     while True:
         marked = paused_field(database, sandbox_id, "in_object_store")
-        manifest = object_store.read(f"paused/default/{sandbox_id}")
+        manifest = object_store.read(f"paused/{team}/{sandbox_id}")
         if manifest is not None and marked == "true":
             return manifest
         assert time.monotonic() < deadline, f"sandbox {sandbox_id}'s files never reached the object store"
@@ -373,4 +374,48 @@ def test_a_drain_that_moves_sandboxes_resumes_them_on_another_node(nodes, databa
             assert object_store.read(f"paused/default/{sbx.sandbox_id}") is None, "its files left the bucket"
     finally:
         drain(one, database_url, False)
+        kill_quietly(made)
+
+
+def test_a_sandbox_moved_away_stops_counting_and_leaves_no_files_on_its_old_node(nodes, database_url, object_store):
+    """Once another node takes a paused sandbox over, its old node lets go
+    of it within heartbeats, not at its next restart: the sandbox no longer
+    counts against its team's limits there, and its files there are gone."""
+    one, two = nodes
+
+    def admin(*args) -> str:
+        return subprocess.run([str(COPSE), *args, "--database", database_url],
+                              check=True, capture_output=True, text=True).stdout
+
+    team = f"moved-{secrets.token_hex(4)}"
+    admin("teams", "set", team, "--max-paused", "1")
+    key = admin("keys", "create", "--team", team).strip()
+    made = []
+    try:
+        moved = create_on(one, nodes, database_url, via=two, api_key=key)
+        made.append(moved)
+        assert moved.pause(mode="filesystem") is True
+        files = one.data_dir / "snapshots" / f"{paused_field(database_url, moved.sandbox_id, 'files_only')}.json"
+        assert files.exists(), "node one holds the paused sandbox's files"
+        stored_paused(object_store, database_url, moved.sandbox_id, team=team)
+        drain(one, database_url)
+        try:
+            time.sleep(NODE_TABLE_TTL_S + 0.5)
+            Sandbox.connect(moved.sandbox_id, timeout=120, **one.env(key))
+            assert two.holds(moved.sandbox_id), "resumed on the node that takes sandboxes"
+        finally:
+            drain(one, database_url, False)
+        deadline = time.monotonic() + 5 * HEARTBEAT_S
+        while files.exists():
+            assert time.monotonic() < deadline, "node one kept the files of a sandbox node two took over"
+            time.sleep(0.2)
+        # Its team may keep one paused sandbox: the moved one runs on node
+        # two, so node one must not count it as paused any more.
+        second = create_on(one, nodes, database_url, via=one, api_key=key)
+        made.append(second)
+        try:
+            assert second.pause() is True
+        except RateLimitException as e:
+            raise AssertionError(f"node one still counts the moved sandbox: {e}") from e
+    finally:
         kill_quietly(made)

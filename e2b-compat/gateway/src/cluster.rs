@@ -96,6 +96,7 @@ pub fn spawn_heartbeat(svc: Arc<Sandboxes>) -> tokio::task::JoinHandle<()> {
         let beats = each_beat("heartbeat", || svc.heartbeat());
         // A drain with --move-sandboxes, seen at most a heartbeat late.
         let moves = each_beat("moving sandboxes out", || svc.move_out_if_asked());
+        let releases = each_beat("letting go of sandboxes other nodes took over", || svc.release_moved());
         let uploads = async {
             let mut tick = every();
             // At start: what a previous run left unstored.
@@ -115,7 +116,7 @@ pub fn spawn_heartbeat(svc: Arc<Sandboxes>) -> tokio::task::JoinHandle<()> {
                 });
             }
         };
-        tokio::join!(beats, uploads, moves);
+        tokio::join!(beats, uploads, moves, releases);
     })
 }
 

@@ -29,6 +29,15 @@ pub trait Store: Send + Sync {
     /// How a node claims a paused sandbox from another, or marks one
     /// stored, when another gateway may be doing the same.
     fn swap_paused(&self, record: &SandboxRecord, from_node: Option<&str>) -> anyhow::Result<bool>;
+    /// The sandboxes this gateway indexes as its own (`store::Indexed`),
+    /// each with the substrate snapshot it is paused on; none where
+    /// nothing is indexed.
+    fn indexed(&self) -> Vec<(String, Option<String>)> {
+        Vec::new()
+    }
+    /// Drops sandbox `id` from that index and leaves its record: another
+    /// node took it over.
+    fn unindex(&self, _id: &str) {}
 
     /// Inserts or replaces the snapshot's record (its id is unique within
     /// its team).

@@ -15,6 +15,8 @@
 //! node. Sandboxes with volumes stay (a volume's bytes live on their node).
 //! Frozen sandboxes (paused with memory in place) are thawed first.
 
+use std::collections::HashSet;
+
 use copse_objects::Bucket;
 use tokio::runtime::Handle;
 
@@ -155,6 +157,38 @@ impl Sandboxes {
         if let Err(e) = bucket.delete(&key).await {
             tracing::warn!(sandbox_id = %record.id, "removing a paused sandbox's files from the object store: {e:#}");
         }
+    }
+
+    /// Lets go of what this node still holds of sandboxes another node
+    /// took over (a move, or a kill from elsewhere while this node was
+    /// thought lost): their place in their team's counts, their token,
+    /// their address and their files here. Nothing else would until a
+    /// restart, as only this node's own writes keep its index in step.
+    pub async fn release_moved(&self) -> anyhow::Result<()> {
+        if self.node.is_none() {
+            return Ok(());
+        }
+        // Listed before the records are read, so a sandbox indexed after
+        // that read (a create, a claim) is never judged by it.
+        let indexed = self.store.indexed();
+        if indexed.is_empty() {
+            return Ok(());
+        }
+        let here: HashSet<String> = self.own_records()?.into_iter().map(|r| r.id).collect();
+        for (id, files) in indexed.into_iter().filter(|(id, _)| !here.contains(id)) {
+            let _transition = self.transitions.lock(&id).await;
+            // A connect here may have claimed it back meanwhile.
+            if self.store.get(&id)?.is_some_and(|r| self.holds(r.node.as_deref())) {
+                continue;
+            }
+            self.store.unindex(&id);
+            self.addresses.release(&id);
+            if let Some(key) = files {
+                self.blocking(move |s| s.delete_snapshot(&key)).await?;
+            }
+            tracing::info!(sandbox_id = %id, "let go of a sandbox another node took over");
+        }
+        Ok(())
     }
 
     /// When the operator drained this node with `--move-sandboxes`, pauses

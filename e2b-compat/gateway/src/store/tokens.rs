@@ -120,6 +120,15 @@ impl Store for Indexed {
         Ok(swapped)
     }
 
+    fn indexed(&self) -> Vec<(String, Option<String>)> {
+        self.usage.sandboxes()
+    }
+
+    fn unindex(&self, id: &str) {
+        self.tokens.forget(id);
+        self.usage.sandbox_gone(id);
+    }
+
     fn get(&self, id: &str) -> anyhow::Result<Option<SandboxRecord>> {
         Ok(self.inner.get(id)?.map(|r| sealing::from_storage(&self.vault, r)))
     }
@@ -136,8 +145,7 @@ impl Store for Indexed {
         // A rotation rewrites records it read: none may go meanwhile.
         let _held = self.vault.writing()?;
         let removed = self.inner.remove(id)?;
-        self.tokens.forget(id);
-        self.usage.sandbox_gone(id);
+        self.unindex(id);
         Ok(removed)
     }
 

@@ -21,6 +21,9 @@ struct Held {
     team: String,
     state: State,
     disk_bytes: u64,
+    /// The substrate snapshot it is paused on, if any: this host's files
+    /// of it, which a node lets go of once another takes it over.
+    files: Option<String>,
 }
 
 #[derive(Default)]
@@ -50,8 +53,18 @@ impl Usage {
     }
 
     pub(super) fn sandbox(&self, record: &SandboxRecord) {
-        let held = Held { team: record.team.clone(), state: record.state, disk_bytes: record.limits.disk_mb << 20 };
+        let held = Held {
+            team: record.team.clone(),
+            state: record.state,
+            disk_bytes: record.limits.disk_mb << 20,
+            files: record.paused.as_ref().and_then(|p| p.files_only.clone()),
+        };
         write(&self.sandboxes).insert(record.id.clone(), held);
+    }
+
+    /// Every sandbox counted, with the files it is paused on.
+    pub(super) fn sandboxes(&self) -> Vec<(String, Option<String>)> {
+        read(&self.sandboxes).iter().map(|(id, held)| (id.clone(), held.files.clone())).collect()
     }
 
     pub(super) fn sandbox_gone(&self, id: &str) {
