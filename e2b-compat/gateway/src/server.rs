@@ -136,7 +136,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         .await??;
     }
     let node = membership.as_ref().map(|m| m.id.clone());
-    let (store, access_tokens) = Indexed::new(open_store(&config)?, node.as_deref(), Vault::open(&config.data_dir)?)?;
+    let (store, access_tokens) = Indexed::new(open_store(&config)?, node.as_deref(), vault.clone())?;
     // Its own connection: `data_version` then moves when anyone else,
     // the CLI among them, changes keys or teams.
     let directory = Directory::open(open_store(&config)?, keys.clone())?;

@@ -33,6 +33,8 @@ pub const KEYRING_FILE: &str = "secrets.keyring";
 const LOCK_FILE: &str = "secrets.lock";
 const KEY_LEN: usize = 32;
 
+/// Only paths: every use reads the keyring and takes the lock afresh.
+#[derive(Clone)]
 pub struct Vault {
     keyring: PathBuf,
     lock: PathBuf,
@@ -41,6 +43,20 @@ pub struct Vault {
 struct Key {
     id: String,
     bytes: [u8; KEY_LEN],
+}
+
+/// The keys of the keyring as read once.
+pub struct Keyring(Vec<Key>);
+
+impl Keyring {
+    pub fn unseal(&self, context: &str, sealed: &SealedValue) -> anyhow::Result<Vec<u8>> {
+        let key = self
+            .0
+            .iter()
+            .find(|k| k.id == sealed.key_id)
+            .with_context(|| format!("key {} is not in the secrets keyring", sealed.key_id))?;
+        unseal_with(key, context, sealed)
+    }
 }
 
 /// Held while sealing and storing (shared) or rotating (exclusive).
@@ -106,12 +122,12 @@ impl Vault {
     }
 
     pub fn unseal(&self, context: &str, sealed: &SealedValue) -> anyhow::Result<Vec<u8>> {
-        let keys = self.keys()?;
-        let key = keys
-            .iter()
-            .find(|k| k.id == sealed.key_id)
-            .with_context(|| format!("key {} is not in the secrets keyring", sealed.key_id))?;
-        unseal_with(key, context, sealed)
+        self.keyring()?.unseal(context, sealed)
+    }
+
+    /// The keyring as it is now, to open many values with one read.
+    pub fn keyring(&self) -> anyhow::Result<Keyring> {
+        Ok(Keyring(self.keys()?))
     }
 
     /// Re-seals every kept version, and every sandbox's upstream password

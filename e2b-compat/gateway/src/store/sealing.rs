@@ -8,7 +8,7 @@
 use std::borrow::Cow;
 
 use crate::model::SandboxRecord;
-use crate::vault::{Held, Vault};
+use crate::vault::{Held, Keyring, Vault};
 
 /// The associated data binding a sealed password to its sandbox: a value
 /// copied onto another record does not open.
@@ -37,9 +37,26 @@ pub(super) fn for_storage<'a>(
 /// blank, its sealed copy kept in the record so that writing the record
 /// back keeps it: the record still serves everything but that upstream's
 /// login.
-pub(super) fn from_storage(vault: &Vault, mut record: SandboxRecord) -> SandboxRecord {
+pub(super) fn from_storage(vault: &Vault, record: SandboxRecord) -> SandboxRecord {
+    all_from_storage(vault, vec![record]).pop().expect("one record in, one out")
+}
+
+/// [`from_storage`] of many records, the keyring read once if any needs it.
+pub(super) fn all_from_storage(vault: &Vault, records: Vec<SandboxRecord>) -> Vec<SandboxRecord> {
+    if records.iter().all(|r| r.sealed_upstream_password.is_none()) {
+        return records;
+    }
+    let keyring = vault.keyring();
+    records.into_iter().map(|r| open(&keyring, r)).collect()
+}
+
+fn open(keyring: &anyhow::Result<Keyring>, mut record: SandboxRecord) -> SandboxRecord {
     let Some(sealed) = &record.sealed_upstream_password else { return record };
-    match vault.unseal(&seal_context(&record.id), sealed).map(String::from_utf8) {
+    let opened = match keyring {
+        Ok(keyring) => keyring.unseal(&seal_context(&record.id), sealed),
+        Err(e) => Err(anyhow::anyhow!("{e:#}")),
+    };
+    match opened.map(String::from_utf8) {
         Ok(Ok(password)) => {
             set_upstream_password(&mut record, password);
             record.sealed_upstream_password = None;

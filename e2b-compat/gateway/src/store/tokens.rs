@@ -134,7 +134,7 @@ impl Store for Indexed {
     }
 
     fn all(&self) -> anyhow::Result<Vec<SandboxRecord>> {
-        Ok(self.inner.all()?.into_iter().map(|r| sealing::from_storage(&self.vault, r)).collect())
+        Ok(sealing::all_from_storage(&self.vault, self.inner.all()?))
     }
 
     fn expired(&self, now_ms: i64) -> anyhow::Result<Vec<String>> {
