@@ -12,6 +12,7 @@ import subprocess
 import threading
 import time
 
+import httpx
 import pytest
 from e2b import RateLimitException, Sandbox
 
@@ -419,3 +420,24 @@ def test_a_sandbox_moved_away_stops_counting_and_leaves_no_files_on_its_old_node
             raise AssertionError(f"node one still counts the moved sandbox: {e}") from e
     finally:
         kill_quietly(made)
+
+
+def test_a_signed_link_works_through_the_gateway_of_any_node(nodes, database_url):
+    """A signed `/files` link names no sandbox: the gateway of a node that
+    does not hold its sandbox finds the signer among the other nodes'
+    sandboxes (read from the database when its own index has none) and
+    passes the link on, for a download and an upload alike."""
+    one, two = nodes
+    sbx = create_on(one, nodes, database_url, via=one)
+    try:
+        sbx.files.write("/home/user/linked.txt", "read through node two")
+        elsewhere = Sandbox.connect(sbx.sandbox_id, **two.env())
+        download = elsewhere.download_url("/home/user/linked.txt")
+        assert download.startswith(two.url)
+        assert httpx.get(download, timeout=30).text == "read through node two"
+        upload = elsewhere.upload_url("/home/user/uploaded.txt")
+        response = httpx.post(upload, files={"file": ("f", b"written through node two")}, timeout=30)
+        assert response.status_code == 200, response.text
+        assert sbx.files.read("/home/user/uploaded.txt") == "written through node two"
+    finally:
+        sbx.kill()

@@ -2806,3 +2806,37 @@ def test_a_lost_nodes_paused_sandbox_is_ended_elsewhere_only_by_its_team_and_onl
         if one.proc.poll() is not None:
             one.up()
         kill_quietly([stored, unstored])
+
+
+def test_a_signed_link_sent_to_another_nodes_gateway_is_checked_as_on_its_own(nodes, database_url):
+    """Another node's gateway looks a link's signer up among every node's
+    sandboxes: a link whose path or user was changed after signing, or that
+    expired, is refused there as on the sandbox's own node, and a flood of
+    bogus links (each a miss that may re-read the tokens) is answered 401
+    while the real link keeps working."""
+    one, two = nodes
+    victim = create_on(one, nodes, database_url, via=one)
+    try:
+        victim.files.write("/home/user/secret.txt", "only for the link's holder")
+        elsewhere = Sandbox.connect(victim.sandbox_id, **two.env())
+        real = elsewhere.download_url("/home/user/secret.txt")
+        assert real.startswith(two.url)
+        expired = elsewhere.download_url("/home/user/secret.txt", use_signature_expiration=1)
+        time.sleep(2.1)
+
+        def changed(link: str, **fields) -> str:
+            url = urllib.parse.urlsplit(link)
+            query = dict(urllib.parse.parse_qsl(url.query))
+            query.update(fields)
+            return urllib.parse.urlunsplit(url._replace(query=urllib.parse.urlencode(query)))
+
+        forged = [changed(real, path="/etc/shadow"), changed(real, username="root"), expired]
+        forged += [changed(real, signature=_bogus_signature(i)) for i in range(300)]
+        with httpx.Client(timeout=30) as client:
+            for link in forged:
+                response = client.get(link)
+                assert response.status_code == 401, (link, response.status_code, response.text)
+                assert response.json()["code"] == 401
+            assert client.get(real).text == "only for the link's holder"
+    finally:
+        victim.kill()

@@ -218,7 +218,9 @@ fn signed_link_owner(svc: &Sandboxes, request: &Request) -> Option<Target> {
         return refused();
     }
     let tokens = request.extensions().get::<Arc<AccessTokens>>()?;
-    match tokens.signer_of(&claims.link()).map(|id| svc.get(&Caller::operator(), &id)) {
+    let link = claims.link();
+    let signer = tokens.signer_of(&link).or_else(|| svc.signer_elsewhere(&link));
+    match signer.map(|id| svc.get(&Caller::operator(), &id)) {
         Some(Ok(record)) => Some(Target::Sandbox(Box::new(record), None)),
         _ => refused(),
     }

@@ -18,6 +18,7 @@ mod metrics;
 mod nodes;
 mod objects;
 mod observe;
+mod other_links;
 mod pause;
 mod pools;
 mod quota;

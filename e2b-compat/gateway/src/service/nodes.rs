@@ -40,6 +40,9 @@ pub struct Membership {
     /// Rung when this node takes a snapshot, so its upload starts at once
     /// rather than at the next round.
     pub snapshot_taken: Arc<tokio::sync::Notify>,
+    /// The other nodes' sandboxes' tokens, for signed links
+    /// (`other_links.rs`).
+    pub(super) other_tokens: Arc<super::other_links::OtherTokens>,
 }
 
 /// When the node table was read, and what it held.
@@ -56,6 +59,7 @@ impl Membership {
             recent: Arc::default(),
             objects: None,
             snapshot_taken: Arc::default(),
+            other_tokens: Arc::default(),
         }
     }
 

@@ -53,6 +53,11 @@ impl AccessTokens {
         tokens.iter().find(|(_, t)| signature::equal(t, token)).map(|(id, _)| id.clone())
     }
 
+    /// Holds exactly `tokens` (sandbox id → access token) from now on.
+    pub fn replace(&self, tokens: HashMap<String, String>) {
+        *self.by_sandbox.write().unwrap_or_else(|poisoned| poisoned.into_inner()) = tokens;
+    }
+
     fn set(&self, id: &str, token: &str) {
         let mut tokens = self.by_sandbox.write().unwrap_or_else(|poisoned| poisoned.into_inner());
         if tokens.get(id).is_none_or(|t| t != token) {
