@@ -429,7 +429,7 @@ pub async fn metrics(
 }
 
 /// E2B caps one bulk metrics request at 100 sandboxes.
-const MAX_METRICS_IDS: usize = 100;
+pub const MAX_METRICS_IDS: usize = 100;
 
 /// `GET /sandboxes/metrics?sandbox_ids=a,b`: the newest sample of each
 /// (sandboxes that do not exist or do not run are left out).
@@ -439,16 +439,7 @@ pub async fn many_metrics(
     query: Result<Query<wire::ManyMetricsQuery>, QueryRejection>,
 ) -> ApiResult<Json<wire::SandboxesWithMetrics>> {
     let Query(query) = query.map_err(bad_query)?;
-    let mut ids: Vec<String> = query
-        .sandbox_ids
-        .unwrap_or_default()
-        .split(',')
-        .map(str::trim)
-        .filter(|s| !s.is_empty())
-        .map(String::from)
-        .collect();
-    ids.sort();
-    ids.dedup();
+    let ids = query.ids();
     if ids.is_empty() {
         return Err(ApiError::bad_request("sandbox_ids must name at least one sandbox"));
     }

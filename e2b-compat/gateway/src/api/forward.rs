@@ -98,7 +98,8 @@ pub fn take_mark(request: &mut Request) -> bool {
 
 /// The control plane's part (inside the API-key check, so a create's team
 /// is known): calls naming a sandbox go to its node, creates to the node
-/// placement picks.
+/// placement picks, and metrics of many sandboxes to each of their nodes
+/// (`fan_out.rs`).
 pub async fn control_plane(State(svc): State<Arc<Sandboxes>>, mut request: Request, next: Next) -> Response {
     if svc.node().is_none() {
         return next.run(request).await;
@@ -118,7 +119,13 @@ pub async fn control_plane(State(svc): State<Arc<Sandboxes>>, mut request: Reque
             Err(e) => ApiError::from(SandboxError::from(e)).into_response(),
         };
     }
-    if !is_create(&request) || forwarded {
+    if forwarded {
+        return next.run(request).await;
+    }
+    if super::fan_out::is_many_metrics(&request) {
+        return super::fan_out::many_metrics(&svc, request, next).await;
+    }
+    if !is_create(&request) {
         return next.run(request).await;
     }
     let (parts, body) = request.into_parts();
@@ -199,7 +206,7 @@ fn is_create(request: &Request) -> bool {
 }
 
 /// Passes `request` to `node`'s gateway.
-async fn send(peers: &Peers, from: &str, node: &NodeRecord, mut request: Request) -> Response {
+pub(super) async fn send(peers: &Peers, from: &str, node: &NodeRecord, mut request: Request) -> Response {
     let unreachable = |e: &dyn std::fmt::Display| {
         tracing::warn!(node = %node.id, "forwarding to {}: {e}", node.api_url);
         ApiError::new(StatusCode::BAD_GATEWAY, format!("node {} is not reachable: {e}", node.id)).into_response()

@@ -3,6 +3,7 @@
 
 pub mod control;
 pub mod error;
+mod fan_out;
 pub mod forward;
 pub mod host_routing;
 pub mod proxy;

@@ -331,6 +331,24 @@ pub struct ManyMetricsQuery {
     pub sandbox_ids: Option<String>,
 }
 
+impl ManyMetricsQuery {
+    /// The ids named, sorted, each once.
+    pub fn ids(&self) -> Vec<String> {
+        let mut ids: Vec<String> = self
+            .sandbox_ids
+            .as_deref()
+            .unwrap_or_default()
+            .split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(String::from)
+            .collect();
+        ids.sort();
+        ids.dedup();
+        ids
+    }
+}
+
 /// Reply to `GET /sandboxes/metrics`: the newest sample per sandbox id.
 #[derive(Debug, Serialize)]
 pub struct SandboxesWithMetrics {
