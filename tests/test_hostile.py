@@ -9,6 +9,7 @@ import os
 import pathlib
 import select
 import socket
+import secrets
 import ssl
 import stat
 import subprocess
@@ -20,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
-from conftest import COPSE, DATA_DIR, create_refused, free_port, none_created
+from conftest import API_KEY, COPSE, DATA_DIR, create_refused, free_port, none_created
 from e2b import CommandExitException, InvalidArgumentException, Sandbox, SandboxException, Secret
 
 
@@ -2840,3 +2841,27 @@ def test_a_signed_link_sent_to_another_nodes_gateway_is_checked_as_on_its_own(no
             assert client.get(real).text == "only for the link's holder"
     finally:
         victim.kill()
+
+
+def test_metrics_of_another_teams_sandboxes_on_any_node_give_nothing_away(nodes, database_url):
+    """A key of another team names sandboxes on both nodes in one
+    `GET /sandboxes/metrics`, through either gateway, with and without a
+    forged forwarding mark (hoping a node serves its share without the
+    team check, or skips asking the other): it learns nothing of them."""
+    one, two = nodes
+    made = [create_on(one, nodes, database_url, via=two), create_on(two, nodes, database_url, via=one)]
+    try:
+        stranger = subprocess.run(
+            [str(COPSE), "keys", "create", "--team", f"nosy-{secrets.token_hex(4)}", "--database", database_url],
+            check=True, capture_output=True, text=True).stdout.strip()
+        query = {"sandbox_ids": ",".join(sbx.sandbox_id for sbx in made)}
+        for via, other in [(one, two), (two, one)]:
+            for mark in ({}, {"x-copse-forwarded-by": other.id}):
+                reply = httpx.get(f"{via.url}/sandboxes/metrics", params=query,
+                                  headers={"x-api-key": stranger, **mark}, timeout=60)
+                assert reply.status_code == 200 and reply.json()["sandboxes"] == {}, reply.text
+                own = httpx.get(f"{via.url}/sandboxes/metrics", params=query,
+                                headers={"x-api-key": API_KEY, **mark}, timeout=60)
+                assert sorted(own.json()["sandboxes"]) == sorted(query["sandbox_ids"].split(",")), own.text
+    finally:
+        kill_quietly(made)
