@@ -14,7 +14,7 @@ import time
 
 import httpx
 import pytest
-from e2b import RateLimitException, Sandbox
+from e2b import RateLimitException, Sandbox, Volume
 
 from conftest import API_KEY, BRIDGE, COPSE, DATA_DIR, SUBNET, Gateway, free_port, second_data_dir
 from object_store import object_store  # noqa: F401 (a fixture, used by name)
@@ -458,5 +458,52 @@ def test_metrics_of_many_sandboxes_come_from_every_node_through_either_gateway(n
             sandboxes = reply.json()["sandboxes"]
             assert sorted(sandboxes) == sorted(ids), sandboxes
             assert all(m["memTotal"] > 0 and m["cpuCount"] >= 1 for m in sandboxes.values()), sandboxes
+    finally:
+        kill_quietly(made)
+
+
+def volume_file(via: Node, volume: Volume, path: str) -> httpx.Response:
+    """A file of `volume` read through the content API of `via`'s gateway."""
+    return httpx.get(f"{via.url}/volumecontent/{volume.volume_id}/file", params={"path": path},
+                     headers={"Authorization": f"Bearer {volume.token}"}, timeout=60)
+
+
+def test_a_volume_stays_on_its_node_and_either_gateway_reaches_it(nodes, database_url):
+    """A volume's bytes live on the node that made it: a sandbox mounting it
+    is created there whichever gateway is asked, its content API answers
+    through either gateway, and a delete through the other gateway removes
+    its bytes on its node."""
+    one, two = nodes
+    volume = Volume.create(f"vol-{secrets.token_hex(4)}", api_key=API_KEY, api_url=one.url)
+    on_disk = one.data_dir / "disk" / ".volumes" / volume.volume_id
+    assert on_disk.is_dir()
+    made = []
+    try:
+        drain(one, database_url)
+        try:
+            # Placement by room alone would pick node two now: the volume
+            # decides, and its node takes no new sandboxes.
+            time.sleep(NODE_TABLE_TTL_S + 0.5)
+            with pytest.raises(Exception, match="draining"):
+                Sandbox.create(timeout=60, volume_mounts={"/mnt/data": volume}, **two.env())
+        finally:
+            drain(one, database_url, False)
+        time.sleep(HEARTBEAT_S + 1)
+        sbx = Sandbox.create(timeout=300, volume_mounts={"/mnt/data": volume}, **two.env())
+        made.append(sbx)
+        assert one.holds(sbx.sandbox_id), "created on the volume's node"
+        sbx.files.write("/mnt/data/hello.txt", "written in the sandbox")
+        for via in nodes:
+            assert volume_file(via, volume, "/hello.txt").text == "written in the sandbox"
+        put = httpx.put(f"{two.url}/volumecontent/{volume.volume_id}/file", params={"path": "/up.txt"},
+                        content=b"written through node two",
+                        headers={"Authorization": f"Bearer {volume.token}"}, timeout=60)
+        assert put.status_code < 300, put.text
+        assert sbx.files.read("/mnt/data/up.txt") == "written through node two"
+        sbx.kill()
+        made.clear()
+        assert Volume.destroy(volume.volume_id, api_key=API_KEY, api_url=two.url) is True
+        assert not on_disk.exists(), "deleted on its node"
+        assert volume_file(one, volume, "/hello.txt").status_code == 404
     finally:
         kill_quietly(made)

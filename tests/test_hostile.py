@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 from conftest import API_KEY, COPSE, DATA_DIR, create_refused, free_port, none_created
-from e2b import CommandExitException, InvalidArgumentException, Sandbox, SandboxException, Secret
+from e2b import CommandExitException, InvalidArgumentException, Sandbox, SandboxException, Secret, Volume
 
 
 class HostSocket:
@@ -2865,3 +2865,35 @@ def test_metrics_of_another_teams_sandboxes_on_any_node_give_nothing_away(nodes,
                 assert sorted(own.json()["sandboxes"]) == sorted(query["sandbox_ids"].split(",")), own.text
     finally:
         kill_quietly(made)
+
+
+def test_a_volume_on_another_node_gives_nothing_to_a_wrong_token_and_never_splits_a_sandbox(nodes, database_url):
+    """Through the gateway of the node that does not hold a volume, its
+    content API with a wrong token (with or without a forged forwarding
+    mark) is answered exactly as an unknown volume, without saying where it
+    lives; and a create mounting volumes of two nodes is refused whole,
+    never booting a sandbox that sees one of them empty."""
+    one, two = nodes
+    here = Volume.create(f"vol-{secrets.token_hex(4)}", api_key=API_KEY, api_url=one.url)
+    there = Volume.create(f"vol-{secrets.token_hex(4)}", api_key=API_KEY, api_url=two.url)
+    try:
+        def read(volume_id: str, token: str, **mark) -> httpx.Response:
+            return httpx.get(f"{two.url}/volumecontent/{volume_id}/file", params={"path": "/x"},
+                             headers={"Authorization": f"Bearer {token}", **mark}, timeout=30)
+
+        unknown = read("nosuchvolume00000000", "wrong")
+        assert unknown.status_code == 404
+        for mark in ({}, {"x-copse-forwarded-by": one.id}):
+            answer = read(here.volume_id, "wrong-" + here.token[6:], **mark)
+            assert answer.status_code == 404, answer.text
+            assert answer.json()["message"] == unknown.json()["message"].replace("nosuchvolume00000000",
+                                                                                 here.volume_id)
+            assert one.id not in answer.text
+        before = {s.sandbox_id for s in Sandbox.list(api_key=API_KEY, api_url=one.url).next_items()}
+        with pytest.raises(SandboxException, match="different nodes"):
+            Sandbox.create(timeout=60, volume_mounts={"/mnt/a": here, "/mnt/b": there}, **one.env())
+        after = {s.sandbox_id for s in Sandbox.list(api_key=API_KEY, api_url=one.url).next_items()}
+        assert after == before, "nothing was created"
+    finally:
+        for volume, via in ((here, one), (there, two)):
+            Volume.destroy(volume.volume_id, api_key=API_KEY, api_url=via.url)

@@ -47,6 +47,15 @@ pub fn node_id(data_dir: &Path) -> anyhow::Result<String> {
     }
 }
 
+/// The node id this data dir was given, if it ever joined a shared
+/// database (a CLI beside it, such as a volume import, writes as that node).
+pub fn existing_node_id(data_dir: &Path) -> anyhow::Result<Option<String>> {
+    match data_dir.join(NODE_ID_FILE).exists() {
+        true => node_id(data_dir).map(Some),
+        false => Ok(None),
+    }
+}
+
 /// Where other gateways reach this one: `--advertise`, or the address
 /// they are served on (the peer listener with cluster TLS, else the API
 /// listener) when it names one host. Without cluster TLS only a loopback

@@ -213,7 +213,14 @@ pub fn import(
     if store.volume_named(&team, &name)?.is_some() {
         bail!("team {team} has a volume named {name} already; import under another name with --name");
     }
-    let record = VolumeRecord { id: new_id(), team, name, token: new_token(), created_at_ms: manifest.created_at_ms };
+    let record = VolumeRecord {
+        id: new_id(),
+        team,
+        name,
+        token: new_token(),
+        created_at_ms: manifest.created_at_ms,
+        node: crate::cluster::existing_node_id(data_dir)?,
+    };
     let limit = team_volume_limit(store, &record.team)?;
     let claim = Claim::take(data_dir, &record.id)?;
     if let Err(err) = substrate.create_volume(&record.id, limit) {

@@ -28,8 +28,9 @@ use hyper_util::rt::{TokioExecutor, TokioTimer};
 use tokio_rustls::rustls::ClientConfig;
 
 use super::error::ApiError;
+use super::volume_nodes;
 use crate::model::{NodeRecord, SandboxError};
-use crate::service::{Owner, Sandboxes};
+use crate::service::{Owner, Sandboxes, Volumes};
 use crate::tenancy::Principal;
 
 /// Marks a request one gateway passed to another, naming the sender.
@@ -125,6 +126,17 @@ pub async fn control_plane(State(svc): State<Arc<Sandboxes>>, mut request: Reque
     if super::fan_out::is_many_metrics(&request) {
         return super::fan_out::many_metrics(&svc, request, next).await;
     }
+    let volumes = request.extensions().get::<Arc<Volumes>>().cloned();
+    let caller = request.extensions().get::<Principal>().map(|p| p.caller.clone());
+    if let (Some(volumes), Some(caller)) = (&volumes, &caller)
+        && let Some((id, node)) = volume_nodes::delete_owner(&request, volumes, caller)
+    {
+        return match svc.owner(node.as_deref()) {
+            Ok(Owner::Here) => next.run(request).await,
+            Ok(owner) => to_owner(&svc, owner, &format!("volume {id}"), false, request).await,
+            Err(e) => ApiError::from(SandboxError::from(e)).into_response(),
+        };
+    }
     if !is_create(&request) {
         return next.run(request).await;
     }
@@ -134,14 +146,22 @@ pub async fn control_plane(State(svc): State<Arc<Sandboxes>>, mut request: Reque
         Err(e) => return ApiError::bad_request(format!("reading the request body: {e}")).into_response(),
     };
     // A body that is not the JSON a create takes is the handler's to refuse.
-    let template = serde_json::from_slice::<serde_json::Value>(&body)
-        .ok()
-        .map(|v| v.get("templateID").and_then(|t| t.as_str()).unwrap_or(super::control::DEFAULT_TEMPLATE).to_string());
+    let Ok(create) = serde_json::from_slice::<serde_json::Value>(&body) else {
+        return next.run(Request::from_parts(parts, Body::from(body))).await;
+    };
     let request = Request::from_parts(parts, Body::from(body));
-    let (Some(template), Some(who)) = (template, request.extensions().get::<Principal>()) else {
+    let (Some(volumes), Some(caller)) = (volumes, caller) else {
         return next.run(request).await;
     };
-    match svc.place_create(&who.caller, &template) {
+    let template = create.get("templateID").and_then(|t| t.as_str()).unwrap_or(super::control::DEFAULT_TEMPLATE);
+    // A sandbox mounting volumes runs where they are.
+    match volume_nodes::create_owner(&svc, &volumes, &caller, &create) {
+        Ok(None) => {}
+        Ok(Some(Owner::Here)) => return next.run(request).await,
+        Ok(Some(owner)) => return to_owner(&svc, owner, &format!("template {template}"), false, request).await,
+        Err(e) => return e.into_response(),
+    }
+    match svc.place_create(&caller, template) {
         Ok(Owner::Here) => next.run(request).await,
         Ok(owner) => to_owner(&svc, owner, &format!("template {template}"), false, request).await,
         Err(e) => ApiError::from(e).into_response(),

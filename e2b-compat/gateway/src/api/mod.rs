@@ -11,6 +11,7 @@ pub mod request_span;
 pub mod secrets;
 pub mod templates;
 pub mod volume_content;
+mod volume_nodes;
 pub mod volumes;
 pub mod wire;
 
@@ -72,7 +73,10 @@ pub fn router(
         .route_layer(middleware::from_fn_with_state(svc.clone(), forward::control_plane))
         .route_layer(middleware::from_fn_with_state(gate, require_api_key))
         // The volume's own token is the credential here, not an API key.
-        .merge(volume_content::routes(volumes.clone()))
+        .merge(
+            volume_content::routes(volumes.clone())
+                .route_layer(middleware::from_fn_with_state(svc.clone(), volume_nodes::content)),
+        )
         .merge(templates::upload_routes())
         .layer(middleware::map_response(json_errors))
         .with_state(svc.clone());

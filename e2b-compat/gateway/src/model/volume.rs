@@ -16,6 +16,11 @@ pub struct VolumeRecord {
     /// What the content API demands (`Authorization: Bearer`).
     pub token: String,
     pub created_at_ms: i64,
+    /// The node whose host holds its bytes, on a shared database (`None`
+    /// on a single host): its sandboxes run there and its content API is
+    /// served there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
 }
 
 /// One volume at one path of a sandbox, as its record keeps it.

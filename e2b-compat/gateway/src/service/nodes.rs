@@ -206,7 +206,7 @@ impl Sandboxes {
     }
 
     /// Whether `owner` takes new sandboxes: heard from, not draining.
-    pub(super) fn takes_sandboxes(&self, owner: &Owner) -> anyhow::Result<bool> {
+    pub fn takes_sandboxes(&self, owner: &Owner) -> anyhow::Result<bool> {
         let draining = |id: &str| -> anyhow::Result<bool> {
             let Some(membership) = &self.node else { return Ok(false) };
             Ok(membership.node_record(id)?.is_some_and(|n| n.draining))

@@ -57,6 +57,7 @@ impl Volumes {
             name: name.to_string(),
             token: new_token(),
             created_at_ms: now_ms(),
+            node: self.sandboxes.node().map(str::to_string),
         };
         // The bytes first: a record always names a volume that exists.
         self.substrate.create_volume(&record.id, self.limit_bytes(&record.team)).map_err(refusal)?;
@@ -107,6 +108,26 @@ impl Volumes {
         }
         let location = self.substrate.volume_location(&record.id).map_err(refusal)?;
         Ok(VolumeFiles::new(location.root, location.id_base))
+    }
+
+    /// The node holding volume `id`'s bytes, for a caller presenting the
+    /// volume's `token`; `None` for an unknown volume or a wrong token
+    /// (whichever gateway is asked answers those alike), and for a volume
+    /// from before nodes.
+    pub fn node_for_content(&self, id: &str, token: &str) -> Result<Option<String>> {
+        let record = self.store.volume(id)?.filter(|r| copse_protocol::signature::equal(&r.token, token));
+        Ok(record.and_then(|r| r.node))
+    }
+
+    /// The nodes holding the caller's volumes named `names` (ones it does
+    /// not have are the create's to refuse).
+    pub fn nodes_of(&self, caller: &Caller, names: &[String]) -> Result<std::collections::BTreeSet<String>> {
+        let mut nodes = std::collections::BTreeSet::new();
+        for name in names {
+            let volume = self.store.volume_named(&caller.team, name)?.filter(|r| caller.sees(&r.team));
+            nodes.extend(volume.and_then(|v| v.node));
+        }
+        Ok(nodes)
     }
 
     /// The mounts a sandbox create asks for (`(name, path)` as the SDK

@@ -83,12 +83,14 @@ pub fn a_volume_name_is_taken_once_per_team(db: &dyn Backend) {
         name: "data".into(),
         token: "t".into(),
         created_at_ms: 0,
+        node: Some("n1".into()),
     };
     assert!(store.insert_volume(&volume("a", DEFAULT_TEAM)).unwrap());
     assert!(!db.open().insert_volume(&volume("b", DEFAULT_TEAM)).unwrap(), "taken, whoever asks");
     assert!(store.insert_volume(&volume("c", "acme")).unwrap(), "names are per team");
     assert_eq!(store.volume_named("acme", "data").unwrap().unwrap().id, "c");
     assert_eq!(store.volume("a").unwrap().unwrap().team, DEFAULT_TEAM);
+    assert_eq!(store.volume("a").unwrap().unwrap().node.as_deref(), Some("n1"));
     assert_eq!(store.volumes().unwrap().len(), 2);
     assert!(store.remove_volume("a").unwrap());
     assert!(!store.remove_volume("a").unwrap());

@@ -1,0 +1,97 @@
+//! Volumes on a cluster. A volume's bytes live on the node that made it
+//! (`VolumeRecord::node`), so a sandbox mounting it runs there, its content
+//! API is served there, and deleting it happens there: any gateway passes
+//! those calls on (`forward.rs`). Reading and listing volume records needs
+//! no particular node.
+
+use std::sync::Arc;
+
+use axum::extract::{MatchedPath, Request, State};
+use axum::http::{Method, StatusCode, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+
+use super::error::ApiError;
+use super::forward::{take_mark, to_owner};
+use crate::model::{Caller, SandboxError};
+use crate::service::{Owner, Sandboxes, Volumes};
+
+/// Where a create whose body is `body` must run because of the volumes it
+/// mounts; `None` when it mounts none of the caller's (placement decides,
+/// and the create refuses a volume it does not find).
+pub(super) fn create_owner(
+    svc: &Sandboxes,
+    volumes: &Volumes,
+    caller: &Caller,
+    body: &serde_json::Value,
+) -> Result<Option<Owner>, ApiError> {
+    let names: Vec<String> = body
+        .get("volumeMounts")
+        .and_then(|m| m.as_array())
+        .into_iter()
+        .flatten()
+        .filter_map(|m| m.get("name")?.as_str().map(str::to_string))
+        .collect();
+    if names.is_empty() {
+        return Ok(None);
+    }
+    let nodes: Vec<String> = volumes.nodes_of(caller, &names)?.into_iter().collect();
+    let node = match nodes.as_slice() {
+        [] => return Ok(None),
+        [node] => node.clone(),
+        _ => {
+            return Err(ApiError::bad_request(format!(
+                "the volumes to mount are on different nodes ({}); a sandbox mounts volumes of one node only",
+                nodes.join(", ")
+            )));
+        }
+    };
+    let owner = svc.owner(Some(&node)).map_err(SandboxError::from)?;
+    if !svc.takes_sandboxes(&owner).map_err(SandboxError::from)? && !matches!(owner, Owner::Lost { .. }) {
+        return Err(SandboxError::Unavailable(format!(
+            "its volumes are on node {node}, which is draining and takes no new sandboxes"
+        ))
+        .into());
+    }
+    Ok(Some(owner))
+}
+
+/// Where `DELETE /volumes/{id}` runs: the node holding the volume.
+pub(super) fn delete_owner(request: &Request, volumes: &Volumes, caller: &Caller) -> Option<(String, Option<String>)> {
+    let matched = request.extensions().get::<MatchedPath>()?.as_str();
+    if request.method() != Method::DELETE || matched != "/volumes/{id}" {
+        return None;
+    }
+    let id = request.uri().path().rsplit('/').next()?.to_string();
+    let node = volumes.get(caller, &id).ok()?.node;
+    Some((id, node))
+}
+
+/// The content API's part: a call for a volume another node holds goes to
+/// that node. The token is checked first, so a caller without it learns
+/// nothing, not even which node a volume is on.
+pub async fn content(State(svc): State<Arc<Sandboxes>>, mut request: Request, next: Next) -> Response {
+    if svc.node().is_none() || take_mark(&mut request) {
+        return next.run(request).await;
+    }
+    let id = request.uri().path().split('/').nth(2).unwrap_or_default().to_string();
+    let token = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or_default()
+        .to_string();
+    let Some(volumes) = request.extensions().get::<Arc<Volumes>>().cloned() else {
+        return next.run(request).await;
+    };
+    let node = match volumes.node_for_content(&id, &token) {
+        Ok(node) => node,
+        Err(e) => return ApiError::from(e).into_response(),
+    };
+    match svc.owner(node.as_deref()) {
+        Ok(Owner::Here) => next.run(request).await,
+        Ok(owner) => to_owner(&svc, owner, &format!("volume {id}"), false, request).await,
+        Err(e) => ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, format!("{e:#}")).into_response(),
+    }
+}
