@@ -103,6 +103,23 @@ impl Api {
         Ok((child, create, read))
     }
 
+    /// `POST /sandboxes/{id}/pause` keeping its files only (no memory).
+    pub async fn pause_files(&self, conn: &mut Conn, id: &str) -> anyhow::Result<()> {
+        let path = format!("/sandboxes/{id}/pause");
+        let body = json!({ "memory": false });
+        self.expect(conn, Method::POST, &path, Some(body), StatusCode::NO_CONTENT).await.map(drop)
+    }
+
+    /// `POST /sandboxes/{id}/connect` of a paused sandbox, which resumes
+    /// it: the sandbox with the token its agent now takes.
+    pub async fn resume(&self, conn: &mut Conn, sbx: &Sandbox) -> anyhow::Result<Sandbox> {
+        let path = format!("/sandboxes/{}/connect", sbx.id);
+        let resumed =
+            self.expect(conn, Method::POST, &path, Some(json!({ "timeout": 900 })), StatusCode::CREATED).await?;
+        let token = resumed["envdAccessToken"].as_str().unwrap_or(&sbx.token).to_string();
+        Ok(Sandbox { id: sbx.id.clone(), token })
+    }
+
     pub async fn delete(&self, conn: &mut Conn, id: &str) -> anyhow::Result<()> {
         self.expect(conn, Method::DELETE, &format!("/sandboxes/{id}"), None, StatusCode::NO_CONTENT).await.map(drop)
     }

@@ -13,6 +13,11 @@
 //! from it through node two's gateway while node one is drained: the fetch
 //! and the boot, then a second create that finds the files fetched.
 //!
+//! Then a paused sandbox moving the same way: paused on its files on node
+//! one, uploaded by node one on its own, and resumed (connect) through node
+//! two's gateway while node one is drained: the claim, the fetch and the
+//! boot on node two.
+//!
 //! Last, creates per second at c=50 with 1, 2 and 3 active nodes (the
 //! others drained), all sent through node one's gateway: every sandbox
 //! stays until the burst ends, so placement sees them pile up. The three
@@ -134,6 +139,18 @@ fn main() -> anyhow::Result<()> {
             scenario.counters.insert("dirty_mb".into(), json!(mb));
             scenarios.push(scenario);
         }
+        for &mb in &args.restore_mb {
+            eprintln!("-- paused sandbox moved, {mb} MB: {} samples", args.restore_samples);
+            let mut rows = Vec::new();
+            for sample in 0..args.restore_samples {
+                let moved = Move { apis: &apis, bucket: &bucket, drain: &drain, two_holds: &two_holds };
+                rows.push(rt.block_on(moved.paused_once(mb, sample as u64))?);
+            }
+            let metrics = ["pause_ms", "upload_ms", "resume_ms", "first_read_ms"];
+            let mut scenario = Scenario::from_rows(&format!("paused-move-{mb}mb"), 1, &metrics, &rows);
+            scenario.counters.insert("dirty_mb".into(), json!(mb));
+            scenarios.push(scenario);
+        }
         let holders: Vec<&Path> = nodes.iter().map(|(_, b, _)| b.data_dir.as_path()).collect();
         for active in 1..=nodes.len() {
             for n in 0..nodes.len() {
@@ -201,10 +218,27 @@ fn main() -> anyhow::Result<()> {
             "lazy_fetch": "none: the whole snapshot is fetched before the boot",
             "published_comparison": "CloudFlare's sandbox backup/restore write-up reports a restore of a squashfs image mounted in 2.2 s, on their hardware and network; not comparable beyond order of magnitude",
         },
+        "paused_move": {
+            "scenarios": "paused-move-{N}mb: a sandbox on node one with N MB of incompressible bytes written to /home/user (sizes and samples as cross_node_restore), paused on its files (`memory: false`), resumed through node two's gateway with node one drained",
+            "pause_ms": "the pause call's round trip (the files kept, the sandbox destroyed)",
+            "upload_ms": "from the pause's answer until the paused files' manifest is in the bucket (node one uploads on its own; polled every 20 ms), plus 100 ms for node one to mark the record, which the rig does not read",
+            "resume_ms": "connect through node two's gateway: placement, the claim of the record, the fetch from the bucket (chunks checked against their hashes), the import and the boot under the sandbox's own id",
+            "first_read_ms": "reading a file written before the pause, from the resumed sandbox",
+            "lazy_fetch": "none: the whole of the files is fetched before the boot",
+        },
     });
     let (path, result) = run.write(&args.common.out_dir, params, bins, &scenarios, derived, targets, notes)?;
-    let metrics =
-        ["create_ms", "exec_ms", "total_ms", "snapshot_ms", "upload_ms", "restore_create_ms", "cached_create_ms"];
+    let metrics = [
+        "create_ms",
+        "exec_ms",
+        "total_ms",
+        "snapshot_ms",
+        "upload_ms",
+        "restore_create_ms",
+        "cached_create_ms",
+        "pause_ms",
+        "resume_ms",
+    ];
     for s in &scenarios {
         let line: Vec<String> = metrics
             .iter()
@@ -421,5 +455,63 @@ impl Move<'_> {
         let [create, read, cached] = restored?;
         one.expect(&mut c1, Method::DELETE, &format!("/templates/{snap}"), None, StatusCode::NO_CONTENT).await?;
         Ok([snapshot, upload, create, read, cached])
+    }
+}
+
+impl Move<'_> {
+    /// [pause, upload, resume, first read] in ms, for a paused sandbox
+    /// moved from node one to node two.
+    async fn paused_once(&self, mb: usize, seed: u64) -> anyhow::Result<[f64; 4]> {
+        let [one, two] = self.apis;
+        let (mut c1, mut c2) = (Conn::open(one.addr).await?, Conn::open(two.addr).await?);
+        let source = one.create(&mut c1, "base").await?;
+        if mb > 0 {
+            one.upload(&mut c1, &source, "/home/user/dirty.bin", filler_seeded(mb, ((mb as u64) << 8) + seed + 7))
+                .await?;
+        }
+        one.upload(&mut c1, &source, "/home/user/marker", Bytes::from_static(MARKER)).await?;
+        let t0 = Instant::now();
+        one.pause_files(&mut c1, &source.id).await?;
+        let pause = ms(t0.elapsed());
+        let t1 = Instant::now();
+        let manifest = format!("paused/default/{}", source.id);
+        while !self.bucket.has(&manifest).await? {
+            if t1.elapsed() > Duration::from_secs(600) {
+                bail!("paused sandbox {} was not in the bucket after 10 minutes", source.id);
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        // The record is marked stored right after the upload.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let upload = ms(t1.elapsed());
+        (self.drain)(1, false)?;
+        (self.drain)(0, true)?;
+        tokio::time::sleep(DRAIN_WAIT).await;
+        let moved = async {
+            let t2 = Instant::now();
+            let resumed = two.resume(&mut c2, &source).await?;
+            let resume = ms(t2.elapsed());
+            if !(self.two_holds)(&resumed.id) {
+                bail!("paused sandbox {} did not resume on node two", resumed.id);
+            }
+            let t3 = Instant::now();
+            let body = two.read(&mut c2, &resumed, "/home/user/marker").await?;
+            let read = ms(t3.elapsed());
+            if body.as_ref() != MARKER {
+                bail!(
+                    "sandbox {} read {:?} from its marker after the move",
+                    resumed.id,
+                    String::from_utf8_lossy(&body)
+                );
+            }
+            two.delete(&mut c2, &resumed.id).await?;
+            anyhow::Ok([resume, read])
+        }
+        .await;
+        (self.drain)(0, false)?;
+        (self.drain)(1, true)?;
+        tokio::time::sleep(DRAIN_WAIT).await;
+        let [resume, read] = moved?;
+        Ok([pause, upload, resume, read])
     }
 }
