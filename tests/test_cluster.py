@@ -422,16 +422,27 @@ def test_a_sandbox_moved_away_stops_counting_and_leaves_no_files_on_its_old_node
         kill_quietly(made)
 
 
+def on_one_seen_through_two(nodes, database: str, path: str, content: str) -> tuple[Sandbox, Sandbox]:
+    """A sandbox on node one holding `content` at `path`, and the same
+    sandbox as node two's gateway serves it (its links point there)."""
+    one, two = nodes
+    sbx = create_on(one, nodes, database, via=one)
+    try:
+        sbx.files.write(path, content)
+        return sbx, Sandbox.connect(sbx.sandbox_id, **two.env())
+    except Exception:
+        sbx.kill()
+        raise
+
+
 def test_a_signed_link_works_through_the_gateway_of_any_node(nodes, database_url):
     """A signed `/files` link names no sandbox: the gateway of a node that
     does not hold its sandbox finds the signer among the other nodes'
     sandboxes (read from the database when its own index has none) and
     passes the link on, for a download and an upload alike."""
-    one, two = nodes
-    sbx = create_on(one, nodes, database_url, via=one)
+    two = nodes[1]
+    sbx, elsewhere = on_one_seen_through_two(nodes, database_url, "/home/user/linked.txt", "read through node two")
     try:
-        sbx.files.write("/home/user/linked.txt", "read through node two")
-        elsewhere = Sandbox.connect(sbx.sandbox_id, **two.env())
         download = elsewhere.download_url("/home/user/linked.txt")
         assert download.startswith(two.url)
         assert httpx.get(download, timeout=30).text == "read through node two"

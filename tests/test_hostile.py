@@ -2587,7 +2587,7 @@ def test_a_forged_manifest_or_odd_key_never_makes_gc_remove_anything_but_unnamed
 from postgres_server import database_server, database_url  # noqa: E402,F401
 from test_cluster import cluster_ca, create_on, create_while_stored, drain, node_cert, nodes  # noqa: E402,F401
 from test_cluster import HEARTBEAT_S, LOST_AFTER_S, NODE_TABLE_TTL_S, kill_quietly, node_table  # noqa: E402
-from test_cluster import paused_field, stored_paused  # noqa: E402
+from test_cluster import on_one_seen_through_two, paused_field, stored_paused  # noqa: E402
 
 
 def test_a_forged_forwarding_mark_never_lets_a_gateway_act_on_another_nodes_sandbox(nodes, database_url):
@@ -2815,11 +2815,10 @@ def test_a_signed_link_sent_to_another_nodes_gateway_is_checked_as_on_its_own(no
     expired, is refused there as on the sandbox's own node, and a flood of
     bogus links (each a miss that may re-read the tokens) is answered 401
     while the real link keeps working."""
-    one, two = nodes
-    victim = create_on(one, nodes, database_url, via=one)
+    two = nodes[1]
+    victim, elsewhere = on_one_seen_through_two(nodes, database_url, "/home/user/secret.txt",
+                                                "only for the link's holder")
     try:
-        victim.files.write("/home/user/secret.txt", "only for the link's holder")
-        elsewhere = Sandbox.connect(victim.sandbox_id, **two.env())
         real = elsewhere.download_url("/home/user/secret.txt")
         assert real.startswith(two.url)
         expired = elsewhere.download_url("/home/user/secret.txt", use_signature_expiration=1)
