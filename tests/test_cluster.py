@@ -6,8 +6,11 @@ other's sandboxes, a node that stops heartbeating is reported lost, and a
 drained node takes no new sandboxes. The nodes share an object store
 (SeaweedFS): a snapshot moves through it to a node other than its own."""
 
+import hashlib
+import io
 import re
 import secrets
+import tarfile
 import subprocess
 import threading
 import time
@@ -518,3 +521,60 @@ def test_a_volume_stays_on_its_node_and_either_gateway_reaches_it(nodes, databas
         assert volume_file(one, volume, "/hello.txt").status_code == 404
     finally:
         kill_quietly(made)
+
+
+def test_a_template_build_spread_over_both_gateways_runs_on_the_node_that_took_it(nodes, database_url):
+    """A load balancer may send each call of one `Template.build` to another
+    gateway: the build requested through node one's gateway gets its copy
+    step's upload link, its upload and its start through node two's, and
+    all of it is passed to node one, where the build runs. The template then
+    creates on node one through either gateway, and a delete through node
+    two's gateway removes its image on node one."""
+    one, two = nodes
+    headers = {"X-API-KEY": API_KEY}
+    archive = io.BytesIO()
+    with tarfile.open(fileobj=archive, mode="w:gz") as tar:
+        data = b"copied on node one"
+        info = tarfile.TarInfo("app/hello.txt")
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+    archive = archive.getvalue()
+    name = f"spread-{secrets.token_hex(4)}"
+    requested = httpx.post(f"{one.url}/v3/templates", json={"name": name}, headers=headers, timeout=30)
+    assert requested.status_code == 202, requested.text
+    template_id, build_id = requested.json()["templateID"], requested.json()["buildID"]
+    made = []
+    try:
+        digest = hashlib.sha256(archive).hexdigest()
+        link = httpx.get(f"{two.url}/templates/{template_id}/files/{digest}", headers=headers, timeout=30).json()
+        assert link["url"].startswith(two.url) and not link["present"], link
+        httpx.put(link["url"], content=archive, timeout=30).raise_for_status()
+        copy = {"type": "COPY", "args": ["app", "/home/user/app/", "", ""], "filesHash": digest, "force": False}
+        body = {"fromTemplate": "base", "steps": [copy]}
+        started = httpx.post(f"{two.url}/v2/templates/{template_id}/builds/{build_id}", json=body,
+                             headers=headers, timeout=30)
+        assert started.status_code == 202, started.text
+        deadline = time.monotonic() + 300
+        while (status := httpx.get(f"{two.url}/templates/{template_id}/builds/{build_id}/status",
+                                   headers=headers, timeout=30).json())["status"] not in ("ready", "error"):
+            assert time.monotonic() < deadline, "the build did not finish"
+            time.sleep(0.5)
+        assert status["status"] == "ready", status
+        query = f"SELECT record::jsonb -> 'image' ->> 'snapshot_key' FROM built_templates WHERE id = '{template_id}'"
+        key = subprocess.run(["psql", database_url, "-tAc", query], check=True, capture_output=True,
+                             text=True).stdout.strip()
+        image = one.data_dir / "snapshots" / f"{key}.json"
+        assert key and image.exists(), "the image is on node one"
+        for via in nodes:
+            sbx = Sandbox.create(name, timeout=120, **via.env())
+            made.append(sbx)
+            assert one.holds(sbx.sandbox_id)
+            assert sbx.files.read("/home/user/app/hello.txt") == "copied on node one"
+        kill_quietly(made)
+        made.clear()
+        deleted = httpx.delete(f"{two.url}/templates/{template_id}", headers=headers, timeout=60)
+        assert deleted.status_code == 204, deleted.text
+        assert not image.exists(), "its image left node one"
+    finally:
+        kill_quietly(made)
+        httpx.delete(f"{one.url}/templates/{template_id}", headers=headers, timeout=60)

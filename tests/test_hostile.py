@@ -2896,3 +2896,38 @@ def test_a_volume_on_another_node_gives_nothing_to_a_wrong_token_and_never_split
     finally:
         for volume, via in ((here, one), (there, two)):
             Volume.destroy(volume.volume_id, api_key=API_KEY, api_url=via.url)
+
+
+def test_a_build_on_another_node_takes_no_upload_without_its_token_and_no_call_from_another_team(nodes, database_url):
+    """Through the gateway of the node that does not run a build, an upload
+    with a wrong token is answered as one for an unknown template (nothing
+    is passed on, nothing said of where the build runs), and another team's
+    key can neither get an upload link nor start or delete the build."""
+    one, two = nodes
+    headers = {"X-API-KEY": API_KEY}
+    requested = httpx.post(f"{one.url}/v3/templates", json={"name": f"guarded-{secrets.token_hex(4)}"},
+                           headers=headers, timeout=30)
+    assert requested.status_code == 202, requested.text
+    template_id, build_id = requested.json()["templateID"], requested.json()["buildID"]
+    try:
+        digest = "ab" * 32
+        unknown = httpx.put(f"{two.url}/copse/template-files/nosuchtemplate000000/{digest}?token=x", content=b"x",
+                            timeout=30)
+        forged = httpx.put(f"{two.url}/copse/template-files/{template_id}/{digest}?token=x", content=b"x",
+                           headers={"x-copse-forwarded-by": one.id}, timeout=30)
+        assert forged.status_code == unknown.status_code == 404, (forged.text, unknown.text)
+        assert one.id not in forged.text
+        stranger = {"X-API-KEY": subprocess.run(
+            [str(COPSE), "keys", "create", "--team", f"nosy-{secrets.token_hex(4)}", "--database", database_url],
+            check=True, capture_output=True, text=True).stdout.strip()}
+        link = httpx.get(f"{two.url}/templates/{template_id}/files/{digest}", headers=stranger, timeout=30)
+        started = httpx.post(f"{two.url}/v2/templates/{template_id}/builds/{build_id}",
+                             json={"fromTemplate": "base", "steps": []}, headers=stranger, timeout=30)
+        deleted = httpx.delete(f"{two.url}/templates/{template_id}", headers=stranger, timeout=30)
+        for answer in (link, started, deleted):
+            assert answer.status_code == 404, answer.text
+        status = httpx.get(f"{one.url}/templates/{template_id}/builds/{build_id}/status", headers=headers,
+                           timeout=30).json()
+        assert status["status"] == "waiting", status
+    finally:
+        httpx.delete(f"{one.url}/templates/{template_id}", headers=headers, timeout=60)

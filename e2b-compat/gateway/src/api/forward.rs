@@ -28,7 +28,7 @@ use hyper_util::rt::{TokioExecutor, TokioTimer};
 use tokio_rustls::rustls::ClientConfig;
 
 use super::error::ApiError;
-use super::volume_nodes;
+use super::{template_nodes, volume_nodes};
 use crate::model::{NodeRecord, SandboxError};
 use crate::service::{Owner, Sandboxes, Volumes};
 use crate::tenancy::Principal;
@@ -131,11 +131,12 @@ pub async fn control_plane(State(svc): State<Arc<Sandboxes>>, mut request: Reque
     if let (Some(volumes), Some(caller)) = (&volumes, &caller)
         && let Some((id, node)) = volume_nodes::delete_owner(&request, volumes, caller)
     {
-        return match svc.owner(node.as_deref()) {
-            Ok(Owner::Here) => next.run(request).await,
-            Ok(owner) => to_owner(&svc, owner, &format!("volume {id}"), false, request).await,
-            Err(e) => ApiError::from(SandboxError::from(e)).into_response(),
-        };
+        return where_held(&svc, request, next, &format!("volume {id}"), node.as_deref()).await;
+    }
+    if let Some(caller) = &caller
+        && let Some((id, node)) = template_nodes::build_call_owner(&svc, &request, caller)
+    {
+        return where_held(&svc, request, next, &format!("template {id}"), node.as_deref()).await;
     }
     if !is_create(&request) {
         return next.run(request).await;
@@ -165,6 +166,23 @@ pub async fn control_plane(State(svc): State<Arc<Sandboxes>>, mut request: Reque
         Ok(Owner::Here) => next.run(request).await,
         Ok(owner) => to_owner(&svc, owner, &format!("template {template}"), false, request).await,
         Err(e) => ApiError::from(e).into_response(),
+    }
+}
+
+/// Serves `request` here when what it is about (`what`, for errors) is
+/// held by `node` and that is this node (or no node: from before nodes),
+/// else sends it to `node`.
+pub(super) async fn where_held(
+    svc: &Sandboxes,
+    request: Request,
+    next: Next,
+    what: &str,
+    node: Option<&str>,
+) -> Response {
+    match svc.owner(node) {
+        Ok(Owner::Here) => next.run(request).await,
+        Ok(owner) => to_owner(svc, owner, what, false, request).await,
+        Err(e) => ApiError::from(SandboxError::from(e)).into_response(),
     }
 }
 

@@ -9,6 +9,7 @@ pub mod host_routing;
 pub mod proxy;
 pub mod request_span;
 pub mod secrets;
+mod template_nodes;
 pub mod templates;
 pub mod volume_content;
 mod volume_nodes;
@@ -77,7 +78,9 @@ pub fn router(
             volume_content::routes(volumes.clone())
                 .route_layer(middleware::from_fn_with_state(svc.clone(), volume_nodes::content)),
         )
-        .merge(templates::upload_routes())
+        .merge(
+            templates::upload_routes().route_layer(middleware::from_fn_with_state(svc.clone(), template_nodes::upload)),
+        )
         .layer(middleware::map_response(json_errors))
         .with_state(svc.clone());
     // The data-plane switch runs first: a request meant for a sandbox never

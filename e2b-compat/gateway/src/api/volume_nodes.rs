@@ -7,12 +7,12 @@
 use std::sync::Arc;
 
 use axum::extract::{MatchedPath, Request, State};
-use axum::http::{Method, StatusCode, header};
+use axum::http::{Method, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
 use super::error::ApiError;
-use super::forward::{take_mark, to_owner};
+use super::forward::{take_mark, where_held};
 use crate::model::{Caller, SandboxError};
 use crate::service::{Owner, Sandboxes, Volumes};
 
@@ -89,9 +89,5 @@ pub async fn content(State(svc): State<Arc<Sandboxes>>, mut request: Request, ne
         Ok(node) => node,
         Err(e) => return ApiError::from(e).into_response(),
     };
-    match svc.owner(node.as_deref()) {
-        Ok(Owner::Here) => next.run(request).await,
-        Ok(owner) => to_owner(&svc, owner, &format!("volume {id}"), false, request).await,
-        Err(e) => ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, format!("{e:#}")).into_response(),
-    }
+    where_held(&svc, request, next, &format!("volume {id}"), node.as_deref()).await
 }

@@ -32,6 +32,14 @@ impl Sandboxes {
 
     /// The upload link's `PUT`: the template is named by id and the link's
     /// token stands for the API key the SDK does not send with it.
+    /// The node building template `id`, for an upload presenting its
+    /// `token`; `None` for an unknown template or a wrong token (answered
+    /// alike wherever they arrive), and on a single host.
+    pub fn upload_node(&self, id: &str, token: &str) -> Result<Option<String>> {
+        let record = self.store.template(id)?.filter(|r| copse_protocol::signature::equal(token, &r.upload_token));
+        Ok(record.and_then(|r| r.node))
+    }
+
     pub async fn accept_upload<S, E>(&self, id: &str, hash: &str, token: &str, mut body: S) -> Result<()>
     where
         S: Stream<Item = std::result::Result<Bytes, E>> + Unpin,
