@@ -4,8 +4,10 @@
 //! layers stay there. So the calls that feed or start a build, and a
 //! delete (which removes the image), are passed to that node by whichever
 //! gateway receives them (`forward.rs`), the upload link too: a load
-//! balancer may spread one `Template.build` over several gateways. Status,
-//! logs, lists, tags and aliases read records, which any gateway has.
+//! balancer may spread one `Template.build` over several gateways. A
+//! snapshot deleted as a template (E2B's way) goes to its node the same
+//! way. Status, logs, lists, tags and aliases read records, which any
+//! gateway has.
 
 use std::sync::Arc;
 
@@ -38,7 +40,12 @@ pub(super) fn build_call_owner(
     }
     let at = matched.split('/').position(|segment| segment == "{id}")?;
     let id = request.uri().path().split('/').nth(at)?.to_string();
-    let node = svc.built_template(caller, &id).ok()?.node;
+    let node = match svc.built_template(caller, &id) {
+        Ok(built) => built.node,
+        // E2B deletes a snapshot as a template: its files are on its node.
+        Err(_) if request.method() == Method::DELETE => svc.snapshot_node(caller, &id)?,
+        Err(_) => return None,
+    };
     Some((id, node))
 }
 

@@ -206,6 +206,12 @@ impl Sandboxes {
 
     /// The caller's own snapshot `id`; an admin's, else the first of that
     /// id in any team.
+    /// The node holding the files of the caller's snapshot `id`; `None`
+    /// when it is no snapshot of the caller's.
+    pub fn snapshot_node(&self, caller: &Caller, id: &str) -> Option<Option<String>> {
+        self.snapshot(caller, id).ok().map(|s| s.node)
+    }
+
     pub(super) fn snapshot(&self, caller: &Caller, id: &str) -> Result<SnapshotRecord> {
         if let Some(own) = self.store.snapshot(&caller.team, id)? {
             return Ok(own);
