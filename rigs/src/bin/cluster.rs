@@ -412,32 +412,52 @@ struct Move<'a> {
 }
 
 impl Move<'_> {
+    /// A sandbox on node one with `mb` MB of bytes no other sample wrote
+    /// (`salt`), and the marker file.
+    async fn filled_source(&self, c1: &mut Conn, mb: usize, salt: u64) -> anyhow::Result<copse_rigs::api::Sandbox> {
+        let one = &self.apis[0];
+        let source = one.create(c1, "base").await?;
+        if mb > 0 {
+            one.upload(c1, &source, "/home/user/dirty.bin", filler_seeded(mb, ((mb as u64) << 8) + salt)).await?;
+        }
+        one.upload(c1, &source, "/home/user/marker", Bytes::from_static(MARKER)).await?;
+        Ok(source)
+    }
+
+    /// Polls until `key` is in the bucket (`what` names it for the error).
+    async fn wait_in_bucket(&self, key: &str, what: &str) -> anyhow::Result<()> {
+        let start = Instant::now();
+        while !self.bucket.has(key).await? {
+            if start.elapsed() > Duration::from_secs(600) {
+                bail!("{what} was not in the bucket after 10 minutes");
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        Ok(())
+    }
+
+    /// Makes node `n` (0 or 1) the one that takes sandboxes, the other
+    /// drained, and waits until gateways see it.
+    async fn place_on(&self, n: usize) -> anyhow::Result<()> {
+        (self.drain)(n, false)?;
+        (self.drain)(1 - n, true)?;
+        tokio::time::sleep(DRAIN_WAIT).await;
+        Ok(())
+    }
+
     /// [snapshot, upload, restore create, first read, cached create] in ms.
     async fn once(&self, mb: usize, seed: u64) -> anyhow::Result<[f64; 5]> {
         let [one, two] = self.apis;
         let (mut c1, mut c2) = (Conn::open(one.addr).await?, Conn::open(two.addr).await?);
-        let source = one.create(&mut c1, "base").await?;
-        if mb > 0 {
-            one.upload(&mut c1, &source, "/home/user/dirty.bin", filler_seeded(mb, ((mb as u64) << 8) + seed + 1))
-                .await?;
-        }
-        one.upload(&mut c1, &source, "/home/user/marker", Bytes::from_static(MARKER)).await?;
+        let source = self.filled_source(&mut c1, mb, seed + 1).await?;
         let t0 = Instant::now();
         let snap = one.snapshot(&mut c1, &source.id).await?;
         let snapshot = ms(t0.elapsed());
         let t1 = Instant::now();
-        let manifest = format!("snapshots/default/{snap}");
-        while !self.bucket.has(&manifest).await? {
-            if t1.elapsed() > Duration::from_secs(600) {
-                bail!("snapshot {snap} was not in the bucket after 10 minutes");
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        self.wait_in_bucket(&format!("snapshots/default/{snap}"), &format!("snapshot {snap}")).await?;
         let upload = ms(t1.elapsed());
         one.delete(&mut c1, &source.id).await?;
-        (self.drain)(1, false)?;
-        (self.drain)(0, true)?;
-        tokio::time::sleep(DRAIN_WAIT).await;
+        self.place_on(1).await?;
         let restored = async {
             let (moved, create, read) = two.create_and_read_marker(&mut c2, &snap, MARKER).await?;
             if !(self.two_holds)(&moved.id) {
@@ -449,44 +469,28 @@ impl Move<'_> {
             anyhow::Ok([create, read, cached])
         }
         .await;
-        (self.drain)(0, false)?;
-        (self.drain)(1, true)?;
-        tokio::time::sleep(DRAIN_WAIT).await;
+        self.place_on(0).await?;
         let [create, read, cached] = restored?;
         one.expect(&mut c1, Method::DELETE, &format!("/templates/{snap}"), None, StatusCode::NO_CONTENT).await?;
         Ok([snapshot, upload, create, read, cached])
     }
-}
 
-impl Move<'_> {
     /// [pause, upload, resume, first read] in ms, for a paused sandbox
     /// moved from node one to node two.
     async fn paused_once(&self, mb: usize, seed: u64) -> anyhow::Result<[f64; 4]> {
         let [one, two] = self.apis;
         let (mut c1, mut c2) = (Conn::open(one.addr).await?, Conn::open(two.addr).await?);
-        let source = one.create(&mut c1, "base").await?;
-        if mb > 0 {
-            one.upload(&mut c1, &source, "/home/user/dirty.bin", filler_seeded(mb, ((mb as u64) << 8) + seed + 7))
-                .await?;
-        }
-        one.upload(&mut c1, &source, "/home/user/marker", Bytes::from_static(MARKER)).await?;
+        let source = self.filled_source(&mut c1, mb, seed + 7).await?;
         let t0 = Instant::now();
         one.pause_files(&mut c1, &source.id).await?;
         let pause = ms(t0.elapsed());
         let t1 = Instant::now();
         let manifest = format!("paused/default/{}", source.id);
-        while !self.bucket.has(&manifest).await? {
-            if t1.elapsed() > Duration::from_secs(600) {
-                bail!("paused sandbox {} was not in the bucket after 10 minutes", source.id);
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        self.wait_in_bucket(&manifest, &format!("paused sandbox {}", source.id)).await?;
         // The record is marked stored right after the upload.
         tokio::time::sleep(Duration::from_millis(100)).await;
         let upload = ms(t1.elapsed());
-        (self.drain)(1, false)?;
-        (self.drain)(0, true)?;
-        tokio::time::sleep(DRAIN_WAIT).await;
+        self.place_on(1).await?;
         let moved = async {
             let t2 = Instant::now();
             let resumed = two.resume(&mut c2, &source).await?;
@@ -508,9 +512,7 @@ impl Move<'_> {
             anyhow::Ok([resume, read])
         }
         .await;
-        (self.drain)(0, false)?;
-        (self.drain)(1, true)?;
-        tokio::time::sleep(DRAIN_WAIT).await;
+        self.place_on(0).await?;
         let [resume, read] = moved?;
         Ok([pause, upload, resume, read])
     }
