@@ -17,7 +17,7 @@ import time
 
 import httpx
 import pytest
-from e2b import RateLimitException, Sandbox, Volume
+from e2b import RateLimitException, Sandbox, Template, Volume
 
 from conftest import API_KEY, BRIDGE, COPSE, DATA_DIR, SUBNET, Gateway, free_port, second_data_dir
 from object_store import object_store  # noqa: F401 (a fixture, used by name)
@@ -320,10 +320,78 @@ def test_a_snapshot_starts_on_another_node_through_the_object_store(nodes, datab
     query = f"SELECT record::jsonb ->> 'key' FROM team_snapshots WHERE id = '{name}' OR record::jsonb -> 'names' ? '{name}'"
     key = subprocess.run(["psql", database_url, "-tAc", query], check=True, capture_output=True, text=True).stdout
     files = one.data_dir / "snapshots" / f"{key.strip()}.json"
+    fetched = two.data_dir / "snapshots" / f"{key.strip()}.json"
     assert key.strip() and files.exists(), "the snapshot's files are on node one"
+    assert fetched.exists(), "node two keeps the copy it fetched while the snapshot is there"
     Sandbox.delete_snapshot(name, **two.env())
     assert object_store.read(f"snapshots/default/{name}") is None, "a deleted snapshot leaves the bucket"
     assert not files.exists(), "deleted through node two's gateway, on its own node"
+    gone_within(fetched, "node two removes its fetched copy once no record names it")
+
+
+def gone_within(path, why: str, within_s: float = 5 * HEARTBEAT_S):
+    deadline = time.monotonic() + within_s
+    while path.exists():
+        assert time.monotonic() < deadline, why
+        time.sleep(0.5)
+
+
+def image_key(database: str, template: str) -> str:
+    """The substrate snapshot holding the image of the default team's
+    built template `template`."""
+    query = (f"SELECT record::jsonb -> 'image' ->> 'snapshot_key' FROM built_templates "
+             f"WHERE record::jsonb ->> 'name' = '{template}' AND record::jsonb ->> 'team' = 'default'")
+    key = subprocess.run(["psql", database, "-tAc", query], check=True, capture_output=True, text=True).stdout.strip()
+    assert key, f"template {template} has an image"
+    return key
+
+
+def stored_image(object_store, key: str, within_s: float = 60) -> bytes:
+    """The manifest of the template image `key`, once its node stored it."""
+    deadline = time.monotonic() + within_s
+    while not (manifest := object_store.read(f"images/{key}")):
+        assert time.monotonic() < deadline, "the template's node stored its image"
+        time.sleep(0.5)
+    return manifest
+
+
+def test_a_built_template_starts_on_another_node_through_the_object_store(nodes, database_url, object_store):
+    """A template built on node one (a file, an env, a server its start
+    command runs, kept running in the image's memory) is stored in the
+    object store; while node one drains, a create of it through node one's
+    gateway lands on node two, which fetches the image and starts it there,
+    server up. A delete through node two's gateway removes the image on node
+    one, its manifest in the bucket, and node two's fetched copy."""
+    one, two = nodes
+    name = f"travelling-{secrets.token_hex(4)}"
+    template = (Template().from_template("base")
+                .run_cmd("echo built on node one > /home/user/where")
+                .set_envs({"MODE": "travelling"})
+                .set_start_cmd("python3 -m http.server 8080", ready_cmd="curl -sf localhost:8080 > /dev/null"))
+    Template.build(template, alias=name, **one.env())
+    key = image_key(database_url, name)
+    built = one.data_dir / "snapshots" / f"{key}.json"
+    fetched = two.data_dir / "snapshots" / f"{key}.json"
+    assert built.exists() and not fetched.exists()
+    stored_image(object_store, key)
+    drain(one, database_url)
+    try:
+        time.sleep(NODE_TABLE_TTL_S + 0.5)
+        moved = Sandbox.create(name, timeout=120, **one.env())
+        try:
+            assert two.holds(moved.sandbox_id), "the drained node's template starts on the other node"
+            out = moved.commands.run('cat /home/user/where; echo "$MODE"; curl -sf -o /dev/null -w "%{http_code}" localhost:8080')
+            assert out.stdout.split("\n")[:3] == ["built on node one", "travelling", "200"], out.stdout
+        finally:
+            moved.kill()
+    finally:
+        drain(one, database_url, False)
+    assert fetched.exists(), "node two keeps its copy while the template is there"
+    deleted = httpx.delete(f"{two.url}/templates/{name}", headers={"X-API-KEY": API_KEY}, timeout=60)
+    assert deleted.status_code == 204, deleted.text
+    assert not built.exists(), "deleted on the node that built it"
+    assert object_store.read(f"images/{key}") is None, "a deleted template's image leaves the bucket"
+    gone_within(fetched, "node two removes its fetched copy once no record names it")
 
 
 def kill_quietly(sandboxes: list[Sandbox]):

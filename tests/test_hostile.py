@@ -2585,7 +2585,9 @@ def test_a_forged_manifest_or_odd_key_never_makes_gc_remove_anything_but_unnamed
     Sandbox.delete_snapshot(name)
 
 from postgres_server import database_server, database_url  # noqa: E402,F401
-from test_cluster import cluster_ca, create_on, create_while_stored, drain, node_cert, nodes  # noqa: E402,F401
+from test_cluster import (  # noqa: E402,F401
+    cluster_ca, create_on, create_while_stored, drain, image_key, node_cert, nodes, stored_image,
+)
 from test_cluster import HEARTBEAT_S, LOST_AFTER_S, NODE_TABLE_TTL_S, kill_quietly, node_table  # noqa: E402
 from test_cluster import on_one_seen_through_two, paused_field, stored_paused  # noqa: E402
 
@@ -2691,6 +2693,43 @@ def test_a_manifest_swapped_in_the_bucket_never_starts_another_snapshots_files(n
         drain(one, database_url, False)
         for name in names.values():
             Sandbox.delete_snapshot(name, **one.env())
+
+
+def test_a_template_image_swapped_in_the_bucket_never_starts_another_templates_files(nodes, database_url,
+                                                                                     object_store):
+    """Whoever can write the cluster's bucket puts one built template's
+    image under another's key, hoping a node that fetches the first starts
+    the second's files. The node checks that the fetched stream names the
+    template and image the database records, and refuses anything else; the
+    real image still starts once it is back."""
+    from e2b import Template
+
+    one, two = nodes
+    tag = os.urandom(4).hex()
+    names = {text: f"swap-image-{text}-{tag}" for text in ("victim", "other")}
+    for text, name in names.items():
+        Template.build(Template().from_template("base").run_cmd(f"echo {text} > /home/user/note"), alias=name,
+                       **one.env())
+    keys = {text: f"images/{image_key(database_url, name)}" for text, name in names.items()}
+    real = stored_image(object_store, keys["victim"].removeprefix("images/"))
+    stored_image(object_store, keys["other"].removeprefix("images/"))
+    object_store.overwrite(keys["victim"], object_store.read(keys["other"]))
+    drain(one, database_url)
+    try:
+        time.sleep(NODE_TABLE_TTL_S + 0.5)
+        with pytest.raises(Exception, match="another version"):
+            Sandbox.create(names["victim"], timeout=60, **one.env())
+        object_store.overwrite(keys["victim"], real)
+        moved = Sandbox.create(names["victim"], timeout=60, **one.env())
+        try:
+            assert two.holds(moved.sandbox_id)
+            assert moved.files.read("/home/user/note") == "victim\n"
+        finally:
+            moved.kill()
+    finally:
+        drain(one, database_url, False)
+        for name in names.values():
+            httpx.delete(f"{one.url}/templates/{name}", headers={"X-API-KEY": API_KEY}, timeout=60)
 
 
 @pytest.fixture(scope="module")

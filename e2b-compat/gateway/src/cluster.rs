@@ -106,6 +106,7 @@ pub fn spawn_heartbeat(svc: Arc<Sandboxes>) -> tokio::task::JoinHandle<()> {
         // A drain with --move-sandboxes, seen at most a heartbeat late.
         let moves = each_beat("moving sandboxes out", || svc.move_out_if_asked());
         let releases = each_beat("letting go of sandboxes other nodes took over", || svc.release_moved());
+        let fetched = each_beat("removing fetched copies no record names", || svc.release_fetched());
         let uploads = async {
             let mut tick = every();
             // At start: what a previous run left unstored.
@@ -125,7 +126,7 @@ pub fn spawn_heartbeat(svc: Arc<Sandboxes>) -> tokio::task::JoinHandle<()> {
                 });
             }
         };
-        tokio::join!(beats, uploads, moves, releases);
+        tokio::join!(beats, uploads, moves, releases, fetched);
     })
 }
 

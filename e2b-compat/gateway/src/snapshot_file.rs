@@ -122,6 +122,18 @@ pub fn paused_object_key(team: &str, sandbox_id: &str) -> anyhow::Result<String>
     Ok(format!("paused/{team}/{sandbox_id}"))
 }
 
+/// Where a built template's image (its snapshot `snapshot_key`) waits in
+/// an object store for a node that starts the template without holding it
+/// (`service/image_objects.rs`). The key is random and unique, so one image
+/// is one manifest; the fetching node checks the stream's header against
+/// the template's record.
+pub fn image_object_key(snapshot_key: &str) -> anyhow::Result<String> {
+    if snapshot_key.is_empty() || !snapshot_key.chars().all(|c| c.is_ascii_alphanumeric() || c == '-') {
+        bail!("image snapshot {snapshot_key:?} is not one copse made");
+    }
+    Ok(format!("images/{snapshot_key}"))
+}
+
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
     Ok(tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?)
 }
@@ -221,7 +233,7 @@ pub fn fetch_under(
         let stored = read_header(input)?;
         if (stored.team.as_str(), stored.key.as_str()) != (record.team.as_str(), record.key.as_str()) {
             bail!(
-                "the object store holds another version of snapshot {} than the database names; it was not fetched",
+                "the object store holds another version of {} than the database names; it was not fetched",
                 record.id
             );
         }
@@ -261,7 +273,7 @@ fn stream_from<T: Send>(
 
 #[cfg(test)]
 mod tests {
-    use super::{MAGIC, MAX_HEADER_LINE, object_key, read_header};
+    use super::{MAGIC, MAX_HEADER_LINE, image_object_key, object_key, read_header};
 
     #[test]
     fn a_header_is_read_up_to_the_stream_and_an_endless_line_is_refused() {
@@ -273,6 +285,15 @@ mod tests {
         let endless = format!("{MAGIC}\n{{\"id\":\"{}", "x".repeat(MAX_HEADER_LINE as usize + 10));
         let refused = read_header(&mut std::io::Cursor::new(endless.as_bytes())).unwrap_err();
         assert!(refused.to_string().contains("no record line"), "{refused}");
+    }
+
+    #[test]
+    fn image_keys_take_only_the_snapshot_keys_copse_makes() {
+        let key = crate::model::snapshot_key();
+        assert_eq!(image_object_key(&key).unwrap(), format!("images/{key}"));
+        for odd in ["", "../x", "a/b", "a.b", "x y"] {
+            assert!(image_object_key(odd).is_err(), "{odd:?} must be refused");
+        }
     }
 
     #[test]

@@ -63,6 +63,11 @@ pub struct TemplateLabels {
     /// booting the old build's files until no tag names that build.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub kept_images: Vec<KeptImage>,
+    /// The images (by snapshot key) the template's node has put in the
+    /// cluster's object store, from where another node fetches one when
+    /// that node takes no new sandboxes (`service/image_objects.rs`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub stored_images: Vec<String>,
     /// Bumped by every write, which names the revision it read: of two
     /// edits that read the same labels (two tag requests, a build ending),
     /// the second to write finds the row moved on and starts again from it

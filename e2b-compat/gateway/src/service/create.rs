@@ -126,9 +126,13 @@ impl Sandboxes {
             Some(_) => None,
             None => self.store.snapshot(&caller.team, &request.template)?,
         };
+        let built_template = match request.build_layer {
+            Some(_) => None,
+            None => self.ready_template(&caller.team, &request.template)?,
+        };
         let image = match request.build_layer.clone() {
             Some(layer) => Some(layer),
-            None => self.ready_template(&caller.team, &request.template)?.and_then(|t| t.image),
+            None => built_template.as_ref().and_then(|t| t.image.clone()),
         };
         let booted = if let Some(snapshot) = snapshot {
             template = snapshot.template.clone();
@@ -157,6 +161,9 @@ impl Sandboxes {
                 )));
             }
             agent_token = image.agent_token.clone();
+            if let Some(record) = &built_template {
+                self.fetch_image(record).await?;
+            }
             let network = Network::New(policy.clone());
             let volumes = &request.volumes;
             let booted = self.boot_from(

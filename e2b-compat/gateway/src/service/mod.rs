@@ -12,6 +12,7 @@ mod create;
 mod egress;
 mod expiry;
 mod fork;
+mod image_objects;
 mod journal;
 mod kill;
 mod metrics;
@@ -34,9 +35,9 @@ mod warm;
 #[cfg(test)]
 mod tests;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use copse_substrate::{Limits, SandboxNetwork, SandboxSpec, Substrate, TemplateInfo};
 
@@ -78,6 +79,9 @@ pub struct Sandboxes {
     transitions: transitions::Transitions,
     /// One fetch from the object store at a time per snapshot (`objects.rs`).
     fetching: transitions::Transitions,
+    /// Snapshots and template images this node fetched since it started,
+    /// removed once no record names them (`objects.rs`).
+    fetched: Mutex<HashSet<String>>,
     addresses: Addresses,
     quota: quota::Quota,
     /// Copy steps' uploaded archives (`builds/uploads.rs`).
@@ -127,6 +131,7 @@ impl Sandboxes {
             sandbox_log: crate::sandbox_log::SandboxLog::disabled(),
             transitions: Default::default(),
             fetching: Default::default(),
+            fetched: Default::default(),
             addresses: Addresses::new(None),
             quota: Default::default(),
             template_files,

@@ -14,6 +14,15 @@ use crate::model::{
     Caller, NodeRecord, NodeStatus, NodeStore, RecentPlacements, Result, SandboxError, SandboxRecord, now_ms, place,
 };
 
+/// Files a create starts from (a snapshot's, a built template's image):
+/// the node holding them, whether it has stored them in the object store,
+/// and the template they sit on.
+struct Held<'a> {
+    node: Option<&'a str>,
+    stored: bool,
+    base: &'a str,
+}
+
 /// How long one read of the node table serves placement and forwarding. A
 /// node's row moves only at its heartbeat, every two seconds; a drain is
 /// seen this much later at most.
@@ -158,26 +167,23 @@ impl Sandboxes {
     /// Where a create of `template` by `caller` runs: the node holding the
     /// snapshot or built template it names (their files are there), else
     /// the node with the most room that has the template. With an object
-    /// store, a snapshot whose node takes no new sandboxes (draining, lost)
-    /// is placed as its template would be, and fetched there once its node
-    /// has stored it. `Here` on a single host.
+    /// store, a snapshot or built template whose node takes no new
+    /// sandboxes (draining, lost) is placed as its base template would be,
+    /// and fetched there once its node has stored it. `Here` on a single
+    /// host.
     pub fn place_create(&self, caller: &Caller, template: &str) -> Result<Owner> {
         let Some(membership) = &self.node else { return Ok(Owner::Here) };
         if let Some(snapshot) = self.store.snapshot(&caller.team, template)? {
-            let holder = self.owner(snapshot.node.as_deref())?;
-            if membership.objects.is_none() || self.takes_sandboxes(&holder)? {
-                return Ok(holder);
-            }
-            if !snapshot.in_object_store {
-                return Err(SandboxError::Unavailable(format!(
-                    "snapshot {template} is on node {}, which takes no new sandboxes, and is not in the object store yet; try again shortly",
-                    snapshot.node.as_deref().unwrap_or("-")
-                )));
-            }
-            return Ok(self.place_by_room(membership, &snapshot.template)?.unwrap_or(holder));
+            let files =
+                Held { node: snapshot.node.as_deref(), stored: snapshot.in_object_store, base: &snapshot.template };
+            return self.place_held(membership, files, &format!("snapshot {template}"));
         }
-        if let Some(built) = self.ready_template(&caller.team, template)? {
-            return Ok(self.owner(built.node.as_deref())?);
+        if let Some(built) = self.ready_template(&caller.team, template)?
+            && let Some(image) = &built.image
+        {
+            let stored = self.template_labels(&built)?.stored_images.contains(&image.snapshot_key);
+            let files = Held { node: built.node.as_deref(), stored, base: &image.substrate_template };
+            return self.place_held(membership, files, &format!("template {template}"));
         }
         match self.place_by_room(membership, template)? {
             Some(owner) => Ok(owner),
@@ -189,6 +195,24 @@ impl Sandboxes {
             // This node answers: a template no node has is its error to give.
             None => Ok(Owner::Here),
         }
+    }
+
+    /// Where files one node holds start: on that node while it takes
+    /// sandboxes (or while there is no object store to move them through),
+    /// else, once stored, on the node with the most room that has their
+    /// base; `what` names them in the error.
+    fn place_held(&self, membership: &Membership, files: Held<'_>, what: &str) -> Result<Owner> {
+        let holder = self.owner(files.node)?;
+        if membership.objects.is_none() || self.takes_sandboxes(&holder)? {
+            return Ok(holder);
+        }
+        if !files.stored {
+            return Err(SandboxError::Unavailable(format!(
+                "{what} is on node {}, which takes no new sandboxes, and is not in the object store yet; try again shortly",
+                files.node.unwrap_or("-")
+            )));
+        }
+        Ok(self.place_by_room(membership, files.base)?.unwrap_or(holder))
     }
 
     /// The active node with the most room that has `template`, if any,

@@ -1,16 +1,18 @@
-//! A cluster's snapshots in its object store. Each node uploads the
-//! snapshots it takes in the background (`cluster.rs` runs
-//! [`Sandboxes::store_snapshots`] as soon as one is taken, at start, and
-//! on a timer only while an upload the store refused waits to be tried
-//! again), and marks each one
-//! stored once all of it is there. A node asked to start a snapshot it
-//! does not hold fetches the files first ([`Sandboxes::fetch_snapshot`]);
-//! placement sends it such a create only when the snapshot is stored and
-//! its own node takes no new sandboxes (`nodes.rs`).
+//! A cluster's snapshots in its object store. Each node uploads in the
+//! background the snapshots it takes, its paused sandboxes' files
+//! (`relocate.rs`) and its built templates' images (`image_objects.rs`):
+//! `cluster.rs` runs [`Sandboxes::store_snapshots`] as soon as one is
+//! taken, at start, and on a timer only while an upload the store refused
+//! waits to be tried again. Each is marked stored once all of it is there.
+//! A node asked to start a snapshot it does not hold fetches the files
+//! first ([`Sandboxes::fetch_snapshot`]); placement sends it such a create
+//! only when the snapshot is stored and its own node takes no new
+//! sandboxes (`nodes.rs`).
 //!
-//! A fetched copy stays on the node under the snapshot's key, and is
-//! removed with the other files no record names at the node's next start
-//! once the snapshot is deleted.
+//! A fetched copy stays on the node under the snapshot's key while a
+//! record names it; at the first heartbeat after its snapshot or template
+//! is deleted (through any gateway), the node removes it
+//! ([`Sandboxes::release_fetched`]).
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -85,7 +87,8 @@ impl Sandboxes {
                 self.forget_stored(&snapshot).await;
             }
         }
-        Ok(self.store_paused(&bucket).await? || failed)
+        let paused_failed = self.store_paused(&bucket).await?;
+        Ok(self.store_images(&bucket).await? || paused_failed || failed)
     }
 
     /// Makes sure the files of `snapshot` are on this host, fetching them
@@ -95,7 +98,34 @@ impl Sandboxes {
             return Ok(());
         }
         let key = snapshot_file::object_key(&snapshot.team, &snapshot.id)?;
-        self.fetch_files(snapshot, &key, &format!("snapshot {}", snapshot.id)).await
+        self.fetch_files(snapshot, &key, &format!("snapshot {}", snapshot.id)).await?;
+        self.fetched.lock().unwrap_or_else(|e| e.into_inner()).insert(snapshot.key.clone());
+        Ok(())
+    }
+
+    /// Removes the copies this node fetched of snapshots and template
+    /// images that no record names any more. Sandboxes started from one
+    /// keep their files: the substrate removes a layer only once nothing
+    /// stacks on it.
+    pub async fn release_fetched(&self) -> anyhow::Result<()> {
+        let fetched: Vec<String> = self.fetched.lock().unwrap_or_else(|e| e.into_inner()).iter().cloned().collect();
+        if fetched.is_empty() {
+            return Ok(());
+        }
+        let named = self.named_snapshots()?;
+        for key in fetched.into_iter().filter(|k| !named.contains(k)) {
+            // Not while a create fetches it again (its record came back
+            // under another name: an import).
+            let _fetching = self.fetching.lock(&key).await;
+            let gone = key.clone();
+            match self.blocking(move |s| s.delete_snapshot(&gone)).await {
+                Ok(()) => tracing::info!(snapshot = %key, "removed a fetched copy no record names any more"),
+                // The next start's reconcile removes what is left.
+                Err(e) => tracing::warn!(snapshot = %key, "removing a fetched copy no record names: {e}"),
+            }
+            self.fetched.lock().unwrap_or_else(|e| e.into_inner()).remove(&key);
+        }
+        Ok(())
     }
 
     /// Fetches the files `files` names (a snapshot's, or a paused

@@ -63,20 +63,27 @@ impl Sandboxes {
                 self.store.remove_build_layer(&layer.key)?;
             }
         }
-        let mut named: HashSet<String> = rows.into_iter().map(|r| r.key).collect();
+        let named = self.named_snapshots()?;
+        for orphan in on_host.into_iter().filter(|s| !named.contains(&s.id)) {
+            tracing::info!("removing snapshot {} that no record names", orphan.id);
+            self.blocking(move |s| s.delete_snapshot(&orphan.id)).await?;
+        }
+        Ok(())
+    }
+
+    /// The substrate snapshots some row of any node names: a snapshot, a
+    /// paused sandbox's files, a built template's image (its own or one a
+    /// tag keeps) or a build cache entry.
+    pub(super) fn named_snapshots(&self) -> anyhow::Result<HashSet<String>> {
+        let mut named: HashSet<String> = self.store.snapshots()?.into_iter().map(|r| r.key).collect();
         named.extend(self.store.all()?.into_iter().filter_map(|r| r.paused.and_then(|p| p.files_only)));
-        // Built templates' images and the build cache are snapshots too.
         for template in self.store.built_templates()? {
             if let Some(labels) = self.store.template_labels(&template.id)? {
                 named.extend(labels.kept_images.into_iter().map(|k| k.image.snapshot_key));
             }
             named.extend(template.image.map(|i| i.snapshot_key));
         }
-        named.extend(layers.into_iter().map(|l| l.snapshot_key));
-        for orphan in on_host.into_iter().filter(|s| !named.contains(&s.id)) {
-            tracing::info!("removing snapshot {} that no record names", orphan.id);
-            self.blocking(move |s| s.delete_snapshot(&orphan.id)).await?;
-        }
-        Ok(())
+        named.extend(self.store.build_layers()?.into_iter().map(|l| l.snapshot_key));
+        Ok(named)
     }
 }

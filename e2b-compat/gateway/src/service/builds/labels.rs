@@ -188,6 +188,7 @@ impl Sandboxes {
     /// Deletes the snapshots of images no tag names any more. A failure
     /// leaves an orphan `recover`'s reconcile removes, so it is logged.
     pub(super) async fn drop_images(&self, images: Vec<crate::model::Image>) {
+        self.forget_stored_images(&images).await;
         for image in images {
             let key = image.snapshot_key;
             if let Err(e) = self.blocking(move |s| s.delete_snapshot(&key)).await {

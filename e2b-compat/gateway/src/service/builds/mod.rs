@@ -273,6 +273,7 @@ impl Sandboxes {
         self.store.remove_template_labels(&record.id)?;
         self.remove_uploads(&record.id);
         if let Some(image) = record.image {
+            self.forget_stored_images(std::slice::from_ref(&image)).await;
             self.blocking(move |s| s.delete_snapshot(&image.snapshot_key)).await?;
         }
         self.drop_images(kept.into_iter().map(|k| k.image).collect()).await;

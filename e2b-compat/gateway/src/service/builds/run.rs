@@ -187,6 +187,8 @@ impl Sandboxes {
                     self.collect_after_delete(&console.record).await;
                 } else {
                     self.settle_replaced_image(&console.record, old).await;
+                    // Into the cluster's object store, for the other nodes.
+                    self.upload_soon();
                 }
             }
             Err(failed) => {

@@ -1,0 +1,138 @@
+//! Built templates' images in a cluster's object store. A template's image
+//! is a substrate snapshot on the node that built it; that node uploads it
+//! as it uploads snapshots (the same stream, under
+//! `snapshot_file::image_object_key`) and lists it in the template's
+//! labels as stored. When the template's node takes no new sandboxes
+//! (draining, lost), placement sends a create of the template to another
+//! node that has its base template, which fetches the image first
+//! ([`Sandboxes::fetch_image`]). Before this, a built template lived and
+//! died with the node that built it.
+//!
+//! The marker lives in the labels, not the template's record: a build
+//! rewrites that record wholesale as its log grows, and would undo it.
+//! Images of templates built from OCI images sit on the image's own
+//! template, which only the building node has: placement finds no other
+//! node for them, so they stay where they were built.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use copse_objects::Bucket;
+use tokio::runtime::Handle;
+
+use super::Sandboxes;
+use crate::model::{Image, Result, SnapshotRecord, TemplateRecord};
+use crate::snapshot_file;
+
+impl Sandboxes {
+    /// Uploads the images of this node's built templates that are not in
+    /// the object store yet; whether one failed (to be tried again).
+    pub(super) async fn store_images(&self, bucket: &Arc<Bucket>) -> anyhow::Result<bool> {
+        let mut failed = false;
+        for record in self.store.built_templates()? {
+            let Some(image) =
+                record.image.clone().filter(|_| record.node.is_some() && self.holds(record.node.as_deref()))
+            else {
+                continue;
+            };
+            if self.template_labels(&record)?.stored_images.contains(&image.snapshot_key) {
+                continue;
+            }
+            let Ok(object) = snapshot_file::image_object_key(&image.snapshot_key) else { continue };
+            let started = Instant::now();
+            let (files, bucket, runtime) = (image_files(&record, &image, false), bucket.clone(), Handle::current());
+            let pushed = self.blocking(move |s| snapshot_file::push_under(s, &files, &object, &bucket, &runtime)).await;
+            let sent = match pushed {
+                Ok(sent) => sent,
+                Err(e) => {
+                    tracing::warn!(template = %record.id, "storing a template's image in the object store: {e}");
+                    failed = true;
+                    continue;
+                }
+            };
+            if !self.mark_stored(&record, &image)? {
+                // Deleted or rebuilt while it was uploaded: the image it
+                // had is no template's any more.
+                self.forget_stored_images(std::slice::from_ref(&image)).await;
+                continue;
+            }
+            tracing::info!(
+                template = %record.id,
+                team = %record.team,
+                kib = sent.bytes >> 10,
+                sent_kib = sent.new_bytes >> 10,
+                ms = started.elapsed().as_millis() as u64,
+                "stored a template's image in the object store"
+            );
+        }
+        Ok(failed)
+    }
+
+    /// Lists `image` as stored in its template's labels, keeping only the
+    /// images the template still boots (its own and those tags keep);
+    /// false when the template no longer has `image`.
+    fn mark_stored(&self, record: &TemplateRecord, image: &Image) -> Result<bool> {
+        let current = self.store.template(&record.id)?;
+        if current.and_then(|t| t.image).is_none_or(|now| now.snapshot_key != image.snapshot_key) {
+            return Ok(false);
+        }
+        self.change_labels(record, |labels| {
+            let booted: Vec<&str> = labels.kept_images.iter().map(|k| k.image.snapshot_key.as_str()).collect();
+            let kept: Vec<String> =
+                labels.stored_images.iter().filter(|k| booted.contains(&k.as_str())).cloned().collect();
+            labels.stored_images = kept;
+            labels.stored_images.push(image.snapshot_key.clone());
+            Ok(())
+        })?;
+        Ok(true)
+    }
+
+    /// Makes sure the image of the built template `record` (the one a
+    /// create resolved, maybe a tag's older one) is on this host, fetching
+    /// it from the object store when another node built it.
+    pub(super) async fn fetch_image(&self, record: &TemplateRecord) -> Result<()> {
+        let Some(image) = &record.image else { return Ok(()) };
+        if self.holds(record.node.as_deref()) {
+            return Ok(());
+        }
+        let stored = self.template_labels(record)?.stored_images.contains(&image.snapshot_key);
+        let key = snapshot_file::image_object_key(&image.snapshot_key)?;
+        self.fetch_files(&image_files(record, image, stored), &key, &format!("template {}", record.name)).await?;
+        self.fetched.lock().unwrap_or_else(|e| e.into_inner()).insert(image.snapshot_key.clone());
+        Ok(())
+    }
+
+    /// Removes the manifests of images no template boots any more from
+    /// the object store (their chunks go with the next `copse snapshot
+    /// gc`); a failure leaves an object no record names, which is logged.
+    pub(super) async fn forget_stored_images(&self, images: &[Image]) {
+        let Some(bucket) = self.objects() else { return };
+        for image in images {
+            let Ok(key) = snapshot_file::image_object_key(&image.snapshot_key) else { continue };
+            if let Err(e) = bucket.delete(&key).await {
+                tracing::warn!(image = %image.snapshot_key, "removing a template's image from the object store: {e:#}");
+            }
+        }
+    }
+}
+
+/// A template's image as the object store's stream names it: a snapshot
+/// record of the template's id and team, which the fetching node checks
+/// against the database's.
+fn image_files(record: &TemplateRecord, image: &Image, stored: bool) -> SnapshotRecord {
+    SnapshotRecord {
+        id: record.id.clone(),
+        team: record.team.clone(),
+        names: Vec::new(),
+        key: image.snapshot_key.clone(),
+        template: image.substrate_template.clone(),
+        source_sandbox: String::new(),
+        created_at_ms: record.created_at_ms,
+        size_bytes: 0,
+        memory: image.memory,
+        agent_token: image.agent_token.clone(),
+        volume_mounts: Vec::new(),
+        node: record.node.clone(),
+        in_object_store: stored,
+    }
+}
