@@ -454,19 +454,44 @@ def test_a_drain_that_moves_sandboxes_resumes_them_on_another_node(nodes, databa
         kill_quietly(made)
 
 
+def admin(database: str, *args) -> str:
+    """A `copse` operator command on the cluster's database."""
+    return subprocess.run([str(COPSE), *args, "--database", database],
+                          check=True, capture_output=True, text=True).stdout
+
+
+def test_a_teams_limit_holds_across_the_nodes(nodes, database_url):
+    """A team may run two sandboxes. With one on each node, a third is
+    refused with a 429 through either gateway, wherever placement would put
+    it; once one is killed, a create passes again. Before, each node counted
+    only what it held, so the team could run two on each."""
+    one, two = nodes
+    team = f"capped-{secrets.token_hex(4)}"
+    admin(database_url, "teams", "set", team, "--max-sandboxes", "2")
+    key = admin(database_url, "keys", "create", "--team", team).strip()
+    made = []
+    try:
+        made.append(create_on(one, nodes, database_url, via=one, api_key=key))
+        made.append(create_on(two, nodes, database_url, via=one, api_key=key))
+        time.sleep(2 * HEARTBEAT_S + 1)  # each node's figures reach the other at its heartbeat
+        for via in nodes:
+            with pytest.raises(RateLimitException, match="max-sandboxes"):
+                made.append(Sandbox.create(timeout=60, **via.env(key)))
+        made.pop(0).kill()
+        time.sleep(2 * HEARTBEAT_S + 1)
+        made.append(Sandbox.create(timeout=60, **two.env(key)))
+    finally:
+        kill_quietly(made)
+
+
 def test_a_sandbox_moved_away_stops_counting_and_leaves_no_files_on_its_old_node(nodes, database_url, object_store):
     """Once another node takes a paused sandbox over, its old node lets go
     of it within heartbeats, not at its next restart: the sandbox no longer
     counts against its team's limits there, and its files there are gone."""
     one, two = nodes
-
-    def admin(*args) -> str:
-        return subprocess.run([str(COPSE), *args, "--database", database_url],
-                              check=True, capture_output=True, text=True).stdout
-
     team = f"moved-{secrets.token_hex(4)}"
-    admin("teams", "set", team, "--max-paused", "1")
-    key = admin("keys", "create", "--team", team).strip()
+    admin(database_url, "teams", "set", team, "--max-paused", "1")
+    key = admin(database_url, "keys", "create", "--team", team).strip()
     made = []
     try:
         moved = create_on(one, nodes, database_url, via=two, api_key=key)

@@ -46,7 +46,9 @@ pub use secret::{
 };
 pub use snapshot::{SnapshotRecord, validate_snapshot_name};
 pub use store::{NodeStore, SecretStore, Store, VolumeStore};
-pub use team::{Caller, DEFAULT_TEAM, DEFAULTS_ROW, Quotas, Team, default_team, parse_duration_s, validate_team_name};
+pub use team::{
+    Caller, DEFAULT_TEAM, DEFAULTS_ROW, Quotas, Team, TeamUsage, default_team, parse_duration_s, validate_team_name,
+};
 pub use template::{
     Build, BuildFailure, BuildLine, BuildStatus, Image, MAX_BUILD_LOG_LINES, TemplateRecord, split_template_name,
     validate_files_hash,

@@ -9,9 +9,11 @@
 //! processes and files may still be running on a host that only lost its
 //! way to the database.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use serde::{Deserialize, Serialize};
+
+use super::team::TeamUsage;
 
 pub const HEARTBEAT_MS: i64 = 2_000;
 /// Five missed heartbeats: long enough for a busy host's stall, short
@@ -40,6 +42,10 @@ pub struct NodeRecord {
     /// whichever node takes them (`service/relocate.rs`).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub moving_out: bool,
+    /// What each team holds here, as of the heartbeat: the other nodes
+    /// add it to their own counts when they check a team's limits.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub teams: BTreeMap<String, TeamUsage>,
 }
 
 /// What a node has and what of it is free, as of its last heartbeat.
@@ -167,6 +173,7 @@ mod tests {
             heartbeat_at_ms: heartbeat,
             draining: false,
             moving_out: false,
+            teams: Default::default(),
         }
     }
 

@@ -35,6 +35,27 @@ pub fn parse_duration_s(text: &str) -> std::result::Result<u64, String> {
     n.checked_mul(scale).ok_or_else(|| format!("{text:?} is too long"))
 }
 
+/// What a team holds on one node (or, summed, on several): each node
+/// publishes its teams' holdings with its heartbeat (`model::node`), so
+/// a team's limits hold across a cluster (`service/quota.rs`).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TeamUsage {
+    pub running: u64,
+    pub paused: u64,
+    pub snapshots: u64,
+    /// Disk quotas of its sandboxes plus the size of its snapshots.
+    pub disk_bytes: u64,
+}
+
+impl std::ops::AddAssign for TeamUsage {
+    fn add_assign(&mut self, other: Self) {
+        self.running += other.running;
+        self.paused += other.paused;
+        self.snapshots += other.snapshots;
+        self.disk_bytes += other.disk_bytes;
+    }
+}
+
 /// Team names go into log lines and CLI tables: short and plain.
 pub fn validate_team_name(name: &str) -> Result<()> {
     let ok =

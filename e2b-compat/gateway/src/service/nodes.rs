@@ -6,12 +6,14 @@
 //! the reaper, the journal and shutdown never touch another node's. Calls
 //! for another node's sandbox are forwarded to it by `api::forward`.
 
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::Sandboxes;
 use crate::model::{
-    Caller, NodeRecord, NodeStatus, NodeStore, RecentPlacements, Result, SandboxError, SandboxRecord, now_ms, place,
+    Caller, NodeRecord, NodeStatus, NodeStore, RecentPlacements, Result, SandboxError, SandboxRecord, TeamUsage,
+    now_ms, place,
 };
 
 /// Files a create starts from (a snapshot's, a built template's image):
@@ -270,9 +272,24 @@ impl Sandboxes {
             // `copse node undrain` ends it.
             draining: false,
             moving_out: false,
+            teams: self.quota.here_by_team(),
         };
-        membership.nodes.beat(&record)
+        membership.nodes.beat(&record)?;
+        self.quota.set_elsewhere(elsewhere(&membership.node_table()?, &membership.id));
+        Ok(())
     }
+}
+
+/// What each team holds on the nodes other than `own` (lost ones too:
+/// their sandboxes still count, as their records do).
+fn elsewhere(nodes: &[NodeRecord], own: &str) -> HashMap<String, TeamUsage> {
+    let mut teams: HashMap<String, TeamUsage> = HashMap::new();
+    for node in nodes.iter().filter(|n| n.id != own) {
+        for (team, usage) in &node.teams {
+            *teams.entry(team.clone()).or_default() += *usage;
+        }
+    }
+    teams
 }
 
 impl Owner {
@@ -285,5 +302,32 @@ impl Owner {
         SandboxError::Unavailable(format!(
             "{what} is on node {node}, which is lost ({heard}); it is not re-created elsewhere"
         ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_other_nodes_holdings_are_summed_per_team_and_this_nodes_left_out() {
+        let usage = |running| TeamUsage { running, ..Default::default() };
+        let node = |id: &str, teams: &[(&str, u64)]| NodeRecord {
+            id: id.into(),
+            api_url: String::new(),
+            substrate: String::new(),
+            capacity: Default::default(),
+            templates: vec![],
+            started_at_ms: 0,
+            heartbeat_at_ms: 0,
+            draining: false,
+            moving_out: false,
+            teams: teams.iter().map(|(t, n)| (t.to_string(), usage(*n))).collect(),
+        };
+        let nodes = [node("a", &[("acme", 1), ("bolt", 2)]), node("b", &[("acme", 4)]), node("c", &[("acme", 8)])];
+        let summed = elsewhere(&nodes, "b");
+        assert_eq!(summed.get("acme"), Some(&usage(9)));
+        assert_eq!(summed.get("bolt"), Some(&usage(2)));
+        assert_eq!(summed.len(), 2);
     }
 }

@@ -2,12 +2,21 @@
 //! refused whole with E2B's 429 naming the limit. Counts come from the
 //! in-memory [`Usage`] plus what verbs in flight have reserved, so two
 //! concurrent creates cannot both take the last place.
+//!
+//! On a cluster, each node's heartbeat publishes what its teams hold there
+//! (`NodeRecord::teams`), and every node adds the other nodes' figures to
+//! its own ([`Quota::set_elsewhere`], at each of its heartbeats). A limit
+//! so holds across the cluster, up to what the other nodes admitted since
+//! their figures were read: creates sent to several nodes within a
+//! heartbeat or two may pass it by that much. The alternative, a lock in
+//! the database around every create, would put a round trip and a
+//! cluster-wide queue per team on the create path.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use crate::model::{Caller, Quotas, Result, SandboxError};
-use crate::store::{TeamUsage, Usage};
+use crate::model::{Caller, Quotas, Result, SandboxError, TeamUsage};
+use crate::store::Usage;
 use crate::tenancy::Directory;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -52,6 +61,8 @@ pub(super) struct Quota {
     directory: Option<Arc<Directory>>,
     /// (team, kind) → (places, disk bytes) reserved.
     pending: Arc<Mutex<Pending>>,
+    /// What each team holds on the other nodes of a cluster.
+    elsewhere: Mutex<HashMap<String, TeamUsage>>,
 }
 
 /// Dropping it gives the reserved places back: by then the verb either
@@ -78,7 +89,26 @@ impl Drop for Reservation {
 
 impl Quota {
     pub(super) fn new(usage: Arc<Usage>, directory: Arc<Directory>) -> Self {
-        Self { usage, directory: Some(directory), pending: Default::default() }
+        Self { usage, directory: Some(directory), pending: Default::default(), elsewhere: Default::default() }
+    }
+
+    /// What each team holds on this node, for its heartbeat.
+    pub(super) fn here_by_team(&self) -> std::collections::BTreeMap<String, TeamUsage> {
+        self.usage.by_team()
+    }
+
+    /// Replaces what the teams hold on the other nodes.
+    pub(super) fn set_elsewhere(&self, teams: HashMap<String, TeamUsage>) {
+        *self.elsewhere.lock().unwrap_or_else(|p| p.into_inner()) = teams;
+    }
+
+    /// What `team` holds on every node, as far as this one knows.
+    fn held(&self, team: &str) -> TeamUsage {
+        let mut usage = self.usage.of(team);
+        if let Some(other) = self.elsewhere.lock().unwrap_or_else(|p| p.into_inner()).get(team) {
+            usage += *other;
+        }
+        usage
     }
 
     fn quotas(&self, team: &str) -> Quotas {
@@ -107,7 +137,7 @@ impl Quota {
     pub(super) fn reserve(&self, team: &str, kind: Kind, places: u64, disk_bytes: u64) -> Result<Reservation> {
         let quotas = self.quotas(team);
         let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
-        let usage = self.usage.of(team);
+        let usage = self.held(team);
         let in_flight = |k: Kind| pending.get(&(team.to_string(), k)).copied().unwrap_or((0, 0));
         if let Some(max) = kind.limit(&quotas) {
             let held = kind.held(&usage) + in_flight(kind).0;
@@ -165,9 +195,9 @@ impl Quota {
             return Ok(());
         }
         match self.quotas(team).max_disk_gb {
-            Some(max_gb) if self.usage.of(team).disk_bytes >= max_gb << 30 => Err(SandboxError::QuotaExceeded(
-                format!("team {team} has reached its disk limit of {max_gb} GiB (max-disk-gb)"),
-            )),
+            Some(max_gb) if self.held(team).disk_bytes >= max_gb << 30 => Err(SandboxError::QuotaExceeded(format!(
+                "team {team} has reached its disk limit of {max_gb} GiB (max-disk-gb)"
+            ))),
             _ => Ok(()),
         }
     }
@@ -198,6 +228,21 @@ mod tests {
         assert!(quota.reserve("other", Kind::Running, 3, 0).is_ok(), "teams count apart");
         drop(two);
         assert!(quota.reserve("acme", Kind::Running, 3, 0).is_ok());
+    }
+
+    #[test]
+    fn what_a_team_holds_on_other_nodes_counts_against_its_limits() {
+        let (quota, _dir) = quota_with(Quotas { max_sandboxes: Some(3), max_disk_gb: Some(1), ..Default::default() });
+        let elsewhere = TeamUsage { running: 2, disk_bytes: 900 << 20, ..Default::default() };
+        quota.set_elsewhere([("acme".to_string(), elsewhere)].into());
+        let err = quota.reserve("acme", Kind::Running, 2, 0).err().unwrap();
+        assert!(err.to_string().contains("it holds 2"), "{err}");
+        let err = quota.reserve("acme", Kind::Running, 1, 200 << 20).err().unwrap();
+        assert!(err.to_string().contains("max-disk-gb"), "{err}");
+        assert!(quota.reserve("acme", Kind::Running, 1, 100 << 20).is_ok());
+        assert!(quota.reserve("other", Kind::Running, 3, 0).is_ok(), "another team's figures are its own");
+        quota.set_elsewhere(HashMap::new());
+        assert!(quota.reserve("acme", Kind::Running, 2, 0).is_ok(), "the next heartbeat's figures replace them");
     }
 
     #[test]

@@ -6,7 +6,7 @@
 use super::Database;
 use crate::model::{
     BuildLayer, Capacity, Change, DEFAULT_TEAM, Intent, KeyRecord, NodeRecord, SandboxRecord, SecretRecord,
-    SnapshotRecord, Team, TemplateLabels, TemplateRecord, VolumeRecord,
+    SnapshotRecord, Team, TeamUsage, TemplateLabels, TemplateRecord, VolumeRecord,
 };
 
 /// One fresh database and ways into it.
@@ -109,6 +109,7 @@ pub fn a_nodes_heartbeat_replaces_its_record_but_not_the_operators_drain(db: &dy
         heartbeat_at_ms: 1,
         draining: false,
         moving_out: false,
+        teams: [("acme".to_string(), TeamUsage { running: 2, paused: 1, snapshots: 3, disk_bytes: 4 << 30 })].into(),
     };
     assert!(!operator.set_draining(&node.id, true, false).unwrap(), "no such node yet");
     gateway.beat(&node).unwrap();

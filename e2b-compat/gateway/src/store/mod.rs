@@ -14,7 +14,7 @@ mod usage;
 pub use postgres::PostgresStore;
 pub use sqlite::SqliteStore;
 pub use tokens::{AccessTokens, Indexed, SignedLink};
-pub use usage::{TeamUsage, Usage};
+pub use usage::Usage;
 
 use crate::model::{NodeStore, SecretStore, Store, VolumeStore};
 

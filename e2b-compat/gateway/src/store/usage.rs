@@ -2,20 +2,10 @@
 //! [`super::Indexed`]: quota checks on the create path count here, never by
 //! reading the store.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::RwLock;
 
-use crate::model::{SandboxRecord, SnapshotRecord, State};
-
-/// One team's holdings.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct TeamUsage {
-    pub running: u64,
-    pub paused: u64,
-    pub snapshots: u64,
-    /// Disk quotas of its sandboxes plus the size of its snapshots.
-    pub disk_bytes: u64,
-}
+use crate::model::{SandboxRecord, SnapshotRecord, State, TeamUsage};
 
 struct Held {
     team: String,
@@ -50,6 +40,25 @@ impl Usage {
             }
         }
         usage
+    }
+
+    /// Every team's holdings, for the teams that hold anything.
+    pub fn by_team(&self) -> BTreeMap<String, TeamUsage> {
+        let mut teams: BTreeMap<String, TeamUsage> = BTreeMap::new();
+        for held in read(&self.sandboxes).values() {
+            let usage = teams.entry(held.team.clone()).or_default();
+            match held.state {
+                State::Running => usage.running += 1,
+                State::Paused => usage.paused += 1,
+            }
+            usage.disk_bytes += held.disk_bytes;
+        }
+        for ((team, _), size) in read(&self.snapshots).iter() {
+            let usage = teams.entry(team.clone()).or_default();
+            usage.snapshots += 1;
+            usage.disk_bytes += size;
+        }
+        teams
     }
 
     pub(super) fn sandbox(&self, record: &SandboxRecord) {
