@@ -22,7 +22,9 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 from conftest import API_KEY, COPSE, DATA_DIR, create_refused, free_port, none_created
-from e2b import CommandExitException, InvalidArgumentException, Sandbox, SandboxException, Secret, Volume
+from e2b import (
+    CommandExitException, InvalidArgumentException, RateLimitException, Sandbox, SandboxException, Secret, Volume,
+)
 
 
 class HostSocket:
@@ -2588,7 +2590,7 @@ from postgres_server import database_server, database_url  # noqa: E402,F401
 from test_cluster import (  # noqa: E402,F401
     cluster_ca, create_on, create_while_stored, drain, image_key, node_cert, nodes, stored_image,
 )
-from test_cluster import HEARTBEAT_S, LOST_AFTER_S, NODE_TABLE_TTL_S, kill_quietly, node_table  # noqa: E402
+from test_cluster import HEARTBEAT_S, LOST_AFTER_S, NODE_TABLE_TTL_S, admin, kill_quietly, node_table  # noqa: E402
 from test_cluster import on_one_seen_through_two, paused_field, stored_paused  # noqa: E402
 
 
@@ -2730,6 +2732,30 @@ def test_a_template_image_swapped_in_the_bucket_never_starts_another_templates_f
         drain(one, database_url, False)
         for name in names.values():
             httpx.delete(f"{one.url}/templates/{name}", headers={"X-API-KEY": API_KEY}, timeout=60)
+
+
+def test_a_team_spreading_its_creates_over_the_nodes_runs_no_more_than_its_limit(nodes, database_url):
+    """A team may run two sandboxes and sends its creates to every node,
+    hoping each counts only what it holds. With one on each node, a third is
+    refused with a 429 through either gateway, wherever placement would put
+    it; once one is killed, a create passes again."""
+    one, two = nodes
+    team = f"capped-{secrets.token_hex(4)}"
+    admin(database_url, "teams", "set", team, "--max-sandboxes", "2")
+    key = admin(database_url, "keys", "create", "--team", team).strip()
+    made = []
+    try:
+        made.append(create_on(one, nodes, database_url, via=one, api_key=key))
+        made.append(create_on(two, nodes, database_url, via=one, api_key=key))
+        time.sleep(2 * HEARTBEAT_S + 1)  # each node's figures reach the other at its heartbeat
+        for via in nodes:
+            with pytest.raises(RateLimitException, match="max-sandboxes"):
+                made.append(Sandbox.create(timeout=60, **via.env(key)))
+        made.pop(0).kill()
+        time.sleep(2 * HEARTBEAT_S + 1)
+        made.append(Sandbox.create(timeout=60, **two.env(key)))
+    finally:
+        kill_quietly(made)
 
 
 @pytest.fixture(scope="module")
