@@ -13,10 +13,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{Context, bail};
-use rcgen::{
-    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair, KeyUsagePurpose,
-};
-use time::{Duration, OffsetDateTime};
+use rcgen::{ExtendedKeyUsagePurpose, Issuer, KeyPair};
 use tokio_rustls::TlsAcceptor;
 use tokio_rustls::rustls::pki_types::pem::PemObject;
 use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
@@ -36,7 +33,7 @@ pub fn init_ca(dir: &Path) -> anyhow::Result<PathBuf> {
     let (cert, key) = (dir.join(CA_CERT), dir.join(CA_KEY));
     refuse_existing(&[cert.clone(), key.clone()], dir)?;
     let ca_key = KeyPair::generate()?;
-    let ca_cert = ca_params()?.self_signed(&ca_key)?;
+    let ca_cert = super::mint::ca_params(CA_NAME)?.self_signed(&ca_key)?;
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     super::mint::write(&key, &ca_key.serialize_pem(), 0o600)?;
     super::mint::write(&cert, &ca_cert.pem(), 0o644)?;
@@ -54,7 +51,7 @@ pub fn issue(ca_dir: &Path, hosts: &[String], out: &Path) -> anyhow::Result<()> 
     };
     let (ca_pem, ca_key) = (read(CA_CERT)?, read(CA_KEY)?);
     let ca_key = KeyPair::from_pem(&ca_key).context("parsing the cluster CA's key")?;
-    let issuer = Issuer::new(ca_params()?, ca_key);
+    let issuer = Issuer::new(super::mint::ca_params(CA_NAME)?, ca_key);
     let files = [out.join(CA_CERT), out.join(NODE_CERT), out.join(NODE_KEY)];
     refuse_existing(&files, out)?;
 
@@ -70,19 +67,6 @@ pub fn issue(ca_dir: &Path, hosts: &[String], out: &Path) -> anyhow::Result<()> 
     super::mint::write(&files[1], &leaf_cert.pem(), 0o644)?;
     super::mint::write(&files[0], &ca_pem, 0o644)?;
     Ok(())
-}
-
-/// The CA's fields; a signer rebuilt from them and the kept key issues
-/// certificates that chain to the CA certificate written at `init_ca`.
-fn ca_params() -> anyhow::Result<CertificateParams> {
-    let now = OffsetDateTime::now_utc();
-    let mut ca = CertificateParams::new(Vec::<String>::new())?;
-    ca.distinguished_name.push(DnType::CommonName, CA_NAME);
-    ca.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
-    ca.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
-    ca.not_before = now - Duration::days(1);
-    ca.not_after = now + Duration::days(3650);
-    Ok(ca)
 }
 
 fn refuse_existing(files: &[PathBuf], dir: &Path) -> anyhow::Result<()> {

@@ -34,18 +34,11 @@ pub fn init(domain: &str, dir: &Path) -> anyhow::Result<Minted> {
     if let Some(existing) = [&minted.ca, &minted.cert, &minted.key].into_iter().find(|p| p.exists()) {
         bail!("{} exists; remove {} first to mint a new CA", existing.display(), dir.display());
     }
-    let now = OffsetDateTime::now_utc();
-
-    let mut ca = CertificateParams::new(Vec::<String>::new())?;
-    ca.distinguished_name.push(DnType::CommonName, format!("copse local CA for {domain}"));
-    ca.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
-    ca.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+    let mut ca = ca_params(&format!("copse local CA for {domain}"))?;
     ca.name_constraints = Some(NameConstraints {
         permitted_subtrees: vec![GeneralSubtree::DnsName(domain.clone())],
         excluded_subtrees: Vec::new(),
     });
-    ca.not_before = now - Duration::days(1);
-    ca.not_after = now + Duration::days(3650);
     let ca_key = KeyPair::generate()?;
     let ca_cert = ca.self_signed(&ca_key)?;
     let issuer = Issuer::new(ca, ca_key);
@@ -60,6 +53,20 @@ pub fn init(domain: &str, dir: &Path) -> anyhow::Result<Minted> {
     write(&minted.cert, &format!("{}{}", leaf_cert.pem(), ca_cert.pem()), 0o644)?;
     write(&minted.key, &leaf_key.serialize_pem(), 0o600)?;
     Ok(minted)
+}
+
+/// A CA's fields: it signs leaf certificates (no intermediate below it)
+/// for ten years. A signer rebuilt from them and the CA's kept key issues
+/// certificates that chain to the CA certificate made from them earlier.
+pub(super) fn ca_params(common_name: &str) -> anyhow::Result<CertificateParams> {
+    let now = OffsetDateTime::now_utc();
+    let mut ca = CertificateParams::new(Vec::<String>::new())?;
+    ca.distinguished_name.push(DnType::CommonName, common_name);
+    ca.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
+    ca.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+    ca.not_before = now - Duration::days(1);
+    ca.not_after = now + Duration::days(3650);
+    Ok(ca)
 }
 
 /// A leaf certificate's fields: `names` (DNS names or addresses), signed
