@@ -25,7 +25,8 @@ pub fn next_target(goal: usize, alive: usize, available: u64, reserve: u64, per_
     (fits > 0).then(|| goal.min(alive + fits))
 }
 
-/// The memory cgroup directory of a sandbox: `<controller root>/copse-*/<id>`.
+/// The cgroup directory of a sandbox under the first of `roots` (a
+/// controller's root) that has one: `<root>/copse-*/<id>`.
 pub fn sandbox_cgroup(roots: &[PathBuf], id: &str) -> Option<PathBuf> {
     for root in roots {
         for e in std::fs::read_dir(root).into_iter().flatten().flatten() {

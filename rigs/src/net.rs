@@ -242,21 +242,18 @@ async fn put_network(conn: &mut Conn, key: &str, id: &str, body: String) -> anyh
     Ok(took)
 }
 
-/// `/proc/<pid>/ns/net` of a process of sandbox `id` (found by its cgroup).
+/// `/proc/<pid>/ns/net` of a process of sandbox `id` (found by its cgroup,
+/// in whichever hierarchy holds it).
 fn netns_of(id: &str) -> anyhow::Result<String> {
     let mut roots = vec![std::path::PathBuf::from("/sys/fs/cgroup")];
     roots.extend(std::fs::read_dir("/sys/fs/cgroup")?.flatten().map(|e| e.path()));
-    for root in roots {
-        for subtree in std::fs::read_dir(&root).into_iter().flatten().flatten() {
-            let procs = subtree.path().join(id).join("cgroup.procs");
-            if let Ok(text) = std::fs::read_to_string(&procs)
-                && let Some(pid) = text.split_whitespace().next()
-            {
-                return Ok(format!("/proc/{pid}/ns/net"));
-            }
-        }
+    let procs = crate::density::sandbox_cgroup(&roots, id)
+        .and_then(|dir| std::fs::read_to_string(dir.join("cgroup.procs")).ok())
+        .unwrap_or_default();
+    match procs.split_whitespace().next() {
+        Some(pid) => Ok(format!("/proc/{pid}/ns/net")),
+        None => bail!("no process of sandbox {id} found in any copse cgroup"),
     }
-    bail!("no process of sandbox {id} found in any copse cgroup")
 }
 
 /// Runs `f` on a thread inside the network namespace at `netns` (the
