@@ -134,7 +134,11 @@ impl Sandboxes {
     pub(super) async fn fetch_files(&self, files: &SnapshotRecord, key: &str, what: &str) -> Result<()> {
         // Two creates of one snapshot fetch it once.
         let _fetching = self.fetching.lock(&files.key).await;
-        if self.has_snapshot(&files.key).await? {
+        // A copy this run fetched is known without listing every snapshot
+        // on the host.
+        if self.fetched.lock().unwrap_or_else(|e| e.into_inner()).contains(&files.key)
+            || self.has_snapshot(&files.key).await?
+        {
             return Ok(());
         }
         let node = files.node.as_deref().unwrap_or("-");
