@@ -49,6 +49,7 @@ class Node(Gateway):
     def __init__(self, n: int, database: str, ca: str, objects):
         super().__init__(second_data_dir(f"node{n}"))
         self.bridge, subnet = node_network(n)
+        self.ca = ca
         self.tls = node_cert(ca, self.data_dir / "cluster-tls")
         self.peer_port = free_port()
         self.args = ["--database", database, "--bridge", self.bridge, "--subnet", subnet,

@@ -10,6 +10,7 @@ import pathlib
 import select
 import socket
 import secrets
+import shutil
 import ssl
 import stat
 import subprocess
@@ -2654,6 +2655,33 @@ def test_only_a_node_of_the_cluster_ca_reaches_the_peer_listener(nodes, database
         assert victim.commands.run("echo alive").stdout.strip() == "alive"
     finally:
         victim.kill()
+
+
+def test_a_leaked_node_certificate_reaches_no_node_once_revoked(nodes, database_url, tmp_path):
+    """A node certificate leaks (a decommissioned host's disk). Until it is
+    revoked it reaches the peer listener as a node would; once `copse tls
+    revoke` lists it and node one restarts with the list in its directory,
+    its handshake fails there, while node two's certificate still gets
+    through and the cluster keeps forwarding."""
+    one, two = nodes
+    api = {"X-API-KEY": one.env()["api_key"]}
+    leaked = node_cert(one.ca, tmp_path / "leaked")
+    with peer_client(one, leaked) as peer:
+        assert peer.get("/sandboxes", headers=api).status_code == 200
+    subprocess.run([str(COPSE), "tls", "revoke", "--ca", one.ca, f"{leaked}/node.pem"], check=True,
+                   capture_output=True)
+    shutil.copy(pathlib.Path(one.ca) / "crl.pem", pathlib.Path(one.tls) / "crl.pem")
+    one.stop()
+    one.up()
+    with peer_client(one, leaked) as refused, pytest.raises((httpx.TransportError, ssl.SSLError)):
+        refused.get("/sandboxes", headers=api)
+    with peer_client(one, two.tls) as peer:
+        assert peer.get("/sandboxes", headers=api).status_code == 200
+    sbx = create_on(one, nodes, database_url, via=two)
+    try:
+        assert sbx.commands.run("echo forwarded").stdout.strip() == "forwarded"
+    finally:
+        sbx.kill()
 
 
 def test_a_manifest_swapped_in_the_bucket_never_starts_another_snapshots_files(nodes, database_url, object_store):

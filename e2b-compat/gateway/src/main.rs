@@ -287,6 +287,17 @@ enum TlsCommand {
         #[arg(long)]
         out: PathBuf,
     },
+    /// Revoke node certificates: the CA's revocation list (crl.pem) gains
+    /// them; copy it into each node's --cluster-tls directory and restart
+    /// the node (its sandboxes keep running) for it to refuse them.
+    Revoke {
+        /// The directory `copse tls cluster-ca` wrote.
+        #[arg(long)]
+        ca: PathBuf,
+        /// The node certificates (node.pem) to revoke.
+        #[arg(required = true)]
+        certs: Vec<PathBuf>,
+    },
 }
 
 #[derive(Subcommand)]
@@ -678,6 +689,15 @@ fn main() -> anyhow::Result<()> {
                 "wrote {out} for {hosts}; start the node with --database … --cluster-tls {out} --cluster-listen ADDR",
                 out = out.display(),
                 hosts = hosts.join(", ")
+            );
+            Ok(())
+        }
+        Command::Tls { command: TlsCommand::Revoke { ca, certs } } => {
+            let crl = copse_gateway::tls::cluster::revoke(&ca, &certs)?;
+            println!(
+                "wrote {crl}; copy it into each node's --cluster-tls directory as {name} and restart the node",
+                crl = crl.display(),
+                name = copse_gateway::tls::cluster::CRL
             );
             Ok(())
         }

@@ -8,15 +8,26 @@
 //!
 //! The CA vouches for nothing outside the cluster: only the nodes' peer
 //! listeners and forwarding clients trust it, never a system trust store.
+//!
+//! `copse tls revoke` adds node certificates to the CA's revocation list
+//! (`crl.pem`, signed by the CA). A node reads the list from its own
+//! directory at start and then refuses those certificates at both ends:
+//! a revoked node can neither forward to it nor be forwarded to by it.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{Context, bail};
-use rcgen::{ExtendedKeyUsagePurpose, Issuer, KeyPair};
+use rcgen::{
+    CertificateRevocationListParams, ExtendedKeyUsagePurpose, Issuer, KeyIdMethod, KeyPair, RevocationReason,
+    RevokedCertParams, SerialNumber,
+};
+use time::{Duration, OffsetDateTime};
 use tokio_rustls::TlsAcceptor;
+use tokio_rustls::rustls::client::WebPkiServerVerifier;
 use tokio_rustls::rustls::pki_types::pem::PemObject;
-use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use tokio_rustls::rustls::pki_types::{CertificateDer, CertificateRevocationListDer, PrivateKeyDer};
 use tokio_rustls::rustls::server::WebPkiClientVerifier;
 use tokio_rustls::rustls::{self, ClientConfig, RootCertStore, ServerConfig};
 
@@ -27,6 +38,12 @@ const CA_KEY: &str = "ca-key.pem";
 const NODE_CERT: &str = "node.pem";
 const NODE_KEY: &str = "node-key.pem";
 const CA_NAME: &str = "copse cluster CA";
+/// The CA's revocation list, signed by it: written beside the CA key by
+/// `copse tls revoke`, copied into each node's directory.
+pub const CRL: &str = "crl.pem";
+/// The revoked serials (hex) and when each was revoked (Unix seconds), one
+/// per line: what each new list is made from.
+const REVOKED: &str = "revoked";
 
 /// Writes a new cluster CA (certificate and key) into `dir`.
 pub fn init_ca(dir: &Path) -> anyhow::Result<PathBuf> {
@@ -66,7 +83,98 @@ pub fn issue(ca_dir: &Path, hosts: &[String], out: &Path) -> anyhow::Result<()> 
     super::mint::write(&files[2], &leaf_key.serialize_pem(), 0o600)?;
     super::mint::write(&files[1], &leaf_cert.pem(), 0o644)?;
     super::mint::write(&files[0], &ca_pem, 0o644)?;
+    // A new node starts with the certificates revoked so far.
+    if let Ok(crl) = std::fs::read_to_string(ca_dir.join(CRL)) {
+        super::mint::write(&out.join(CRL), &crl, 0o644)?;
+    }
     Ok(())
+}
+
+/// Revokes the node certificates in `certs` (PEM files) with the CA in
+/// `ca_dir`: adds them to its list and writes a new revocation list signed
+/// by the CA (`ca_dir/crl.pem`), whose path it returns. A certificate
+/// another CA signed is refused, and revoking one twice keeps its date.
+pub fn revoke(ca_dir: &Path, certs: &[PathBuf]) -> anyhow::Result<PathBuf> {
+    anyhow::ensure!(!certs.is_empty(), "name at least one node certificate to revoke");
+    let read = |path: &Path| std::fs::read(path).with_context(|| format!("reading {}", path.display()));
+    let ca_der = CertificateDer::from_pem_slice(&read(&ca_dir.join(CA_CERT))?).context("parsing the CA certificate")?;
+    let (_, ca) = x509_parser::parse_x509_certificate(&ca_der).context("parsing the CA certificate")?;
+    let ca_key = String::from_utf8(read(&ca_dir.join(CA_KEY))?).context("the CA key is not PEM")?;
+    let list = ca_dir.join(REVOKED);
+    let mut revoked = match std::fs::read_to_string(&list) {
+        Ok(text) => parse_revoked(&text).with_context(|| format!("reading {}", list.display()))?,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => BTreeMap::new(),
+        Err(e) => return Err(e).with_context(|| format!("reading {}", list.display())),
+    };
+    let now = OffsetDateTime::now_utc();
+    for path in certs {
+        let der =
+            CertificateDer::from_pem_slice(&read(path)?).with_context(|| format!("parsing {}", path.display()))?;
+        let (_, cert) =
+            x509_parser::parse_x509_certificate(&der).with_context(|| format!("parsing {}", path.display()))?;
+        if cert.verify_signature(Some(ca.public_key())).is_err() {
+            bail!("{} was not signed by the cluster CA in {}", path.display(), ca_dir.display());
+        }
+        revoked.entry(hex(cert.raw_serial())).or_insert(now.unix_timestamp());
+    }
+    let issuer = Issuer::new(super::mint::ca_params(CA_NAME)?, KeyPair::from_pem(&ca_key)?);
+    let crl = CertificateRevocationListParams {
+        this_update: now,
+        next_update: now + Duration::days(3650),
+        // Each list supersedes the one before.
+        crl_number: SerialNumber::from(now.unix_timestamp().unsigned_abs()),
+        issuing_distribution_point: None,
+        revoked_certs: revoked
+            .iter()
+            .map(|(serial, at)| {
+                Ok(RevokedCertParams {
+                    serial_number: SerialNumber::from_slice(&unhex(serial)?),
+                    revocation_time: OffsetDateTime::from_unix_timestamp(*at)?,
+                    reason_code: Some(RevocationReason::KeyCompromise),
+                    invalidity_date: None,
+                })
+            })
+            .collect::<anyhow::Result<_>>()?,
+        key_identifier_method: KeyIdMethod::Sha256,
+    }
+    .signed_by(&issuer)?;
+    let lines: String = revoked.iter().map(|(serial, at)| format!("{serial} {at}\n")).collect();
+    replace(&list, &lines)?;
+    let path = ca_dir.join(CRL);
+    replace(&path, &crl.pem()?)?;
+    Ok(path)
+}
+
+/// The lines of the CA's `revoked` file: serial (hex) → revocation time.
+fn parse_revoked(text: &str) -> anyhow::Result<BTreeMap<String, i64>> {
+    text.lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|line| {
+            let (serial, at) = line.split_once(' ').with_context(|| format!("odd line {line:?}"))?;
+            unhex(serial)?;
+            Ok((serial.to_string(), at.trim().parse().with_context(|| format!("odd time in {line:?}"))?))
+        })
+        .collect()
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn unhex(text: &str) -> anyhow::Result<Vec<u8>> {
+    anyhow::ensure!(
+        !text.is_empty() && text.len().is_multiple_of(2) && text.bytes().all(|b| b.is_ascii_hexdigit()),
+        "{text:?} is not a serial number in hex"
+    );
+    (0..text.len()).step_by(2).map(|i| Ok(u8::from_str_radix(&text[i..i + 2], 16)?)).collect()
+}
+
+/// Writes `contents` to `path` whole (a reader sees the old file or the
+/// new one, never part of it).
+fn replace(path: &Path, contents: &str) -> anyhow::Result<()> {
+    let staged = path.with_extension("new");
+    std::fs::write(&staged, contents).with_context(|| format!("writing {}", staged.display()))?;
+    std::fs::rename(&staged, path).with_context(|| format!("replacing {}", path.display()))
 }
 
 fn refuse_existing(files: &[PathBuf], dir: &Path) -> anyhow::Result<()> {
@@ -112,8 +220,14 @@ impl NodeTls {
         let key_path = dir.join(NODE_KEY);
         let key = PrivateKeyDer::from_pem_file(&key_path).with_context(|| format!("reading {}", key_path.display()))?;
         let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let crls = revocations(&dir.join(CRL))?;
 
-        let verifier = WebPkiClientVerifier::builder_with_provider(roots.clone(), provider.clone()).build()?;
+        // The list's issuer is the CA, which is no one's certificate to
+        // revoke: only the node's own certificate is looked up in it.
+        let verifier = WebPkiClientVerifier::builder_with_provider(roots.clone(), provider.clone())
+            .with_crls(crls.clone())
+            .only_check_end_entity_revocation()
+            .build()?;
         let mut server = ServerConfig::builder_with_provider(provider.clone())
             .with_safe_default_protocol_versions()?
             .with_client_cert_verifier(verifier)
@@ -122,14 +236,30 @@ impl NodeTls {
         // Forwarded upgrades (command streams, WebSockets) need HTTP/1.1.
         server.alpn_protocols = vec![b"http/1.1".to_vec()];
 
+        let servers = WebPkiServerVerifier::builder_with_provider(roots, provider.clone())
+            .with_crls(crls)
+            .only_check_end_entity_revocation()
+            .build()?;
         // No ALPN here: the forwarding client's connector sets it.
         let client = ClientConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()?
-            .with_root_certificates(roots)
+            .with_webpki_verifier(servers)
             .with_client_auth_cert(chain, key)
             .context("the node certificate and key do not form a usable pair")?;
         Ok(Self { acceptor: TlsAcceptor::from(Arc::new(server)), client: Arc::new(client) })
     }
+}
+
+/// The revocation list in a node's directory, if `copse tls revoke` made
+/// one and it was copied there.
+fn revocations(path: &Path) -> anyhow::Result<Vec<CertificateRevocationListDer<'static>>> {
+    if !path.exists() {
+        return Ok(Vec::new());
+    }
+    CertificateRevocationListDer::pem_file_iter(path)
+        .with_context(|| format!("reading {}", path.display()))?
+        .collect::<Result<Vec<_>, _>>()
+        .with_context(|| format!("parsing {}", path.display()))
 }
 
 #[cfg(test)]
@@ -197,5 +327,38 @@ mod tests {
         // A second certificate never overwrites a node's files.
         assert!(issue(&ca, &["127.0.0.1".into()], &dir.path().join("one")).is_err());
         assert!(init_ca(&ca).is_err());
+    }
+
+    #[tokio::test]
+    async fn a_revoked_node_is_refused_at_both_ends_by_a_node_that_loaded_the_list() {
+        let dir = tempfile::tempdir().unwrap();
+        let (ca, other_ca) = (dir.path().join("ca"), dir.path().join("other-ca"));
+        init_ca(&ca).unwrap();
+        init_ca(&other_ca).unwrap();
+        let at = |name: &str| dir.path().join(name);
+        node(&ca, &at("one"), "127.0.0.1");
+        let two = node(&ca, &at("two"), "node2.cluster");
+        let three = node(&ca, &at("three"), "node3.cluster");
+        node(&other_ca, &at("stranger"), "127.0.0.1");
+
+        let crl = revoke(&ca, &[at("two").join(NODE_CERT)]).unwrap();
+        std::fs::copy(&crl, at("one").join(CRL)).unwrap();
+        let one = NodeTls::load(&at("one")).unwrap();
+        assert!(talk(two.client.clone(), one.acceptor.clone(), "127.0.0.1").await.is_err(), "two forwards to one");
+        assert!(talk(one.client.clone(), two.acceptor.clone(), "node2.cluster").await.is_err(), "one forwards to two");
+        talk(three.client.clone(), one.acceptor.clone(), "127.0.0.1").await.unwrap();
+        talk(one.client.clone(), three.acceptor.clone(), "node3.cluster").await.unwrap();
+
+        // Revoking it again changes nothing; another CA's certificate is
+        // not this CA's to revoke.
+        revoke(&ca, &[at("two").join(NODE_CERT)]).unwrap();
+        assert_eq!(std::fs::read_to_string(ca.join(REVOKED)).unwrap().lines().count(), 1);
+        let refused = revoke(&ca, &[at("stranger").join(NODE_CERT)]).unwrap_err();
+        assert!(refused.to_string().contains("not signed by the cluster CA"), "{refused}");
+        // A node issued later starts with the list.
+        issue(&ca, &["node4.cluster".into()], &at("four")).unwrap();
+        let four = NodeTls::load(&at("four")).unwrap();
+        assert!(talk(two.client.clone(), four.acceptor.clone(), "node4.cluster").await.is_err());
+        talk(three.client.clone(), four.acceptor.clone(), "node4.cluster").await.unwrap();
     }
 }
