@@ -455,10 +455,15 @@ def test_a_drain_that_moves_sandboxes_resumes_them_on_another_node(nodes, databa
         kill_quietly(made)
 
 
-def admin(database: str, *args) -> str:
-    """A `copse` operator command on the cluster's database."""
-    return subprocess.run([str(COPSE), *args, "--database", database],
-                          check=True, capture_output=True, text=True).stdout
+def limited_team(database: str, prefix: str, *limits: str) -> tuple[str, str]:
+    """A new team with `limits` (`copse teams set` flags), and a key of it."""
+    def admin(*args) -> str:
+        return subprocess.run([str(COPSE), *args, "--database", database],
+                              check=True, capture_output=True, text=True).stdout
+
+    team = f"{prefix}-{secrets.token_hex(4)}"
+    admin("teams", "set", team, *limits)
+    return team, admin("keys", "create", "--team", team).strip()
 
 
 def test_a_sandbox_moved_away_stops_counting_and_leaves_no_files_on_its_old_node(nodes, database_url, object_store):
@@ -466,9 +471,7 @@ def test_a_sandbox_moved_away_stops_counting_and_leaves_no_files_on_its_old_node
     of it within heartbeats, not at its next restart: the sandbox no longer
     counts against its team's limits there, and its files there are gone."""
     one, two = nodes
-    team = f"moved-{secrets.token_hex(4)}"
-    admin(database_url, "teams", "set", team, "--max-paused", "1")
-    key = admin(database_url, "keys", "create", "--team", team).strip()
+    team, key = limited_team(database_url, "moved", "--max-paused", "1")
     made = []
     try:
         moved = create_on(one, nodes, database_url, via=two, api_key=key)

@@ -2591,7 +2591,7 @@ from postgres_server import database_server, database_url  # noqa: E402,F401
 from test_cluster import (  # noqa: E402,F401
     cluster_ca, create_on, create_while_stored, drain, image_key, node_cert, nodes, stored_image,
 )
-from test_cluster import HEARTBEAT_S, LOST_AFTER_S, NODE_TABLE_TTL_S, admin, kill_quietly, node_table  # noqa: E402
+from test_cluster import HEARTBEAT_S, LOST_AFTER_S, NODE_TABLE_TTL_S, kill_quietly, limited_team, node_table  # noqa: E402
 from test_cluster import on_one_seen_through_two, paused_field, stored_paused  # noqa: E402
 
 
@@ -2705,24 +2705,35 @@ def test_a_manifest_swapped_in_the_bucket_never_starts_another_snapshots_files(n
     while not all(object_store.read(k) for k in keys.values()):
         assert time.monotonic() < deadline, "the node stored its snapshots"
         time.sleep(0.5)
+    try:
+        refused_while_swapped(nodes, database_url, object_store, keys,
+                              lambda: create_while_stored(names["victim"], via=two), "victim")
+    finally:
+        for name in names.values():
+            Sandbox.delete_snapshot(name, **one.env())
+
+
+def refused_while_swapped(nodes, database: str, object_store, keys: dict, create, note: str):
+    """With `keys["other"]`'s object under `keys["victim"]` and node one
+    drained, `create()` is refused as another version; once the real
+    object is back, it starts on node two with `note` in its files."""
+    one, two = nodes
     real = object_store.read(keys["victim"])
     object_store.overwrite(keys["victim"], object_store.read(keys["other"]))
-    drain(one, database_url)
+    drain(one, database)
     try:
         time.sleep(NODE_TABLE_TTL_S + 0.5)
         with pytest.raises(Exception, match="another version"):
-            create_while_stored(names["victim"], via=two)
+            create()
         object_store.overwrite(keys["victim"], real)
-        moved = create_while_stored(names["victim"], via=two)
+        moved = create()
         try:
             assert two.holds(moved.sandbox_id)
-            assert moved.files.read("/home/user/note") == "victim"
+            assert moved.files.read("/home/user/note") == note
         finally:
             moved.kill()
     finally:
-        drain(one, database_url, False)
-        for name in names.values():
-            Sandbox.delete_snapshot(name, **one.env())
+        drain(one, database, False)
 
 
 def test_a_template_image_swapped_in_the_bucket_never_starts_another_templates_files(nodes, database_url,
@@ -2734,30 +2745,19 @@ def test_a_template_image_swapped_in_the_bucket_never_starts_another_templates_f
     real image still starts once it is back."""
     from e2b import Template
 
-    one, two = nodes
+    one = nodes[0]
     tag = os.urandom(4).hex()
     names = {text: f"swap-image-{text}-{tag}" for text in ("victim", "other")}
     for text, name in names.items():
         Template.build(Template().from_template("base").run_cmd(f"echo {text} > /home/user/note"), alias=name,
                        **one.env())
-    keys = {text: f"images/{image_key(database_url, name)}" for text, name in names.items()}
-    real = stored_image(object_store, keys["victim"].removeprefix("images/"))
-    stored_image(object_store, keys["other"].removeprefix("images/"))
-    object_store.overwrite(keys["victim"], object_store.read(keys["other"]))
-    drain(one, database_url)
+    images = {text: image_key(database_url, name) for text, name in names.items()}
+    for key in images.values():
+        stored_image(object_store, key)
     try:
-        time.sleep(NODE_TABLE_TTL_S + 0.5)
-        with pytest.raises(Exception, match="another version"):
-            Sandbox.create(names["victim"], timeout=60, **one.env())
-        object_store.overwrite(keys["victim"], real)
-        moved = Sandbox.create(names["victim"], timeout=60, **one.env())
-        try:
-            assert two.holds(moved.sandbox_id)
-            assert moved.files.read("/home/user/note") == "victim\n"
-        finally:
-            moved.kill()
+        refused_while_swapped(nodes, database_url, object_store, {t: f"images/{k}" for t, k in images.items()},
+                              lambda: Sandbox.create(names["victim"], timeout=60, **one.env()), "victim\n")
     finally:
-        drain(one, database_url, False)
         for name in names.values():
             httpx.delete(f"{one.url}/templates/{name}", headers={"X-API-KEY": API_KEY}, timeout=60)
 
@@ -2768,9 +2768,7 @@ def test_a_team_spreading_its_creates_over_the_nodes_runs_no_more_than_its_limit
     refused with a 429 through either gateway, wherever placement would put
     it; once one is killed, a create passes again."""
     one, two = nodes
-    team = f"capped-{secrets.token_hex(4)}"
-    admin(database_url, "teams", "set", team, "--max-sandboxes", "2")
-    key = admin(database_url, "keys", "create", "--team", team).strip()
+    _, key = limited_team(database_url, "capped", "--max-sandboxes", "2")
     made = []
     try:
         made.append(create_on(one, nodes, database_url, via=one, api_key=key))
