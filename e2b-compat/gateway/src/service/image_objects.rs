@@ -11,8 +11,9 @@
 //! The marker lives in the labels, not the template's record: a build
 //! rewrites that record wholesale as its log grows, and would undo it.
 //! Images of templates built from OCI images sit on the image's own
-//! template, which only the building node has: placement finds no other
-//! node for them, so they stay where they were built.
+//! template, which only the building node has: they are not uploaded, and
+//! placement finds no other node for them, so they stay where they were
+//! built.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -20,7 +21,7 @@ use std::time::Instant;
 use copse_objects::Bucket;
 use tokio::runtime::Handle;
 
-use super::Sandboxes;
+use super::{Sandboxes, is_image_template};
 use crate::model::{Image, Result, SnapshotRecord, TemplateRecord};
 use crate::snapshot_file;
 
@@ -30,9 +31,10 @@ impl Sandboxes {
     pub(super) async fn store_images(&self, bucket: &Arc<Bucket>) -> anyhow::Result<bool> {
         let mut failed = false;
         for record in self.store.built_templates()? {
-            let Some(image) =
-                record.image.clone().filter(|_| record.node.is_some() && self.holds(record.node.as_deref()))
-            else {
+            let ours = record.node.is_some() && self.holds(record.node.as_deref());
+            // An image's template is on this node only: no other could
+            // start its builds' images (module doc).
+            let Some(image) = record.image.clone().filter(|i| ours && !is_image_template(&i.substrate_template)) else {
                 continue;
             };
             if self.template_labels(&record)?.stored_images.contains(&image.snapshot_key) {
