@@ -112,7 +112,7 @@ impl Sandboxes {
         if fetched.is_empty() {
             return Ok(());
         }
-        let named = self.named_snapshots()?;
+        let named = self.named_snapshots(self.store.snapshots()?, self.store.build_layers()?)?;
         for key in fetched.into_iter().filter(|k| !named.contains(k)) {
             // Not while a create fetches it again (its record came back
             // under another name: an import).

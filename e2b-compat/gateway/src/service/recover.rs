@@ -6,6 +6,7 @@ use std::collections::HashSet;
 use copse_substrate::{Placement, SandboxNetwork};
 
 use super::Sandboxes;
+use crate::model::{BuildLayer, SnapshotRecord};
 
 impl Sandboxes {
     /// Re-adopt what survived a gateway restart; destroy the rest.
@@ -63,7 +64,7 @@ impl Sandboxes {
                 self.store.remove_build_layer(&layer.key)?;
             }
         }
-        let named = self.named_snapshots()?;
+        let named = self.named_snapshots(rows, layers)?;
         for orphan in on_host.into_iter().filter(|s| !named.contains(&s.id)) {
             tracing::info!("removing snapshot {} that no record names", orphan.id);
             self.blocking(move |s| s.delete_snapshot(&orphan.id)).await?;
@@ -73,9 +74,14 @@ impl Sandboxes {
 
     /// The substrate snapshots some row of any node names: a snapshot, a
     /// paused sandbox's files, a built template's image (its own or one a
-    /// tag keeps) or a build cache entry.
-    pub(super) fn named_snapshots(&self) -> anyhow::Result<HashSet<String>> {
-        let mut named: HashSet<String> = self.store.snapshots()?.into_iter().map(|r| r.key).collect();
+    /// tag keeps) or a build cache entry; `snapshots` and `layers` are the
+    /// snapshot and build cache rows, as the caller read them.
+    pub(super) fn named_snapshots(
+        &self,
+        snapshots: Vec<SnapshotRecord>,
+        layers: Vec<BuildLayer>,
+    ) -> anyhow::Result<HashSet<String>> {
+        let mut named: HashSet<String> = snapshots.into_iter().map(|r| r.key).collect();
         named.extend(self.store.all()?.into_iter().filter_map(|r| r.paused.and_then(|p| p.files_only)));
         for template in self.store.built_templates()? {
             if let Some(labels) = self.store.template_labels(&template.id)? {
@@ -83,7 +89,7 @@ impl Sandboxes {
             }
             named.extend(template.image.map(|i| i.snapshot_key));
         }
-        named.extend(self.store.build_layers()?.into_iter().map(|l| l.snapshot_key));
+        named.extend(layers.into_iter().map(|l| l.snapshot_key));
         Ok(named)
     }
 }

@@ -25,27 +25,18 @@ pub struct Usage {
 
 impl Usage {
     pub fn of(&self, team: &str) -> TeamUsage {
-        let mut usage = TeamUsage::default();
-        for held in read(&self.sandboxes).values().filter(|h| h.team == team) {
-            match held.state {
-                State::Running => usage.running += 1,
-                State::Paused => usage.paused += 1,
-            }
-            usage.disk_bytes += held.disk_bytes;
-        }
-        for ((owner, _), size) in read(&self.snapshots).iter() {
-            if owner == team {
-                usage.snapshots += 1;
-                usage.disk_bytes += size;
-            }
-        }
-        usage
+        self.tally(|t| t == team).remove(team).unwrap_or_default()
     }
 
     /// Every team's holdings, for the teams that hold anything.
     pub fn by_team(&self) -> BTreeMap<String, TeamUsage> {
+        self.tally(|_| true)
+    }
+
+    /// The holdings of the teams `counted` picks.
+    fn tally(&self, counted: impl Fn(&str) -> bool) -> BTreeMap<String, TeamUsage> {
         let mut teams: BTreeMap<String, TeamUsage> = BTreeMap::new();
-        for held in read(&self.sandboxes).values() {
+        for held in read(&self.sandboxes).values().filter(|h| counted(&h.team)) {
             let usage = teams.entry(held.team.clone()).or_default();
             match held.state {
                 State::Running => usage.running += 1,
@@ -53,7 +44,7 @@ impl Usage {
             }
             usage.disk_bytes += held.disk_bytes;
         }
-        for ((team, _), size) in read(&self.snapshots).iter() {
+        for ((team, _), size) in read(&self.snapshots).iter().filter(|((t, _), _)| counted(t)) {
             let usage = teams.entry(team.clone()).or_default();
             usage.snapshots += 1;
             usage.disk_bytes += size;
