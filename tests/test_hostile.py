@@ -4,6 +4,7 @@ sandbox write something the host later reads adds its attack here."""
 
 import base64
 import hashlib
+import http.client
 import json
 import os
 import pathlib
@@ -2623,13 +2624,18 @@ def test_a_forged_forwarding_mark_never_lets_a_gateway_act_on_another_nodes_sand
             victim.kill()
 
 
-def peer_client(node, cert_dir=None) -> httpx.Client:
-    """A client of `node`'s peer listener that trusts the cluster CA and
-    shows the node certificate in `cert_dir`, if any."""
+def peer_context(node, cert_dir=None) -> ssl.SSLContext:
+    """TLS that trusts the cluster CA and shows the node certificate in
+    `cert_dir`, if any."""
     context = ssl.create_default_context(cafile=f"{node.tls}/ca.pem")
     if cert_dir is not None:
         context.load_cert_chain(f"{cert_dir}/node.pem", f"{cert_dir}/node-key.pem")
-    return httpx.Client(base_url=f"https://127.0.0.1:{node.peer_port}", verify=context, timeout=30)
+    return context
+
+
+def peer_client(node, cert_dir=None) -> httpx.Client:
+    """A client of `node`'s peer listener (see `peer_context`)."""
+    return httpx.Client(base_url=f"https://127.0.0.1:{node.peer_port}", verify=peer_context(node, cert_dir), timeout=30)
 
 
 def test_only_a_node_of_the_cluster_ca_reaches_the_peer_listener(nodes, database_url, tmp_path):
@@ -2659,29 +2665,83 @@ def test_only_a_node_of_the_cluster_ca_reaches_the_peer_listener(nodes, database
 
 def test_a_leaked_node_certificate_reaches_no_node_once_revoked(nodes, database_url, tmp_path):
     """A node certificate leaks (a decommissioned host's disk). Until it is
-    revoked it reaches the peer listener as a node would; once `copse tls
-    revoke` lists it and node one restarts with the list in its directory,
-    its handshake fails there, while node two's certificate still gets
-    through and the cluster keeps forwarding."""
+    revoked it reaches the peer listener as a node would. Once `copse tls
+    revoke --database` publishes the list, the running nodes take it up at
+    their next heartbeat, with no restart: a connection it holds is closed
+    and a new handshake fails on either node. Whoever can write the
+    database cannot take the revocation back, with an older list of the
+    CA or one another CA signed. Node two's certificate still gets through
+    and the cluster keeps forwarding."""
     one, two = nodes
     api = {"X-API-KEY": one.env()["api_key"]}
+    crl = pathlib.Path(one.ca) / "crl.pem"
+    revoke(one.ca, node_cert(one.ca, tmp_path / "retired"), database_url)
+    older = crl.read_text()
     leaked = node_cert(one.ca, tmp_path / "leaked")
-    with peer_client(one, leaked) as peer:
-        assert peer.get("/sandboxes", headers=api).status_code == 200
-    subprocess.run([str(COPSE), "tls", "revoke", "--ca", one.ca, f"{leaked}/node.pem"], check=True,
-                   capture_output=True)
-    shutil.copy(pathlib.Path(one.ca) / "crl.pem", pathlib.Path(one.tls) / "crl.pem")
-    one.stop()
-    one.up()
-    with peer_client(one, leaked) as refused, pytest.raises((httpx.TransportError, ssl.SSLError)):
-        refused.get("/sandboxes", headers=api)
-    with peer_client(one, two.tls) as peer:
-        assert peer.get("/sandboxes", headers=api).status_code == 200
+    held = http.client.HTTPSConnection("127.0.0.1", one.peer_port, context=peer_context(one, leaked), timeout=10)
+    try:
+        held.request("GET", "/sandboxes", headers=api)
+        assert held.getresponse().read() is not None
+        revoke(one.ca, leaked, database_url)
+        published = crl.read_text()
+        # Kept busy, the connection never idles out: only the list ends it.
+        deadline = time.monotonic() + 8 * HEARTBEAT_S
+        while True:
+            assert time.monotonic() < deadline, "the held connection outlived the revocation"
+            try:
+                held.request("GET", "/sandboxes", headers=api)
+                assert held.getresponse().read() is not None
+            except (OSError, http.client.HTTPException):
+                break
+            time.sleep(0.2)
+        assert "client certificate was revoked" in (one.data_dir / "gateway.log").read_text()
+    finally:
+        held.close()
+    for node in nodes:
+        # Each node at its own heartbeat.
+        deadline = time.monotonic() + 4 * HEARTBEAT_S
+        while reaches_peer_listener(node, leaked):
+            assert time.monotonic() < deadline, "the node still takes the revoked certificate"
+            time.sleep(0.2)
+        assert (pathlib.Path(node.tls) / "crl.pem").read_text() == published
+    forged = (pathlib.Path(cluster_ca(tmp_path / "other-ca")) / "crl.pem")
+    revoke(str(forged.parent), node_cert(str(forged.parent), tmp_path / "stranger"))
+    try:
+        for pem in (older, forged.read_text()):
+            publish_revocations(database_url, pem)
+            time.sleep(3 * HEARTBEAT_S)
+            assert not any(reaches_peer_listener(node, leaked) for node in nodes)
+    finally:
+        publish_revocations(database_url, published)
+    assert reaches_peer_listener(one, two.tls)
     sbx = create_on(one, nodes, database_url, via=two)
     try:
         assert sbx.commands.run("echo forwarded").stdout.strip() == "forwarded"
     finally:
         sbx.kill()
+
+
+def reaches_peer_listener(node, cert_dir: str) -> bool:
+    """Whether a client showing the certificate in `cert_dir` gets an
+    answer from `node`'s peer listener."""
+    with peer_client(node, cert_dir) as client:
+        try:
+            return client.get("/sandboxes", headers={"X-API-KEY": node.env()["api_key"]}).status_code == 200
+        except (httpx.TransportError, ssl.SSLError):
+            return False
+
+
+def revoke(ca: str, cert_dir: str, database: str | None = None):
+    """`copse tls revoke` of the node certificate in `cert_dir`."""
+    args = [str(COPSE), "tls", "revoke", "--ca", ca, f"{cert_dir}/node.pem"]
+    subprocess.run(args + (["--database", database] if database else []), check=True, capture_output=True)
+
+
+def publish_revocations(database: str, pem: str):
+    """Writes `pem` as the published list, as anyone with the database could."""
+    subprocess.run(["psql", database, "-v", "ON_ERROR_STOP=1", "-v", f"pem={pem}"], check=True,
+                   capture_output=True, text=True,
+                   input="UPDATE revocation_lists SET pem = :'pem' WHERE id = 'cluster';")
 
 
 def test_a_manifest_swapped_in_the_bucket_never_starts_another_snapshots_files(nodes, database_url, object_store):

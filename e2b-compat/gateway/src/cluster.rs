@@ -18,6 +18,7 @@ use anyhow::Context;
 
 use crate::model::{HEARTBEAT_MS, NodeRecord, NodeStore, now_ms, validate_node_id};
 use crate::service::Sandboxes;
+use crate::tls::cluster::NodeTls;
 
 const NODE_ID_FILE: &str = "node-id";
 
@@ -127,6 +128,34 @@ pub fn spawn_heartbeat(svc: Arc<Sandboxes>) -> tokio::task::JoinHandle<()> {
             }
         };
         tokio::join!(beats, uploads, moves, releases, fetched);
+    })
+}
+
+/// Every heartbeat interval, takes up a newer revocation list from the
+/// database or the node's TLS directory (`NodeTls::refresh`). Whenever one
+/// comes into force, forwarding starts over with fresh connections, each
+/// verified against it (the peer listener closes its own, `serve`).
+pub fn spawn_revocation_watch(
+    tls: NodeTls,
+    store: Arc<dyn NodeStore>,
+    peers: crate::api::forward::Peers,
+) -> tokio::task::JoinHandle<()> {
+    let mut changes = tls.revocations.changes();
+    tokio::spawn(async move {
+        let renewals = async {
+            while changes.changed().await.is_ok() {
+                tracing::info!("a newer revocation list of the cluster CA is in force");
+                peers.renew();
+            }
+        };
+        let refreshes = each_beat("taking up the cluster's revocation list", || {
+            let (tls, store) = (tls.clone(), store.clone());
+            async move {
+                tokio::task::spawn_blocking(move || tls.refresh(store.published_revocations()?.as_deref())).await??;
+                Ok(())
+            }
+        });
+        tokio::join!(renewals, refreshes);
     })
 }
 

@@ -288,12 +288,16 @@ enum TlsCommand {
         out: PathBuf,
     },
     /// Revoke node certificates: the CA's revocation list (crl.pem) gains
-    /// them; copy it into each node's --cluster-tls directory and restart
-    /// the node (its sandboxes keep running) for it to refuse them.
+    /// them. With --database the list is published there and every node
+    /// refuses them from its next heartbeat; without, copy it into each
+    /// node's --cluster-tls directory (read at the next heartbeat too).
     Revoke {
         /// The directory `copse tls cluster-ca` wrote.
         #[arg(long)]
         ca: PathBuf,
+        /// The cluster's database, to publish the list to its nodes.
+        #[arg(long, env = "COPSE_DATABASE")]
+        database: Option<String>,
         /// The node certificates (node.pem) to revoke.
         #[arg(required = true)]
         certs: Vec<PathBuf>,
@@ -692,13 +696,24 @@ fn main() -> anyhow::Result<()> {
             );
             Ok(())
         }
-        Command::Tls { command: TlsCommand::Revoke { ca, certs } } => {
+        Command::Tls { command: TlsCommand::Revoke { ca, database, certs } } => {
             let crl = copse_gateway::tls::cluster::revoke(&ca, &certs)?;
-            println!(
-                "wrote {crl}; copy it into each node's --cluster-tls directory as {name} and restart the node",
-                crl = crl.display(),
-                name = copse_gateway::tls::cluster::CRL
-            );
+            match database {
+                Some(database) => {
+                    let pem = std::fs::read_to_string(&crl)?;
+                    use copse_gateway::model::NodeStore;
+                    copse_gateway::store::PostgresStore::open(&database)?.publish_revocations(&pem)?;
+                    println!(
+                        "wrote {} and published it: nodes refuse the certificates from their next heartbeat",
+                        crl.display()
+                    );
+                }
+                None => println!(
+                    "wrote {crl}; copy it into each node's --cluster-tls directory as {name}: nodes read it at their next heartbeat",
+                    crl = crl.display(),
+                    name = copse_gateway::tls::cluster::CRL
+                ),
+            }
             Ok(())
         }
         Command::Template {

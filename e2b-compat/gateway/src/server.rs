@@ -230,10 +230,18 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let peers = api::forward::Peers::new(node_tls.as_ref().map(|t| t.client.clone()));
     let app = api::router(svc.clone(), secrets, volumes, gate, exposure)
         .layer(axum::Extension(access_tokens))
-        .layer(axum::Extension(peers));
+        .layer(axum::Extension(peers.clone()));
     let keep_sandboxes = config.keep_sandboxes;
     let (stopping_tx, stopping_rx) = tokio::sync::oneshot::channel::<()>();
     let (peers_stop_tx, peers_stop_rx) = tokio::sync::watch::channel(false);
+    let revocation_watch = match &node_tls {
+        Some(node_tls) => Some(crate::cluster::spawn_revocation_watch(
+            node_tls.clone(),
+            Arc::<dyn Database>::from(open_store(&config)?),
+            peers.clone(),
+        )),
+        None => None,
+    };
     let peer_server = match (peer_listener, node_tls) {
         (Some(listener), Some(node_tls)) => {
             println!("serving other nodes on https://{} (mutual TLS)", listener.local_addr()?);
@@ -244,7 +252,8 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             let stopped = async move {
                 let _ = stop.wait_for(|stopped| *stopped).await;
             };
-            Some(tokio::spawn(serve::serve(listener, Some(node_tls.acceptor), app, limits, stopped)))
+            let tls = serve::Tls { acceptor: node_tls.acceptor, revocations: Some(node_tls.revocations) };
+            Some(tokio::spawn(serve::serve(listener, Some(tls), app, limits, stopped)))
         }
         _ => None,
     };
@@ -276,7 +285,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             let _ = peers_stop_tx.send(true);
         }
     };
-    let server = serve::serve(listener, tls, app, config.limits, stop);
+    let server = serve::serve(listener, tls.map(serve::Tls::from), app, config.limits, stop);
     tokio::select! {
         result = server => result?,
         // Streams still open (sandboxes kept on purpose) get a grace period.
@@ -287,6 +296,9 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     }
     if let Some(peer_server) = peer_server {
         peer_server.abort();
+    }
+    if let Some(watch) = revocation_watch {
+        watch.abort();
     }
     println!("copse stopped");
     Ok(())

@@ -13,7 +13,7 @@
 //! so, except describing or killing one paused in the object store, which
 //! any gateway does.
 
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use axum::body::Body;
@@ -46,9 +46,12 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// TLS when the cluster has a CA. A request extension on every route.
 #[derive(Clone)]
 pub struct Peers {
-    client: Client<HttpsConnector<HttpConnector>, Body>,
+    client: Arc<RwLock<PeerClient>>,
+    tls_config: Option<Arc<ClientConfig>>,
     tls: bool,
 }
+
+type PeerClient = Client<HttpsConnector<HttpConnector>, Body>;
 
 /// On requests that came in over the peer listener, whose client showed a
 /// certificate of the cluster's CA.
@@ -59,24 +62,35 @@ impl Peers {
     /// `tls`: the node's client side of the cluster's TLS; `None` for a
     /// cluster on loopback, which speaks plain HTTP.
     pub fn new(tls: Option<Arc<ClientConfig>>) -> Self {
-        let mut http = HttpConnector::new();
-        http.enforce_http(false);
-        http.set_nodelay(true);
-        http.set_connect_timeout(Some(CONNECT_TIMEOUT));
-        let connector = match &tls {
-            Some(config) => HttpsConnectorBuilder::new().with_tls_config(config.as_ref().clone()).https_only(),
-            // No roots: an https:// node address fails rather than going
-            // unverified (`cluster::api_url` refuses one anyway).
-            None => HttpsConnectorBuilder::new().with_tls_config(no_roots()).https_or_http(),
-        }
-        .enable_http1()
-        .wrap_connector(http);
-        let client = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(POOL_IDLE)
-            .pool_timer(TokioTimer::new())
-            .build(connector);
-        Self { client, tls: tls.is_some() }
+        let client = Arc::new(RwLock::new(connect(tls.as_ref())));
+        Self { client, tls: tls.is_some(), tls_config: tls }
     }
+
+    /// Drops every kept-alive connection: after a newer revocation list, a
+    /// node it names must not keep the connections made before it.
+    pub fn renew(&self) {
+        *self.client.write().expect("peer client lock") = connect(self.tls_config.as_ref());
+    }
+
+    fn client(&self) -> PeerClient {
+        self.client.read().expect("peer client lock").clone()
+    }
+}
+
+fn connect(tls: Option<&Arc<ClientConfig>>) -> PeerClient {
+    let mut http = HttpConnector::new();
+    http.enforce_http(false);
+    http.set_nodelay(true);
+    http.set_connect_timeout(Some(CONNECT_TIMEOUT));
+    let connector = match &tls {
+        Some(config) => HttpsConnectorBuilder::new().with_tls_config(config.as_ref().clone()).https_only(),
+        // No roots: an https:// node address fails rather than going
+        // unverified (`cluster::api_url` refuses one anyway).
+        None => HttpsConnectorBuilder::new().with_tls_config(no_roots()).https_or_http(),
+    }
+    .enable_http1()
+    .wrap_connector(http);
+    Client::builder(TokioExecutor::new()).pool_idle_timeout(POOL_IDLE).pool_timer(TokioTimer::new()).build(connector)
 }
 
 fn no_roots() -> ClientConfig {
@@ -266,7 +280,7 @@ pub(super) async fn send(peers: &Peers, from: &str, node: &NodeRecord, mut reque
         Err(_) => return unreachable(&format!("its address {:?} is not a URL", node.api_url)),
     }
     let client_upgrade = copse_protocol::upgrade::take(&mut request);
-    match peers.client.request(request).await {
+    match peers.client().request(request).await {
         Ok(mut response) => {
             copse_protocol::upgrade::splice(client_upgrade, &mut response);
             response.map(Body::new)

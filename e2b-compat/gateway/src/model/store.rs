@@ -140,4 +140,10 @@ pub trait NodeStore: Send + Sync {
     /// Every node, ordered by id.
     fn nodes(&self) -> anyhow::Result<Vec<NodeRecord>>;
     fn remove_node(&self, id: &str) -> anyhow::Result<bool>;
+    /// Replaces the cluster CA's revocation list (PEM) that nodes take up
+    /// at their heartbeats. The database is only the courier: a node
+    /// adopts a list only if the CA signed it and it is newer than its own
+    /// (`tls::revocation`).
+    fn publish_revocations(&self, pem: &str) -> anyhow::Result<()>;
+    fn published_revocations(&self) -> anyhow::Result<Option<String>>;
 }

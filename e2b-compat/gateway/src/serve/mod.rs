@@ -7,7 +7,8 @@
 mod idle;
 mod per_client;
 
-use std::future::Future;
+use std::future::{Future, pending};
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
@@ -18,6 +19,9 @@ use hyper_util::service::TowerToHyperService;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
+use tokio_rustls::rustls::pki_types::CertificateDer;
+
+use crate::tls::revocation::Revocations;
 
 /// A client that connects and never finishes its TLS handshake must not
 /// hold a task for ever.
@@ -43,12 +47,28 @@ impl Default for Limits {
     }
 }
 
+/// A listener's TLS.
+#[derive(Clone)]
+pub struct Tls {
+    pub acceptor: TlsAcceptor,
+    /// For a listener that requires client certificates: the revocation
+    /// list they are checked against again whenever a newer one is
+    /// adopted. A connection whose client it now names is closed.
+    pub revocations: Option<Arc<Revocations>>,
+}
+
+impl From<TlsAcceptor> for Tls {
+    fn from(acceptor: TlsAcceptor) -> Self {
+        Self { acceptor, revocations: None }
+    }
+}
+
 /// Serves `app` on `listener` (over TLS with `tls`) until `shutdown`
 /// resolves, then waits for open connections to finish (the caller bounds
 /// that wait).
 pub async fn serve(
     listener: TcpListener,
-    tls: Option<TlsAcceptor>,
+    tls: Option<Tls>,
     app: Router,
     limits: Limits,
     shutdown: impl Future<Output = ()>,
@@ -87,9 +107,13 @@ pub async fn serve(
         tokio::spawn(async move {
             let _slot = slot;
             match tls {
-                None => serve_connection(tcp, &builder, app, watcher, limits).await,
-                Some(acceptor) => match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
-                    Ok(Ok(stream)) => serve_connection(stream, &builder, app, watcher, limits).await,
+                None => serve_connection(tcp, &builder, app, watcher, limits, pending()).await,
+                Some(tls) => match tokio::time::timeout(HANDSHAKE_TIMEOUT, tls.acceptor.accept(tcp)).await {
+                    Ok(Ok(stream)) => {
+                        let chain = stream.get_ref().1.peer_certificates().unwrap_or_default();
+                        let revoked = revoked(chain.iter().map(|c| c.clone().into_owned()).collect(), tls.revocations);
+                        serve_connection(stream, &builder, app, watcher, limits, revoked).await
+                    }
                     Ok(Err(e)) => tracing::debug!("TLS handshake failed: {e}"),
                     Err(_) => tracing::debug!("TLS handshake timed out"),
                 },
@@ -101,12 +125,28 @@ pub async fn serve(
     Ok(())
 }
 
+/// Resolves when a newer revocation list names the certificate the
+/// client showed (never without a list to check, or a certificate).
+async fn revoked(chain: Vec<CertificateDer<'static>>, revocations: Option<Arc<Revocations>>) {
+    let Some(revocations) = revocations.filter(|_| !chain.is_empty()) else {
+        return pending().await;
+    };
+    let mut changes = revocations.changes();
+    while changes.changed().await.is_ok() {
+        if !revocations.trusts_peer(&chain) {
+            return;
+        }
+    }
+    pending().await
+}
+
 async fn serve_connection<I>(
     io: I,
     builder: &auto::Builder<TokioExecutor>,
     app: Router,
     watcher: Watcher,
     limits: Limits,
+    revoked: impl Future<Output = ()>,
 ) where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
@@ -121,6 +161,7 @@ async fn serve_connection<I>(
         () = activity.idle_for(limits.header_timeout, limits.idle_timeout) => {
             tracing::debug!("closing a connection with no request in flight");
         }
+        () = revoked => tracing::info!("closing a connection whose client certificate was revoked"),
     }
 }
 

@@ -128,6 +128,12 @@ pub fn a_nodes_heartbeat_replaces_its_record_but_not_the_operators_drain(db: &dy
     assert!(!undrained.draining && !undrained.moving_out);
     assert!(operator.remove_node(&node.id).unwrap());
     assert!(!operator.remove_node(&node.id).unwrap());
+    // The revocation list: the last one published, seen by another
+    // connection.
+    assert_eq!(gateway.published_revocations().unwrap(), None);
+    operator.publish_revocations("first").unwrap();
+    operator.publish_revocations("second").unwrap();
+    assert_eq!(gateway.published_revocations().unwrap().as_deref(), Some("second"));
     assert_eq!(gateway.node(&node.id).unwrap(), None);
 }
 

@@ -18,7 +18,7 @@ use postgres::types::ToSql;
 use postgres::{Client, NoTls, Row, Statement, Transaction};
 use serde::de::DeserializeOwned;
 
-use super::table::Table;
+use super::table::{REVOCATION_LIST, Table};
 use crate::model::{
     BuildLayer, Intent, KeyRecord, NodeRecord, NodeStore, SandboxRecord, SecretRecord, SecretStore, SnapshotRecord,
     Store, Team, TemplateLabels, TemplateRecord, VolumeRecord, VolumeStore,
@@ -253,6 +253,7 @@ fn migrate(client: &mut Client) -> anyhow::Result<()> {
     let migrations = [
         refinery::Migration::unapplied("V1__tables", include_str!("postgres_migrations/V1__tables.sql"))?,
         refinery::Migration::unapplied("V2__nodes", include_str!("postgres_migrations/V2__nodes.sql"))?,
+        refinery::Migration::unapplied("V3__revocations", include_str!("postgres_migrations/V3__revocations.sql"))?,
     ];
     client.execute("SELECT pg_advisory_lock($1)", &[&MIGRATION_LOCK])?;
     let migrated = refinery::Runner::new(&migrations).run(client).context("migrating the database");
@@ -631,6 +632,24 @@ impl NodeStore for PostgresStore {
     fn remove_node(&self, id: &str) -> anyhow::Result<bool> {
         self.delete_by_id(Table::Nodes, id)
     }
+
+    fn publish_revocations(&self, pem: &str) -> anyhow::Result<()> {
+        let pem = pem.to_owned();
+        self.run(move |c| {
+            c.execute(
+                "INSERT INTO revocation_lists (id, pem) VALUES ($1, $2) ON CONFLICT (id) DO UPDATE SET pem = excluded.pem",
+                &[&REVOCATION_LIST, &pem],
+            )?;
+            Ok(())
+        })
+    }
+
+    fn published_revocations(&self) -> anyhow::Result<Option<String>> {
+        self.run(|c| {
+            let row = c.query_opt("SELECT pem FROM revocation_lists WHERE id = $1", &[&REVOCATION_LIST])?;
+            Ok(row.map(|r| r.get(0)))
+        })
+    }
 }
 
 #[cfg(test)]
@@ -692,7 +711,7 @@ mod tests {
         assert_eq!(stores[2].intents().unwrap().len(), 1);
         let mut client = Client::connect(&server.url(), NoTls).unwrap();
         let applied: i64 = client.query_one("SELECT count(*) FROM refinery_schema_history", &[]).unwrap().get(0);
-        assert_eq!(applied, 2, "V1__tables and V2__nodes, each once");
+        assert_eq!(applied, 3, "V1__tables, V2__nodes and V3__revocations, each once");
     }
 
     /// Statements are kept per connection: after the server drops the

@@ -13,7 +13,7 @@ use anyhow::Context;
 use rusqlite::{Connection, OptionalExtension, params};
 use serde::de::DeserializeOwned;
 
-use super::table::Table;
+use super::table::{REVOCATION_LIST, Table};
 use crate::model::{
     BuildLayer, DEFAULT_TEAM, Intent, KeyRecord, NodeRecord, NodeStore, SandboxRecord, SecretRecord, SecretStore,
     SnapshotRecord, Store, Team, TemplateLabels, TemplateRecord, VolumeRecord, VolumeStore,
@@ -108,6 +108,10 @@ impl SqliteStore {
              CREATE TABLE IF NOT EXISTS nodes (
                  id TEXT PRIMARY KEY,
                  record TEXT NOT NULL
+             );
+             CREATE TABLE IF NOT EXISTS revocation_lists (
+                 id TEXT PRIMARY KEY,
+                 pem TEXT NOT NULL
              );
              CREATE TABLE IF NOT EXISTS generations (
                  name TEXT PRIMARY KEY,
@@ -510,6 +514,22 @@ impl NodeStore for SqliteStore {
 
     fn remove_node(&self, id: &str) -> anyhow::Result<bool> {
         delete_by_id(&self.lock(), Table::Nodes, id)
+    }
+
+    fn publish_revocations(&self, pem: &str) -> anyhow::Result<()> {
+        self.lock().execute(
+            "INSERT INTO revocation_lists (id, pem) VALUES (?1, ?2) ON CONFLICT(id) DO UPDATE SET pem = excluded.pem",
+            params![REVOCATION_LIST, pem],
+        )?;
+        Ok(())
+    }
+
+    fn published_revocations(&self) -> anyhow::Result<Option<String>> {
+        let pem = self
+            .lock()
+            .query_row("SELECT pem FROM revocation_lists WHERE id = ?1", params![REVOCATION_LIST], |r| r.get(0))
+            .optional()?;
+        Ok(pem)
     }
 }
 

@@ -1,5 +1,8 @@
 //! The tables both databases hold, by the names both give them.
 
+/// The one row of `revocation_lists`: the cluster has one CA.
+pub(super) const REVOCATION_LIST: &str = "cluster";
+
 /// The tables whose rows are one JSON record each.
 #[derive(Clone, Copy)]
 pub(super) enum Table {

@@ -10,9 +10,12 @@
 //! listeners and forwarding clients trust it, never a system trust store.
 //!
 //! `copse tls revoke` adds node certificates to the CA's revocation list
-//! (`crl.pem`, signed by the CA). A node reads the list from its own
-//! directory at start and then refuses those certificates at both ends:
-//! a revoked node can neither forward to it nor be forwarded to by it.
+//! (`crl.pem`, signed by the CA) and, given the cluster's database,
+//! publishes it there. A node takes a newer list from the database or its
+//! own directory at each heartbeat (and from its directory at start), and
+//! then refuses those certificates at both ends: a revoked node can neither
+//! forward to it nor be forwarded to by it, and its open connections are
+//! closed ([`super::revocation`]).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -25,11 +28,11 @@ use rcgen::{
 };
 use time::{Duration, OffsetDateTime};
 use tokio_rustls::TlsAcceptor;
-use tokio_rustls::rustls::client::WebPkiServerVerifier;
 use tokio_rustls::rustls::pki_types::pem::PemObject;
 use tokio_rustls::rustls::pki_types::{CertificateDer, CertificateRevocationListDer, PrivateKeyDer};
-use tokio_rustls::rustls::server::WebPkiClientVerifier;
-use tokio_rustls::rustls::{self, ClientConfig, RootCertStore, ServerConfig};
+use tokio_rustls::rustls::{self, ClientConfig, ServerConfig};
+
+use super::revocation::Revocations;
 
 /// The CA's certificate, in the CA's directory and in each node's.
 pub const CA_CERT: &str = "ca.pem";
@@ -121,8 +124,9 @@ pub fn revoke(ca_dir: &Path, certs: &[PathBuf]) -> anyhow::Result<PathBuf> {
     let crl = CertificateRevocationListParams {
         this_update: now,
         next_update: now + Duration::days(3650),
-        // Each list supersedes the one before.
-        crl_number: SerialNumber::from(now.unix_timestamp().unsigned_abs()),
+        // Each list supersedes the one before: nodes take only a higher
+        // number, even from two revokes in one second.
+        crl_number: SerialNumber::from(next_number(&ca_dir.join(CRL), now)?),
         issuing_distribution_point: None,
         revoked_certs: revoked
             .iter()
@@ -143,6 +147,20 @@ pub fn revoke(ca_dir: &Path, certs: &[PathBuf]) -> anyhow::Result<PathBuf> {
     let path = ca_dir.join(CRL);
     replace(&path, &crl.pem()?)?;
     Ok(path)
+}
+
+/// The CRL number for a list made `now`: its Unix time, or one past the
+/// last list's number if that is not below it.
+fn next_number(last: &Path, now: OffsetDateTime) -> anyhow::Result<u64> {
+    let now = now.unix_timestamp().unsigned_abs();
+    let Some(pem) = read_list(last)? else {
+        return Ok(now);
+    };
+    let der = CertificateRevocationListDer::from_pem_slice(pem.as_bytes())
+        .with_context(|| format!("parsing {}", last.display()))?;
+    let (_, crl) = x509_parser::parse_x509_crl(&der).with_context(|| format!("parsing {}", last.display()))?;
+    let previous = crl.crl_number().and_then(|n| u64::try_from(n).ok()).unwrap_or(0);
+    Ok(now.max(previous + 1))
 }
 
 /// The lines of the CA's `revoked` file: serial (hex) → revocation time.
@@ -193,6 +211,9 @@ pub struct NodeTls {
     /// For forwarding: the node certificate shown, servers verified
     /// against the cluster CA alone.
     pub client: Arc<ClientConfig>,
+    /// The revocation list both ends check, replaced while running.
+    pub revocations: Arc<Revocations>,
+    dir: PathBuf,
 }
 
 impl NodeTls {
@@ -211,55 +232,75 @@ impl NodeTls {
             anyhow::ensure!(!certs.is_empty(), "{} holds no certificate", path.display());
             Ok(certs)
         };
-        let mut roots = RootCertStore::empty();
-        for ca in certs(CA_CERT)? {
-            roots.add(ca).context("the cluster CA certificate")?;
-        }
-        let roots = Arc::new(roots);
+        let [ca] = <[_; 1]>::try_from(certs(CA_CERT)?)
+            .map_err(|_| anyhow::anyhow!("{} must hold the cluster CA alone", dir.join(CA_CERT).display()))?;
         let chain = certs(NODE_CERT)?;
         let key_path = dir.join(NODE_KEY);
         let key = PrivateKeyDer::from_pem_file(&key_path).with_context(|| format!("reading {}", key_path.display()))?;
         let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let crls = revocations(&dir.join(CRL))?;
+        let revocations = Revocations::new(ca, provider.clone())?;
+        if let Some(pem) = read_list(&dir.join(CRL))? {
+            revocations.adopt(&pem).with_context(|| format!("{}", dir.join(CRL).display()))?;
+        }
 
-        // The list's issuer is the CA, which is no one's certificate to
-        // revoke: only the node's own certificate is looked up in it.
-        let verifier = WebPkiClientVerifier::builder_with_provider(roots.clone(), provider.clone())
-            .with_crls(crls.clone())
-            .only_check_end_entity_revocation()
-            .build()?;
         let mut server = ServerConfig::builder_with_provider(provider.clone())
             .with_safe_default_protocol_versions()?
-            .with_client_cert_verifier(verifier)
+            .with_client_cert_verifier(revocations.client_verifier())
             .with_single_cert(chain.clone(), key.clone_key())
             .context("the node certificate and key do not form a usable pair")?;
         // Forwarded upgrades (command streams, WebSockets) need HTTP/1.1.
         server.alpn_protocols = vec![b"http/1.1".to_vec()];
-
-        let servers = WebPkiServerVerifier::builder_with_provider(roots, provider.clone())
-            .with_crls(crls)
-            .only_check_end_entity_revocation()
-            .build()?;
+        // A resumed session skips the certificate check: a node revoked
+        // since its first handshake would get back in with its ticket.
+        server.session_storage = Arc::new(rustls::server::NoServerSessionStorage {});
+        server.send_tls13_tickets = 0;
         // No ALPN here: the forwarding client's connector sets it.
-        let client = ClientConfig::builder_with_provider(provider)
+        let mut client = ClientConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()?
-            .with_webpki_verifier(servers)
+            .dangerous()
+            .with_custom_certificate_verifier(revocations.server_verifier())
             .with_client_auth_cert(chain, key)
             .context("the node certificate and key do not form a usable pair")?;
-        Ok(Self { acceptor: TlsAcceptor::from(Arc::new(server)), client: Arc::new(client) })
+        client.resumption = rustls::client::Resumption::disabled();
+        Ok(Self {
+            acceptor: TlsAcceptor::from(Arc::new(server)),
+            client: Arc::new(client),
+            revocations,
+            dir: dir.to_path_buf(),
+        })
+    }
+
+    /// Adopts the newest good list among `published` (the one the shared
+    /// database carries) and the node directory's own `crl.pem` (copied
+    /// there by hand), and keeps it in the directory for the next start.
+    /// A list the CA did not sign is refused; an older one is ignored.
+    /// `Ok(true)`: a newer list is now in force.
+    pub fn refresh(&self, published: Option<&str>) -> anyhow::Result<bool> {
+        let path = self.dir.join(CRL);
+        // Each source is tried whatever the other holds: a bad list in the
+        // database must not hide a good one in the directory.
+        let from_dir = read_list(&path).and_then(|pem| match pem {
+            Some(pem) => self.revocations.adopt(&pem).with_context(|| format!("{}", path.display())),
+            None => Ok(false),
+        });
+        let from_database: anyhow::Result<bool> = published.map_or(Ok(false), |pem| {
+            let adopted = self.revocations.adopt(pem).context("the revocation list published in the database")?;
+            if adopted {
+                replace(&path, pem)?;
+            }
+            Ok(adopted)
+        });
+        Ok(from_dir? | from_database?)
     }
 }
 
-/// The revocation list in a node's directory, if `copse tls revoke` made
-/// one and it was copied there.
-fn revocations(path: &Path) -> anyhow::Result<Vec<CertificateRevocationListDer<'static>>> {
-    if !path.exists() {
-        return Ok(Vec::new());
+/// The revocation list at `path`, if there is one.
+fn read_list(path: &Path) -> anyhow::Result<Option<String>> {
+    match std::fs::read_to_string(path) {
+        Ok(pem) => Ok(Some(pem)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e).with_context(|| format!("reading {}", path.display())),
     }
-    CertificateRevocationListDer::pem_file_iter(path)
-        .with_context(|| format!("reading {}", path.display()))?
-        .collect::<Result<Vec<_>, _>>()
-        .with_context(|| format!("parsing {}", path.display()))
 }
 
 #[cfg(test)]
@@ -267,6 +308,7 @@ mod tests {
     use super::*;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio_rustls::TlsConnector;
+    use tokio_rustls::rustls::RootCertStore;
     use tokio_rustls::rustls::pki_types::ServerName;
 
     fn node(ca: &Path, dir: &Path, host: &str) -> NodeTls {
@@ -360,5 +402,54 @@ mod tests {
         let four = NodeTls::load(&at("four")).unwrap();
         assert!(talk(two.client.clone(), four.acceptor.clone(), "node4.cluster").await.is_err());
         talk(three.client.clone(), four.acceptor.clone(), "node4.cluster").await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_running_node_takes_up_a_newer_list_and_never_an_older_or_forged_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let (ca, other_ca) = (dir.path().join("ca"), dir.path().join("other-ca"));
+        init_ca(&ca).unwrap();
+        init_ca(&other_ca).unwrap();
+        let at = |name: &str| dir.path().join(name);
+        let one = node(&ca, &at("one"), "127.0.0.1");
+        let two = node(&ca, &at("two"), "node2.cluster");
+        let three = node(&ca, &at("three"), "node3.cluster");
+        node(&other_ca, &at("stranger"), "127.0.0.1");
+        let chain = |name: &str| CertificateDer::pem_file_iter(at(name).join(NODE_CERT)).unwrap().map(Result::unwrap);
+        talk(two.client.clone(), one.acceptor.clone(), "127.0.0.1").await.unwrap();
+
+        // Two lists in one second: the second still supersedes the first.
+        let older = std::fs::read_to_string(revoke(&ca, &[at("three").join(NODE_CERT)]).unwrap()).unwrap();
+        let newer = std::fs::read_to_string(revoke(&ca, &[at("two").join(NODE_CERT)]).unwrap()).unwrap();
+        let mut changes = one.revocations.changes();
+        assert!(one.refresh(Some(&newer)).unwrap());
+        assert!(changes.has_changed().unwrap());
+        // The configs made at start now refuse two, both ways, and three;
+        // the session of two's first handshake is not resumed around it.
+        assert!(talk(two.client.clone(), one.acceptor.clone(), "127.0.0.1").await.is_err());
+        assert!(talk(one.client.clone(), two.acceptor.clone(), "node2.cluster").await.is_err());
+        assert!(talk(three.client.clone(), one.acceptor.clone(), "127.0.0.1").await.is_err());
+        assert!(!one.revocations.trusts_peer(&chain("two").collect::<Vec<_>>()));
+        assert!(one.revocations.trusts_peer(&chain("one").collect::<Vec<_>>()));
+        // Kept for the next start.
+        assert_eq!(std::fs::read_to_string(at("one").join(CRL)).unwrap(), newer);
+        assert!(NodeTls::load(&at("one")).unwrap().revocations.pem() == newer);
+
+        // The same list again, an older one, or another CA's list changes
+        // nothing: three stays refused.
+        changes.mark_unchanged();
+        assert!(!one.refresh(Some(&newer)).unwrap());
+        assert!(!one.refresh(Some(&older)).unwrap());
+        let forged = std::fs::read_to_string(revoke(&other_ca, &[at("stranger").join(NODE_CERT)]).unwrap()).unwrap();
+        let refused = one.refresh(Some(&forged)).unwrap_err();
+        assert!(format!("{refused:#}").contains("not signed by the cluster CA"), "{refused:#}");
+        assert!(!changes.has_changed().unwrap());
+        assert_eq!(one.revocations.pem(), newer);
+        assert!(talk(three.client.clone(), one.acceptor.clone(), "127.0.0.1").await.is_err());
+
+        // A list copied into the directory by hand is taken up too.
+        std::fs::write(at("three").join(CRL), &newer).unwrap();
+        assert!(three.refresh(None).unwrap());
+        assert!(talk(two.client.clone(), three.acceptor.clone(), "node3.cluster").await.is_err());
     }
 }

@@ -6,6 +6,7 @@
 
 pub mod cluster;
 pub mod mint;
+pub mod revocation;
 
 use std::path::Path;
 use std::sync::Arc;
