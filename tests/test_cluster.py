@@ -22,6 +22,7 @@ from e2b import RateLimitException, Sandbox, Template, Volume
 from conftest import API_KEY, BRIDGE, COPSE, DATA_DIR, SUBNET, Gateway, free_port, second_data_dir
 from object_store import object_store  # noqa: F401 (a fixture, used by name)
 from postgres_server import database_server, database_url  # noqa: F401 (fixtures, used by name)
+from test_templates import build_logged, cached_steps, run_steps
 
 LOST_AFTER_S = 10  # model/node.rs
 HEARTBEAT_S = 2
@@ -393,6 +394,37 @@ def test_a_built_template_starts_on_another_node_through_the_object_store(nodes,
     assert not built.exists(), "deleted on the node that built it"
     assert object_store.read(f"images/{key}") is None, "a deleted template's image leaves the bucket"
     gone_within(fetched, "node two removes its fetched copy once no record names it")
+
+
+def test_a_build_on_another_node_never_stacks_on_a_layer_only_node_one_holds(nodes, database_url, object_store):
+    """Two templates built from one built template with the same step, one
+    through each node. The step's cache entry names node one's snapshot,
+    which only node one's host has: node one's second build reuses it, node
+    two runs the step itself instead of booting files it does not have, and
+    its template starts with them."""
+    one, two = nodes
+    tag = secrets.token_hex(4)
+    base = f"layered-base-{tag}"
+    Template.build(Template().from_template("base").run_cmd("echo base > /home/user/base"), alias=base, **one.env())
+    stored_image(object_store, image_key(database_url, base))
+    step = Template().from_template(base).run_cmd("echo step >> /home/user/steps")
+    built = [f"layered-{n}-{tag}" for n in ("first", "again", "two")]
+    try:
+        first, _ = build_logged(step, built[0], **one.env())
+        assert cached_steps(first) == [] and run_steps(first) == [1], first
+        again, _ = build_logged(step, built[1], **one.env())
+        assert cached_steps(again) == [1], again
+        elsewhere, _ = build_logged(step, built[2], **two.env())
+        assert cached_steps(elsewhere) == [] and run_steps(elsewhere) == [1], elsewhere
+        sbx = Sandbox.create(built[2], **two.env())
+        try:
+            assert two.holds(sbx.sandbox_id)
+            assert sbx.commands.run("cat /home/user/base /home/user/steps").stdout.split() == ["base", "step"]
+        finally:
+            sbx.kill()
+    finally:
+        for name in [*built, base]:
+            httpx.delete(f"{one.url}/templates/{name}", headers={"X-API-KEY": API_KEY}, timeout=60)
 
 
 def kill_quietly(sandboxes: list[Sandbox]):

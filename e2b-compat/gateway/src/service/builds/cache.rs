@@ -95,13 +95,17 @@ impl Sandboxes {
     }
 
     /// The cached layers a build may start on, back to back from its
-    /// first step, each marked as used by `template`.
+    /// first step, each marked as used by `template`: on a shared
+    /// database, only those this node holds.
     pub(super) fn cached_layers(&self, team: &str, keys: &[String], template: &str) -> Vec<BuildLayer> {
         let mut found = Vec::new();
         for key in keys {
             match self.store.build_layer(team, key) {
-                Ok(Some(layer)) => found.push(layer),
-                Ok(None) => break,
+                Ok(Some(layer)) if self.holds(layer.node.as_deref()) => found.push(layer),
+                // Another node's (same steps on a built template both
+                // nodes have): its files are on that host only, so the
+                // steps from here run again.
+                Ok(Some(_)) | Ok(None) => break,
                 Err(e) => {
                     tracing::warn!("reading the build cache: {e:#}");
                     break;
