@@ -131,6 +131,9 @@ class Gateway:
         self.host = host
         self.port = port or free_port()
         self.url = f"http://{host}:{self.port}"
+        # Where it is ready once something listens: the API, unless it
+        # serves none (a worker node's peer listener).
+        self.ready_port = self.port
         self.proc = None
         self.log = open(data_dir / "gateway.log", "ab")
 
@@ -148,7 +151,7 @@ class Gateway:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"copse up exited with {self.proc.returncode}; see {self.data_dir}/gateway.log")
             try:
-                with socket.create_connection((self.host, self.port), timeout=0.2):
+                with socket.create_connection((self.host, self.ready_port), timeout=0.2):
                     return
             except OSError:
                 time.sleep(0.05)

@@ -10,6 +10,7 @@ import hashlib
 import io
 import re
 import secrets
+import socket
 import tarfile
 import subprocess
 import threading
@@ -688,3 +689,49 @@ def test_a_template_build_spread_over_both_gateways_runs_on_the_node_that_took_i
     finally:
         kill_quietly(made)
         httpx.delete(f"{one.url}/templates/{template_id}", headers=headers, timeout=60)
+
+
+def test_a_worker_node_with_no_api_of_its_own_runs_what_the_gateways_place_there(nodes, database_url,
+                                                                                   object_store):
+    """`copse up --no-api`: a third node that serves only other nodes (its
+    peer listener, mutual TLS) and binds no E2B API. With the other two
+    drained, a create through node one's gateway lands on it, and commands
+    and files reach its sandbox through either gateway; its --listen
+    address takes no connection."""
+    one, two = nodes
+    worker = Node(3, database_url, one.ca, object_store)
+    worker.args.append("--no-api")
+    worker.ready_port = worker.peer_port
+    worker.up()
+    try:
+        # Its peer listener is bound before it registers.
+        deadline = time.monotonic() + 30
+        while node_table(database_url).get(worker.id) != "active":
+            assert time.monotonic() < deadline, "the worker node registered"
+            time.sleep(0.2)
+        assert "no E2B API of its own" in (worker.data_dir / "gateway.log").read_text()
+        with pytest.raises(OSError):
+            socket.create_connection(("127.0.0.1", worker.port), timeout=1).close()
+        drain(one, database_url)
+        drain(two, database_url)
+        try:
+            time.sleep(NODE_TABLE_TTL_S + 0.5)
+            sbx = Sandbox.create("base", timeout=120, **one.env())
+        finally:
+            drain(one, database_url, False)
+            drain(two, database_url, False)
+        try:
+            assert worker.holds(sbx.sandbox_id), "placed on the only node taking sandboxes"
+            assert sbx.commands.run("echo on the worker").stdout.strip() == "on the worker"
+            via_two = Sandbox.connect(sbx.sandbox_id, **two.env())
+            via_two.files.write("/home/user/note", "through node two")
+            assert sbx.files.read("/home/user/note") == "through node two"
+        finally:
+            sbx.kill()
+    finally:
+        worker.stop()
+        subprocess.run(["nft", "delete", "table", "inet", f"copse_{worker.bridge}"], capture_output=True)
+        subprocess.run(["ip", "link", "del", worker.bridge], capture_output=True)
+        subprocess.run(["psql", database_url, "-tAc", f"DELETE FROM nodes WHERE id = '{worker.id}'"], check=True,
+                       capture_output=True)
+

@@ -22,6 +22,9 @@ pub struct Config {
     pub advertise: Option<String>,
     /// Mutual TLS between the nodes of a shared database.
     pub cluster_tls: Option<ClusterTls>,
+    /// Whether the E2B API is served on `listen`; a worker node of a
+    /// cluster (`--no-api`) serves other nodes only.
+    pub api: bool,
     /// The object store the nodes of a shared database move snapshots
     /// through.
     pub object_store: Option<copse_objects::BucketConfig>,

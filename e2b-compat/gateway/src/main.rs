@@ -127,6 +127,11 @@ enum Command {
         /// The listener for other nodes' forwarded calls (mutual TLS).
         #[arg(long, env = "COPSE_CLUSTER_LISTEN", requires = "cluster_tls")]
         cluster_listen: Option<SocketAddr>,
+        /// A worker node: serve other nodes only (--cluster-listen), with
+        /// no E2B API of its own (--listen is not bound). The cluster's
+        /// gateways place sandboxes on it and forward their calls.
+        #[arg(long, env = "COPSE_NO_API", requires = "cluster_tls")]
+        no_api: bool,
         /// With --database: the object store the nodes move snapshots
         /// through (s3://BUCKET or http(s)://HOST:PORT/BUCKET; keys from
         /// AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY). Each node uploads
@@ -620,6 +625,7 @@ fn main() -> anyhow::Result<()> {
             advertise,
             cluster_tls,
             cluster_listen,
+            no_api,
             object_store,
             debug_faults,
             registry,
@@ -634,6 +640,7 @@ fn main() -> anyhow::Result<()> {
                 database_url: paths.database,
                 advertise,
                 cluster_tls: cluster_tls.zip(cluster_listen).map(|(dir, listen)| config::ClusterTls { dir, listen }),
+                api: !no_api,
                 object_store: object_store
                     .map(|url| copse_objects::BucketConfig::parse(&url, |name| std::env::var(name).ok()))
                     .transpose()?,
@@ -1040,6 +1047,7 @@ fn local_config(paths: Paths) -> anyhow::Result<Config> {
         database_url: paths.database,
         advertise: None,
         cluster_tls: None,
+        api: true,
         object_store: None,
         // Template and snapshot commands boot no sandbox: without an agent
         // they still work (a template can build while the agent compiles).

@@ -208,10 +208,14 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let refresher = directory.spawn_refresher();
     let warmer = svc.spawn_warmer();
     let pools = svc.spawn_pools();
-    let listener = tokio::net::TcpListener::bind(config.listen)
-        .await
-        .with_context(|| format!("listening on {}", config.listen))?;
-    let addr = listener.local_addr()?;
+    let listener = match config.api {
+        true => Some(
+            tokio::net::TcpListener::bind(config.listen)
+                .await
+                .with_context(|| format!("listening on {}", config.listen))?,
+        ),
+        false => None,
+    };
     let metrics = match config.metrics_listen {
         Some(at) => {
             let (bound, task) = telemetry::listener::spawn(at, svc.clone()).await?;
@@ -221,7 +225,17 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         None => None,
     };
     let exposure = Exposure { domain: config.domain.as_deref().map(|d| d.trim_end_matches('.').to_ascii_lowercase()) };
-    print_usage(addr, &exposure, tls.is_some(), keys.origin(), substrate.name());
+    match &listener {
+        Some(listener) => {
+            print_usage(listener.local_addr()?, &exposure, tls.is_some(), keys.origin(), substrate.name())
+        }
+        None => println!(
+            "copse {} node {}: no E2B API of its own (--no-api); the cluster's gateways place sandboxes here ({})",
+            env!("CARGO_PKG_VERSION"),
+            svc.node().unwrap_or("-"),
+            substrate.name()
+        ),
+    }
     let volumes = Arc::new(
         Volumes::new(Arc::<dyn Database>::from(open_store(&config)?), substrate.clone(), svc.clone())
             .with_directory(directory.clone()),
@@ -242,7 +256,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         )),
         None => None,
     };
-    let peer_server = match (peer_listener, node_tls) {
+    let mut peer_server = match (peer_listener, node_tls) {
         (Some(listener), Some(node_tls)) => {
             println!("serving other nodes on https://{} (mutual TLS)", listener.local_addr()?);
             let app = app.clone().layer(axum::Extension(api::forward::PeerLink));
@@ -285,14 +299,29 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             let _ = peers_stop_tx.send(true);
         }
     };
-    let server = serve::serve(listener, tls.map(serve::Tls::from), app, config.limits, stop);
-    tokio::select! {
-        result = server => result?,
-        // Streams still open (sandboxes kept on purpose) get a grace period.
-        _ = async {
-            let _ = stopping_rx.await;
-            tokio::time::sleep(SHUTDOWN_GRACE).await;
-        } => tracing::warn!("closing connections still open after {SHUTDOWN_GRACE:?}"),
+    // Streams still open (sandboxes kept on purpose) get a grace period.
+    let grace = async {
+        let _ = stopping_rx.await;
+        tokio::time::sleep(SHUTDOWN_GRACE).await;
+    };
+    match listener {
+        Some(listener) => {
+            let server = serve::serve(listener, tls.map(serve::Tls::from), app, config.limits, stop);
+            tokio::select! {
+                result = server => result?,
+                _ = grace => tracing::warn!("closing connections still open after {SHUTDOWN_GRACE:?}"),
+            }
+        }
+        // A worker node: the peer listener is its only server.
+        None => {
+            stop.await;
+            if let Some(peer_server) = peer_server.as_mut() {
+                tokio::select! {
+                    result = peer_server => result??,
+                    _ = grace => tracing::warn!("closing connections still open after {SHUTDOWN_GRACE:?}"),
+                }
+            }
+        }
     }
     if let Some(peer_server) = peer_server {
         peer_server.abort();
