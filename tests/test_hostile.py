@@ -2515,27 +2515,39 @@ def test_a_pulled_snapshot_is_only_what_its_manifests_hashes_name(gateway, objec
     """Whoever can write the object store (another host, a leaked bucket
     key) cannot make `copse snapshot pull` import other bytes than the
     manifest's chunk hashes name, read keys outside `chunks/`, or trust a
-    manifest whose sizes lie; nothing is imported from a refused pull."""
+    manifest whose sizes lie, nor have a compressed chunk expand past the
+    length its manifest lists; nothing is imported from a refused pull."""
     name = f"hashed-{os.urandom(4).hex()}"
     snapshot_with_file(name, "/home/user/note", "the real bytes")
     on_disk = ["--data-dir", str(gateway.data_dir)]
     copse_snapshot(object_store, "push", name, *on_disk)
     Sandbox.delete_snapshot(name)
 
-    def refused(*args, says: str):
+    def refused(*args, says: str | tuple[str, ...]):
         done = copse_snapshot(object_store, "pull", *args, *on_disk, check=False)
-        assert done.returncode != 0 and says in done.stderr, done.stderr[-2000:]
+        says = (says,) if isinstance(says, str) else says
+        assert done.returncode != 0 and any(s in done.stderr for s in says), done.stderr[-2000:]
         listed = [s.snapshot_id for s in Sandbox.list_snapshots().next_items()]
         assert not any(name in s for s in listed), f"a refused pull imported something: {listed}"
 
     manifest_key = f"snapshots/default/{name}"
     manifest_bytes = object_store.read(manifest_key)
     manifest = json.loads(manifest_bytes)
-    victim = f"chunks/{manifest['chunks'][-1]['sha256']}"
-    original = object_store.read(victim)
-    object_store.overwrite(victim, bytes(b ^ 0x55 for b in original))
-    refused(name, says="does not match its name")
-    object_store.overwrite(victim, original)
+    for chunk in manifest["chunks"]:
+        victim = f"chunks/{chunk['sha256']}" + (".lz4" if chunk.get("codec") == "lz4" else "")
+        original = object_store.read(victim)
+        object_store.overwrite(victim, bytes(b ^ 0x55 for b in original))
+        # A compressed chunk may fail to decompress before it fails its hash.
+        refused(name, says=("does not match its name", "does not decompress"))
+        object_store.overwrite(victim, original)
+    # A compressed chunk that expands past its listed length.
+    packed = next((c for c in manifest["chunks"] if c.get("codec") == "lz4"), None)
+    assert packed is not None, "a snapshot's tar compresses"
+    forged = dict(manifest, chunks=[dict(c, len=c["len"] - 1) if c is packed else c for c in manifest["chunks"]],
+                  size=manifest["size"] - 1)
+    object_store.overwrite(manifest_key, json.dumps(forged).encode())
+    refused(name, says="does not decompress")
+    object_store.overwrite(manifest_key, manifest_bytes)
 
     forgeries = [
         dict(manifest, chunks=[dict(manifest["chunks"][0], sha256="../" * 20 + "etc/passwd")]),

@@ -18,13 +18,20 @@ from object_store import copse_snapshot, object_store, snapshot_with_file  # noq
 
 from conftest import API_KEY, Gateway, second_data_dir
 
-PUSHED = re.compile(r"pushed snapshot \S+: (\d+) chunks, (\d+) KiB; sent (\d+) new chunks, (\d+) KiB")
+PUSHED = re.compile(r"pushed snapshot \S+: (\d+) chunks, (\d+) KiB, (\d+) KiB stored; "
+                    r"sent (\d+) new chunks, (\d+) KiB, (\d+) KiB over the wire")
 
 
 def push(store, name: str, data_dir) -> dict:
     out = copse_snapshot(store, "push", name, "--data-dir", str(data_dir)).stdout
-    chunks, kib, new_chunks, new_kib = map(int, PUSHED.search(out).groups())
-    return dict(chunks=chunks, kib=kib, new_chunks=new_chunks, new_kib=new_kib)
+    chunks, kib, stored_kib, new_chunks, new_kib, wire_kib = map(int, PUSHED.search(out).groups())
+    return dict(chunks=chunks, kib=kib, stored_kib=stored_kib, new_chunks=new_chunks, new_kib=new_kib,
+                wire_kib=wire_kib)
+
+
+def chunk_key(chunk: dict) -> str:
+    """Where a manifest's chunk is stored (`.lz4` when compressed)."""
+    return f"chunks/{chunk['sha256']}" + (".lz4" if chunk.get("codec") == "lz4" else "")
 
 
 @pytest.mark.timeout(300, func_only=True)
@@ -65,6 +72,36 @@ def test_a_snapshot_pushed_on_one_host_resumes_running_on_another(gateway, objec
 
 
 @pytest.mark.timeout(300, func_only=True)
+def test_compressible_files_are_stored_compressed_and_come_back_whole(gateway, object_store):
+    """Chunks are stored LZ4-compressed where that makes them smaller: a
+    snapshot of text goes over the wire in a fraction of its size, and
+    comes back byte for byte; random bytes are stored as they are."""
+    tag = uuid.uuid4().hex[:8]
+    sbx = Sandbox.create(timeout=120)
+    try:
+        sbx.commands.run("yes 'a line of a log that repeats' | head -c 15000000 > /home/user/log")
+        want = sbx.commands.run("sha256sum < /home/user/log").stdout.split()[0]
+        sbx.create_snapshot(name=f"text-{tag}", mode="filesystem")
+    finally:
+        sbx.kill()
+    sent = push(object_store, f"text-{tag}", gateway.data_dir)
+    assert sent["kib"] > 14000 and sent["wire_kib"] * 3 < sent["kib"], sent
+    manifest = json.loads(object_store.read(f"snapshots/default/text-{tag}"))
+    assert manifest["format"] == "copse-chunks 2"
+    assert any(c.get("codec") == "lz4" for c in manifest["chunks"]), manifest
+    Sandbox.delete_snapshot(f"text-{tag}")
+    copse_snapshot(object_store, "pull", f"text-{tag}", "--data-dir", str(gateway.data_dir))
+    try:
+        child = Sandbox.create(template=f"text-{tag}", timeout=60)
+        try:
+            assert child.commands.run("sha256sum < /home/user/log").stdout.split()[0] == want
+        finally:
+            child.kill()
+    finally:
+        Sandbox.delete_snapshot(f"text-{tag}")
+
+
+@pytest.mark.timeout(300, func_only=True)
 def test_a_second_snapshot_sends_only_the_chunks_that_changed(gateway, object_store):
     tag = uuid.uuid4().hex[:8]
     sbx = Sandbox.create(timeout=120)
@@ -78,6 +115,7 @@ def test_a_second_snapshot_sends_only_the_chunks_that_changed(gateway, object_st
         sbx.kill()
     first = push(object_store, f"v1-{tag}", gateway.data_dir)
     assert first["kib"] > 11000 and first["new_chunks"] == first["chunks"] >= 4, first
+    assert first["stored_kib"] > 11000, "random bytes do not shrink, and are stored as they are"
     again = push(object_store, f"v1-{tag}", gateway.data_dir)
     assert again["new_chunks"] == 0 and again["chunks"] == first["chunks"], "an unchanged push sends nothing"
     second = push(object_store, f"v2-{tag}", gateway.data_dir)
@@ -161,7 +199,7 @@ def test_gc_removes_only_old_chunks_that_no_manifest_names(gateway, object_store
             Sandbox.delete_snapshot(f"{version}-{tag}")
     finally:
         sbx.kill()
-    chunks = {version: {c["sha256"] for c in json.loads(object_store.read(f"snapshots/default/{version}-{tag}"))["chunks"]}
+    chunks = {version: {chunk_key(c) for c in json.loads(object_store.read(f"snapshots/default/{version}-{tag}"))["chunks"]}
               for version in ("keep", "drop")}
     only_dropped = chunks["drop"] - chunks["keep"]
     assert len(only_dropped) >= 2, "the second ballast is new bytes"
@@ -171,11 +209,11 @@ def test_gc_removes_only_old_chunks_that_no_manifest_names(gateway, object_store
     assert young["removed"] == 0 and young["young"] >= len(only_dropped), young["out"]
     dry = gc(object_store, "--min-age-hours", "0", "--dry-run")
     assert dry["removed"] >= len(only_dropped), dry["out"]
-    assert all(object_store.read(f"chunks/{h}") is not None for h in only_dropped), "a dry run removes nothing"
+    assert all(object_store.read(key) is not None for key in only_dropped), "a dry run removes nothing"
     done = gc(object_store, "--min-age-hours", "0")
     assert done["removed"] == dry["removed"] and done["kib"] >= 2900, done["out"]
-    assert all(object_store.read(f"chunks/{h}") is None for h in only_dropped)
-    assert all(object_store.read(f"chunks/{h}") is not None for h in chunks["keep"])
+    assert all(object_store.read(key) is None for key in only_dropped)
+    assert all(object_store.read(key) is not None for key in chunks["keep"])
     assert gc(object_store, "--min-age-hours", "0")["removed"] == 0, "nothing is left to collect"
     # Every chunk of the kept snapshot is checked again on its way back.
     copse_snapshot(object_store, "pull", f"keep-{tag}", "--name", f"kept-{tag}", "--data-dir", str(gateway.data_dir))

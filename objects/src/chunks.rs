@@ -8,7 +8,7 @@ use futures::{StreamExt, TryStreamExt};
 use sha2::{Digest, Sha256};
 
 use crate::bucket::Bucket;
-use crate::manifest::{ChunkRef, MAX_CHUNK, Manifest};
+use crate::manifest::{ChunkRef, Codec, MAX_CHUNK, Manifest};
 use crate::stream::StreamSender;
 
 /// Content-defined cut points: chunks of 256 KiB to 4 MiB, 1 MiB on
@@ -22,10 +22,15 @@ const PARALLEL: usize = 4;
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PushReport {
     pub chunks: usize,
+    /// The stream's length.
     pub bytes: u64,
-    /// What the bucket did not hold yet, so was sent.
+    /// Its chunks as stored (compressed where that made them smaller).
+    pub stored_bytes: u64,
+    /// What the bucket did not hold yet, so was sent: uncompressed, and
+    /// as it went over the wire.
     pub new_chunks: usize,
     pub new_bytes: u64,
+    pub new_stored_bytes: u64,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -53,7 +58,8 @@ pub async fn push(
         for chunk in fastcdc::v2020::StreamCDC::new(source, MIN_CHUNK, AVG_CHUNK, MAX_CHUNK) {
             let item = chunk.map_err(|e| anyhow::anyhow!("reading the stream: {e}")).map(|chunk| {
                 let sha256 = hex(&Sha256::digest(&chunk.data));
-                (ChunkRef { sha256, len: chunk.length }, Bytes::from(chunk.data))
+                let (codec, stored) = pack(chunk.data);
+                (ChunkRef { sha256, len: chunk.length, codec }, stored)
             });
             let failed = item.is_err();
             if tx.blocking_send(item).is_err() || failed {
@@ -67,25 +73,28 @@ pub async fn push(
             // A chunk stored long ago is written again: that is what keeps
             // garbage collection from removing it under this push (`gc.rs`).
             let new = !bucket.has_recent(&chunk.key(), crate::gc::REWRITE_AFTER).await?;
+            let stored = data.len() as u64;
             if new {
                 bucket.put(&chunk.key(), data).await?;
             }
-            anyhow::Ok((chunk, new))
+            anyhow::Ok((chunk, new, stored))
         })
         .buffered(PARALLEL);
-    let sent: Vec<(ChunkRef, bool)> = uploads.try_collect().await?;
+    let sent: Vec<(ChunkRef, bool, u64)> = uploads.try_collect().await?;
     chunker.await.context("the chunker stopped")?;
     source_ok()?;
     let mut report = PushReport::default();
-    for (chunk, new) in &sent {
+    for (chunk, new, stored) in &sent {
         report.chunks += 1;
         report.bytes += chunk.len as u64;
+        report.stored_bytes += stored;
         if *new {
             report.new_chunks += 1;
             report.new_bytes += chunk.len as u64;
+            report.new_stored_bytes += stored;
         }
     }
-    let manifest = Manifest::new(sent.into_iter().map(|(chunk, _)| chunk).collect());
+    let manifest = Manifest::new(sent.into_iter().map(|(chunk, _, _)| chunk).collect());
     bucket.put(key, Bytes::from(manifest.to_bytes())).await?;
     Ok(report)
 }
@@ -105,7 +114,9 @@ pub async fn manifest(bucket: &Bucket, key: &str) -> anyhow::Result<Option<Manif
 pub async fn pull(bucket: &Bucket, manifest: &Manifest, sink: StreamSender) -> anyhow::Result<PullReport> {
     let mut fetched = futures::stream::iter(&manifest.chunks)
         .map(|chunk| async move {
-            let data = bucket.get(&chunk.key()).await?.with_context(|| format!("chunk {} is missing", chunk.sha256))?;
+            let stored =
+                bucket.get(&chunk.key()).await?.with_context(|| format!("chunk {} is missing", chunk.sha256))?;
+            let data = unpack(chunk, stored)?;
             let actual = hex(&Sha256::digest(&data));
             if data.len() != chunk.len || actual != chunk.sha256 {
                 bail!("chunk {} does not match its name (got {} bytes hashing to {actual})", chunk.sha256, data.len());
@@ -130,6 +141,67 @@ pub async fn pull(bucket: &Bucket, manifest: &Manifest, sink: StreamSender) -> a
 #[error("the reader of the stream stopped")]
 pub struct ReaderStopped;
 
+/// A chunk as it is stored: LZ4 where that makes it smaller, else as it is
+/// (already compressed data, random bytes).
+fn pack(data: Vec<u8>) -> (Codec, Bytes) {
+    let packed = lz4_flex::block::compress(&data);
+    match packed.len() < data.len() {
+        true => (Codec::Lz4, Bytes::from(packed)),
+        false => (Codec::Raw, Bytes::from(data)),
+    }
+}
+
+/// A stored chunk's bytes. Decompression stops at the length the manifest
+/// gives (at most [`MAX_CHUNK`]), so a small object cannot make a node
+/// allocate more than that.
+fn unpack(chunk: &ChunkRef, stored: Bytes) -> anyhow::Result<Bytes> {
+    match chunk.codec {
+        Codec::Raw => Ok(stored),
+        Codec::Lz4 => {
+            let data = lz4_flex::block::decompress(&stored, chunk.len)
+                .map_err(|e| anyhow::anyhow!("chunk {} does not decompress: {e}", chunk.sha256))?;
+            Ok(Bytes::from(data))
+        }
+    }
+}
+
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stored(data: &[u8]) -> (ChunkRef, Bytes) {
+        let sha256 = hex(&Sha256::digest(data));
+        let (codec, bytes) = pack(data.to_vec());
+        (ChunkRef { sha256, len: data.len(), codec }, bytes)
+    }
+
+    #[test]
+    fn a_chunk_is_compressed_only_when_that_makes_it_smaller() {
+        let text: Vec<u8> = b"the same line again and again\n".repeat(20_000);
+        let (chunk, bytes) = stored(&text);
+        assert_eq!(chunk.codec, Codec::Lz4);
+        assert!(bytes.len() * 10 < text.len(), "{} of {}", bytes.len(), text.len());
+        assert_eq!(unpack(&chunk, bytes).unwrap(), text);
+        // Bytes that do not shrink (a hash chain stands in for random data).
+        let noise: Vec<u8> = (0..4096u32).flat_map(|i| Sha256::digest(i.to_le_bytes())).collect();
+        let (chunk, bytes) = stored(&noise);
+        assert_eq!(chunk.codec, Codec::Raw);
+        assert_eq!(bytes, noise);
+    }
+
+    #[test]
+    fn a_stored_chunk_never_unpacks_past_its_listed_length() {
+        let zeros = vec![0u8; MAX_CHUNK];
+        let (chunk, bomb) = stored(&zeros);
+        assert!(bomb.len() < 64 << 10);
+        // The manifest claims less than the object expands to.
+        let short = ChunkRef { len: 1024, ..chunk.clone() };
+        assert!(unpack(&short, bomb.clone()).is_err());
+        assert!(unpack(&chunk, Bytes::from_static(b"not lz4 at all")).is_err());
+        assert_eq!(unpack(&chunk, bomb).unwrap().len(), MAX_CHUNK);
+    }
 }

@@ -90,10 +90,11 @@ fn doomed<'a>(chunks: &'a [Stored], named: &HashSet<String>, before_ms: i64) -> 
     (old, young.len())
 }
 
-/// Only what a push names `chunks/<sha256 hex>` is a chunk to collect;
-/// anything else someone put there is left alone.
+/// Only what a push names `chunks/<sha256 hex>` (`.lz4` when compressed)
+/// is a chunk to collect; anything else someone put there is left alone.
 fn is_chunk_key(key: &str) -> bool {
     key.strip_prefix(CHUNKS)
+        .map(|name| name.strip_suffix(".lz4").unwrap_or(name))
         .is_some_and(|hash| hash.len() == 64 && hash.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)))
 }
 
@@ -121,10 +122,13 @@ mod tests {
     #[test]
     fn only_a_pushs_own_chunk_names_are_collected() {
         assert!(is_chunk_key(&format!("chunks/{}", "ab".repeat(32))));
+        assert!(is_chunk_key(&format!("chunks/{}.lz4", "ab".repeat(32))));
         for key in [
             format!("chunks/{}", "AB".repeat(32)),
             format!("chunks/{}", "ab".repeat(31)),
             format!("chunks/{}/x", "ab".repeat(32)),
+            format!("chunks/{}.lz4.lz4", "ab".repeat(32)),
+            format!("chunks/{}.gz", "ab".repeat(32)),
             format!("snapshots/{}", "ab".repeat(32)),
             "chunks/../snapshots/default/x".to_string(),
         ] {

@@ -6,10 +6,12 @@
 //! (`chunks/<hex>`), so every stream that shares bytes with one already
 //! uploaded (two snapshots of one sandbox, two sandboxes of one template)
 //! sends only the chunks the bucket lacks; and a manifest, written last,
-//! lists them in order. A reader trusts neither: every chunk is hashed
-//! again before a byte of it is passed on, and a stream that ends early,
-//! or has a chunk that does not match its name, is an error to the reader,
-//! never a short stream.
+//! lists them in order. A chunk is stored LZ4-compressed
+//! (`chunks/<hex>.lz4`) when that makes it smaller. A reader trusts
+//! neither: every chunk is decompressed no further than its listed length
+//! and hashed again before a byte of it is passed on, and a stream that
+//! ends early, or has a chunk that does not match its name, is an error to
+//! the reader, never a short stream.
 
 mod bucket;
 mod chunks;
@@ -20,5 +22,5 @@ mod stream;
 pub use bucket::{Bucket, BucketConfig, Stored};
 pub use chunks::{PullReport, PushReport, ReaderStopped, manifest, pull, push};
 pub use gc::{DEFAULT_MIN_AGE, GcReport, REWRITE_AFTER, collect_garbage};
-pub use manifest::{ChunkRef, Manifest};
+pub use manifest::{ChunkRef, Codec, Manifest};
 pub use stream::{StreamReader, StreamSender, stream};

@@ -31,6 +31,36 @@ pub fn filler_seeded(mb: usize, seed: u64) -> Bytes {
     Bytes::from(data)
 }
 
+/// `mb` MB of log lines (compressible as real logs are: timestamps, ids
+/// and numbers varying, words repeating), different for each `seed`.
+pub fn log_text_seeded(mb: usize, seed: u64) -> Bytes {
+    let mut state: u64 = 0x2545_F491_4F6C_DD1D ^ seed.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    let mut data = Vec::with_capacity((mb << 20) + 200);
+    let mut line = 0u64;
+    while data.len() < mb << 20 {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        line += 1;
+        let status = [200, 200, 200, 201, 204, 404, 500][(state % 7) as usize];
+        data.extend_from_slice(
+            format!(
+                "2026-11-29T{:02}:{:02}:{:02}.{:06}Z INFO request id={:016x} method=GET path=/sandboxes/{:08x}/files status={status} took_ms={}\n",
+                (line / 3_600_000) % 24,
+                (line / 60_000) % 60,
+                (line / 1000) % 60,
+                line % 1_000_000,
+                state,
+                state >> 32,
+                state % 97
+            )
+            .as_bytes(),
+        );
+    }
+    data.truncate(mb << 20);
+    Bytes::from(data)
+}
+
 pub struct Sandbox {
     pub id: String,
     pub token: String,

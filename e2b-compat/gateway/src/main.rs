@@ -889,11 +889,13 @@ fn snapshot(command: SnapshotCommand) -> anyhow::Result<()> {
             let (store, substrate) = open(paths)?;
             let sent = snapshot_file::push(&*store, substrate.as_ref(), &team, &id, &bucket)?;
             println!(
-                "pushed snapshot {id}: {} chunks, {} KiB; sent {} new chunks, {} KiB",
+                "pushed snapshot {id}: {} chunks, {} KiB, {} KiB stored; sent {} new chunks, {} KiB, {} KiB over the wire",
                 sent.chunks,
                 sent.bytes >> 10,
+                sent.stored_bytes >> 10,
                 sent.new_chunks,
-                sent.new_bytes >> 10
+                sent.new_bytes >> 10,
+                sent.new_stored_bytes >> 10
             );
             Ok(())
         }

@@ -35,7 +35,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use bytes::Bytes;
 use clap::Parser;
-use copse_rigs::api::{Api, filler_seeded};
+use copse_rigs::api::{Api, filler_seeded, log_text_seeded};
 use copse_rigs::exec::first_exec;
 use copse_rigs::facts::random_hex;
 use copse_rigs::postgres::Postgres;
@@ -71,6 +71,10 @@ struct Args {
     /// Snapshots moved per size.
     #[arg(long, default_value_t = 3)]
     restore_samples: usize,
+    /// Sizes (MB) of snapshots of log-like text moved between nodes: what
+    /// compression of the stored chunks saves.
+    #[arg(long, value_delimiter = ',', default_values_t = [100usize])]
+    restore_text_mb: Vec<usize>,
     /// Clients at once in the creates-per-second bursts.
     #[arg(long, default_value_t = 50)]
     burst_concurrency: usize,
@@ -127,16 +131,26 @@ fn main() -> anyhow::Result<()> {
         let apis = [0, 1].map(|n| Api { addr: nodes[n].0.addr, key: key.clone() });
         let two_holds = |id: &str| nodes[1].1.data_dir.join("sandboxes").join(id).exists();
         let bucket = store.bucket()?;
-        for &mb in &args.restore_mb {
-            eprintln!("-- cross-node restore of {mb} MB: {} samples", args.restore_samples);
-            let mut rows = Vec::new();
+        let sizes = args.restore_mb.iter().map(|&mb| (mb, Fill::Random));
+        for (mb, fill) in sizes.chain(args.restore_text_mb.iter().map(|&mb| (mb, Fill::LogText))) {
+            eprintln!("-- cross-node restore of {mb} MB of {}: {} samples", fill.name(), args.restore_samples);
+            let (mut rows, mut stored) = (Vec::new(), Vec::new());
             for sample in 0..args.restore_samples {
                 let moved = Move { apis: &apis, bucket: &bucket, drain: &drain, two_holds: &two_holds };
-                rows.push(rt.block_on(moved.once(mb, sample as u64))?);
+                let (row, stored_bytes) = rt.block_on(moved.once(mb, sample as u64, fill))?;
+                rows.push(row);
+                stored.push(stored_bytes);
             }
             let metrics = ["snapshot_ms", "upload_ms", "restore_create_ms", "first_read_ms", "cached_create_ms"];
-            let mut scenario = Scenario::from_rows(&format!("cross-node-restore-{mb}mb"), 1, &metrics, &rows);
+            let name = format!("cross-node-restore-{mb}mb{}", fill.suffix());
+            let mut scenario = Scenario::from_rows(&name, 1, &metrics, &rows);
             scenario.counters.insert("dirty_mb".into(), json!(mb));
+            scenario
+                .counters
+                .insert("stream_mb".into(), json!(stored.iter().map(|s| s.0).sum::<f64>() / rows.len() as f64));
+            scenario
+                .counters
+                .insert("stored_mb".into(), json!(stored.iter().map(|s| s.1).sum::<f64>() / rows.len() as f64));
             scenarios.push(scenario);
         }
         for &mb in &args.restore_mb {
@@ -209,8 +223,10 @@ fn main() -> anyhow::Result<()> {
         "cross_node_restore": {
             "object_store": "SeaweedFS `weed server` (master, volume, filer, S3 gateway) on loopback, its files in the rig's data dir (ext4 without a journal)",
             "sizes_mb": args.restore_mb,
+            "text_sizes_mb": args.restore_text_mb,
             "samples_per_size": args.restore_samples,
-            "snapshot": "files only (`memory: false`), of a sandbox on node one with N MB of incompressible bytes written to /home/user, each sample's bytes different (nothing deduplicated in the bucket)",
+            "snapshot": "files only (`memory: false`), of a sandbox on node one with N MB of incompressible bytes written to /home/user (cross-node-restore-{N}mb), or N MB of log lines (cross-node-restore-{N}mb-text: timestamps, ids and numbers varying, words repeating), each sample's bytes different (nothing deduplicated in the bucket)",
+            "counters": "stream_mb = the snapshot stream's length (its manifest's size); stored_mb = its chunks as the bucket holds them (LZ4 where that made a chunk smaller), each a mean over the samples",
             "upload_ms": "from the snapshot call's answer until its manifest is in the bucket (node one uploads on its own; polled every 20 ms)",
             "restore_create_ms": "create from the snapshot through node two's gateway with node one drained: placement, the fetch from the bucket (chunks checked against their hashes), the import and the boot",
             "first_read_ms": "reading a file written before the snapshot, from the new sandbox",
@@ -402,6 +418,36 @@ impl Burst<'_> {
     }
 }
 
+/// What a moved snapshot's sandbox is filled with.
+#[derive(Clone, Copy)]
+enum Fill {
+    Random,
+    LogText,
+}
+
+impl Fill {
+    fn name(self) -> &'static str {
+        match self {
+            Fill::Random => "incompressible bytes",
+            Fill::LogText => "log lines",
+        }
+    }
+
+    fn suffix(self) -> &'static str {
+        match self {
+            Fill::Random => "",
+            Fill::LogText => "-text",
+        }
+    }
+
+    fn bytes(self, mb: usize, seed: u64) -> Bytes {
+        match self {
+            Fill::Random => filler_seeded(mb, seed),
+            Fill::LogText => log_text_seeded(mb, seed),
+        }
+    }
+}
+
 /// One snapshot moved from node one to node two. Node two is drained
 /// before and after.
 struct Move<'a> {
@@ -414,11 +460,17 @@ struct Move<'a> {
 impl Move<'_> {
     /// A sandbox on node one with `mb` MB of bytes no other sample wrote
     /// (`salt`), and the marker file.
-    async fn filled_source(&self, c1: &mut Conn, mb: usize, salt: u64) -> anyhow::Result<copse_rigs::api::Sandbox> {
+    async fn filled_source(
+        &self,
+        c1: &mut Conn,
+        mb: usize,
+        salt: u64,
+        fill: Fill,
+    ) -> anyhow::Result<copse_rigs::api::Sandbox> {
         let one = &self.apis[0];
         let source = one.create(c1, "base").await?;
         if mb > 0 {
-            one.upload(c1, &source, "/home/user/dirty.bin", filler_seeded(mb, ((mb as u64) << 8) + salt)).await?;
+            one.upload(c1, &source, "/home/user/dirty.bin", fill.bytes(mb, ((mb as u64) << 8) + salt)).await?;
         }
         one.upload(c1, &source, "/home/user/marker", Bytes::from_static(MARKER)).await?;
         Ok(source)
@@ -445,17 +497,19 @@ impl Move<'_> {
         Ok(())
     }
 
-    /// [snapshot, upload, restore create, first read, cached create] in ms.
-    async fn once(&self, mb: usize, seed: u64) -> anyhow::Result<[f64; 5]> {
+    /// [snapshot, upload, restore create, first read, cached create] in
+    /// ms, and the stream's MB and its chunks' MB as stored.
+    async fn once(&self, mb: usize, seed: u64, fill: Fill) -> anyhow::Result<([f64; 5], (f64, f64))> {
         let [one, two] = self.apis;
         let (mut c1, mut c2) = (Conn::open(one.addr).await?, Conn::open(two.addr).await?);
-        let source = self.filled_source(&mut c1, mb, seed + 1).await?;
+        let source = self.filled_source(&mut c1, mb, seed + 1, fill).await?;
         let t0 = Instant::now();
         let snap = one.snapshot(&mut c1, &source.id).await?;
         let snapshot = ms(t0.elapsed());
         let t1 = Instant::now();
         self.wait_in_bucket(&format!("snapshots/default/{snap}"), &format!("snapshot {snap}")).await?;
         let upload = ms(t1.elapsed());
+        let stored = self.stored_mb(&format!("snapshots/default/{snap}")).await?;
         one.delete(&mut c1, &source.id).await?;
         self.place_on(1).await?;
         let restored = async {
@@ -472,7 +526,17 @@ impl Move<'_> {
         self.place_on(0).await?;
         let [create, read, cached] = restored?;
         one.expect(&mut c1, Method::DELETE, &format!("/templates/{snap}"), None, StatusCode::NO_CONTENT).await?;
-        Ok([snapshot, upload, create, read, cached])
+        Ok(([snapshot, upload, create, read, cached], stored))
+    }
+
+    /// The stream under `key` in MB, and its chunks in MB as the bucket
+    /// holds them.
+    async fn stored_mb(&self, key: &str) -> anyhow::Result<(f64, f64)> {
+        let manifest = copse_objects::manifest(self.bucket, key).await?.with_context(|| format!("{key} is gone"))?;
+        let sizes: std::collections::HashMap<String, u64> =
+            self.bucket.list().await?.into_iter().map(|o| (o.key, o.size)).collect();
+        let stored: u64 = manifest.chunks.iter().filter_map(|c| sizes.get(&c.key())).sum();
+        Ok((manifest.size as f64 / 1048576.0, stored as f64 / 1048576.0))
     }
 
     /// [pause, upload, resume, first read] in ms, for a paused sandbox
@@ -480,7 +544,7 @@ impl Move<'_> {
     async fn paused_once(&self, mb: usize, seed: u64) -> anyhow::Result<[f64; 4]> {
         let [one, two] = self.apis;
         let (mut c1, mut c2) = (Conn::open(one.addr).await?, Conn::open(two.addr).await?);
-        let source = self.filled_source(&mut c1, mb, seed + 7).await?;
+        let source = self.filled_source(&mut c1, mb, seed + 7, Fill::Random).await?;
         let t0 = Instant::now();
         one.pause_files(&mut c1, &source.id).await?;
         let pause = ms(t0.elapsed());

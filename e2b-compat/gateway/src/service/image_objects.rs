@@ -63,6 +63,7 @@ impl Sandboxes {
                 team = %record.team,
                 kib = sent.bytes >> 10,
                 sent_kib = sent.new_bytes >> 10,
+                sent_compressed_kib = sent.new_stored_bytes >> 10,
                 ms = started.elapsed().as_millis() as u64,
                 "stored a template's image in the object store"
             );

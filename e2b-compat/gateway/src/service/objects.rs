@@ -78,6 +78,7 @@ impl Sandboxes {
                     chunks = sent.chunks,
                     kib = sent.bytes >> 10,
                     sent_kib = sent.new_bytes >> 10,
+                    sent_compressed_kib = sent.new_stored_bytes >> 10,
                     ms = started.elapsed().as_millis() as u64,
                     "stored a snapshot in the object store"
                 );
