@@ -200,6 +200,29 @@ pub(super) async fn where_held(
     }
 }
 
+/// For a call that carries its own token (an upload link's, a volume's
+/// content token): `locate` checks the token and names the node holding
+/// what the call is about (and says what that is, for errors); this node
+/// serves it or passes it there. A caller without a good token learns
+/// nothing, not even which node that is.
+pub(super) async fn where_token_says(
+    svc: &Sandboxes,
+    mut request: Request,
+    next: Next,
+    locate: impl FnOnce(&Request) -> Option<(String, Result<Option<String>, ApiError>)>,
+) -> Response {
+    if svc.node().is_none() || take_mark(&mut request) {
+        return next.run(request).await;
+    }
+    let Some((what, node)) = locate(&request) else {
+        return next.run(request).await;
+    };
+    match node {
+        Ok(node) => where_held(svc, request, next, &what, node.as_deref()).await,
+        Err(e) => e.into_response(),
+    }
+}
+
 /// Sends `request` to `owner` (`what` names the thing it is about, for
 /// errors); a request already forwarded to this node that finds it here
 /// no more is refused rather than sent round again.

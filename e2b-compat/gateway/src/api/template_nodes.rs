@@ -14,10 +14,10 @@ use std::sync::Arc;
 use axum::extract::{MatchedPath, Query, Request, State};
 use axum::http::Method;
 use axum::middleware::Next;
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 
 use super::error::ApiError;
-use super::forward::{take_mark, where_held};
+use super::forward::where_token_says;
 use crate::model::Caller;
 use crate::service::Sandboxes;
 
@@ -57,17 +57,11 @@ struct UploadQuery {
 /// The upload link's part: files for a build another node runs go to that
 /// node. The upload token is checked first, so a caller without it learns
 /// nothing of where a template is built.
-pub async fn upload(State(svc): State<Arc<Sandboxes>>, mut request: Request, next: Next) -> Response {
-    if svc.node().is_none() || take_mark(&mut request) {
-        return next.run(request).await;
-    }
-    let id = request.uri().path().split('/').nth(3).unwrap_or_default().to_string();
-    let Ok(Query(query)) = Query::<UploadQuery>::try_from_uri(request.uri()) else {
-        return next.run(request).await;
-    };
-    let node = match svc.upload_node(&id, &query.token) {
-        Ok(node) => node,
-        Err(e) => return ApiError::from(e).into_response(),
-    };
-    where_held(&svc, request, next, &format!("template {id}"), node.as_deref()).await
+pub async fn upload(State(svc): State<Arc<Sandboxes>>, request: Request, next: Next) -> Response {
+    where_token_says(&svc, request, next, |request| {
+        let id = request.uri().path().split('/').nth(3).unwrap_or_default();
+        let Query(query) = Query::<UploadQuery>::try_from_uri(request.uri()).ok()?;
+        Some((format!("template {id}"), svc.upload_node(id, &query.token).map_err(ApiError::from)))
+    })
+    .await
 }

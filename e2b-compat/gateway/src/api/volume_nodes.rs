@@ -9,10 +9,10 @@ use std::sync::Arc;
 use axum::extract::{MatchedPath, Request, State};
 use axum::http::{Method, header};
 use axum::middleware::Next;
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 
 use super::error::ApiError;
-use super::forward::{take_mark, where_held};
+use super::forward::where_token_says;
 use crate::model::{Caller, SandboxError};
 use crate::service::{Owner, Sandboxes, Volumes};
 
@@ -70,24 +70,17 @@ pub(super) fn delete_owner(request: &Request, volumes: &Volumes, caller: &Caller
 /// The content API's part: a call for a volume another node holds goes to
 /// that node. The token is checked first, so a caller without it learns
 /// nothing, not even which node a volume is on.
-pub async fn content(State(svc): State<Arc<Sandboxes>>, mut request: Request, next: Next) -> Response {
-    if svc.node().is_none() || take_mark(&mut request) {
-        return next.run(request).await;
-    }
-    let id = request.uri().path().split('/').nth(2).unwrap_or_default().to_string();
-    let token = request
-        .headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .unwrap_or_default()
-        .to_string();
-    let Some(volumes) = request.extensions().get::<Arc<Volumes>>().cloned() else {
-        return next.run(request).await;
-    };
-    let node = match volumes.node_for_content(&id, &token) {
-        Ok(node) => node,
-        Err(e) => return ApiError::from(e).into_response(),
-    };
-    where_held(&svc, request, next, &format!("volume {id}"), node.as_deref()).await
+pub async fn content(State(svc): State<Arc<Sandboxes>>, request: Request, next: Next) -> Response {
+    where_token_says(&svc, request, next, |request| {
+        let id = request.uri().path().split('/').nth(2).unwrap_or_default();
+        let token = request
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .unwrap_or_default();
+        let volumes = request.extensions().get::<Arc<Volumes>>()?;
+        Some((format!("volume {id}"), volumes.node_for_content(id, token).map_err(ApiError::from)))
+    })
+    .await
 }
