@@ -2693,7 +2693,8 @@ def test_a_leaked_node_certificate_reaches_no_node_once_revoked(nodes, database_
     held = http.client.HTTPSConnection("127.0.0.1", one.peer_port, context=peer_context(one, leaked), timeout=10)
     try:
         held.request("GET", "/sandboxes", headers=api)
-        assert held.getresponse().read() is not None
+        answer = held.getresponse()
+        assert answer.read() is not None and answer.status == 200, "a node's certificate reaches the listener"
         revoke(one.ca, leaked, database_url)
         published = crl.read_text()
         # Kept busy, the connection never idles out: only the list ends it.
