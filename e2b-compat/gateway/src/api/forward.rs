@@ -47,8 +47,7 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 #[derive(Clone)]
 pub struct Peers {
     client: Arc<RwLock<PeerClient>>,
-    tls_config: Option<Arc<ClientConfig>>,
-    tls: bool,
+    tls: Option<Arc<ClientConfig>>,
 }
 
 type PeerClient = Client<HttpsConnector<HttpConnector>, Body>;
@@ -63,13 +62,13 @@ impl Peers {
     /// cluster on loopback, which speaks plain HTTP.
     pub fn new(tls: Option<Arc<ClientConfig>>) -> Self {
         let client = Arc::new(RwLock::new(connect(tls.as_ref())));
-        Self { client, tls: tls.is_some(), tls_config: tls }
+        Self { client, tls }
     }
 
     /// Drops every kept-alive connection: after a newer revocation list, a
     /// node it names must not keep the connections made before it.
     pub fn renew(&self) {
-        *self.client.write().expect("peer client lock") = connect(self.tls_config.as_ref());
+        *self.client.write().expect("peer client lock") = connect(self.tls.as_ref());
     }
 
     fn client(&self) -> PeerClient {
@@ -107,7 +106,7 @@ fn no_roots() -> ClientConfig {
 /// removed either way (a forward writes its own).
 pub fn take_mark(request: &mut Request) -> bool {
     let marked = request.headers_mut().remove(FORWARDED_BY).is_some();
-    let tls = request.extensions().get::<Peers>().is_none_or(|peers| peers.tls);
+    let tls = request.extensions().get::<Peers>().is_none_or(|peers| peers.tls.is_some());
     marked && (!tls || request.extensions().get::<PeerLink>().is_some())
 }
 

@@ -59,6 +59,12 @@ impl Revocations {
     /// Takes `pem` as the list in force if the CA signed it and it is newer
     /// than the one held. `Ok(false)`: it is the held list or an older one.
     pub fn adopt(&self, pem: &str) -> anyhow::Result<bool> {
+        // Offered every heartbeat: the list in force needs no checking again.
+        let held = self.held.read().expect("revocations lock");
+        if held.number.is_some() && held.pem == pem {
+            return Ok(false);
+        }
+        drop(held);
         let der =
             CertificateRevocationListDer::from_pem_slice(pem.as_bytes()).context("parsing the revocation list")?;
         let (_, ca) = x509_parser::parse_x509_certificate(&self.ca).context("parsing the cluster CA certificate")?;
@@ -99,8 +105,7 @@ impl Revocations {
         let Some((end, intermediates)) = chain.split_first() else {
             return false;
         };
-        let clients = self.held.read().expect("revocations lock").clients.clone();
-        clients.verify_client_cert(end, intermediates, UnixTime::now()).is_ok()
+        self.clients().verify_client_cert(end, intermediates, UnixTime::now()).is_ok()
     }
 
     pub fn client_verifier(self: &Arc<Self>) -> Arc<dyn ClientCertVerifier> {
