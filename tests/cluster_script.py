@@ -54,12 +54,16 @@ class Cluster:
     def node_address(self, n: int) -> str:
         return f"{self.net}.{10 + n}"
 
+    def front_address(self, n: int) -> str:
+        return f"{self.net}.{20 + n}"
+
     def node_pid(self, n: int) -> int:
         return int((self.dir / f"node{n}.pid").read_text())
 
     def namespaces(self) -> list[str]:
         listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
-        return [line.split()[0] for line in listed.splitlines() if line.startswith(f"{self.name}-node")]
+        return [line.split()[0] for line in listed.splitlines()
+                if line.startswith((f"{self.name}-node", f"{self.name}-front"))]
 
     def host_link_exists(self) -> bool:
         return subprocess.run(["ip", "link", "show", self.name], capture_output=True).returncode == 0

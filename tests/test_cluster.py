@@ -6,6 +6,7 @@ other's sandboxes, a node that stops heartbeating is reported lost, and a
 drained node takes no new sandboxes. The nodes share an object store
 (SeaweedFS): a snapshot moves through it to a node other than its own."""
 
+import contextlib
 import hashlib
 import io
 import re
@@ -735,3 +736,81 @@ def test_a_worker_node_with_no_api_of_its_own_runs_what_the_gateways_place_there
         subprocess.run(["psql", database_url, "-tAc", f"DELETE FROM nodes WHERE id = '{worker.id}'"], check=True,
                        capture_output=True)
 
+
+
+@contextlib.contextmanager
+def api_front(nodes: list[Node], database: str, objects):
+    """`copse up --no-sandboxes` on the nodes' database and CA, for the
+    block; its node row goes after it."""
+    front = Node(len(nodes) + 2, database, nodes[0].ca, objects)
+    front.args.append("--no-sandboxes")
+    front.up()
+    try:
+        yield front
+    finally:
+        front.stop()
+        subprocess.run(["psql", database, "-tAc", f"DELETE FROM nodes WHERE id = '{front.id}'"], check=True,
+                       capture_output=True)
+
+
+def test_an_api_front_runs_no_sandboxes_and_passes_creates_builds_and_volumes_to_the_nodes(
+        nodes, database_url, object_store):
+    """`copse up --no-sandboxes`: a gateway with no substrate of its own (no
+    bridge, no templates built, no pool) registers as an API front, which
+    placement never picks. Through it the SDK lists the nodes' templates,
+    creates a sandbox (placed on a node) and reaches its commands and files,
+    builds a template (its steps run on a node) and creates from it, and
+    makes a volume (on a node). With every node drained, a create through it
+    says why it has nowhere to go."""
+    one, two = nodes
+    headers = {"X-API-KEY": API_KEY}
+    made, template_id, volume = [], None, None
+    with api_front(nodes, database_url, object_store) as front:
+        try:
+            assert "API only" in (front.data_dir / "gateway.log").read_text()
+            listing = subprocess.run([str(COPSE), "node", "ls", "--database", database_url], check=True,
+                                     capture_output=True, text=True).stdout
+            assert re.search(rf"^{front.id}\s+active\s.*\(API only\)$", listing, re.M), listing
+            assert subprocess.run(["ip", "link", "show", front.bridge], capture_output=True).returncode != 0, \
+                "an API front makes no sandbox bridge"
+            templates = httpx.get(f"{front.url}/templates", headers=headers, timeout=30).json()
+            assert {"base", "code-interpreter-v1"} <= {t["templateID"] for t in templates}, templates
+
+            sbx = Sandbox.create("base", timeout=120, **front.env())
+            made.append(sbx)
+            assert one.holds(sbx.sandbox_id) or two.holds(sbx.sandbox_id)
+            assert sbx.commands.run("echo through the front").stdout.strip() == "through the front"
+            sbx.files.write("/home/user/note", "written through the front")
+            assert Sandbox.connect(sbx.sandbox_id, **one.env()).files.read("/home/user/note") == \
+                "written through the front"
+
+            name = f"front-{secrets.token_hex(4)}"
+            build = Template().from_template("base").run_cmd("echo built on a node > /home/user/mark")
+            messages, _ = build_logged(build, name, **front.env())
+            assert run_steps(messages), messages
+            template_id = httpx.get(f"{front.url}/templates/aliases/{name}", headers=headers,
+                                    timeout=30).json()["templateID"]
+            built = Sandbox.create(name, timeout=120, **front.env())
+            made.append(built)
+            assert built.files.read("/home/user/mark").strip() == "built on a node"
+
+            volume = Volume.create(f"vol-{secrets.token_hex(4)}", api_key=API_KEY, api_url=front.url)
+            assert any((n.data_dir / "disk" / ".volumes" / volume.volume_id).exists() for n in nodes)
+            for kept in ("sandboxes", "snapshots", "disk"):
+                assert not any((front.data_dir / kept).glob("*")), f"the front holds nothing in {kept}"
+
+            drain(one, database_url)
+            drain(two, database_url)
+            try:
+                time.sleep(NODE_TABLE_TTL_S + 0.5)
+                with pytest.raises(Exception, match="draining or lost"):
+                    Sandbox.create("base", timeout=60, **front.env())
+            finally:
+                drain(one, database_url, False)
+                drain(two, database_url, False)
+        finally:
+            kill_quietly(made)
+            if template_id:
+                httpx.delete(f"{front.url}/templates/{template_id}", headers=headers, timeout=60)
+            if volume:
+                Volume.destroy(volume.volume_id, api_key=API_KEY, api_url=front.url)

@@ -1,9 +1,10 @@
 """`scripts/cluster up|down` (`mise run cluster:up|down`): three nodes, each
-`copse up` in a network namespace of its own, on the PostgreSQL and
-SeaweedFS the script starts. With the environment `up` prints, the SDK's
-creates spread over the nodes, even a burst through one gateway, and each
-sandbox is reached through either gateway; `down` leaves nothing behind,
-even after a node was killed with -9."""
+`copse up` in a network namespace of its own, and two API fronts (`copse up
+--no-sandboxes`, namespaces of their own too), on the PostgreSQL and
+SeaweedFS the script starts. With the environment `up` prints (the fronts
+are its gateways), the SDK's creates spread over the nodes, even a burst
+through one gateway, and each sandbox is reached through either gateway;
+`down` leaves nothing behind, even after a node was killed with -9."""
 
 import os
 import pathlib
@@ -37,6 +38,7 @@ def test_a_burst_of_creates_spreads_over_the_nodes_and_each_is_reached_through_e
     the gateway counts what it sent each node since its last heartbeat, so
     they land on three nodes, not where the last heartbeat showed room."""
     first, second = cluster.gateways
+    assert cluster.gateways == [f"http://{cluster.front_address(n)}:3000" for n in (1, 2)]
     time.sleep(HEARTBEAT_S + 1)  # every node has reported its templates
     sandboxes = []
     try:

@@ -2866,8 +2866,8 @@ def script_cluster():
 
 
 def test_a_cluster_sandbox_reaches_neither_the_database_nor_the_object_store_nor_any_node(script_cluster):
-    """`scripts/cluster` puts PostgreSQL, SeaweedFS and every node's API and
-    peer listener on one host link; a sandbox's root must reach none of them
+    """`scripts/cluster` puts PostgreSQL, SeaweedFS and every node's and API
+    front's API and peer listener on one host link; a sandbox's root must reach none of them
     (the database's password and the bucket's keys are in the node
     processes' environments, not the sandbox's)."""
     from cluster_script import reachable
@@ -2887,6 +2887,8 @@ def test_a_cluster_sandbox_reaches_neither_the_database_nor_the_object_store_nor
         for n in (1, 2):
             services[f"node {n} API"] = (cluster.node_address(n), 3000)
             services[f"node {n} peers"] = (cluster.node_address(n), 3443)
+            services[f"API front {n}"] = (cluster.front_address(n), 3000)
+            services[f"API front {n} peers"] = (cluster.front_address(n), 3443)
         opened = [name for name, (address, port) in services.items() if reachable(sbx, address, port)]
         assert opened == []
         environment = sbx.commands.run(
@@ -3095,3 +3097,54 @@ def test_a_build_on_another_node_takes_no_upload_without_its_token_and_no_call_f
         assert status["status"] == "waiting", status
     finally:
         httpx.delete(f"{one.url}/templates/{template_id}", headers=headers, timeout=60)
+
+
+def test_an_api_front_makes_nothing_of_its_own_whatever_a_call_claims(nodes, database_url, object_store):
+    """An API front (`copse up --no-sandboxes`) holds nothing. A caller marks
+    a create, a build request and a volume as already forwarded, hoping the
+    front makes them itself (a record naming a host with no sandbox, build
+    or volume behind it): on its public listener the mark is dropped and
+    each goes to a node. Over its peer listener, where a node's marked call
+    is believed, a create, a build request and a volume are refused with a
+    503 that says the front runs none, and no record names the front."""
+    from test_cluster import api_front
+
+    one, two = nodes
+    api = {"X-API-KEY": API_KEY}
+    with api_front(nodes, database_url, object_store) as front:
+        forged = {**api, "x-copse-forwarded-by": one.id}
+        made = httpx.post(f"{front.url}/sandboxes", json={"templateID": "base", "timeout": 60}, headers=forged,
+                          timeout=120)
+        assert made.status_code == 201, made.text
+        sandbox_id = made.json()["sandboxID"]
+        try:
+            assert one.holds(sandbox_id) or two.holds(sandbox_id)
+        finally:
+            httpx.delete(f"{front.url}/sandboxes/{sandbox_id}", headers=api, timeout=60)
+        name = f"marked-{secrets.token_hex(4)}"
+        requested = httpx.post(f"{front.url}/v3/templates", json={"name": name}, headers=forged, timeout=30)
+        assert requested.status_code == 202, requested.text
+        template_id = requested.json()["templateID"]
+        try:
+            query = f"SELECT record::jsonb ->> 'node' FROM built_templates WHERE id = '{template_id}'"
+            node = subprocess.run(["psql", database_url, "-tAc", query], check=True, capture_output=True,
+                                  text=True).stdout.strip()
+            assert node in (one.id, two.id), node
+        finally:
+            httpx.delete(f"{front.url}/templates/{template_id}", headers=api, timeout=60)
+        volume = httpx.post(f"{front.url}/volumes", json={"name": name}, headers=forged, timeout=30)
+        assert volume.status_code == 201, volume.text
+        httpx.delete(f"{front.url}/volumes/{volume.json()['volumeID']}", headers=api, timeout=60)
+
+        with peer_client(front, one.tls) as peer:
+            calls = [("/sandboxes", {"templateID": "base", "timeout": 60}), ("/v3/templates", {"name": f"{name}-2"}),
+                     ("/volumes", {"name": f"{name}-2"})]
+            for path, body in calls:
+                refused = peer.post(path, json=body, headers=forged)
+                assert refused.status_code == 503, (path, refused.text)
+                assert "runs no sandboxes" in refused.json()["message"], (path, refused.text)
+        for table in ("sandboxes", "built_templates", "team_volumes"):
+            query = f"SELECT count(*) FROM {table} WHERE record::jsonb ->> 'node' = '{front.id}'"
+            count = subprocess.run(["psql", database_url, "-tAc", query], check=True, capture_output=True,
+                                   text=True).stdout.strip()
+            assert count == "0", f"{table} names the front"

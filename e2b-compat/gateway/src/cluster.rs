@@ -200,7 +200,10 @@ pub fn table(nodes: &[NodeRecord], sandboxes: &[(Option<String>, bool)]) -> Stri
             node.capacity.memory_free_mb,
             running,
             paused,
-            node.api_url
+            match node.runs_sandboxes() {
+                true => node.api_url.clone(),
+                false => format!("{} (API only)", node.api_url),
+            }
         ));
     }
     out

@@ -25,6 +25,9 @@ pub struct Config {
     /// Whether the E2B API is served on `listen`; a worker node of a
     /// cluster (`--no-api`) serves other nodes only.
     pub api: bool,
+    /// Whether sandboxes run on this host; an API front of a cluster
+    /// (`--no-sandboxes`) runs none and opens no substrate.
+    pub sandboxes: bool,
     /// The object store the nodes of a shared database move snapshots
     /// through.
     pub object_store: Option<copse_objects::BucketConfig>,

@@ -132,6 +132,12 @@ enum Command {
         /// gateways place sandboxes on it and forward their calls.
         #[arg(long, env = "COPSE_NO_API", requires = "cluster_tls")]
         no_api: bool,
+        /// An API front of a cluster: serve the E2B API and run no
+        /// sandboxes, builds or volumes here (no substrate, no templates,
+        /// no pools); they are placed on the cluster's nodes and their
+        /// calls forwarded there.
+        #[arg(long, env = "COPSE_NO_SANDBOXES", requires = "database", conflicts_with = "no_api")]
+        no_sandboxes: bool,
         /// With --database: the object store the nodes move snapshots
         /// through (s3://BUCKET or http(s)://HOST:PORT/BUCKET; keys from
         /// AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY). Each node uploads
@@ -626,6 +632,7 @@ fn main() -> anyhow::Result<()> {
             cluster_tls,
             cluster_listen,
             no_api,
+            no_sandboxes,
             object_store,
             debug_faults,
             registry,
@@ -641,12 +648,17 @@ fn main() -> anyhow::Result<()> {
                 advertise,
                 cluster_tls: cluster_tls.zip(cluster_listen).map(|(dir, listen)| config::ClusterTls { dir, listen }),
                 api: !no_api,
+                sandboxes: !no_sandboxes,
                 object_store: object_store
                     .map(|url| copse_objects::BucketConfig::parse(&url, |name| std::env::var(name).ok()))
                     .transpose()?,
-                agent_binary: config::find_agent(paths.agent)?,
+                // An API front boots nothing: it needs no agent.
+                agent_binary: match no_sandboxes {
+                    true => config::find_agent(paths.agent).unwrap_or_default(),
+                    false => config::find_agent(paths.agent)?,
+                },
                 keep_sandboxes,
-                pools,
+                pools: if no_sandboxes { Vec::new() } else { pools },
                 network: Some(
                     copse_substrate::NetConfig::new(&bridge, &subnet)?
                         .with_neighbourhood(
@@ -1050,6 +1062,7 @@ fn local_config(paths: Paths) -> anyhow::Result<Config> {
         advertise: None,
         cluster_tls: None,
         api: true,
+        sandboxes: true,
         object_store: None,
         // Template and snapshot commands boot no sandbox: without an agent
         // they still work (a template can build while the agent compiles).

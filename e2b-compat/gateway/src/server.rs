@@ -20,6 +20,9 @@ use crate::{reaper, serve, telemetry, tls};
 
 pub fn open_substrate(config: &Config) -> anyhow::Result<Arc<dyn Substrate>> {
     config::private_data_dir(&config.data_dir)?;
+    if !config.sandboxes {
+        return Ok(Arc::new(copse_substrate::none::NoSandboxes));
+    }
     Ok(Arc::from(copse_host::host_substrate(&config.data_dir, &config.agent_binary, config.network.as_ref())?))
 }
 
@@ -117,7 +120,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     // A damaged keyring stops the start too, before anything is built.
     let vault = Vault::open(&config.data_dir)?;
     anyhow::ensure!(
-        config.agent_binary.is_file(),
+        !config.sandboxes || config.agent_binary.is_file(),
         "agent binary {} not found (build it with `mise run build`)",
         config.agent_binary.display()
     );
@@ -127,7 +130,7 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         let scheme = if mirror.plain_http { "http" } else { "https" };
         tracing::info!("registry {registry} is pulled from the mirror {scheme}://{}", mirror.host);
     }
-    {
+    if substrate.runs_sandboxes() {
         let substrate = substrate.clone();
         tokio::task::spawn_blocking(move || {
             report_missing_features(substrate.as_ref());
@@ -145,8 +148,8 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     // Before any sandbox is adopted: its requests may need a rule's secret.
     substrate.set_secret_resolver(secrets.resolver());
     let egress_ca = match &config.network {
-        Some(_) => Some(egress_interception(&config, substrate.as_ref())?),
-        None => None,
+        Some(_) if substrate.runs_sandboxes() => Some(egress_interception(&config, substrate.as_ref())?),
+        _ => None,
     };
     let svc = Arc::new(
         Sandboxes::new(substrate.clone(), Box::new(store), config.run_dir(), &config.pools)
@@ -227,7 +230,11 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     let exposure = Exposure { domain: config.domain.as_deref().map(|d| d.trim_end_matches('.').to_ascii_lowercase()) };
     match &listener {
         Some(listener) => {
-            print_usage(listener.local_addr()?, &exposure, tls.is_some(), keys.origin(), substrate.name())
+            let runs = match substrate.runs_sandboxes() {
+                true => substrate.name(),
+                false => "API only: sandboxes run on the cluster's nodes",
+            };
+            print_usage(listener.local_addr()?, &exposure, tls.is_some(), keys.origin(), runs)
         }
         None => println!(
             "copse {} node {}: no E2B API of its own (--no-api); the cluster's gateways place sandboxes here ({})",

@@ -8,6 +8,7 @@
 //! nothing about the E2B wire protocol. No platform `cfg` lives here.
 
 pub mod error;
+pub mod none;
 pub mod phases;
 pub mod router;
 pub mod template;
@@ -166,6 +167,12 @@ pub type Progress<'a> = &'a (dyn Fn(&str) + Send + Sync);
 pub trait Substrate: Send + Sync + 'static {
     /// Short name for logs and `copse version` ("linux-ns", "freebsd-jail").
     fn name(&self) -> &'static str;
+
+    /// Whether sandboxes run here at all: only [`none::NoSandboxes`], an
+    /// API front's, says no.
+    fn runs_sandboxes(&self) -> bool {
+        true
+    }
 
     /// Templates that are built and ready to boot.
     fn templates(&self) -> anyhow::Result<Vec<TemplateInfo>>;

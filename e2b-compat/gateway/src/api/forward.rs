@@ -1,7 +1,8 @@
 //! Calls for a sandbox on another node of a shared database, sent to that
 //! node's gateway: the SDK may talk to any gateway, and only the node
 //! whose host runs a sandbox can act on it. Creates go to the node that
-//! [`Sandboxes::place_create`] picks.
+//! [`Sandboxes::place_create`] picks; on an API front, which runs no
+//! sandboxes, template builds and volumes go to a node too.
 //!
 //! The request is passed on whole (its API key or access token, its body
 //! streamed, an upgrade spliced through), so the owner checks the caller as
@@ -151,6 +152,13 @@ pub async fn control_plane(State(svc): State<Arc<Sandboxes>>, mut request: Reque
     {
         return where_held(&svc, request, next, &format!("template {id}"), node.as_deref()).await;
     }
+    if let Some(what) = made_on_a_node(&request) {
+        return match svc.place_work(what) {
+            Ok(Owner::Here) => next.run(request).await,
+            Ok(owner) => to_owner(&svc, owner, what, false, request).await,
+            Err(e) => ApiError::from(e).into_response(),
+        };
+    }
     if !is_create(&request) {
         return next.run(request).await;
     }
@@ -272,6 +280,18 @@ fn is_describe_or_kill(request: &Request) -> bool {
     let matched = request.extensions().get::<MatchedPath>().map(MatchedPath::as_str);
     matches!(*request.method(), axum::http::Method::GET | axum::http::Method::DELETE)
         && matched == Some("/sandboxes/{id}")
+}
+
+/// What a call makes that stays on the node serving it, other than a
+/// sandbox: a template build (its steps run there) or a volume. An API
+/// front passes it to a node ([`Sandboxes::place_work`]).
+fn made_on_a_node(request: &Request) -> Option<&'static str> {
+    let matched = request.extensions().get::<MatchedPath>().map(MatchedPath::as_str);
+    match (request.method() == axum::http::Method::POST, matched) {
+        (true, Some("/v3/templates")) => Some("a template build"),
+        (true, Some("/volumes")) => Some("a volume"),
+        _ => None,
+    }
 }
 
 fn is_create(request: &Request) -> bool {

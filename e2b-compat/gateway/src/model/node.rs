@@ -88,24 +88,32 @@ impl NodeRecord {
         }
     }
 
-    /// How much a new sandbox of `template` would like this node: its free
-    /// memory shared among the sandboxes it runs, the `pending` ones sent
-    /// to it since, and the new one. `None` for a node that is not active
-    /// or lacks the template's files (they are not fetched from another
-    /// node).
-    pub fn placement_score(&self, template: &str, now_ms: i64, pending: u32) -> Option<u64> {
-        if self.status(now_ms) != NodeStatus::Active || !self.templates.iter().any(|t| t == template) {
+    /// How much new work would like this node: its free memory shared
+    /// among the sandboxes it runs, the `pending` ones sent to it since,
+    /// and the new one. `None` for a node that is not active, runs no
+    /// sandboxes (an API front), or lacks the template's files (they are
+    /// not fetched from another node) when the work is a sandbox of one.
+    pub fn placement_score(&self, template: Option<&str>, now_ms: i64, pending: u32) -> Option<u64> {
+        let has = |template: &str| self.templates.iter().any(|t| t == template);
+        if self.status(now_ms) != NodeStatus::Active || !self.runs_sandboxes() || !template.is_none_or(has) {
             return None;
         }
         Some(self.capacity.memory_free_mb / (u64::from(self.capacity.running) + u64::from(pending) + 1))
     }
+
+    /// Whether the node runs sandboxes: every node but an API front
+    /// (`copse up --no-sandboxes`).
+    pub fn runs_sandboxes(&self) -> bool {
+        self.substrate != copse_substrate::none::NAME
+    }
 }
 
-/// The node that should take a new sandbox of `template`: the best score,
-/// ties to the lowest id so every gateway picks the same one.
+/// The node that should take a new sandbox of `template` (or, with none,
+/// a build or a volume): the best score, ties to the lowest id so every
+/// gateway picks the same one.
 pub fn place<'a>(
     nodes: &'a [NodeRecord],
-    template: &str,
+    template: Option<&str>,
     now_ms: i64,
     recent: &RecentPlacements,
 ) -> Option<&'a NodeRecord> {
@@ -184,7 +192,7 @@ mod tests {
         assert_eq!(n.status(1_001 + LOST_AFTER_MS), NodeStatus::Lost);
         n.draining = true;
         assert_eq!(n.status(2_000), NodeStatus::Draining);
-        assert_eq!(n.placement_score("base", 2_000, 0), None);
+        assert_eq!(n.placement_score(Some("base"), 2_000, 0), None);
     }
 
     #[test]
@@ -192,17 +200,30 @@ mod tests {
         let now = 5_000;
         let place = |nodes, template, now| place(nodes, template, now, &RecentPlacements::default());
         let nodes = vec![node("a", 2048, 0, now), node("b", 6144, 0, now), node("c", 6144, 4, now)];
-        assert_eq!(place(&nodes, "base", now).map(|n| n.id.as_str()), Some("b"));
+        assert_eq!(place(&nodes, Some("base"), now).map(|n| n.id.as_str()), Some("b"));
         // One host seen by two nodes: the one running fewer wins.
         let same = vec![node("x", 4096, 1, now), node("y", 4100, 0, now)];
-        assert_eq!(place(&same, "base", now).map(|n| n.id.as_str()), Some("y"));
+        assert_eq!(place(&same, Some("base"), now).map(|n| n.id.as_str()), Some("y"));
         // Equal: the lowest id, whichever gateway asks.
         let equal = vec![node("y", 4096, 1, now), node("x", 4096, 1, now)];
-        assert_eq!(place(&equal, "base", now).map(|n| n.id.as_str()), Some("x"));
+        assert_eq!(place(&equal, Some("base"), now).map(|n| n.id.as_str()), Some("x"));
         // A node without the template's files takes none of it.
-        assert!(place(&nodes, "custom", now).is_none());
+        assert!(place(&nodes, Some("custom"), now).is_none());
         // Nobody alive: nowhere.
-        assert!(place(&nodes, "base", now + LOST_AFTER_MS + 1).is_none());
+        assert!(place(&nodes, Some("base"), now + LOST_AFTER_MS + 1).is_none());
+    }
+
+    #[test]
+    fn an_api_front_takes_no_work_and_a_build_goes_where_there_is_room() {
+        let now = 5_000;
+        let mut front = node("a", 16384, 0, now);
+        front.substrate = copse_substrate::none::NAME.into();
+        front.templates.clear();
+        let nodes = vec![front, node("b", 2048, 0, now), node("c", 4096, 0, now)];
+        let recent = RecentPlacements::default();
+        assert_eq!(place(&nodes, None, now, &recent).map(|n| n.id.as_str()), Some("c"));
+        assert!(place(&nodes[..1], None, now, &recent).is_none());
+        assert_eq!(place(&nodes, Some("base"), now, &recent).map(|n| n.id.as_str()), Some("c"));
     }
 
     #[test]
@@ -212,7 +233,7 @@ mod tests {
         let mut recent = RecentPlacements::default();
         let mut placed = Vec::new();
         for i in 0..10 {
-            let chosen = place(&nodes, "base", now + i, &recent).unwrap().id.clone();
+            let chosen = place(&nodes, Some("base"), now + i, &recent).unwrap().id.clone();
             recent.record(&chosen, now + i, &nodes);
             placed.push(chosen);
         }

@@ -111,6 +111,7 @@ impl Sandboxes {
         request: CreateRequest,
         origin: &mut Origin,
     ) -> Result<(SandboxRecord, Timings)> {
+        self.refuse_on_a_front(&format!("a sandbox of {}", request.template))?;
         let timeout = validate_timeout(request.timeout_s.unwrap_or(DEFAULT_TIMEOUT_S))?;
         let checking = Instant::now();
         self.quota.check_timeout(caller, &caller.team, timeout)?;

@@ -194,12 +194,16 @@ impl Sandboxes {
         self.substrate.name()
     }
 
-    /// The templates built on this host that callers may name. An image's
+    /// The templates built on this host (on an API front, the cluster's
+    /// nodes) that callers may name. An image's
     /// template is only ever a build's base: the image may come from one
     /// team's private registry, so no listing shows it and no create or
     /// `from_template` reaches it; a team reaches its files through its own
     /// built template.
     pub async fn templates(&self) -> Result<Vec<TemplateInfo>> {
+        if !self.substrate.runs_sandboxes() {
+            return Ok(self.cluster_templates()?);
+        }
         Ok(self.substrate_templates().await?.into_iter().filter(nameable).collect())
     }
 

@@ -6,9 +6,11 @@
 //! the reaper, the journal and shutdown never touch another node's. Calls
 //! for another node's sandbox are forwarded to it by `api::forward`.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+
+use copse_substrate::TemplateInfo;
 
 use super::Sandboxes;
 use crate::model::{
@@ -187,16 +189,75 @@ impl Sandboxes {
             let files = Held { node: built.node.as_deref(), stored, base: &image.substrate_template };
             return self.place_held(membership, files, &format!("template {template}"));
         }
-        match self.place_by_room(membership, template)? {
+        match self.place_by_room(membership, Some(template))? {
             Some(owner) => Ok(owner),
             None if membership.node_table()?.iter().any(|n| n.id == membership.id && n.draining) => {
                 Err(SandboxError::Unavailable(format!(
                     "no node can take a sandbox of {template}: this one is draining and no other active one has it"
                 )))
             }
+            None if !self.substrate.runs_sandboxes() => Err(self.nowhere_to_run(template)?),
             // This node answers: a template no node has is its error to give.
             None => Ok(Owner::Here),
         }
+    }
+
+    /// Why an API front has nowhere to send a create of `template`: no
+    /// node that takes sandboxes has it, or none at all does.
+    fn nowhere_to_run(&self, template: &str) -> anyhow::Result<SandboxError> {
+        let known = self.cluster_templates()?;
+        Ok(match known.iter().any(|t| t.name == template) {
+            true => SandboxError::Unavailable(format!(
+                "no node can take a sandbox of {template}: every node that has it is draining or lost"
+            )),
+            false => SandboxError::UnknownTemplate {
+                name: template.to_string(),
+                available: known.into_iter().map(|t| t.name).collect::<Vec<_>>().join(", "),
+            },
+        })
+    }
+
+    /// An API front's templates: those the nodes that are not lost hold
+    /// (by name; their files and build times are the nodes').
+    pub(super) fn cluster_templates(&self) -> anyhow::Result<Vec<TemplateInfo>> {
+        let Some(membership) = &self.node else { return Ok(Vec::new()) };
+        let now = now_ms();
+        let table = membership.node_table()?;
+        let names: BTreeSet<&str> = table
+            .iter()
+            .filter(|n| n.status(now) != NodeStatus::Lost)
+            .flat_map(|n| n.templates.iter().map(String::as_str))
+            .collect();
+        Ok(names
+            .into_iter()
+            .map(|name| TemplateInfo {
+                name: name.to_string(),
+                built_at: 0,
+                size_bytes: 0,
+                backend: Default::default(),
+                recipe: String::new(),
+            })
+            .collect())
+    }
+
+    /// Refuses to make `what` on an API front: only a call its peer
+    /// listener believed already forwarded gets that far.
+    pub(super) fn refuse_on_a_front(&self, what: &str) -> Result<()> {
+        match self.substrate.runs_sandboxes() {
+            true => Ok(()),
+            false => Err(SandboxError::Unavailable(copse_substrate::none::refusal(what))),
+        }
+    }
+
+    /// Where an API front sends what it cannot hold (a template build, a
+    /// volume): the active node with the most room, `what` naming it in
+    /// the error. `Here` on a gateway that runs sandboxes itself.
+    pub fn place_work(&self, what: &str) -> Result<Owner> {
+        let Some(membership) = self.node.as_ref().filter(|_| !self.substrate.runs_sandboxes()) else {
+            return Ok(Owner::Here);
+        };
+        self.place_by_room(membership, None)?
+            .ok_or_else(|| SandboxError::Unavailable(format!("no active node can take {what}")))
     }
 
     /// Where files one node holds start: on that node while it takes
@@ -214,12 +275,17 @@ impl Sandboxes {
                 files.node.unwrap_or("-")
             )));
         }
-        Ok(self.place_by_room(membership, files.base)?.unwrap_or(holder))
+        Ok(self.place_by_room(membership, Some(files.base))?.unwrap_or(holder))
     }
 
-    /// The active node with the most room that has `template`, if any,
-    /// counting the creates this gateway sent since each node's heartbeat.
-    pub(super) fn place_by_room(&self, membership: &Membership, template: &str) -> anyhow::Result<Option<Owner>> {
+    /// The active node with the most room that has `template` (any that
+    /// runs sandboxes, with none), if there is one, counting the creates
+    /// this gateway sent since each node's heartbeat.
+    pub(super) fn place_by_room(
+        &self,
+        membership: &Membership,
+        template: Option<&str>,
+    ) -> anyhow::Result<Option<Owner>> {
         let nodes = membership.node_table()?;
         let now = now_ms();
         let mut recent = membership.recent.lock().unwrap_or_else(|e| e.into_inner());

@@ -48,7 +48,7 @@ impl Sandboxes {
         if forwarded && self.takes_sandboxes(&Owner::Here)? {
             return Ok(Owner::Here);
         }
-        Ok(self.place_by_room(membership, &record.template)?.unwrap_or(owner))
+        Ok(self.place_by_room(membership, Some(&record.template))?.unwrap_or(owner))
     }
 
     /// Where describing or killing sandbox `id` runs: on its node, except

@@ -70,6 +70,7 @@ impl Sandboxes {
         cpu_count: Option<u32>,
         memory_mb: Option<u32>,
     ) -> Result<(TemplateRecord, crate::model::TemplateLabels, Vec<String>)> {
+        self.refuse_on_a_front(&format!("a build of template {name:?}"))?;
         let tags = Self::build_tags(name, tags)?;
         let name = split_template_name(name)?;
         let builtin = crate::templates::recipes().into_iter().any(|r| r.name == name);
