@@ -65,10 +65,7 @@ pub fn pull_template(
     progress: Progress<'_>,
 ) -> anyhow::Result<(TemplateInfo, Pulled)> {
     copse_substrate::template::validate_name(name).map_err(anyhow::Error::msg)?;
-    anyhow::ensure!(
-        !crate::templates::recipes().iter().any(|r| r.name == name),
-        "{name} is a built-in template; pick another --name"
-    );
+    anyhow::ensure!(!crate::templates::is_shipped(name), "{name} is a built-in template; pick another --name");
     anyhow::ensure!(
         !crate::service::is_image_template(name),
         "{name} is a name copse gives the templates its builds unpack images into (collected once unused); pick another --name"

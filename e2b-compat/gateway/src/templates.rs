@@ -30,6 +30,14 @@ pub struct Service {
     pub health_path: &'static str,
 }
 
+/// The names of [`recipes`], which no snapshot or built template may take.
+const SHIPPED: [&str; 2] = ["base", CODE_INTERPRETER];
+
+/// Whether `name` is a template copse ships.
+pub fn is_shipped(name: &str) -> bool {
+    SHIPPED.contains(&name)
+}
+
 pub fn recipes() -> Vec<Recipe> {
     let os = PackageSystem::host();
     let mut recipes = builtin(os);
@@ -105,5 +113,12 @@ mod tests {
         assert!(ci.post_install[3].contains("useradd --system") && ci.post_install[3].contains(INTERPRETER_USER));
         assert_eq!(service(CODE_INTERPRETER).unwrap().user, INTERPRETER_USER);
         assert!(service("base").is_none());
+    }
+
+    #[test]
+    fn the_shipped_names_are_the_recipes_names() {
+        let names: Vec<String> = recipes().into_iter().map(|r| r.name).collect();
+        assert_eq!(names, SHIPPED);
+        assert!(is_shipped("base") && !is_shipped("base:latest") && !is_shipped("my-app"));
     }
 }

@@ -123,13 +123,15 @@ impl Sandboxes {
         let mut agent_token = None;
         let mut built = None;
         // A team's snapshot names are its own; another team's are unknown.
-        let snapshot = match request.build_layer {
-            Some(_) => None,
-            None => self.store.snapshot(&caller.team, &request.template)?,
+        // No snapshot or build takes a shipped template's name.
+        let own_files = request.build_layer.is_none() && !crate::templates::is_shipped(&request.template);
+        let snapshot = match own_files {
+            true => self.store.snapshot(&caller.team, &request.template)?,
+            false => None,
         };
-        let built_template = match request.build_layer {
-            Some(_) => None,
-            None => self.ready_template(&caller.team, &request.template)?,
+        let built_template = match own_files {
+            true => self.ready_template(&caller.team, &request.template)?,
+            false => None,
         };
         let image = match request.build_layer.clone() {
             Some(layer) => Some(layer),

@@ -177,12 +177,15 @@ impl Sandboxes {
     /// host.
     pub fn place_create(&self, caller: &Caller, template: &str) -> Result<Owner> {
         let Some(membership) = &self.node else { return Ok(Owner::Here) };
-        if let Some(snapshot) = self.store.snapshot(&caller.team, template)? {
+        // No snapshot or build takes a shipped template's name: no lookup.
+        let own_files = !crate::templates::is_shipped(template);
+        if own_files && let Some(snapshot) = self.store.snapshot(&caller.team, template)? {
             let files =
                 Held { node: snapshot.node.as_deref(), stored: snapshot.in_object_store, base: &snapshot.template };
             return self.place_held(membership, files, &format!("snapshot {template}"));
         }
-        if let Some(built) = self.ready_template(&caller.team, template)?
+        if own_files
+            && let Some(built) = self.ready_template(&caller.team, template)?
             && let Some(image) = &built.image
         {
             let stored = self.template_labels(&built)?.stored_images.contains(&image.snapshot_key);

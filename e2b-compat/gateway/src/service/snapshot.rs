@@ -170,8 +170,7 @@ impl Sandboxes {
     /// A snapshot name may not shadow a template: a create naming it must
     /// keep meaning the template, for every team.
     async fn refuse_template_names(&self, name: &str) -> Result<()> {
-        let builtin = crate::templates::recipes().into_iter().any(|r| r.name == name);
-        if builtin || self.templates().await?.iter().any(|t| t.name == name) {
+        if crate::templates::is_shipped(name) || self.templates().await?.iter().any(|t| t.name == name) {
             return Err(SandboxError::Invalid(format!("snapshot name {name:?} is a template's name; choose another")));
         }
         Ok(())

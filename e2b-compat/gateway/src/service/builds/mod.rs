@@ -73,8 +73,7 @@ impl Sandboxes {
         self.refuse_on_a_front(&format!("a build of template {name:?}"))?;
         let tags = Self::build_tags(name, tags)?;
         let name = split_template_name(name)?;
-        let builtin = crate::templates::recipes().into_iter().any(|r| r.name == name);
-        if builtin || self.templates().await?.iter().any(|t| t.name == name) {
+        if crate::templates::is_shipped(&name) || self.templates().await?.iter().any(|t| t.name == name) {
             return Err(SandboxError::Invalid(format!("{name:?} is a template copse ships; choose another name")));
         }
         if self.store.snapshot(&caller.team, &name)?.is_some() {
