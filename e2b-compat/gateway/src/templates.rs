@@ -1,6 +1,8 @@
 //! The templates copse offers out of the box, named as E2B names them, and
 //! what runs in each sandbox beside the agent.
 
+use std::sync::LazyLock;
+
 use copse_protocol::kernels::INTERPRETER_USER;
 use copse_substrate::template::{PackageSystem, Recipe, builtin, write_file_script};
 
@@ -30,12 +32,13 @@ pub struct Service {
     pub health_path: &'static str,
 }
 
-/// The names of [`recipes`], which no snapshot or built template may take.
-const SHIPPED: [&str; 2] = ["base", CODE_INTERPRETER];
+/// The names of [`recipes`], which no snapshot or built template may take;
+/// read once, as a create asks on every call.
+static SHIPPED: LazyLock<Vec<String>> = LazyLock::new(|| recipes().into_iter().map(|r| r.name).collect());
 
 /// Whether `name` is a template copse ships.
 pub fn is_shipped(name: &str) -> bool {
-    SHIPPED.contains(&name)
+    SHIPPED.iter().any(|shipped| shipped == name)
 }
 
 pub fn recipes() -> Vec<Recipe> {
@@ -118,7 +121,7 @@ mod tests {
     #[test]
     fn the_shipped_names_are_the_recipes_names() {
         let names: Vec<String> = recipes().into_iter().map(|r| r.name).collect();
-        assert_eq!(names, SHIPPED);
+        assert_eq!(names, *SHIPPED);
         assert!(is_shipped("base") && !is_shipped("base:latest") && !is_shipped("my-app"));
     }
 }

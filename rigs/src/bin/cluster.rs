@@ -302,9 +302,7 @@ fn node(
     args.extend(
         ["--bridge", &bridge, "--subnet", &format!("10.{}.0.0/16", 96 + n), "--disk-mb", DISK_MB].map(String::from),
     );
-    let env = store.env();
-    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
-    let gateway = Gateway::start_with(&node_bins, key, &["base=0".into()], "copse-rig-cluster", &env, &args)?;
+    let gateway = start_member(&node_bins, key, &["base=0".into()], "copse-rig-cluster", store, &args)?;
     Ok((gateway, node_bins, bridge))
 }
 
@@ -313,9 +311,22 @@ fn front(bins: &Binaries, key: &str, database: &str, tls: &Path, store: &Seaweed
     let front_bins = fresh_data_dir(bins, "cluster-front")?;
     let mut args = member_args(bins, database, tls, "front")?;
     args.push("--no-sandboxes".into());
+    start_member(&front_bins, key, &[], "copse-rig-cluster-front", store, &args)
+}
+
+/// `copse up` of a cluster member, the object store's keys in its
+/// environment.
+fn start_member(
+    bins: &Binaries,
+    key: &str,
+    pools: &[String],
+    log_prefix: &str,
+    store: &SeaweedFs,
+    args: &[String],
+) -> anyhow::Result<Gateway> {
     let env = store.env();
     let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
-    Gateway::start_with(&front_bins, key, &[], "copse-rig-cluster-front", &env, &args)
+    Gateway::start_with(bins, key, pools, log_prefix, &env, args)
 }
 
 /// `bins` with the data dir `name` beside its own, emptied of an earlier
