@@ -16,8 +16,9 @@ use std::time::Duration;
 
 use anyhow::Context;
 
-use crate::model::{HEARTBEAT_MS, NodeRecord, NodeStore, now_ms, validate_node_id};
+use crate::model::{HEARTBEAT_MS, NodeRecord, NodeStatus, NodeStore, now_ms, validate_node_id};
 use crate::service::Sandboxes;
+use crate::store::Database;
 use crate::tls::cluster::NodeTls;
 
 const NODE_ID_FILE: &str = "node-id";
@@ -214,6 +215,60 @@ pub fn table(nodes: &[NodeRecord], sandboxes: &[(Option<String>, bool)]) -> Stri
 /// as its heartbeat wrote them.
 pub fn set_draining(nodes: &dyn NodeStore, id: &str, draining: bool, moving_out: bool) -> anyhow::Result<()> {
     anyhow::ensure!(nodes.set_draining(id, draining, moving_out)?, "no node {id} in this database");
+    Ok(())
+}
+
+/// `copse node rm ID`: forgets a lost node (stopped for good, or its host
+/// gone) that no record needs any more. A node heard from lately is
+/// refused: it would register again at its next heartbeat, and its
+/// sandboxes would look homeless meanwhile. So is one that records still
+/// name, listed, since those are reported lost while their node is, and
+/// forgetting it would hide that: a sandbox or a volume on it, or a snapshot
+/// or a built template's image it never stored in the object store. Its
+/// build-cache entries and journal intents go with it: only that node
+/// could use them.
+pub fn remove_node(store: &dyn Database, id: &str) -> anyhow::Result<()> {
+    let Some(node) = store.node(id)? else { anyhow::bail!("no node {id} in this database") };
+    let now = now_ms();
+    if node.status(now) != NodeStatus::Lost {
+        anyhow::bail!(
+            "node {id} was heard from {}s ago; stop it first (a node is lost {}s after its last heartbeat)",
+            (now - node.heartbeat_at_ms).max(0) / 1000,
+            crate::model::LOST_AFTER_MS / 1000
+        );
+    }
+    let here = |n: &Option<String>| n.as_deref() == Some(id);
+    let sandboxes = store.all()?.into_iter().filter(|r| here(&r.node)).count();
+    let volumes = store.volumes()?.into_iter().filter(|v| here(&v.node)).count();
+    let snapshots = store.snapshots()?.into_iter().filter(|s| here(&s.node) && !s.in_object_store).count();
+    let mut templates = 0;
+    for template in store.built_templates()?.into_iter().filter(|t| here(&t.node)) {
+        let stored = store.template_labels(&template.id)?.unwrap_or_default().stored_images;
+        templates += usize::from(template.image.is_none_or(|i| !stored.contains(&i.snapshot_key)));
+    }
+    let held: Vec<String> = [
+        (sandboxes, "sandbox(es)"),
+        (volumes, "volume(s)"),
+        (snapshots, "snapshot(s) not in the object store"),
+        (templates, "built template(s) whose image is not in the object store"),
+    ]
+    .into_iter()
+    .filter(|(count, _)| *count > 0)
+    .map(|(count, what)| format!("{count} {what}"))
+    .collect();
+    if !held.is_empty() {
+        anyhow::bail!(
+            "node {id} still holds {}; start it again on its data dir to move or delete them, or delete them through the API",
+            held.join(", ")
+        );
+    }
+    for layer in store.build_layers()?.into_iter().filter(|l| here(&l.node)) {
+        store.remove_build_layer(&layer.key)?;
+    }
+    for intent in store.intents()?.into_iter().filter(|i| here(&i.node)) {
+        store.remove_intent(&intent.id)?;
+    }
+    anyhow::ensure!(store.remove_node(id)?, "node {id} was removed meanwhile");
     Ok(())
 }
 

@@ -545,6 +545,14 @@ enum NodeCommand {
         #[arg(long, env = "COPSE_DATABASE")]
         database: String,
     },
+    /// Forget node ID: lost (stopped for good) and holding nothing that
+    /// has not moved to the object store. An API front leaves on its own
+    /// when it stops.
+    Rm {
+        id: String,
+        #[arg(long, env = "COPSE_DATABASE")]
+        database: String,
+    },
 }
 
 #[derive(Subcommand)]
@@ -870,6 +878,11 @@ fn node(command: NodeCommand) -> anyhow::Result<()> {
         NodeCommand::Undrain { id, database } => {
             copse_gateway::cluster::set_draining(&PostgresStore::open(&database)?, &id, false, false)?;
             println!("node {id} takes new sandboxes again");
+            Ok(())
+        }
+        NodeCommand::Rm { id, database } => {
+            copse_gateway::cluster::remove_node(&PostgresStore::open(&database)?, &id)?;
+            println!("node {id} is removed");
             Ok(())
         }
     }

@@ -285,6 +285,9 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
             reaper.abort();
             if let Some(heartbeat) = heartbeat {
                 heartbeat.abort();
+                // Its last beat must not come after a front leaves.
+                let _ = heartbeat.await;
+                svc.leave_if_front().await;
             }
             if let Some(metrics) = metrics {
                 metrics.abort();

@@ -314,6 +314,19 @@ impl Sandboxes {
     }
 
     /// Writes this node's record as of now: what it has free and holds.
+    /// At an API front's shutdown: removes its node row, since it holds
+    /// nothing a restart would need to find (a node keeps its row, which
+    /// names its sandboxes' home, until `copse node rm`).
+    pub async fn leave_if_front(&self) {
+        let Some(membership) = self.node.as_ref().filter(|_| !self.substrate.runs_sandboxes()) else { return };
+        let (nodes, id) = (membership.nodes.clone(), membership.id.clone());
+        match tokio::task::spawn_blocking(move || nodes.remove_node(&id)).await {
+            Ok(Ok(_)) => tracing::info!(node = %membership.id, "left the cluster: this API front's row is removed"),
+            Ok(Err(e)) => tracing::warn!("removing this API front's node row: {e:#}"),
+            Err(e) => tracing::warn!("removing this API front's node row: {e}"),
+        }
+    }
+
     pub async fn heartbeat(&self) -> anyhow::Result<()> {
         let Some(membership) = &self.node else { return Ok(()) };
         let templates: Vec<String> =

@@ -28,6 +28,7 @@ macro_rules! behaviours {
             a_build_layer_is_found_only_by_its_team_and_outlives_the_connection,
             a_volume_name_is_taken_once_per_team,
             a_nodes_heartbeat_replaces_its_record_but_not_the_operators_drain,
+            a_node_is_removed_only_once_lost_and_holding_nothing,
             a_secret_name_is_taken_once_and_freed_by_removal,
             journal_intents_outlive_the_connection_until_cleared_and_a_torn_one_is_quarantined,
             an_unreadable_row_is_quarantined_and_the_rest_still_listed,
@@ -159,6 +160,57 @@ fn key(hash: &str, prefix: &str, team: &str) -> KeyRecord {
         created_at_ms: 1,
         last_used_ms: None,
     }
+}
+
+pub fn a_node_is_removed_only_once_lost_and_holding_nothing(db: &dyn Backend) {
+    let store = db.open();
+    let id = "cccccccccccccccccccc";
+    let beat = |at_ms: i64| NodeRecord {
+        id: id.into(),
+        api_url: "http://10.0.0.3:49982".into(),
+        substrate: "linux-namespaces".into(),
+        capacity: Capacity { cpus: 2, memory_mb: 8192, memory_free_mb: 4096, disk_free_mb: 100, running: 0 },
+        templates: vec!["base".into()],
+        started_at_ms: 1,
+        heartbeat_at_ms: at_ms,
+        draining: false,
+        moving_out: false,
+        teams: Default::default(),
+    };
+    let err = |store: &dyn crate::store::Database| crate::cluster::remove_node(store, id).unwrap_err().to_string();
+    assert!(err(store.as_ref()).contains("no node"), "unknown");
+    store.beat(&beat(crate::model::now_ms())).unwrap();
+    assert!(err(store.as_ref()).contains("heard from"), "a live node stays");
+    store.beat(&beat(crate::model::now_ms() - crate::model::LOST_AFTER_MS - 1_000)).unwrap();
+    let mut on_it = sandbox("s", 10);
+    on_it.node = Some(id.into());
+    store.put(&on_it).unwrap();
+    let mut unstored = snapshot("acme", "snap", "k");
+    unstored.node = Some(id.into());
+    store.put_snapshot(&unstored).unwrap();
+    let message = err(store.as_ref());
+    assert!(message.contains("1 sandbox(es), 1 snapshot(s) not in the object store"), "{message}");
+    assert!(store.node(id).unwrap().is_some(), "nothing removed");
+    store.remove("s").unwrap();
+    unstored.in_object_store = true;
+    store.put_snapshot(&unstored).unwrap();
+    let layer = BuildLayer {
+        key: "l1".into(),
+        team: "acme".into(),
+        substrate_template: "base".into(),
+        snapshot_key: "k1".into(),
+        envs: vec![],
+        user: "user".into(),
+        workdir: None,
+        templates: vec!["t".into()],
+        created_at_ms: 0,
+        node: Some(id.into()),
+    };
+    store.put_build_layer(&layer).unwrap();
+    crate::cluster::remove_node(store.as_ref(), id).unwrap();
+    assert!(store.node(id).unwrap().is_none());
+    assert!(store.build_layer("acme", "l1").unwrap().is_none(), "its build cache goes with it");
+    assert!(store.snapshot("acme", "snap").unwrap().is_some(), "a stored snapshot stays, for other nodes");
 }
 
 pub fn a_secret_name_is_taken_once_and_freed_by_removal(db: &dyn Backend) {
