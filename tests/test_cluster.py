@@ -8,6 +8,7 @@ drained node takes no new sandboxes. The nodes share an object store
 
 import contextlib
 import hashlib
+import json
 import io
 import re
 import secrets
@@ -331,6 +332,80 @@ def test_a_snapshot_starts_on_another_node_through_the_object_store(nodes, datab
     assert object_store.read(f"snapshots/default/{name}") is None, "a deleted snapshot leaves the bucket"
     assert not files.exists(), "deleted through node two's gateway, on its own node"
     gone_within(fetched, "node two removes its fetched copy once no record names it")
+
+
+def lazy_mounts(node: Node) -> list[str]:
+    """The node's mounts of lazily fetched layers: each layer's image
+    (erofs) and its server's file (fuse)."""
+    with open("/proc/self/mounts") as mounts:
+        return [line for line in mounts
+                if line.split()[1].startswith(str(node.data_dir) + "/") and line.split()[2] in ("erofs", "fuse")]
+
+
+def lazy_servers(node: Node) -> list[str]:
+    out = subprocess.run(["pgrep", "-af", f"lazy-image {node.data_dir}/"], capture_output=True, text=True).stdout
+    return out.splitlines()
+
+
+def stored_lazy_layers(database: str, name: str, within_s: float = 60) -> list[str]:
+    """The manifests' hashes of snapshot `name`'s layer images, once its
+    node has stored it."""
+    query = f"SELECT record::jsonb -> 'lazy' -> 'layers' FROM team_snapshots WHERE id = '{name}'"
+    deadline = time.monotonic() + within_s
+    while not (out := subprocess.run(["psql", database, "-tAc", query], check=True, capture_output=True,
+                                     text=True).stdout.strip()):
+        assert time.monotonic() < deadline, "the snapshot's layer images were stored"
+        time.sleep(0.5)
+    return json.loads(out)
+
+
+def test_a_files_snapshot_starts_on_another_node_as_its_layers_arrive(nodes, database_url, object_store):
+    """Lazy fetch: node one stores a files-only snapshot's layers as EROFS
+    images beside its stream, and the record keeps each image manifest's
+    hash. Node two then fetches nothing before the boot: a `copse
+    lazy-image` server per layer serves the image as it is read, the
+    substrate mounts it as the layer, and the sandbox reads its files
+    (a 48 MB one hashes as it did on node one); the rest arrives in the
+    background. Deleting the snapshot unmounts both and ends the servers,
+    and its images leave the bucket."""
+    one, two = nodes
+    name = f"lazy-{time.monotonic_ns() % 10**9}"
+    source = create_on(one, nodes, database_url, via=two)
+    try:
+        source.files.write("/home/user/note", "read as it arrives")
+        digest = source.commands.run("head -c 48M /dev/urandom > /home/user/big && sha256sum /home/user/big",
+                                     timeout=120).stdout.split()[0]
+        source.create_snapshot(name=name, mode="filesystem")
+    finally:
+        source.kill()
+    layers = stored_lazy_layers(database_url, name)
+    assert layers and object_store.read(f"snapshots/default/{name}@layer0"), "the top layer's image is stored"
+    try:
+        drain(one, database_url)
+        time.sleep(NODE_TABLE_TTL_S + 0.5)
+        moved = create_while_stored(name, via=two)
+        try:
+            assert two.holds(moved.sandbox_id)
+            assert "to arrive as read" in (two.data_dir / "gateway.log").read_text(), "mounted, not fetched whole"
+            assert len(lazy_servers(two)) == len(layers), lazy_servers(two)
+            assert len(lazy_mounts(two)) == 2 * len(layers), lazy_mounts(two)
+            assert moved.files.read("/home/user/note") == "read as it arrives"
+            got = moved.commands.run("sha256sum /home/user/big", timeout=120).stdout.split()[0]
+            assert got == digest
+            deadline = time.monotonic() + 60
+            while not all((d / "complete").exists() for d in (two.data_dir / "lazy").iterdir()):
+                assert time.monotonic() < deadline, "the rest of each image arrived in the background"
+                time.sleep(0.5)
+        finally:
+            moved.kill()
+    finally:
+        drain(one, database_url, False)
+    Sandbox.delete_snapshot(name, **two.env())
+    deadline = time.monotonic() + 5 * HEARTBEAT_S
+    while lazy_mounts(two) or lazy_servers(two) or any((two.data_dir / "lazy").iterdir()):
+        assert time.monotonic() < deadline, f"node two let go of the lazy layers: {lazy_mounts(two)}"
+        time.sleep(0.5)
+    assert object_store.read(f"snapshots/default/{name}@layer0") is None, "its images leave the bucket"
 
 
 def gone_within(path, why: str, within_s: float = 5 * HEARTBEAT_S):

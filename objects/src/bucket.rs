@@ -142,6 +142,12 @@ impl Bucket {
         Ok(Self { store: Arc::new(store), name: config.display() })
     }
 
+    /// Its address as the operator gave it (no keys): what another process
+    /// opens it again from, with the same environment.
+    pub fn address(&self) -> &str {
+        &self.name
+    }
+
     /// Whether `key` exists.
     pub async fn has(&self, key: &str) -> anyhow::Result<bool> {
         self.has_recent(key, Duration::MAX).await

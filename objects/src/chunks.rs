@@ -31,6 +31,9 @@ pub struct PushReport {
     pub new_chunks: usize,
     pub new_bytes: u64,
     pub new_stored_bytes: u64,
+    /// The SHA-256 of the manifest written: a record elsewhere that keeps
+    /// it vouches for the whole stream ([`verified_manifest`]).
+    pub manifest_sha256: String,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -94,8 +97,9 @@ pub async fn push(
             report.new_stored_bytes += stored;
         }
     }
-    let manifest = Manifest::new(sent.into_iter().map(|(chunk, _, _)| chunk).collect());
-    bucket.put(key, Bytes::from(manifest.to_bytes())).await?;
+    let manifest = Manifest::new(sent.into_iter().map(|(chunk, _, _)| chunk).collect()).to_bytes();
+    report.manifest_sha256 = hex(&Sha256::digest(&manifest));
+    bucket.put(key, Bytes::from(manifest)).await?;
     Ok(report)
 }
 
@@ -105,6 +109,17 @@ pub async fn manifest(bucket: &Bucket, key: &str) -> anyhow::Result<Option<Manif
         Some(bytes) => Ok(Some(Manifest::parse(&bytes).with_context(|| key.to_string())?)),
         None => Ok(None),
     }
+}
+
+/// The manifest under `key`, only if it is the one whose SHA-256 a
+/// trusted record kept ([`PushReport::manifest_sha256`]).
+pub async fn verified_manifest(bucket: &Bucket, key: &str, sha256: &str) -> anyhow::Result<Manifest> {
+    let bytes = bucket.get(key).await?.with_context(|| format!("{key} is not in the object store"))?;
+    let actual = hex(&Sha256::digest(&bytes));
+    if actual != sha256 {
+        bail!("{key} is not the manifest its record names (it hashes to {actual}, not {sha256})");
+    }
+    Manifest::parse(&bytes).with_context(|| key.to_string())
 }
 
 /// Sends the stream `manifest` lists into `sink`, fetching ahead and
@@ -154,7 +169,7 @@ fn pack(data: Vec<u8>) -> (Codec, Bytes) {
 /// A stored chunk's bytes. Decompression stops at the length the manifest
 /// gives (at most [`MAX_CHUNK`]), so a small object cannot make a node
 /// allocate more than that.
-fn unpack(chunk: &ChunkRef, stored: Bytes) -> anyhow::Result<Bytes> {
+pub(crate) fn unpack(chunk: &ChunkRef, stored: Bytes) -> anyhow::Result<Bytes> {
     match chunk.codec {
         Codec::Raw => Ok(stored),
         Codec::Lz4 => {
@@ -165,7 +180,7 @@ fn unpack(chunk: &ChunkRef, stored: Bytes) -> anyhow::Result<Bytes> {
     }
 }
 
-fn hex(bytes: &[u8]) -> String {
+pub(crate) fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 

@@ -11,16 +11,20 @@
 //! neither: every chunk is decompressed no further than its listed length
 //! and hashed again before a byte of it is passed on, and a stream that
 //! ends early, or has a chunk that does not match its name, is an error to
-//! the reader, never a short stream.
+//! the reader, never a short stream. A stream can also be read in place,
+//! each range fetched on its first read ([`LazyFile`]): a filesystem image
+//! mounted before all of it has arrived.
 
 mod bucket;
 mod chunks;
 mod gc;
+mod lazy;
 mod manifest;
 mod stream;
 
 pub use bucket::{Bucket, BucketConfig, Stored};
-pub use chunks::{PullReport, PushReport, ReaderStopped, manifest, pull, push};
+pub use chunks::{PullReport, PushReport, ReaderStopped, manifest, pull, push, verified_manifest};
 pub use gc::{DEFAULT_MIN_AGE, GcReport, REWRITE_AFTER, collect_garbage};
+pub use lazy::LazyFile;
 pub use manifest::{ChunkRef, Codec, Manifest};
 pub use stream::{StreamReader, StreamSender, stream};

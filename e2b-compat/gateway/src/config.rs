@@ -31,6 +31,9 @@ pub struct Config {
     /// The object store the nodes of a shared database move snapshots
     /// through.
     pub object_store: Option<copse_objects::BucketConfig>,
+    /// Whether a snapshot from the object store starts on layers mounted as
+    /// they arrive (`lazy_layers.rs`) rather than once fetched whole.
+    pub lazy_fetch: bool,
     pub agent_binary: PathBuf,
     /// Leave sandboxes running on shutdown, to be re-adopted on restart.
     pub keep_sandboxes: bool,

@@ -13,6 +13,7 @@ pub mod fault;
 pub mod images;
 pub mod import_claims;
 pub mod keys;
+pub mod lazy_layers;
 pub mod model;
 pub mod network;
 pub mod pool;

@@ -145,12 +145,20 @@ enum Command {
         /// start while the snapshot's own node is drained or lost.
         #[arg(long = "object-store", env = "COPSE_OBJECT_STORE", requires = "database")]
         object_store: Option<String>,
+        /// Fetch every snapshot from the object store whole before starting
+        /// it, instead of mounting its layers as they arrive.
+        #[arg(long, env = "COPSE_NO_LAZY_FETCH", requires = "object_store")]
+        no_lazy_fetch: bool,
         /// For the crash test only: abort at the step COPSE_FAULT names.
         #[arg(long, hide = true)]
         debug_faults: bool,
         #[command(flatten)]
         registry: RegistryArgs,
     },
+    /// Serves a lazily fetched layer's image (started by the gateway, one
+    /// per layer: `lazy_layers.rs`).
+    #[command(hide = true)]
+    LazyImage { dir: PathBuf },
     /// Local TLS: domain mode, and the mutual TLS between a cluster's nodes.
     Tls {
         #[command(subcommand)]
@@ -642,6 +650,7 @@ fn main() -> anyhow::Result<()> {
             no_api,
             no_sandboxes,
             object_store,
+            no_lazy_fetch,
             debug_faults,
             registry,
         } => {
@@ -657,6 +666,7 @@ fn main() -> anyhow::Result<()> {
                 cluster_tls: cluster_tls.zip(cluster_listen).map(|(dir, listen)| config::ClusterTls { dir, listen }),
                 api: !no_api,
                 sandboxes: !no_sandboxes,
+                lazy_fetch: !no_lazy_fetch,
                 object_store: object_store
                     .map(|url| copse_objects::BucketConfig::parse(&url, |name| std::env::var(name).ok()))
                     .transpose()?,
@@ -845,6 +855,7 @@ fn main() -> anyhow::Result<()> {
         Command::Teams { command } => accounts_cli::teams(command),
         Command::Ls { remote } => client::ls(&remote.api_url, &api_key(&remote)?),
         Command::Kill { id, remote } => client::kill(&remote.api_url, &api_key(&remote)?, &id),
+        Command::LazyImage { dir } => copse_gateway::lazy_layers::serve(&dir),
         Command::Version => {
             println!("copse {} (envd {})", env!("CARGO_PKG_VERSION"), copse_gateway::model::ENVD_VERSION);
             Ok(())
@@ -1077,6 +1088,7 @@ fn local_config(paths: Paths) -> anyhow::Result<Config> {
         api: true,
         sandboxes: true,
         object_store: None,
+        lazy_fetch: false,
         // Template and snapshot commands boot no sandbox: without an agent
         // they still work (a template can build while the agent compiles).
         agent_binary: config::find_agent(paths.agent).unwrap_or_else(|_| "copse-agent".into()),

@@ -52,7 +52,7 @@ fn membership(config: &Config) -> anyhow::Result<Option<crate::service::Membersh
             )?,
             Arc::new(store::PostgresStore::open(url)?),
         )
-        .with_objects(config.object_store.as_ref().map(copse_objects::Bucket::open).transpose()?),
+        .with_objects(config.object_store.as_ref().map(copse_objects::Bucket::open).transpose()?, config.lazy_fetch),
     ))
 }
 

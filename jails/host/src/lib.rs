@@ -77,3 +77,26 @@ impl AgentSocket {
         self.0.clone()
     }
 }
+
+/// `copse lazy-image DIR`: serves a lazily fetched layer's image in the
+/// directory [`Substrate::new_lazy_layer`] gave, until its layer is
+/// removed (`copse_namespaces::lazy`).
+#[cfg(target_os = "linux")]
+pub fn serve_layer_image(
+    dir: &Path,
+    source: std::sync::Arc<dyn copse_substrate::ImageSource>,
+    ready: impl FnOnce(),
+) -> anyhow::Result<()> {
+    copse_namespaces::lazy::serve(dir, source, ready)
+}
+
+/// FreeBSD's substrates mount no layer images (`new_lazy_layer` is `None`
+/// there), so nothing asks for this.
+#[cfg(not(target_os = "linux"))]
+pub fn serve_layer_image(
+    dir: &Path,
+    _source: std::sync::Arc<dyn copse_substrate::ImageSource>,
+    _ready: impl FnOnce(),
+) -> anyhow::Result<()> {
+    anyhow::bail!("{}: this host's substrate mounts no layer images", dir.display())
+}

@@ -200,10 +200,116 @@ impl LayerStore {
         for entry in fs::read_dir(&self.layers)?.filter_map(Result::ok) {
             let name = entry.file_name().to_string_lossy().into_owned();
             if !named.contains(&name) && name != ".lock" {
+                if crate::lazy::dir(&self.state_dir, &name).exists() {
+                    crate::lazy::remove(&self.state_dir, &name, &entry.path())?;
+                }
                 fs::remove_dir_all(entry.path()).with_context(|| format!("removing layer {name}"))?;
             }
         }
         Ok(())
+    }
+
+    /// Images of snapshot `id`'s layers, top first, written under `into`
+    /// (`crate::lazy::make_image`), and the template they sit on.
+    pub fn images(&self, id: &str, into: &Path) -> anyhow::Result<(String, Vec<PathBuf>)> {
+        let file = self.read(id)?.with_context(|| format!("snapshot {id} not found"))?;
+        let mut images = Vec::new();
+        for (i, layer) in file.base.layers.iter().enumerate() {
+            let image = into.join(format!("{i}.erofs"));
+            crate::lazy::make_image(&self.layer_dir(layer), &image)?;
+            images.push(image);
+        }
+        Ok((file.base.template, images))
+    }
+
+    /// A new layer name for snapshot `id`, and the directory in which its
+    /// image is to be served (`crate::lazy`) before [`Self::import_lazy`].
+    pub fn new_lazy_layer(&self, id: &str) -> anyhow::Result<(String, PathBuf)> {
+        let name = new_layer_name(id);
+        let dir = crate::lazy::dir(&self.state_dir, &name);
+        fs::create_dir_all(dir.join("fuse")).with_context(|| format!("creating {}", dir.display()))?;
+        Ok((name, dir))
+    }
+
+    /// Removes lazy layer `layer` that no snapshot took in, and its server.
+    pub fn discard_lazy(&self, layer: &str) -> anyhow::Result<()> {
+        let _guard = self.guard();
+        let at = self.layer_dir(layer);
+        crate::lazy::remove(&self.state_dir, layer, &at)?;
+        match fs::remove_dir(&at) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e.into()),
+            _ => Ok(()),
+        }
+    }
+
+    /// Keeps snapshot `id` as `layers` (top first, each from
+    /// [`Self::new_lazy_layer`], its image served by now) on `template`.
+    pub fn import_lazy(
+        &self,
+        id: &str,
+        template: &str,
+        layers: &[String],
+        size_bytes: u64,
+    ) -> anyhow::Result<SnapshotInfo> {
+        let _guard = self.guard();
+        let mut mounted = Vec::new();
+        let result = (|| {
+            for layer in layers {
+                copse_substrate::template::validate_name(layer).map_err(copse_substrate::SubstrateError::Invalid)?;
+                crate::lazy::mount(&self.state_dir, layer, &self.layer_dir(layer))?;
+                mounted.push(layer.clone());
+            }
+            let base = Base { template: template.to_string(), layers: layers.to_vec() };
+            let file = SnapshotFile { base, size_bytes, id_base: None };
+            write_json(&self.snapshot_file(id), &file)?;
+            Ok(info(id, &file))
+        })();
+        if result.is_err() {
+            for layer in &mounted {
+                let _ = crate::lazy::remove(&self.state_dir, layer, &self.layer_dir(layer));
+                let _ = fs::remove_dir(self.layer_dir(layer));
+            }
+        }
+        result
+    }
+
+    /// At start: mounts again the lazy layers a host restart unmounted,
+    /// from their local copy when it is whole. A snapshot on one whose
+    /// copy is not (its server is gone with the restart, or died) is
+    /// dropped, to be fetched again; lazy directories of no layer (a fetch
+    /// cut short) are removed.
+    pub fn recover_lazy(&self, sandboxes: &Path) -> anyhow::Result<()> {
+        let _guard = self.guard();
+        let mut broken = HashSet::new();
+        for layer in crate::lazy::layers(&self.state_dir) {
+            let at = self.layer_dir(&layer);
+            if !at.is_dir() {
+                crate::lazy::remove(&self.state_dir, &layer, &at)?;
+                continue;
+            }
+            let served = crate::lazy::dir(&self.state_dir, &layer).join("fuse/image");
+            let whole = crate::lazy::dir(&self.state_dir, &layer).join("complete").exists();
+            if crate::lazy::is_mounted(&at) && fs::metadata(&served).is_ok() {
+                continue;
+            }
+            // Sandboxes still on a mount whose server died keep it; later
+            // ones get the local copy.
+            let _ = nix::mount::umount2(&at, nix::mount::MntFlags::MNT_DETACH);
+            let _ = nix::mount::umount2(
+                &crate::lazy::dir(&self.state_dir, &layer).join("fuse"),
+                nix::mount::MntFlags::MNT_DETACH,
+            );
+            if !(whole && crate::lazy::mount(&self.state_dir, &layer, &at).is_ok()) {
+                broken.insert(layer);
+            }
+        }
+        for (id, file) in self.files()? {
+            if file.base.layers.iter().any(|l| broken.contains(l)) {
+                tracing::warn!(snapshot = %id, "a lazily fetched layer of this snapshot is incomplete and unserved: dropped, to be fetched again");
+                fs::remove_file(self.snapshot_file(&id))?;
+            }
+        }
+        self.collect(sandboxes)
     }
 
     /// One tar stream: `snapshot.json` (template, layers), the memory

@@ -39,6 +39,7 @@ pub mod checkpoint;
 pub mod disk;
 pub mod ids;
 pub mod layers;
+pub mod lazy;
 pub mod rootfs;
 
 use std::fs;
@@ -54,8 +55,8 @@ use copse_jailer::handoff::{AGENT_NAME, SOCKET_NAME};
 use copse_jailer::linux::boot::{BootPlan, Launch, RestorePlan, VolumeBind};
 use copse_jailer::linux::boot_report::BootReport;
 use copse_substrate::{
-    Capabilities, Phases, Placement, Progress, Recipe, Recovery, SandboxSpec, SnapshotInfo, Substrate, SubstrateError,
-    Support, TemplateInfo, Usage,
+    Capabilities, LayerImages, Phases, Placement, Progress, Recipe, Recovery, SandboxSpec, SnapshotInfo, Substrate,
+    SubstrateError, Support, TemplateInfo, Usage,
 };
 use disk::Disk;
 use layers::{Base, LayerStore};
@@ -589,11 +590,42 @@ impl Substrate for LinuxSubstrate {
         self.layers.import(snapshot_id, &self.checkpoint_dir(snapshot_id), ids::BASE, input)
     }
 
+    fn layer_images(&self, snapshot_id: &str, into: &Path) -> anyhow::Result<Option<LayerImages>> {
+        let (template, images) = self.layers.images(snapshot_id, into)?;
+        Ok(Some(LayerImages { template, images }))
+    }
+
+    fn new_lazy_layer(&self, snapshot_id: &str) -> anyhow::Result<Option<(String, PathBuf)>> {
+        copse_substrate::template::validate_name(snapshot_id).map_err(SubstrateError::Invalid)?;
+        self.layers.new_lazy_layer(snapshot_id).map(Some)
+    }
+
+    fn discard_lazy_layer(&self, layer: &str) -> anyhow::Result<()> {
+        copse_substrate::template::validate_name(layer).map_err(SubstrateError::Invalid)?;
+        self.layers.discard_lazy(layer)
+    }
+
+    fn import_lazy(
+        &self,
+        snapshot_id: &str,
+        template: &str,
+        layers: &[String],
+        size_bytes: u64,
+    ) -> anyhow::Result<SnapshotInfo> {
+        copse_substrate::template::validate_name(snapshot_id).map_err(SubstrateError::Invalid)?;
+        copse_substrate::template::validate_name(template).map_err(SubstrateError::Invalid)?;
+        if !self.templates.rootfs(template).is_dir() {
+            return Err(SubstrateError::Invalid(format!("template {template} is not on this host")).into());
+        }
+        self.layers.import_lazy(snapshot_id, template, layers, size_bytes)
+    }
+
     fn recover(&self, known: &[(String, Placement)]) -> anyhow::Result<Recovery> {
         // Mounted first, so the sandboxes' layers are there to be found.
         if let Err(e) = self.disk() {
             tracing::error!("{e:#}");
         }
+        self.layers.recover_lazy(&self.sandboxes)?;
         let mut recovery = Recovery::default();
         for (id, placement) in known {
             if self.is_alive(id, placement) {

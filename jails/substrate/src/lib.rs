@@ -13,7 +13,7 @@ pub mod phases;
 pub mod router;
 pub mod template;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
@@ -164,6 +164,23 @@ pub type Progress<'a> = &'a (dyn Fn(&str) + Send + Sync);
 
 /// The host isolation mechanism. Methods block; the gateway calls them from a
 /// blocking thread. Every method that removes something is idempotent.
+/// The bytes of a layer image that arrive as they are read (the gateway's
+/// object store), for [`Substrate::new_lazy_layer`]'s server.
+pub trait ImageSource: Send + Sync {
+    fn size(&self) -> u64;
+    /// Up to `len` bytes at `offset`, fewer only past the end; an error
+    /// when they cannot be had whole and checked.
+    fn read_at(&self, offset: u64, len: usize) -> std::io::Result<Vec<u8>>;
+}
+
+/// Images of a snapshot's layers, top first, and the template beneath
+/// them ([`Substrate::layer_images`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LayerImages {
+    pub template: String,
+    pub images: Vec<PathBuf>,
+}
+
 pub trait Substrate: Send + Sync + 'static {
     /// Short name for logs and `copse version` ("linux-ns", "freebsd-jail").
     fn name(&self) -> &'static str;
@@ -281,6 +298,40 @@ pub trait Substrate: Send + Sync + 'static {
     /// Read a stream written by [`Substrate::export_snapshot`] and keep it as
     /// `snapshot_id`.
     fn import_snapshot(&self, snapshot_id: &str, input: &mut dyn std::io::Read) -> anyhow::Result<SnapshotInfo>;
+
+    /// Filesystem images of snapshot `snapshot_id`'s layers, written under
+    /// `into`, for a host that would mount them as they arrive (lazy
+    /// fetch); `None` where this substrate cannot mount such images.
+    fn layer_images(&self, _snapshot_id: &str, _into: &Path) -> anyhow::Result<Option<LayerImages>> {
+        Ok(None)
+    }
+
+    /// A new layer of snapshot `snapshot_id` whose image is to be served in
+    /// the directory returned (as `fuse/image`, with the local copy as
+    /// `image` and `complete` once whole), then taken in by
+    /// [`Substrate::import_lazy`]; `None` where images cannot be mounted.
+    fn new_lazy_layer(&self, _snapshot_id: &str) -> anyhow::Result<Option<(String, PathBuf)>> {
+        Ok(None)
+    }
+
+    /// Removes a layer from [`Substrate::new_lazy_layer`] that was not
+    /// taken in (its fetch failed part-way), and whatever serves it.
+    fn discard_lazy_layer(&self, _layer: &str) -> anyhow::Result<()> {
+        Ok(())
+    }
+
+    /// Keeps snapshot `snapshot_id` as the lazy `layers` (top first) on
+    /// `template`. Files only: no memory comes this way.
+    fn import_lazy(
+        &self,
+        snapshot_id: &str,
+        _template: &str,
+        _layers: &[String],
+        _size_bytes: u64,
+    ) -> anyhow::Result<SnapshotInfo> {
+        Err(SubstrateError::Unsupported(format!("snapshot {snapshot_id}: this substrate mounts no layer images"))
+            .into())
+    }
 
     /// After a gateway restart: keep the `known` sandboxes that are alive,
     /// destroy the dead ones and every resource that belongs to no known

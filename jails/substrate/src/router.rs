@@ -21,8 +21,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::template::{Backend, check_backend};
 use crate::{
-    Capabilities, Phases, Placement, Policy, Progress, Recipe, Recovery, SandboxNetwork, SandboxSpec, SnapshotInfo,
-    Substrate, SubstrateError, Support, TemplateInfo, Usage,
+    Capabilities, LayerImages, Phases, Placement, Policy, Progress, Recipe, Recovery, SandboxNetwork, SandboxSpec,
+    SnapshotInfo, Substrate, SubstrateError, Support, TemplateInfo, Usage,
 };
 
 /// First line of a snapshot exported through a router: which backend's
@@ -277,6 +277,33 @@ impl Substrate for Router {
         let backend = backend.unwrap_or_else(|| self.default_backend());
         let substrate = self.substrate(backend)?;
         let info = substrate.import_snapshot(snapshot_id, &mut std::io::Cursor::new(prefix).chain(input))?;
+        self.update(|r| {
+            r.snapshots.insert(snapshot_id.to_string(), backend);
+        })?;
+        Ok(info)
+    }
+
+    fn layer_images(&self, snapshot_id: &str, into: &Path) -> anyhow::Result<Option<LayerImages>> {
+        self.substrate(self.snapshot_backend(snapshot_id))?.layer_images(snapshot_id, into)
+    }
+
+    fn new_lazy_layer(&self, snapshot_id: &str) -> anyhow::Result<Option<(String, PathBuf)>> {
+        self.substrate(self.default_backend())?.new_lazy_layer(snapshot_id)
+    }
+
+    fn discard_lazy_layer(&self, layer: &str) -> anyhow::Result<()> {
+        self.substrate(self.default_backend())?.discard_lazy_layer(layer)
+    }
+
+    fn import_lazy(
+        &self,
+        snapshot_id: &str,
+        template: &str,
+        layers: &[String],
+        size_bytes: u64,
+    ) -> anyhow::Result<SnapshotInfo> {
+        let backend = self.default_backend();
+        let info = self.substrate(backend)?.import_lazy(snapshot_id, template, layers, size_bytes)?;
         self.update(|r| {
             r.snapshots.insert(snapshot_id.to_string(), backend);
         })?;

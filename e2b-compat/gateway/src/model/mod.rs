@@ -44,7 +44,7 @@ pub use secret::{
     KEPT_VERSIONS, MAX_VALUE_BYTES, SealedValue, SealedVersion, SecretError, SecretRecord, validate_secret_metadata,
     validate_secret_name, validate_secret_value,
 };
-pub use snapshot::{SnapshotRecord, validate_snapshot_name};
+pub use snapshot::{LazyFiles, SnapshotRecord, validate_snapshot_name};
 pub use store::{NodeStore, SecretStore, Store, VolumeStore};
 pub use team::{
     Caller, DEFAULT_TEAM, DEFAULTS_ROW, Quotas, Team, TeamUsage, default_team, parse_duration_s, validate_team_name,

@@ -40,6 +40,21 @@ pub struct SnapshotRecord {
     /// may fetch and start it (`service/objects.rs`).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub in_object_store: bool,
+    /// Its layers are also in the object store as filesystem images, which
+    /// a node can mount as they arrive (`lazy_layers.rs`). Written only
+    /// with `in_object_store`, by the node that uploaded them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lazy: Option<LazyFiles>,
+}
+
+/// A snapshot's layers as images in the object store: the substrate
+/// template they sit on, and the SHA-256 of each image's manifest, top
+/// first. The database is trusted and the bucket is not, so these hashes
+/// are what vouches for every byte a node mounts.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LazyFiles {
+    pub template: String,
+    pub layers: Vec<String>,
 }
 
 /// Public snapshot names may carry E2B's `namespace/alias:tag` shape.

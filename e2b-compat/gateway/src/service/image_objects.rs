@@ -137,5 +137,6 @@ fn image_files(record: &TemplateRecord, image: &Image, stored: bool) -> Snapshot
         volume_mounts: Vec::new(),
         node: record.node.clone(),
         in_object_store: stored,
+        lazy: None,
     }
 }

@@ -53,6 +53,9 @@ pub struct Membership {
     /// Rung when this node takes a snapshot, so its upload starts at once
     /// rather than at the next round.
     pub snapshot_taken: Arc<tokio::sync::Notify>,
+    /// Snapshots with their layers stored as images start on those,
+    /// mounted as they arrive (`lazy_layers.rs`).
+    pub lazy_fetch: bool,
     /// The other nodes' sandboxes' tokens, for signed links
     /// (`other_links.rs`).
     pub(super) other_tokens: Arc<super::other_links::OtherTokens>,
@@ -72,12 +75,14 @@ impl Membership {
             recent: Arc::default(),
             objects: None,
             snapshot_taken: Arc::default(),
+            lazy_fetch: true,
             other_tokens: Arc::default(),
         }
     }
 
-    pub fn with_objects(mut self, bucket: Option<copse_objects::Bucket>) -> Self {
+    pub fn with_objects(mut self, bucket: Option<copse_objects::Bucket>, lazy_fetch: bool) -> Self {
         self.objects = bucket.map(Arc::new);
+        self.lazy_fetch = lazy_fetch;
         self
     }
 

@@ -22,7 +22,7 @@ use tokio::runtime::Handle;
 
 use super::Sandboxes;
 use crate::model::{Result, SandboxError, SnapshotRecord};
-use crate::snapshot_file;
+use crate::{lazy_layers, snapshot_file};
 
 impl Sandboxes {
     pub(super) fn objects(&self) -> Option<Arc<Bucket>> {
@@ -61,9 +61,18 @@ impl Sandboxes {
         let mut failed = false;
         for mut snapshot in pending {
             let (record, bucket, runtime) = (snapshot.clone(), bucket.clone(), Handle::current());
+            let scratch = self.run_dir.clone();
             let started = Instant::now();
-            let sent = match self.blocking(move |s| snapshot_file::push_record(s, &record, &bucket, &runtime)).await {
-                Ok(sent) => sent,
+            let pushed = self
+                .blocking(move |s| {
+                    let sent = snapshot_file::push_record(s, &record, &bucket, &runtime)?;
+                    let key = snapshot_file::object_key(&record.team, &record.id)?;
+                    let lazy = lazy_layers::push_layers(s, &record, &key, &bucket, &runtime, &scratch)?;
+                    Ok((sent, lazy))
+                })
+                .await;
+            let (sent, lazy) = match pushed {
+                Ok(pushed) => pushed,
                 Err(e) => {
                     tracing::warn!(snapshot = %snapshot.id, team = %snapshot.team, "storing a snapshot in the object store: {e}");
                     failed = true;
@@ -71,6 +80,7 @@ impl Sandboxes {
                 }
             };
             snapshot.in_object_store = true;
+            snapshot.lazy = lazy;
             if self.store.update_snapshot(&snapshot)? {
                 tracing::info!(
                     snapshot = %snapshot.id,
@@ -154,6 +164,27 @@ impl Sandboxes {
             )));
         }
         let (record, runtime, started) = (files.clone(), Handle::current(), Instant::now());
+        if let Some(lazy) = files.lazy.clone().filter(|_| self.node.as_ref().is_some_and(|m| m.lazy_fetch)) {
+            let (record, object, bucket) = (record.clone(), key.to_string(), bucket.clone());
+            match self.blocking(move |s| lazy_layers::fetch_lazily(s, &record, &lazy, &object, &bucket)).await {
+                Ok(true) => {
+                    self.fetching.forget(&files.key);
+                    tracing::info!(
+                        files = what,
+                        from = node,
+                        ms = started.elapsed().as_millis() as u64,
+                        "mounted from the object store, to arrive as read"
+                    );
+                    return Ok(());
+                }
+                Ok(false) => {}
+                // The stream is checked on its own: a bad image (or a store
+                // that failed meanwhile) is no reason not to try it.
+                Err(e) => {
+                    tracing::warn!(files = what, "mounting from the object store as it arrives: {e}; fetching it whole")
+                }
+            }
+        }
         let object = key.to_string();
         let fetched = self.blocking(move |s| snapshot_file::fetch_under(s, &record, &object, &bucket, &runtime)).await;
         self.fetching.forget(&files.key);
@@ -178,6 +209,11 @@ impl Sandboxes {
         let Ok(key) = snapshot_file::object_key(&snapshot.team, &snapshot.id) else { return };
         if let Err(e) = bucket.delete(&key).await {
             tracing::warn!(snapshot = %snapshot.id, "removing a deleted snapshot from the object store: {e:#}");
+        }
+        if let Some(lazy) = &snapshot.lazy
+            && let Err(e) = lazy_layers::forget_layers(&bucket, &key, lazy).await
+        {
+            tracing::warn!(snapshot = %snapshot.id, "removing a deleted snapshot's layer images from the object store: {e:#}");
         }
     }
 }

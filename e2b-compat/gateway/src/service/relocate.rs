@@ -266,5 +266,6 @@ fn stand_in(record: &SandboxRecord, key: &str, paused: &Paused) -> SnapshotRecor
         volume_mounts: Vec::new(),
         node: record.node.clone(),
         in_object_store: paused.in_object_store,
+        lazy: None,
     }
 }

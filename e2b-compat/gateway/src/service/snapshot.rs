@@ -79,6 +79,7 @@ impl Sandboxes {
             volume_mounts: record.volume_mounts.clone(),
             node: self.node().map(str::to_string),
             in_object_store: false,
+            lazy: None,
         };
         self.store.put_snapshot(&snapshot)?;
         fault::point("snapshot:after-record");
