@@ -91,6 +91,16 @@ def remove_netns_host(ns: str, veth: str):
         subprocess.run(argv, capture_output=True)
 
 
+def unmount_lazy_layers(data_dir: pathlib.Path):
+    """Lazily fetched layers an earlier run left mounted (its gateway was
+    killed): their images and their servers' files, which ends the
+    servers. A gateway's own stop unmounts those no sandbox uses."""
+    with open("/proc/self/mounts") as mounts:
+        points = [line.split()[1] for line in mounts if line.split()[2] in ("erofs", "fuse")]
+    for point in sorted((p for p in points if p.startswith(f"{data_dir}/")), reverse=True):
+        subprocess.run(["umount", "-l", point], capture_output=True)
+
+
 def second_data_dir(name: str) -> pathlib.Path:
     """A data dir for a second gateway: fresh but for its templates (hard
     links to the suite's, kept between runs) and its sandboxes' disk (kept
@@ -98,6 +108,7 @@ def second_data_dir(name: str) -> pathlib.Path:
     layers never meet this one's."""
     data_dir = DATA_DIR / name
     data_dir.mkdir(exist_ok=True)
+    unmount_lazy_layers(data_dir)
     for entry in data_dir.iterdir():
         if entry.name not in ("templates", "disk", "disk.img"):
             shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()

@@ -9,6 +9,7 @@ drained node takes no new sandboxes. The nodes share an object store
 import contextlib
 import hashlib
 import json
+import pathlib
 import io
 import re
 import secrets
@@ -343,8 +344,16 @@ def lazy_mounts(node: Node) -> list[str]:
 
 
 def lazy_servers(node: Node) -> list[str]:
-    out = subprocess.run(["pgrep", "-af", f"lazy-image {node.data_dir}/"], capture_output=True, text=True).stdout
-    return out.splitlines()
+    """The `copse lazy-image` processes serving the node's layers."""
+    found = []
+    for proc in pathlib.Path("/proc").glob("[0-9]*"):
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"lazy-image" in argv[1:2] and argv[2:3] and argv[2].decode().startswith(f"{node.data_dir}/"):
+            found.append(argv[2].decode())
+    return found
 
 
 def stored_lazy_layers(database: str, name: str, within_s: float = 60) -> list[str]:
@@ -366,8 +375,9 @@ def test_a_files_snapshot_starts_on_another_node_as_its_layers_arrive(nodes, dat
     lazy-image` server per layer serves the image as it is read, the
     substrate mounts it as the layer, and the sandbox reads its files
     (a 48 MB one hashes as it did on node one); the rest arrives in the
-    background. Deleting the snapshot unmounts both and ends the servers,
-    and its images leave the bucket."""
+    background. The servers outlive a crash of node two's gateway, so the
+    sandbox it adopts again keeps reading. Deleting the snapshot unmounts
+    both and ends the servers, and its images leave the bucket."""
     one, two = nodes
     name = f"lazy-{time.monotonic_ns() % 10**9}"
     source = create_on(one, nodes, database_url, via=two)
@@ -390,6 +400,11 @@ def test_a_files_snapshot_starts_on_another_node_as_its_layers_arrive(nodes, dat
             assert len(lazy_servers(two)) == len(layers), lazy_servers(two)
             assert len(lazy_mounts(two)) == 2 * len(layers), lazy_mounts(two)
             assert moved.files.read("/home/user/note") == "read as it arrives"
+            # The servers are not the gateway's: they outlive its crash, and
+            # the sandbox it adopts again still reads what had not arrived.
+            two.crash()
+            assert len(lazy_servers(two)) == len(layers), "a gateway crash leaves the servers running"
+            two.up()
             got = moved.commands.run("sha256sum /home/user/big", timeout=120).stdout.split()[0]
             assert got == digest
             deadline = time.monotonic() + 60

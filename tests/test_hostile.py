@@ -2762,7 +2762,9 @@ def test_a_manifest_swapped_in_the_bucket_never_starts_another_snapshots_files(n
     under another's name, hoping a node that fetches the first starts the
     second's files (another sandbox's secrets, under a name the victim
     trusts). The node checks the fetched stream names the files the
-    database records for that snapshot, and refuses anything else."""
+    database records for that snapshot, and refuses anything else; the
+    layer image it would mount as it arrives is refused first, its
+    manifest not hashing to what the record keeps."""
     one, two = nodes
     tag = os.urandom(4).hex()
     names = {text: f"swap-{text}-{tag}" for text in ("victim", "other")}
@@ -2779,26 +2781,78 @@ def test_a_manifest_swapped_in_the_bucket_never_starts_another_snapshots_files(n
         assert time.monotonic() < deadline, "the node stored its snapshots"
         time.sleep(0.5)
     try:
+        # The layer's image too: its manifest is refused on the record's
+        # hash, and the stream is what is left to try.
         refused_while_swapped(nodes, database_url, object_store, keys,
-                              lambda: create_while_stored(names["victim"], via=two), "victim")
+                              lambda: create_while_stored(names["victim"], via=two), "victim", ("", "@layer0"))
     finally:
         for name in names.values():
             Sandbox.delete_snapshot(name, **one.env())
 
 
-def refused_while_swapped(nodes, database: str, object_store, keys: dict, create, note: str):
-    """With `keys["other"]`'s object under `keys["victim"]` and node one
-    drained, `create()` is refused as another version; once the real
-    object is back, it starts on node two with `note` in its files."""
+def test_a_lazily_mounted_layer_never_serves_a_byte_its_manifest_does_not_name(nodes, database_url, object_store):
+    """A node mounts a lazily fetched layer's image in its own kernel, from
+    a bucket whoever holds its keys can write. Every byte is vouched for:
+    the record (in the trusted database) keeps the hash of each image's
+    manifest, and the manifest each chunk's. With a chunk in the middle
+    of the image altered, the sandbox still starts and reads the files
+    elsewhere in the image, but reading the file that chunk holds fails
+    (EIO), never returning other bytes; the layer server's log says why."""
     one, two = nodes
-    real = object_store.read(keys["victim"])
-    object_store.overwrite(keys["victim"], object_store.read(keys["other"]))
+    name = f"lazy-tamper-{os.urandom(4).hex()}"
+    source = create_on(one, nodes, database_url, via=one)
+    try:
+        source.files.write("/home/user/note", "intact")
+        source.commands.run("head -c 8M /dev/urandom > /home/user/big", timeout=60)
+        source.create_snapshot(name=name, mode="filesystem")
+    finally:
+        source.kill()
+    manifest_key = f"snapshots/default/{name}@layer0"
+    deadline = time.monotonic() + 60
+    while not object_store.read(manifest_key):
+        assert time.monotonic() < deadline, "the node stored the layer's image"
+        time.sleep(0.5)
+    chunks = json.loads(object_store.read(manifest_key))["chunks"]
+    middle = chunks[len(chunks) // 2]
+    victim = f"chunks/{middle['sha256']}" + (".lz4" if middle.get("codec") == "lz4" else "")
+    original = object_store.read(victim)
+    object_store.overwrite(victim, bytes(b ^ 0x55 for b in original))
+    drain(one, database_url)
+    try:
+        time.sleep(NODE_TABLE_TTL_S + 0.5)
+        moved = create_while_stored(name, via=two)
+        try:
+            assert two.holds(moved.sandbox_id)
+            assert "to arrive as read" in (two.data_dir / "gateway.log").read_text()
+            assert moved.files.read("/home/user/note") == "intact"
+            read = moved.commands.run("cat /home/user/big > /dev/null; echo rc=$?", timeout=120)
+            assert "rc=1" in read.stdout and "Input/output error" in read.stderr, (read.stdout, read.stderr)
+            logs = "".join(p.read_text() for p in (two.data_dir / "lazy").glob("*/server.log"))
+            assert f"chunk {middle['sha256']} does not match its name" in logs
+        finally:
+            moved.kill()
+    finally:
+        object_store.overwrite(victim, original)
+        drain(one, database_url, False)
+        Sandbox.delete_snapshot(name, **one.env())
+
+
+def refused_while_swapped(nodes, database: str, object_store, keys: dict, create, note: str, suffixes=("",)):
+    """With `keys["other"]`'s objects under `keys["victim"]` (each key with
+    each of `suffixes`) and node one drained, `create()` is refused as
+    another version; once the real objects are back, it starts on node two
+    with `note` in its files."""
+    one, two = nodes
+    real = {suffix: object_store.read(keys["victim"] + suffix) for suffix in suffixes}
+    for suffix in suffixes:
+        object_store.overwrite(keys["victim"] + suffix, object_store.read(keys["other"] + suffix))
     drain(one, database)
     try:
         time.sleep(NODE_TABLE_TTL_S + 0.5)
         with pytest.raises(Exception, match="another version"):
             create()
-        object_store.overwrite(keys["victim"], real)
+        for suffix, data in real.items():
+            object_store.overwrite(keys["victim"] + suffix, data)
         moved = create()
         try:
             assert two.holds(moved.sandbox_id)

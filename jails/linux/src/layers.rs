@@ -273,6 +273,19 @@ impl LayerStore {
         result
     }
 
+    /// As the gateway stops: unmounts the lazy layers no sandbox stacks on,
+    /// which ends their servers. The next start mounts each again from its
+    /// local copy if whole, or drops its snapshots to be fetched again
+    /// ([`Self::recover_lazy`]). Layers under kept sandboxes stay served.
+    pub fn release_lazy(&self, sandboxes: &Path) -> anyhow::Result<()> {
+        let _guard = self.guard();
+        let in_use: HashSet<String> = sandbox_bases(sandboxes).flat_map(|b| b.layers).collect();
+        for layer in crate::lazy::layers(&self.state_dir).into_iter().filter(|l| !in_use.contains(l)) {
+            crate::lazy::unmount(&self.state_dir, &layer, &self.layer_dir(&layer));
+        }
+        Ok(())
+    }
+
     /// At start: mounts again the lazy layers a host restart unmounted,
     /// from their local copy when it is whole. A snapshot on one whose
     /// copy is not (its server is gone with the restart, or died) is
@@ -294,11 +307,7 @@ impl LayerStore {
             }
             // Sandboxes still on a mount whose server died keep it; later
             // ones get the local copy.
-            let _ = nix::mount::umount2(&at, nix::mount::MntFlags::MNT_DETACH);
-            let _ = nix::mount::umount2(
-                &crate::lazy::dir(&self.state_dir, &layer).join("fuse"),
-                nix::mount::MntFlags::MNT_DETACH,
-            );
+            crate::lazy::unmount(&self.state_dir, &layer, &at);
             if !(whole && crate::lazy::mount(&self.state_dir, &layer, &at).is_ok()) {
                 broken.insert(layer);
             }

@@ -25,7 +25,7 @@ use anyhow::{Context, bail};
 use copse_substrate::ImageSource;
 use fuser::{
     Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, LockOwner, MountOption,
-    OpenFlags, ReplyAttr, ReplyData, ReplyEntry, ReplyOpen, Request,
+    OpenFlags, ReplyAttr, ReplyData, ReplyDirectory, ReplyEntry, ReplyOpen, Request,
 };
 use nix::mount::{MntFlags, MsFlags};
 
@@ -91,14 +91,18 @@ pub fn is_mounted(path: &Path) -> bool {
     own.dev() != parent.dev()
 }
 
-/// Unmounts layer `layer`'s image from `at` and its server's mount (which
-/// ends the server), then removes its lazy directory. Detached unmounts:
-/// nothing stacks on a layer being removed, and a server that died must
-/// not keep its directory.
+/// Unmounts layer `layer`'s image from `at` and its server's mount, which
+/// ends the server. Detached: a sandbox still on the image keeps it, and a
+/// server that died must not hold the directory.
+pub fn unmount(state_dir: &Path, layer: &str, at: &Path) {
+    let _ = nix::mount::umount2(at, MntFlags::MNT_DETACH);
+    let _ = nix::mount::umount2(&dir(state_dir, layer).join("fuse"), MntFlags::MNT_DETACH);
+}
+
+/// Unmounts layer `layer` ([`unmount`]), then removes its lazy directory.
 pub fn remove(state_dir: &Path, layer: &str, at: &Path) -> anyhow::Result<()> {
     let dir = dir(state_dir, layer);
-    let _ = nix::mount::umount2(at, MntFlags::MNT_DETACH);
-    let _ = nix::mount::umount2(&dir.join("fuse"), MntFlags::MNT_DETACH);
+    unmount(state_dir, layer, at);
     if dir.join("fuse").exists() && is_mounted(&dir.join("fuse")) {
         bail!("the server of layer {layer} is still mounted");
     }
@@ -191,6 +195,23 @@ impl Filesystem for ImageFs {
             Some(attr) => reply.attr(&TTL, &attr),
             None => reply.error(Errno::ENOENT),
         }
+    }
+
+    fn readdir(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
+        if ino != INodeNo::ROOT {
+            return reply.error(Errno::ENOTDIR);
+        }
+        let entries = [
+            (INodeNo::ROOT, FileType::Directory, "."),
+            (INodeNo::ROOT, FileType::Directory, ".."),
+            (IMAGE_INO, FileType::RegularFile, "image"),
+        ];
+        for (i, (ino, kind, name)) in entries.into_iter().enumerate().skip(offset as usize) {
+            if reply.add(ino, (i + 1) as u64, kind, name) {
+                break;
+            }
+        }
+        reply.ok()
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {

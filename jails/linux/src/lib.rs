@@ -678,6 +678,9 @@ impl Substrate for LinuxSubstrate {
         if let Some(network) = &self.network {
             network.settle();
         }
+        if let Err(e) = self.layers.release_lazy(&self.sandboxes) {
+            tracing::warn!("unmounting lazily fetched layers: {e:#}");
+        }
     }
 
     fn create_volume(&self, id: &str, limit_bytes: u64) -> anyhow::Result<()> {

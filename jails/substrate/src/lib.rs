@@ -364,7 +364,8 @@ pub trait Substrate: Send + Sync + 'static {
 
     /// Returns once teardown that [`Substrate::destroy`] left to run in the
     /// background is done; called before the gateway exits, so nothing of
-    /// a destroyed sandbox outlives it.
+    /// a destroyed sandbox outlives it. Lazily fetched layers no sandbox
+    /// stacks on are unmounted too, ending their servers.
     fn settle(&self) {}
 
     /// Makes persistent volume `id`, holding at most `limit_bytes`.

@@ -64,11 +64,19 @@ impl Sandboxes {
                 self.store.remove_build_layer(&layer.key)?;
             }
         }
+        let own_rows = rows.iter().filter(|r| self.holds(r.node.as_deref())).cloned().collect();
+        let own_layers = layers.iter().filter(|l| self.holds(l.node.as_deref())).cloned().collect();
+        let own = self.named_snapshots_of(own_rows, own_layers, |node| self.holds(node))?;
         let named = self.named_snapshots(rows, layers)?;
-        for orphan in on_host.into_iter().filter(|s| !named.contains(&s.id)) {
+        let (kept, orphans): (Vec<_>, Vec<_>) = on_host.into_iter().partition(|s| named.contains(&s.id));
+        for orphan in orphans {
             tracing::info!("removing snapshot {} that no record names", orphan.id);
             self.blocking(move |s| s.delete_snapshot(&orphan.id)).await?;
         }
+        // Copies an earlier run fetched (only other nodes' records name
+        // them) are let go, as this run's are, once no record does.
+        let fetched = kept.into_iter().map(|s| s.id).filter(|id| !own.contains(id));
+        self.fetched.lock().unwrap_or_else(|e| e.into_inner()).extend(fetched);
         Ok(())
     }
 
@@ -81,9 +89,21 @@ impl Sandboxes {
         snapshots: Vec<SnapshotRecord>,
         layers: Vec<BuildLayer>,
     ) -> anyhow::Result<HashSet<String>> {
+        self.named_snapshots_of(snapshots, layers, |_| true)
+    }
+
+    /// [`Self::named_snapshots`], counting only the sandboxes and built
+    /// templates whose node `of` takes.
+    fn named_snapshots_of(
+        &self,
+        snapshots: Vec<SnapshotRecord>,
+        layers: Vec<BuildLayer>,
+        of: impl Fn(Option<&str>) -> bool,
+    ) -> anyhow::Result<HashSet<String>> {
         let mut named: HashSet<String> = snapshots.into_iter().map(|r| r.key).collect();
-        named.extend(self.store.all()?.into_iter().filter_map(|r| r.paused.and_then(|p| p.files_only)));
-        for template in self.store.built_templates()? {
+        let sandboxes = self.store.all()?.into_iter().filter(|r| of(r.node.as_deref()));
+        named.extend(sandboxes.filter_map(|r| r.paused.and_then(|p| p.files_only)));
+        for template in self.store.built_templates()?.into_iter().filter(|t| of(t.node.as_deref())) {
             if let Some(labels) = self.store.template_labels(&template.id)? {
                 named.extend(labels.kept_images.into_iter().map(|k| k.image.snapshot_key));
             }
