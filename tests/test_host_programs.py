@@ -54,6 +54,8 @@ COMPUTED_SITES = {
     ("rigs/src/bin/load.rs", "p"): {"hey"},
     ("rigs/src/net.rs", "argv[0]"): {"ip"},
     ("e2b-compat/gateway/src/store/test_postgres.rs", "&bin"): {"initdb", "postgres"},
+    # The gateway's own binary, as `copse lazy-image`.
+    ("e2b-compat/gateway/src/lazy_layers.rs", "std::env::current_exe("): {"copse"},
 }
 # Started through another program (`ip netns exec … python3`, `nsenter …
 # iperf3`), so no call site names them first.

@@ -10,9 +10,13 @@
 //!
 //! Then a snapshot moving between the nodes through the object store
 //! (SeaweedFS on loopback): a sandbox on node one with N MB written, its
-//! snapshot (files only), the upload node one makes on its own, and a create
-//! from it through node two's gateway while node one is drained: the fetch
-//! and the boot, then a second create that finds the files fetched.
+//! snapshot (files only), the upload node one makes on its own (the stream,
+//! then its layers as images), and a create from it through node two's
+//! gateway while node one is drained: node two mounts the layers as they
+//! arrive (lazy fetch) and boots, then reads a file and the whole of the N
+//! MB, then a second create finds the layers there. The same create
+//! through node three (`--no-lazy-fetch`) fetches the whole snapshot
+//! before the boot, for comparison.
 //!
 //! Then a paused sandbox moving the same way: paused on its files on node
 //! one, uploaded by node one on its own, and resumed (connect) through node
@@ -131,20 +135,30 @@ fn main() -> anyhow::Result<()> {
             ("cluster-front-c1", api_front.addr),
         ];
         let mut scenarios = rt.block_on(measure(&ways, &key, args.samples))?;
-        let apis = [0, 1].map(|n| Api { addr: nodes[n].0.addr, key: key.clone() });
-        let two_holds = |id: &str| nodes[1].1.data_dir.join("sandboxes").join(id).exists();
+        let apis = [0, 1, 2].map(|n| Api { addr: nodes[n].0.addr, key: key.clone() });
+        let holds = |n: usize, id: &str| nodes[n].1.data_dir.join("sandboxes").join(id).exists();
         let bucket = store.bucket()?;
         let sizes = args.restore_mb.iter().map(|&mb| (mb, Fill::Random));
         for (mb, fill) in sizes.chain(args.restore_text_mb.iter().map(|&mb| (mb, Fill::LogText))) {
             eprintln!("-- cross-node restore of {mb} MB of {}: {} samples", fill.name(), args.restore_samples);
             let (mut rows, mut stored) = (Vec::new(), Vec::new());
             for sample in 0..args.restore_samples {
-                let moved = Move { apis: &apis, bucket: &bucket, drain: &drain, two_holds: &two_holds };
+                let moved = Move { apis: &apis, bucket: &bucket, drain: &drain, holds: &holds };
                 let (row, stored_bytes) = rt.block_on(moved.once(mb, sample as u64, fill))?;
                 rows.push(row);
                 stored.push(stored_bytes);
             }
-            let metrics = ["snapshot_ms", "upload_ms", "restore_create_ms", "first_read_ms", "cached_create_ms"];
+            let metrics = [
+                "snapshot_ms",
+                "upload_ms",
+                "restore_create_ms",
+                "first_read_ms",
+                "full_read_ms",
+                "cached_create_ms",
+                "whole_restore_create_ms",
+                "whole_first_read_ms",
+                "whole_full_read_ms",
+            ];
             let name = format!("cross-node-restore-{mb}mb{}", fill.suffix());
             let mut scenario = Scenario::from_rows(&name, 1, &metrics, &rows);
             scenario.counters.insert("dirty_mb".into(), json!(mb));
@@ -160,7 +174,7 @@ fn main() -> anyhow::Result<()> {
             eprintln!("-- paused sandbox moved, {mb} MB: {} samples", args.restore_samples);
             let mut rows = Vec::new();
             for sample in 0..args.restore_samples {
-                let moved = Move { apis: &apis, bucket: &bucket, drain: &drain, two_holds: &two_holds };
+                let moved = Move { apis: &apis, bucket: &bucket, drain: &drain, holds: &holds };
                 rows.push(rt.block_on(moved.paused_once(mb, sample as u64))?);
             }
             let metrics = ["pause_ms", "upload_ms", "resume_ms", "first_read_ms"];
@@ -243,11 +257,15 @@ fn main() -> anyhow::Result<()> {
             "samples_per_size": args.restore_samples,
             "snapshot": "files only (`memory: false`), of a sandbox on node one with N MB of incompressible bytes written to /home/user (cross-node-restore-{N}mb), or N MB of log lines (cross-node-restore-{N}mb-text: timestamps, ids and numbers varying, words repeating), each sample's bytes different (nothing deduplicated in the bucket)",
             "counters": "stream_mb = the snapshot stream's length (its manifest's size); stored_mb = its chunks as the bucket holds them (LZ4 where that made a chunk smaller), each a mean over the samples",
-            "upload_ms": "from the snapshot call's answer until its manifest is in the bucket (node one uploads on its own; polled every 20 ms)",
-            "restore_create_ms": "create from the snapshot through node two's gateway with node one drained: placement, the fetch from the bucket (chunks checked against their hashes), the import and the boot",
-            "first_read_ms": "reading a file written before the snapshot, from the new sandbox",
-            "cached_create_ms": "a second create of the same snapshot on node two, which holds the fetched files",
-            "lazy_fetch": "none: the whole snapshot is fetched before the boot",
+            "upload_ms": "from the snapshot call's answer until the manifests of its stream and of its top layer's image are in the bucket (node one uploads both on its own, the image last; polled every 20 ms), plus 100 ms for node one to mark the record, which the rig does not read",
+            "restore_create_ms": "create from the snapshot through node two's gateway with nodes one and three drained: placement, then lazy fetch: a `copse lazy-image` server per layer (its image manifest checked against the record's hash), the EROFS mounts and the boot; nothing of the files is fetched before the boot but what the mount and the boot read",
+            "first_read_ms": "reading a small file written before the snapshot, from the new sandbox",
+            "full_read_ms": "then reading the whole N MB file through the files API: what the reads fetch (chunks checked against their hashes) unless the background fetch got there first",
+            "cached_create_ms": "a second create of the same snapshot on node two, which holds the mounted layers",
+            "whole_restore_create_ms": "the same create through node three's gateway (`--no-lazy-fetch`) with nodes one and two drained: the fetch of the whole stream from the bucket (chunks checked against their hashes), the import and the boot",
+            "whole_first_read_ms": "the small file, from that sandbox",
+            "whole_full_read_ms": "the whole N MB file, from that sandbox (local files)",
+            "lazy_fetch": "node two: layers mounted as they arrive (EROFS images over FUSE, fetched by range on first read and in the background); node three: the whole snapshot before the boot",
             "published_comparison": "CloudFlare's sandbox backup/restore write-up reports a restore of a squashfs image mounted in 2.2 s, on their hardware and network; not comparable beyond order of magnitude",
         },
         "paused_move": {
@@ -267,6 +285,9 @@ fn main() -> anyhow::Result<()> {
         "snapshot_ms",
         "upload_ms",
         "restore_create_ms",
+        "full_read_ms",
+        "whole_restore_create_ms",
+        "whole_full_read_ms",
         "cached_create_ms",
         "pause_ms",
         "resume_ms",
@@ -299,6 +320,10 @@ fn node(
     anyhow::ensure!(status.success(), "linking the templates into {}", node_bins.data_dir.display());
     let bridge = format!("copsebc{n}");
     let mut args = member_args(bins, database, tls, &format!("node{n}"))?;
+    // Node three fetches snapshots whole: the restore's comparison.
+    if n == 3 {
+        args.push("--no-lazy-fetch".into());
+    }
     args.extend(
         ["--bridge", &bridge, "--subnet", &format!("10.{}.0.0/16", 96 + n), "--disk-mb", DISK_MB].map(String::from),
     );
@@ -491,10 +516,11 @@ impl Fill {
 /// One snapshot moved from node one to node two. Node two is drained
 /// before and after.
 struct Move<'a> {
-    apis: &'a [Api; 2],
+    apis: &'a [Api; 3],
     bucket: &'a copse_objects::Bucket,
     drain: &'a dyn Fn(usize, bool) -> anyhow::Result<()>,
-    two_holds: &'a dyn Fn(&str) -> bool,
+    /// Whether node `n` (0 to 2) holds sandbox `id`.
+    holds: &'a dyn Fn(usize, &str) -> bool,
 }
 
 impl Move<'_> {
@@ -528,45 +554,68 @@ impl Move<'_> {
         Ok(())
     }
 
-    /// Makes node `n` (0 or 1) the one that takes sandboxes, the other
+    /// Makes node `n` (0 to 2) the one that takes sandboxes, the others
     /// drained, and waits until gateways see it.
     async fn place_on(&self, n: usize) -> anyhow::Result<()> {
-        (self.drain)(n, false)?;
-        (self.drain)(1 - n, true)?;
+        for other in 0..self.apis.len() {
+            (self.drain)(other, other != n)?;
+        }
         tokio::time::sleep(DRAIN_WAIT).await;
         Ok(())
     }
 
-    /// [snapshot, upload, restore create, first read, cached create] in
-    /// ms, and the stream's MB and its chunks' MB as stored.
-    async fn once(&self, mb: usize, seed: u64, fill: Fill) -> anyhow::Result<([f64; 5], (f64, f64))> {
-        let [one, two] = self.apis;
-        let (mut c1, mut c2) = (Conn::open(one.addr).await?, Conn::open(two.addr).await?);
+    /// A create from `snap` on node `n` (placed there), a read of the
+    /// marker, and of the whole dirty file if any: [create, first read,
+    /// full read] in ms.
+    async fn restore_on(&self, n: usize, conn: &mut Conn, snap: &str, mb: usize) -> anyhow::Result<[f64; 3]> {
+        let api = &self.apis[n];
+        let (moved, create, read) = api.create_and_read_marker(conn, snap, MARKER).await?;
+        if !(self.holds)(n, &moved.id) {
+            bail!("sandbox {} from snapshot {snap} is not on node {}", moved.id, n + 1);
+        }
+        let t0 = Instant::now();
+        if mb > 0 {
+            let body = api.read(conn, &moved, "/home/user/dirty.bin").await?;
+            anyhow::ensure!(body.len() == mb << 20, "read {} bytes of the {mb} MB file", body.len());
+        }
+        let full = ms(t0.elapsed());
+        api.delete(conn, &moved.id).await?;
+        Ok([create, read, full])
+    }
+
+    /// [snapshot, upload, lazy create, first read, full read, cached
+    /// create, whole create, first read, full read] in ms, and the
+    /// stream's MB and its chunks' MB as stored.
+    async fn once(&self, mb: usize, seed: u64, fill: Fill) -> anyhow::Result<([f64; 9], (f64, f64))> {
+        let [one, two, three] = &self.apis;
+        let (mut c1, mut c2, mut c3) =
+            (Conn::open(one.addr).await?, Conn::open(two.addr).await?, Conn::open(three.addr).await?);
         let source = self.filled_source(&mut c1, mb, seed + 1, fill).await?;
         let t0 = Instant::now();
         let snap = one.snapshot(&mut c1, &source.id).await?;
         let snapshot = ms(t0.elapsed());
         let t1 = Instant::now();
         self.wait_in_bucket(&format!("snapshots/default/{snap}"), &format!("snapshot {snap}")).await?;
+        self.wait_in_bucket(&format!("snapshots/default/{snap}@layer0"), &format!("snapshot {snap}'s image")).await?;
+        // The record is marked stored right after the upload.
+        tokio::time::sleep(Duration::from_millis(100)).await;
         let upload = ms(t1.elapsed());
         let stored = self.stored_mb(&format!("snapshots/default/{snap}")).await?;
         one.delete(&mut c1, &source.id).await?;
-        self.place_on(1).await?;
         let restored = async {
-            let (moved, create, read) = two.create_and_read_marker(&mut c2, &snap, MARKER).await?;
-            if !(self.two_holds)(&moved.id) {
-                bail!("sandbox {} from snapshot {snap} is not on node two", moved.id);
-            }
-            two.delete(&mut c2, &moved.id).await?;
+            self.place_on(1).await?;
+            let [create, read, full] = self.restore_on(1, &mut c2, &snap, mb).await?;
             let (again, cached, _) = two.create_and_read_marker(&mut c2, &snap, MARKER).await?;
             two.delete(&mut c2, &again.id).await?;
-            anyhow::Ok([create, read, cached])
+            self.place_on(2).await?;
+            let [whole, whole_read, whole_full] = self.restore_on(2, &mut c3, &snap, mb).await?;
+            anyhow::Ok([create, read, full, cached, whole, whole_read, whole_full])
         }
         .await;
         self.place_on(0).await?;
-        let [create, read, cached] = restored?;
+        let [create, read, full, cached, whole, whole_read, whole_full] = restored?;
         one.expect(&mut c1, Method::DELETE, &format!("/templates/{snap}"), None, StatusCode::NO_CONTENT).await?;
-        Ok(([snapshot, upload, create, read, cached], stored))
+        Ok(([snapshot, upload, create, read, full, cached, whole, whole_read, whole_full], stored))
     }
 
     /// The stream under `key` in MB, and its chunks in MB as the bucket
@@ -582,7 +631,7 @@ impl Move<'_> {
     /// [pause, upload, resume, first read] in ms, for a paused sandbox
     /// moved from node one to node two.
     async fn paused_once(&self, mb: usize, seed: u64) -> anyhow::Result<[f64; 4]> {
-        let [one, two] = self.apis;
+        let [one, two, _] = &self.apis;
         let (mut c1, mut c2) = (Conn::open(one.addr).await?, Conn::open(two.addr).await?);
         let source = self.filled_source(&mut c1, mb, seed + 7, Fill::Random).await?;
         let t0 = Instant::now();
@@ -599,7 +648,7 @@ impl Move<'_> {
             let t2 = Instant::now();
             let resumed = two.resume(&mut c2, &source).await?;
             let resume = ms(t2.elapsed());
-            if !(self.two_holds)(&resumed.id) {
+            if !(self.holds)(1, &resumed.id) {
                 bail!("paused sandbox {} did not resume on node two", resumed.id);
             }
             let t3 = Instant::now();
