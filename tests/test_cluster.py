@@ -383,6 +383,7 @@ def test_a_files_snapshot_starts_on_another_node_as_its_layers_arrive(nodes, dat
     source = create_on(one, nodes, database_url, via=two)
     try:
         source.files.write("/home/user/note", "read as it arrives")
+        source.commands.run("touch -d '2001-02-03 04:05:06' /home/user/note")
         digest = source.commands.run("head -c 48M /dev/urandom > /home/user/big && sha256sum /home/user/big",
                                      timeout=120).stdout.split()[0]
         source.create_snapshot(name=name, mode="filesystem")
@@ -400,6 +401,8 @@ def test_a_files_snapshot_starts_on_another_node_as_its_layers_arrive(nodes, dat
             assert len(lazy_servers(two)) == len(layers), lazy_servers(two)
             assert len(lazy_mounts(two)) == 2 * len(layers), lazy_mounts(two)
             assert moved.files.read("/home/user/note") == "read as it arrives"
+            stamp = moved.commands.run("date -u -r /home/user/note +%FT%T").stdout.strip()
+            assert stamp == "2001-02-03T04:05:06", "file times come along"
             # The servers are not the gateway's: they outlive its crash, and
             # the sandbox it adopts again still reads what had not arrived.
             two.crash()

@@ -10,8 +10,8 @@
 //! mounted. Removing the layer unmounts both, which ends the server.
 //!
 //! An image is made from a frozen layer by `mkfs.erofs`, uncompressed (the
-//! object store compresses its chunks), with a fixed build time and UUID
-//! so one layer always makes the same image.
+//! object store compresses its chunks), holes kept, with a fixed build
+//! time and UUID so one layer always makes the same image.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -35,6 +35,9 @@ const SERVED: &str = "fuse/image";
 const LOCAL: &str = "image";
 const COMPLETE: &str = "complete";
 const IMAGE_UUID: &str = "c0b5e000-0000-4000-8000-000000000001";
+/// The image's build time, fixed (2100-01-01): mkfs.erofs clamps file
+/// times above it, so every time a sandbox can set is kept as it is.
+const BUILD_TIME: &str = "4102444800";
 
 pub fn root(state_dir: &Path) -> PathBuf {
     state_dir.join("lazy")
@@ -50,9 +53,12 @@ pub fn dir(state_dir: &Path, layer: &str) -> PathBuf {
 pub fn make_image(layer_dir: &Path, out: &Path) -> anyhow::Result<()> {
     let output = Command::new("mkfs.erofs")
         .arg("--quiet")
-        .arg("-T0")
+        // Not -T, which would give every file that time.
+        .env("SOURCE_DATE_EPOCH", BUILD_TIME)
         .arg(format!("-U{IMAGE_UUID}"))
-        .arg("--preserve-mtime")
+        // Holes stay holes: without chunks a sparse file is written out
+        // whole, and a tenant's small sparse file would be a huge image.
+        .arg("--chunksize=4096")
         .arg(out)
         .arg(layer_dir)
         .stdin(Stdio::null())
@@ -261,11 +267,14 @@ mod tests {
         fs::create_dir_all(layer.join("d")).unwrap();
         fs::write(layer.join("d/file"), "contents").unwrap();
         std::os::unix::fs::symlink("d/file", layer.join("link")).unwrap();
+        // A tenant's sparse file costs the image what it holds.
+        fs::File::create(layer.join("hole")).unwrap().set_len(256 << 20).unwrap();
         let (one, two) = (tmp.path().join("one"), tmp.path().join("two"));
         make_image(&layer, &one).unwrap();
         std::thread::sleep(std::time::Duration::from_millis(1100));
         make_image(&layer, &two).unwrap();
         assert_eq!(fs::read(&one).unwrap(), fs::read(&two).unwrap());
+        assert!(fs::metadata(&one).unwrap().len() < 4 << 20, "{} bytes", fs::metadata(&one).unwrap().len());
         assert!(make_image(&tmp.path().join("missing"), &tmp.path().join("three")).is_err());
     }
 }
