@@ -79,8 +79,9 @@ pub struct Sandboxes {
     transitions: transitions::Transitions,
     /// One fetch from the object store at a time per snapshot (`objects.rs`).
     fetching: transitions::Transitions,
-    /// Snapshots and template images this node fetched since it started,
-    /// removed once no record names them (`objects.rs`).
+    /// Snapshots and template images this node fetched (and, from its
+    /// start, those an earlier run fetched: `recover.rs`), removed once
+    /// no record names them (`objects.rs`).
     fetched: Mutex<HashSet<String>>,
     addresses: Addresses,
     quota: quota::Quota,
