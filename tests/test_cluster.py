@@ -343,17 +343,22 @@ def lazy_mounts(node: Node) -> list[str]:
                 if line.split()[1].startswith(str(node.data_dir) + "/") and line.split()[2] in ("erofs", "fuse")]
 
 
-def lazy_servers(node: Node) -> list[str]:
-    """The `copse lazy-image` processes serving the node's layers."""
-    found = []
+def lazy_server_pids(node: Node) -> dict[int, str]:
+    """The `copse lazy-image` processes serving the node's layers, and the
+    directory each serves."""
+    found = {}
     for proc in pathlib.Path("/proc").glob("[0-9]*"):
         try:
             argv = (proc / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
         if b"lazy-image" in argv[1:2] and argv[2:3] and argv[2].decode().startswith(f"{node.data_dir}/"):
-            found.append(argv[2].decode())
+            found[int(proc.name)] = argv[2].decode()
     return found
+
+
+def lazy_servers(node: Node) -> list[str]:
+    return list(lazy_server_pids(node).values())
 
 
 def stored_lazy_layers(database: str, name: str, within_s: float = 60) -> list[str]:

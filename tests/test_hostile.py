@@ -2605,7 +2605,7 @@ from test_cluster import (  # noqa: E402,F401
     cluster_ca, create_on, create_while_stored, drain, image_key, node_cert, nodes, stored_image,
 )
 from test_cluster import HEARTBEAT_S, LOST_AFTER_S, NODE_TABLE_TTL_S, kill_quietly, limited_team, node_table  # noqa: E402
-from test_cluster import on_one_seen_through_two, paused_field, stored_paused  # noqa: E402
+from test_cluster import lazy_server_pids, on_one_seen_through_two, paused_field, stored_paused  # noqa: E402
 
 
 def test_a_forged_forwarding_mark_never_lets_a_gateway_act_on_another_nodes_sandbox(nodes, database_url):
@@ -2829,6 +2829,14 @@ def test_a_lazily_mounted_layer_never_serves_a_byte_its_manifest_does_not_name(n
             assert "rc=1" in read.stdout and "Input/output error" in read.stderr, (read.stdout, read.stderr)
             logs = "".join(p.read_text() for p in (two.data_dir / "lazy").glob("*/server.log"))
             assert f"chunk {middle['sha256']} does not match its name" in logs
+            # The server gets the bucket's keys and nothing else of the
+            # gateway's environment (which here holds all of pytest's).
+            for server in lazy_server_pids(two):
+                names = {entry.split(b"=", 1)[0].decode()
+                         for entry in pathlib.Path(f"/proc/{server}/environ").read_bytes().split(b"\0") if entry}
+                assert "AWS_SECRET_ACCESS_KEY" in names
+                assert names <= {"PATH", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_REGION", "COPSE_LOG",
+                                 "COPSE_LOG_FORMAT"}, names
         finally:
             moved.kill()
     finally:

@@ -41,6 +41,11 @@ use crate::model::{LazyFiles, SnapshotRecord};
 const READY_WITHIN: Duration = Duration::from_secs(30);
 /// Between rounds of the background fetch while the object store fails.
 const RETRY_AFTER: Duration = Duration::from_secs(2);
+/// All of the gateway's environment a server gets: the bucket's keys and
+/// how to log. Nothing else the gateway was given (a database URL with its
+/// password, say) reaches a process that does not need it.
+const SERVER_ENV: &[&str] =
+    &["PATH", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_REGION", "COPSE_LOG", "COPSE_LOG_FORMAT"];
 
 /// Where layer `index` (top first) of the snapshot stored under
 /// `object_key` is kept as an image. `@` is in no snapshot name (and an
@@ -142,6 +147,8 @@ fn start_server(dir: &Path) -> anyhow::Result<()> {
     let mut child = Command::new(std::env::current_exe().context("finding the copse binary")?)
         .arg("lazy-image")
         .arg(dir)
+        .env_clear()
+        .envs(std::env::vars().filter(|(name, _)| SERVER_ENV.contains(&name.as_str())))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(log)

@@ -13,11 +13,10 @@
 //! object store compresses its chunks), holes kept, with a fixed build
 //! time and UUID so one layer always makes the same image.
 
+use std::ffi::OsStr;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-
-use std::ffi::OsStr;
 use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
 
