@@ -357,10 +357,6 @@ def lazy_server_pids(node: Node) -> dict[int, str]:
     return found
 
 
-def lazy_servers(node: Node) -> list[str]:
-    return list(lazy_server_pids(node).values())
-
-
 def stored_lazy_layers(database: str, name: str, within_s: float = 60) -> list[str]:
     """The manifests' hashes of snapshot `name`'s layer images, once its
     node has stored it."""
@@ -403,7 +399,7 @@ def test_a_files_snapshot_starts_on_another_node_as_its_layers_arrive(nodes, dat
         try:
             assert two.holds(moved.sandbox_id)
             assert "to arrive as read" in (two.data_dir / "gateway.log").read_text(), "mounted, not fetched whole"
-            assert len(lazy_servers(two)) == len(layers), lazy_servers(two)
+            assert len(lazy_server_pids(two)) == len(layers), lazy_server_pids(two)
             assert len(lazy_mounts(two)) == 2 * len(layers), lazy_mounts(two)
             assert moved.files.read("/home/user/note") == "read as it arrives"
             stamp = moved.commands.run("date -u -r /home/user/note +%FT%T").stdout.strip()
@@ -411,7 +407,7 @@ def test_a_files_snapshot_starts_on_another_node_as_its_layers_arrive(nodes, dat
             # The servers are not the gateway's: they outlive its crash, and
             # the sandbox it adopts again still reads what had not arrived.
             two.crash()
-            assert len(lazy_servers(two)) == len(layers), "a gateway crash leaves the servers running"
+            assert len(lazy_server_pids(two)) == len(layers), "a gateway crash leaves the servers running"
             two.up()
             got = moved.commands.run("sha256sum /home/user/big", timeout=120).stdout.split()[0]
             assert got == digest
@@ -425,7 +421,7 @@ def test_a_files_snapshot_starts_on_another_node_as_its_layers_arrive(nodes, dat
         drain(one, database_url, False)
     Sandbox.delete_snapshot(name, **two.env())
     deadline = time.monotonic() + 5 * HEARTBEAT_S
-    while lazy_mounts(two) or lazy_servers(two) or any((two.data_dir / "lazy").iterdir()):
+    while lazy_mounts(two) or lazy_server_pids(two) or any((two.data_dir / "lazy").iterdir()):
         assert time.monotonic() < deadline, f"node two let go of the lazy layers: {lazy_mounts(two)}"
         time.sleep(0.5)
     assert object_store.read(f"snapshots/default/{name}@layer0") is None, "its images leave the bucket"

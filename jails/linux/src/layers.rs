@@ -244,6 +244,8 @@ impl LayerStore {
 
     /// Keeps snapshot `id` as `layers` (top first, each from
     /// [`Self::new_lazy_layer`], its image served by now) on `template`.
+    /// On failure the caller discards the layers ([`Self::discard_lazy`]),
+    /// mounted or not.
     pub fn import_lazy(
         &self,
         id: &str,
@@ -252,25 +254,14 @@ impl LayerStore {
         size_bytes: u64,
     ) -> anyhow::Result<SnapshotInfo> {
         let _guard = self.guard();
-        let mut mounted = Vec::new();
-        let result = (|| {
-            for layer in layers {
-                copse_substrate::template::validate_name(layer).map_err(copse_substrate::SubstrateError::Invalid)?;
-                crate::lazy::mount(&self.state_dir, layer, &self.layer_dir(layer))?;
-                mounted.push(layer.clone());
-            }
-            let base = Base { template: template.to_string(), layers: layers.to_vec() };
-            let file = SnapshotFile { base, size_bytes, id_base: None };
-            write_json(&self.snapshot_file(id), &file)?;
-            Ok(info(id, &file))
-        })();
-        if result.is_err() {
-            for layer in &mounted {
-                let _ = crate::lazy::remove(&self.state_dir, layer, &self.layer_dir(layer));
-                let _ = fs::remove_dir(self.layer_dir(layer));
-            }
+        for layer in layers {
+            copse_substrate::template::validate_name(layer).map_err(copse_substrate::SubstrateError::Invalid)?;
+            crate::lazy::mount(&self.state_dir, layer, &self.layer_dir(layer))?;
         }
-        result
+        let base = Base { template: template.to_string(), layers: layers.to_vec() };
+        let file = SnapshotFile { base, size_bytes, id_base: None };
+        write_json(&self.snapshot_file(id), &file)?;
+        Ok(info(id, &file))
     }
 
     /// As the gateway stops: unmounts the lazy layers no sandbox stacks on,
@@ -302,7 +293,8 @@ impl LayerStore {
             }
             let served = crate::lazy::dir(&self.state_dir, &layer).join("fuse/image");
             let whole = crate::lazy::dir(&self.state_dir, &layer).join("complete").exists();
-            if crate::lazy::is_mounted(&at) && fs::metadata(&served).is_ok() {
+            let served_live = crate::lazy::is_mounted(&at) && fs::metadata(&served).is_ok();
+            if served_live || crate::lazy::is_mounted_locally(&self.state_dir, &layer, &at) {
                 continue;
             }
             // Sandboxes still on a mount whose server died keep it; later

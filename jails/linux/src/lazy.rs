@@ -6,8 +6,9 @@
 //! Under the state directory, `lazy/<layer>/` belongs to the layer of that
 //! name: `fuse/image` is the served image (a FUSE mount made by the
 //! server), `image` the server's local copy, `complete` written once every
-//! byte of it is there. The layer's own `layers/<layer>` is the image
-//! mounted. Removing the layer unmounts both, which ends the server.
+//! byte of it is there, `mounted-local` while the copy itself is mounted
+//! (a restart has nothing to redo). The layer's own `layers/<layer>` is
+//! the image mounted. Removing the layer unmounts both, which ends the server.
 //!
 //! An image is made from a frozen layer by `mkfs.erofs`, uncompressed (the
 //! object store compresses its chunks), holes kept, with a fixed build
@@ -33,6 +34,8 @@ const SERVED: &str = "fuse/image";
 /// The server's local copy, and the mark that it is whole.
 const LOCAL: &str = "image";
 const COMPLETE: &str = "complete";
+/// Written by [`mount`] when it mounts the local copy.
+const MOUNTED_LOCAL: &str = "mounted-local";
 const IMAGE_UUID: &str = "c0b5e000-0000-4000-8000-000000000001";
 /// The image's build time, fixed (2100-01-01): mkfs.erofs clamps file
 /// times above it, so every time a sandbox can set is kept as it is.
@@ -74,16 +77,32 @@ pub fn make_image(layer_dir: &Path, out: &Path) -> anyhow::Result<()> {
 /// once whole (after a restart, with no server needed any more).
 pub fn mount(state_dir: &Path, layer: &str, at: &Path) -> anyhow::Result<()> {
     let dir = dir(state_dir, layer);
-    let source = match dir.join(COMPLETE).exists() {
-        true => dir.join(LOCAL),
-        false => dir.join(SERVED),
-    };
+    let local = dir.join(COMPLETE).exists();
+    let source = if local { dir.join(LOCAL) } else { dir.join(SERVED) };
     fs::create_dir_all(at)?;
     // nodev/nosuid: the image holds a tenant's files; overlay reads its
     // whiteouts (0/0 character devices) without opening them.
     let flags = MsFlags::MS_RDONLY | MsFlags::MS_NODEV | MsFlags::MS_NOSUID;
     nix::mount::mount(Some(&source), at, Some("erofs"), flags, None::<&str>)
-        .with_context(|| format!("mounting the image of layer {layer} ({})", source.display()))
+        .with_context(|| format!("mounting the image of layer {layer} ({})", source.display()))?;
+    match local {
+        true => fs::write(dir.join(MOUNTED_LOCAL), b"")?,
+        false => remove_if_there(&dir.join(MOUNTED_LOCAL))?,
+    }
+    Ok(())
+}
+
+/// Whether layer `layer` is mounted at `at` from its local copy, needing
+/// no server.
+pub fn is_mounted_locally(state_dir: &Path, layer: &str, at: &Path) -> bool {
+    is_mounted(at) && dir(state_dir, layer).join(MOUNTED_LOCAL).exists()
+}
+
+fn remove_if_there(path: &Path) -> std::io::Result<()> {
+    match fs::remove_file(path) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+        _ => Ok(()),
+    }
 }
 
 /// Whether `path` is the root of a mount (its device differs from its

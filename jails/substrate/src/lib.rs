@@ -321,7 +321,8 @@ pub trait Substrate: Send + Sync + 'static {
     }
 
     /// Keeps snapshot `snapshot_id` as the lazy `layers` (top first) on
-    /// `template`. Files only: no memory comes this way.
+    /// `template`. Files only: no memory comes this way. On failure the
+    /// caller discards the layers ([`Substrate::discard_lazy_layer`]).
     fn import_lazy(
         &self,
         snapshot_id: &str,

@@ -187,17 +187,28 @@ async fn write_file(
     body: Body,
 ) -> ApiResult<Response> {
     let files = open(volumes, id, &headers).await?;
+    let mut stream = body.into_data_stream();
+    let written = write_into(files, query, &mut stream).await;
+    if written.is_err() {
+        discard_rest(&mut stream).await;
+    }
+    written
+}
+
+/// The upload into its file; a refusal (a full volume refuses even the
+/// file's creation) leaves the rest of the body to the caller to drain.
+async fn write_into(
+    files: VolumeFiles,
+    query: CreateQuery,
+    stream: &mut axum::body::BodyDataStream,
+) -> ApiResult<Response> {
     let path = query.path.clone();
     let owner = query.owner();
     let (file, files) = run(move || Ok((files.open_write(&path, owner)?, files))).await?;
     let mut file = tokio::fs::File::from_std(file);
-    let mut stream = body.into_data_stream();
     while let Some(chunk) = stream.next().await {
         let chunk = chunk.map_err(|e| ApiError::bad_request(format!("reading the request body: {e}")))?;
-        if let Err(e) = file.write_all(&chunk).await {
-            discard_rest(&mut stream).await;
-            return Err(write_error(e, &query.path).into());
-        }
+        file.write_all(&chunk).await.map_err(|e| write_error(e, &query.path))?;
     }
     file.flush().await.map_err(|e| write_error(e, &query.path))?;
     file.sync_data().await.map_err(|e| write_error(e, &query.path))?;
@@ -205,7 +216,7 @@ async fn write_file(
     Ok((StatusCode::CREATED, Json(wire(entry))).into_response())
 }
 
-/// After a failed write (a full volume), what is left of the upload is
+/// After a refused write (a full volume), what is left of the upload is
 /// read and dropped, within bounds: answered early, a client still sending
 /// sees its connection closed (a broken pipe) instead of the error.
 async fn discard_rest(stream: &mut axum::body::BodyDataStream) {

@@ -64,18 +64,18 @@ impl Sandboxes {
                 self.store.remove_build_layer(&layer.key)?;
             }
         }
-        let own_rows = rows.iter().filter(|r| self.holds(r.node.as_deref())).cloned().collect();
-        let own_layers = layers.iter().filter(|l| self.holds(l.node.as_deref())).cloned().collect();
-        let own = self.named_snapshots_of(own_rows, own_layers, |node| self.holds(node))?;
-        let named = self.named_snapshots(rows, layers)?;
-        let (kept, orphans): (Vec<_>, Vec<_>) = on_host.into_iter().partition(|s| named.contains(&s.id));
+        let names = self.snapshot_names(rows, layers)?;
+        let own: HashSet<&str> =
+            names.iter().filter(|(_, node)| self.holds(node.as_deref())).map(|(key, _)| key.as_str()).collect();
+        let named: HashSet<&str> = names.iter().map(|(key, _)| key.as_str()).collect();
+        let (kept, orphans): (Vec<_>, Vec<_>) = on_host.into_iter().partition(|s| named.contains(s.id.as_str()));
         for orphan in orphans {
             tracing::info!("removing snapshot {} that no record names", orphan.id);
             self.blocking(move |s| s.delete_snapshot(&orphan.id)).await?;
         }
         // Copies an earlier run fetched (only other nodes' records name
         // them) are let go, as this run's are, once no record does.
-        let fetched = kept.into_iter().map(|s| s.id).filter(|id| !own.contains(id));
+        let fetched = kept.into_iter().map(|s| s.id).filter(|id| !own.contains(id.as_str()));
         self.fetched.lock().unwrap_or_else(|e| e.into_inner()).extend(fetched);
         Ok(())
     }
@@ -89,27 +89,26 @@ impl Sandboxes {
         snapshots: Vec<SnapshotRecord>,
         layers: Vec<BuildLayer>,
     ) -> anyhow::Result<HashSet<String>> {
-        self.named_snapshots_of(snapshots, layers, |_| true)
+        Ok(self.snapshot_names(snapshots, layers)?.into_iter().map(|(key, _)| key).collect())
     }
 
-    /// [`Self::named_snapshots`], counting only the sandboxes and built
-    /// templates whose node `of` takes.
-    fn named_snapshots_of(
+    /// [`Self::named_snapshots`], each with the node of the row naming it.
+    fn snapshot_names(
         &self,
         snapshots: Vec<SnapshotRecord>,
         layers: Vec<BuildLayer>,
-        of: impl Fn(Option<&str>) -> bool,
-    ) -> anyhow::Result<HashSet<String>> {
-        let mut named: HashSet<String> = snapshots.into_iter().map(|r| r.key).collect();
-        let sandboxes = self.store.all()?.into_iter().filter(|r| of(r.node.as_deref()));
-        named.extend(sandboxes.filter_map(|r| r.paused.and_then(|p| p.files_only)));
-        for template in self.store.built_templates()?.into_iter().filter(|t| of(t.node.as_deref())) {
-            if let Some(labels) = self.store.template_labels(&template.id)? {
-                named.extend(labels.kept_images.into_iter().map(|k| k.image.snapshot_key));
-            }
-            named.extend(template.image.map(|i| i.snapshot_key));
+    ) -> anyhow::Result<Vec<(String, Option<String>)>> {
+        let mut names: Vec<_> = snapshots.into_iter().map(|r| (r.key, r.node)).collect();
+        for sandbox in self.store.all()? {
+            names.extend(sandbox.paused.and_then(|p| p.files_only).map(|key| (key, sandbox.node.clone())));
         }
-        named.extend(layers.into_iter().map(|l| l.snapshot_key));
-        Ok(named)
+        for template in self.store.built_templates()? {
+            if let Some(labels) = self.store.template_labels(&template.id)? {
+                names.extend(labels.kept_images.into_iter().map(|k| (k.image.snapshot_key, template.node.clone())));
+            }
+            names.extend(template.image.map(|i| (i.snapshot_key, template.node.clone())));
+        }
+        names.extend(layers.into_iter().map(|l| (l.snapshot_key, l.node)));
+        Ok(names)
     }
 }
