@@ -361,10 +361,23 @@ def stored_lazy_layers(database: str, name: str, within_s: float = 60) -> list[s
     """The manifests' hashes of snapshot `name`'s layer images, once its
     node has stored it."""
     query = f"SELECT record::jsonb -> 'lazy' -> 'layers' FROM team_snapshots WHERE id = '{name}'"
+    return polled_json(database, query, within_s, "the snapshot's layer images were stored")
+
+
+def stored_lazy_image_layers(database: str, key: str, within_s: float = 60) -> list[str]:
+    """The manifests' hashes of template image `key`'s layer images, once
+    its node has stored it."""
+    query = f"SELECT record::jsonb -> 'lazy_images' -> '{key}' -> 'layers' FROM template_labels"
+    return polled_json(database, f"{query} WHERE record::jsonb -> 'lazy_images' ? '{key}'", within_s,
+                       "the template image's layer images were stored")
+
+
+def polled_json(database: str, query: str, within_s: float, why: str):
+    """The JSON value `query` selects, once it selects one."""
     deadline = time.monotonic() + within_s
     while not (out := subprocess.run(["psql", database, "-tAc", query], check=True, capture_output=True,
                                      text=True).stdout.strip()):
-        assert time.monotonic() < deadline, "the snapshot's layer images were stored"
+        assert time.monotonic() < deadline, why
         time.sleep(0.5)
     return json.loads(out)
 
@@ -492,6 +505,49 @@ def test_a_built_template_starts_on_another_node_through_the_object_store(nodes,
     gone_within(fetched, "node two removes its fetched copy once no record names it")
 
 
+def test_a_built_template_without_memory_starts_on_another_node_as_its_layers_arrive(nodes, database_url,
+                                                                                    object_store):
+    """Lazy fetch of a template's image: built on node one with no start
+    command (files only), it is stored with its layers as images, whose
+    manifests' hashes its labels keep. While node one drains, a create of
+    it lands on node two, which mounts the layers as they are read instead
+    of fetching the image first, and the sandbox sees what the build wrote.
+    Deleting the template removes the layers' images from the bucket, and
+    node two lets go of its mounts and servers."""
+    one, two = nodes
+    name = f"lazy-template-{secrets.token_hex(4)}"
+    template = (Template().from_template("base")
+                .run_cmd("head -c 24M /dev/urandom > /home/user/blob && sha256sum /home/user/blob > /home/user/sums"))
+    Template.build(template, alias=name, **one.env())
+    key = image_key(database_url, name)
+    stored_image(object_store, key)
+    layers = stored_lazy_image_layers(database_url, key)
+    assert layers and object_store.read(f"images/{key}@layer0"), "the top layer's image is stored"
+    drain(one, database_url)
+    try:
+        time.sleep(NODE_TABLE_TTL_S + 0.5)
+        moved = Sandbox.create(name, timeout=120, **one.env())
+        try:
+            assert two.holds(moved.sandbox_id), "the drained node's template starts on the other node"
+            assert f"template {name}" in "".join(
+                line for line in (two.data_dir / "gateway.log").read_text().splitlines() if "to arrive as read" in line
+            ), "mounted, not fetched whole"
+            assert len(lazy_server_pids(two)) == len(layers), lazy_server_pids(two)
+            checked = moved.commands.run("sha256sum -c /home/user/sums", timeout=120)
+            assert checked.stdout.strip() == "/home/user/blob: OK", checked.stdout
+        finally:
+            moved.kill()
+    finally:
+        drain(one, database_url, False)
+    deleted = httpx.delete(f"{two.url}/templates/{name}", headers={"X-API-KEY": API_KEY}, timeout=60)
+    assert deleted.status_code == 204, deleted.text
+    assert object_store.read(f"images/{key}@layer0") is None, "a deleted template's layer images leave the bucket"
+    deadline = time.monotonic() + 5 * HEARTBEAT_S
+    while lazy_mounts(two) or lazy_server_pids(two):
+        assert time.monotonic() < deadline, f"node two let go of the lazy layers: {lazy_mounts(two)}"
+        time.sleep(0.5)
+
+
 def test_a_build_on_another_node_never_stacks_on_a_layer_only_node_one_holds(nodes, database_url, object_store):
     """Two templates built from one built template with the same step, one
     through each node. The step's cache entry names node one's snapshot,
@@ -555,9 +611,11 @@ def stored_paused(object_store, database: str, sandbox_id: str, within_s: float 
 def test_a_drain_that_moves_sandboxes_resumes_them_on_another_node(nodes, database_url, object_store):
     """`copse node drain --move-sandboxes`: the node pauses its running and
     frozen sandboxes into the object store with their memory, and uploads
-    the one paused on its files; a connect through either gateway resumes
-    each on the other node with its files, and its processes where memory
-    was kept. Once running again, its files leave the bucket."""
+    the one paused on its files (with its layers as images); a connect
+    through either gateway resumes each on the other node with its files,
+    and its processes where memory was kept; the one without memory mounts
+    its layers as they arrive. Once running again, its files leave the
+    bucket."""
     one, two = nodes
     running, frozen, on_files = made = [create_on(one, nodes, database_url, via=two) for _ in range(3)]
     try:
@@ -578,6 +636,10 @@ def test_a_drain_that_moves_sandboxes_resumes_them_on_another_node(nodes, databa
             processes = back.commands.run("ps -eo args").stdout
             assert ("sleep 4243" in processes) == (sbx is not on_files), "memory came along where it was kept"
             assert object_store.read(f"paused/default/{sbx.sandbox_id}") is None, "its files left the bucket"
+            assert object_store.read(f"paused/default/{sbx.sandbox_id}@layer0") is None, "its images too"
+        mounted = [line for line in (two.data_dir / "gateway.log").read_text().splitlines() if "to arrive as read" in line]
+        assert [sbx for sbx in made if any(sbx.sandbox_id in line for line in mounted)] == [on_files], mounted
+        assert lazy_server_pids(two), "the files-only one's layers are served as they arrive"
     finally:
         drain(one, database_url, False)
         kill_quietly(made)

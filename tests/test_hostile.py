@@ -2606,6 +2606,7 @@ from test_cluster import (  # noqa: E402,F401
 )
 from test_cluster import HEARTBEAT_S, LOST_AFTER_S, NODE_TABLE_TTL_S, kill_quietly, limited_team, node_table  # noqa: E402
 from test_cluster import lazy_server_pids, on_one_seen_through_two, paused_field, stored_paused  # noqa: E402
+from test_cluster import stored_lazy_image_layers  # noqa: E402
 
 
 def test_a_forged_forwarding_mark_never_lets_a_gateway_act_on_another_nodes_sandbox(nodes, database_url):
@@ -2876,8 +2877,10 @@ def test_a_template_image_swapped_in_the_bucket_never_starts_another_templates_f
     """Whoever can write the cluster's bucket puts one built template's
     image under another's key, hoping a node that fetches the first starts
     the second's files. The node checks that the fetched stream names the
-    template and image the database records, and refuses anything else; the
-    real image still starts once it is back."""
+    template and image the database records, and refuses anything else
+    (the layer image it would mount as it arrives is refused first, its
+    manifest not hashing to what the labels keep); the real image still
+    starts once it is back."""
     from e2b import Template
 
     one = nodes[0]
@@ -2889,9 +2892,13 @@ def test_a_template_image_swapped_in_the_bucket_never_starts_another_templates_f
     images = {text: image_key(database_url, name) for text, name in names.items()}
     for key in images.values():
         stored_image(object_store, key)
+        stored_lazy_image_layers(database_url, key)
     try:
+        # The top layer's image too: refused on the hash the labels keep,
+        # which leaves the stream to try.
         refused_while_swapped(nodes, database_url, object_store, {t: f"images/{k}" for t, k in images.items()},
-                              lambda: Sandbox.create(names["victim"], timeout=60, **one.env()), "victim\n")
+                              lambda: Sandbox.create(names["victim"], timeout=60, **one.env()), "victim\n",
+                              ("", "@layer0"))
     finally:
         for name in names.values():
             httpx.delete(f"{one.url}/templates/{name}", headers={"X-API-KEY": API_KEY}, timeout=60)
@@ -2965,23 +2972,29 @@ def test_a_cluster_sandbox_reaches_neither_the_database_nor_the_object_store_nor
 
 def test_a_paused_sandboxs_files_swapped_in_the_bucket_never_resume_as_it(nodes, database_url, object_store):
     """The same swap for a paused sandbox that may move: another paused
-    sandbox's manifest under the victim's key. The node that resumes the
-    victim refuses a stream that names other files than its record, and
-    resumes it once the bucket holds its own again."""
+    sandbox's manifests (its stream's and its top layer image's) under the
+    victim's keys. The node that resumes the victim refuses the image on
+    the hash its record keeps and a stream that names other files than its
+    record, and resumes it once the bucket holds its own again."""
     one, two = nodes
     victim, other = made = [create_on(one, nodes, database_url, via=one) for _ in range(2)]
     try:
         for text, sbx in zip(("victim", "other"), made):
             sbx.files.write("/home/user/note", text)
             assert sbx.pause(mode="filesystem") is True
-        real = stored_paused(object_store, database_url, victim.sandbox_id)
-        key = f"paused/default/{victim.sandbox_id}"
-        object_store.overwrite(key, stored_paused(object_store, database_url, other.sandbox_id))
+        for sbx in made:
+            stored_paused(object_store, database_url, sbx.sandbox_id)
+        keys = {sbx: f"paused/default/{sbx.sandbox_id}" for sbx in made}
+        real = {}
+        for suffix in ("", "@layer0"):
+            real[suffix] = object_store.read(keys[victim] + suffix)
+            object_store.overwrite(keys[victim] + suffix, object_store.read(keys[other] + suffix))
         drain(one, database_url)
         time.sleep(NODE_TABLE_TTL_S + 0.5)
         with pytest.raises(Exception, match="another version"):
             Sandbox.connect(victim.sandbox_id, timeout=60, **two.env())
-        object_store.overwrite(key, real)
+        for suffix, data in real.items():
+            object_store.overwrite(keys[victim] + suffix, data)
         back = Sandbox.connect(victim.sandbox_id, timeout=60, **two.env())
         assert two.holds(victim.sandbox_id)
         assert back.files.read("/home/user/note") == "victim"

@@ -1,11 +1,11 @@
-//! Lazy fetch: a snapshot another node took starts here before all of it
-//! has arrived.
+//! Lazy fetch: a snapshot another node took (or a paused sandbox's files,
+//! or a built template's image) starts here before all of it has arrived.
 //!
 //! Beside the snapshot's stream (`snapshot_file`), its node uploads each of
 //! its layers as a filesystem image (the substrate makes it:
 //! `Substrate::layer_images`), under [`layer_object_key`], and keeps the
-//! SHA-256 of each image's manifest in the snapshot's record
-//! ([`LazyFiles`]). A node asked to start the snapshot then does not fetch
+//! SHA-256 of each image's manifest in the database ([`LazyFiles`]: in
+//! the snapshot's record, the paused sandbox's, or the template's labels). A node asked to start the snapshot then does not fetch
 //! it: for each layer it starts `copse lazy-image DIR` ([`serve`]), a
 //! process of its own that serves the image as a file whose ranges are
 //! fetched from the object store on their first read (and the rest in the
@@ -17,8 +17,8 @@
 //! from under running sandboxes) and ends when the substrate removes its
 //! layer. The bucket is not trusted: the record's hash vouches for each
 //! manifest, and the manifest for each chunk (`copse_objects::LazyFile`).
-//! Memory snapshots come whole, the old way: a restore needs all of the
-//! checkpoint before anything runs.
+//! Whatever holds memory comes whole, the old way: a restore needs all of
+//! the checkpoint before anything runs.
 
 use std::fs;
 use std::io::{BufRead, BufReader, Write};
@@ -87,10 +87,17 @@ pub fn push_layers(
     result
 }
 
-/// Removes the images of a deleted snapshot's layers (their chunks stay
-/// for `copse snapshot gc`, like the stream's).
-pub async fn forget_layers(bucket: &Bucket, object_key: &str, lazy: &LazyFiles) -> anyhow::Result<()> {
-    for index in 0..lazy.layers.len() {
+/// Removes the images of the layers of a deleted snapshot stored under
+/// `object_key` (their chunks stay for `copse snapshot gc`, like the
+/// stream's). They are found by their keys, which [`push_layers`] uses in
+/// order, so none needs a record to be found; removed last first, so what
+/// a failure leaves is found by the next try.
+pub async fn forget_layers(bucket: &Bucket, object_key: &str) -> anyhow::Result<()> {
+    let mut count = 0;
+    while bucket.has(&layer_object_key(object_key, count)).await? {
+        count += 1;
+    }
+    for index in (0..count).rev() {
         bucket.delete(&layer_object_key(object_key, index)).await?;
     }
     Ok(())

@@ -9,6 +9,7 @@ use copse_substrate::{Limits, Placement, SandboxNetwork};
 use serde::{Deserialize, Serialize};
 
 use super::error::{Result, SandboxError};
+use super::snapshot::LazyFiles;
 use super::team::default_team;
 use super::volume::VolumeMount;
 
@@ -106,6 +107,10 @@ pub struct Paused {
     /// it may resume on another node when its own takes no sandboxes.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub in_object_store: bool,
+    /// Stored with its layers as images too (files only, no memory), for
+    /// the node it resumes on to mount as they arrive.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lazy: Option<LazyFiles>,
 }
 
 fn yes() -> bool {
@@ -128,6 +133,7 @@ impl SandboxRecord {
             paused_at_ms: Some(now_ms),
             memory,
             in_object_store: false,
+            lazy: None,
         });
         self.state = State::Paused;
         self.end_at_ms = i64::MAX;

@@ -4,9 +4,12 @@
 //! template's record because a running build rewrites that record
 //! wholesale as its log grows; a tag assigned meanwhile must survive it.
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 
 use super::error::{Result, SandboxError};
+use super::snapshot::LazyFiles;
 use super::template::Image;
 
 /// The tag a name without one means (E2B's).
@@ -68,6 +71,11 @@ pub struct TemplateLabels {
     /// that node takes no new sandboxes (`service/image_objects.rs`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub stored_images: Vec<String>,
+    /// Of those, the ones stored with their layers as images too (a
+    /// memory image has none), for a node to mount as they arrive: by
+    /// snapshot key.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub lazy_images: BTreeMap<String, LazyFiles>,
     /// Bumped by every write, which names the revision it read: of two
     /// edits that read the same labels (two tag requests, a build ending),
     /// the second to write finds the row moved on and starts again from it

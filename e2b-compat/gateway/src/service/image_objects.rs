@@ -22,8 +22,8 @@ use copse_objects::Bucket;
 use tokio::runtime::Handle;
 
 use super::{Sandboxes, is_image_template};
-use crate::model::{Image, Result, SnapshotRecord, TemplateRecord};
-use crate::snapshot_file;
+use crate::model::{Image, LazyFiles, Result, SnapshotRecord, TemplateRecord};
+use crate::{lazy_layers, snapshot_file};
 
 impl Sandboxes {
     /// Uploads the images of this node's built templates that are not in
@@ -42,9 +42,16 @@ impl Sandboxes {
             }
             let Ok(object) = snapshot_file::image_object_key(&image.snapshot_key) else { continue };
             let started = Instant::now();
-            let (files, bucket, runtime) = (image_files(&record, &image, false), bucket.clone(), Handle::current());
-            let pushed = self.blocking(move |s| snapshot_file::push_under(s, &files, &object, &bucket, &runtime)).await;
-            let sent = match pushed {
+            let (files, bucket, runtime) = (image_files(&record, &image, None), bucket.clone(), Handle::current());
+            let scratch = self.run_dir.clone();
+            let pushed = self
+                .blocking(move |s| {
+                    let sent = snapshot_file::push_under(s, &files, &object, &bucket, &runtime)?;
+                    let lazy = lazy_layers::push_layers(s, &files, &object, &bucket, &runtime, &scratch)?;
+                    Ok((sent, lazy))
+                })
+                .await;
+            let (sent, lazy) = match pushed {
                 Ok(sent) => sent,
                 Err(e) => {
                     tracing::warn!(template = %record.id, "storing a template's image in the object store: {e}");
@@ -52,7 +59,7 @@ impl Sandboxes {
                     continue;
                 }
             };
-            if !self.mark_stored(&record, &image)? {
+            if !self.mark_stored(&record, &image, lazy)? {
                 // Deleted or rebuilt while it was uploaded: the image it
                 // had is no template's any more.
                 self.forget_stored_images(std::slice::from_ref(&image)).await;
@@ -71,10 +78,11 @@ impl Sandboxes {
         Ok(failed)
     }
 
-    /// Lists `image` as stored in its template's labels, keeping only the
-    /// images the template still boots (its own and those tags keep);
-    /// false when the template no longer has `image`.
-    fn mark_stored(&self, record: &TemplateRecord, image: &Image) -> Result<bool> {
+    /// Lists `image` as stored in its template's labels (with its layers'
+    /// images, if stored too), keeping only the images the template still
+    /// boots (its own and those tags keep); false when the template no
+    /// longer has `image`.
+    fn mark_stored(&self, record: &TemplateRecord, image: &Image, lazy: Option<LazyFiles>) -> Result<bool> {
         let current = self.store.template(&record.id)?;
         if current.and_then(|t| t.image).is_none_or(|now| now.snapshot_key != image.snapshot_key) {
             return Ok(false);
@@ -85,6 +93,10 @@ impl Sandboxes {
                 labels.stored_images.iter().filter(|k| booted.contains(&k.as_str())).cloned().collect();
             labels.stored_images = kept;
             labels.stored_images.push(image.snapshot_key.clone());
+            labels.lazy_images.retain(|key, _| booted.contains(&key.as_str()));
+            if let Some(lazy) = lazy.clone() {
+                labels.lazy_images.insert(image.snapshot_key.clone(), lazy);
+            }
             Ok(())
         })?;
         Ok(true)
@@ -98,9 +110,12 @@ impl Sandboxes {
         if self.holds(record.node.as_deref()) {
             return Ok(());
         }
-        let stored = self.template_labels(record)?.stored_images.contains(&image.snapshot_key);
+        let mut labels = self.template_labels(record)?;
+        let stored = labels.stored_images.contains(&image.snapshot_key);
+        let lazy = labels.lazy_images.remove(&image.snapshot_key);
+        let files = image_files(record, image, stored.then_some(lazy));
         let key = snapshot_file::image_object_key(&image.snapshot_key)?;
-        self.fetch_files(&image_files(record, image, stored), &key, &format!("template {}", record.name)).await?;
+        self.fetch_files(&files, &key, &format!("template {}", record.name)).await?;
         self.fetched.lock().unwrap_or_else(|e| e.into_inner()).insert(image.snapshot_key.clone());
         Ok(())
     }
@@ -115,14 +130,18 @@ impl Sandboxes {
             if let Err(e) = bucket.delete(&key).await {
                 tracing::warn!(image = %image.snapshot_key, "removing a template's image from the object store: {e:#}");
             }
+            if let Err(e) = lazy_layers::forget_layers(&bucket, &key).await {
+                tracing::warn!(image = %image.snapshot_key, "removing a template's layer images from the object store: {e:#}");
+            }
         }
     }
 }
 
 /// A template's image as the object store's stream names it: a snapshot
 /// record of the template's id and team, which the fetching node checks
-/// against the database's.
-fn image_files(record: &TemplateRecord, image: &Image, stored: bool) -> SnapshotRecord {
+/// against the database's. `stored`: it is in the object store, with its
+/// layers' images or not.
+fn image_files(record: &TemplateRecord, image: &Image, stored: Option<Option<LazyFiles>>) -> SnapshotRecord {
     SnapshotRecord {
         id: record.id.clone(),
         team: record.team.clone(),
@@ -136,7 +155,7 @@ fn image_files(record: &TemplateRecord, image: &Image, stored: bool) -> Snapshot
         agent_token: image.agent_token.clone(),
         volume_mounts: Vec::new(),
         node: record.node.clone(),
-        in_object_store: stored,
-        lazy: None,
+        in_object_store: stored.is_some(),
+        lazy: stored.flatten(),
     }
 }

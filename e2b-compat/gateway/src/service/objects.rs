@@ -210,9 +210,7 @@ impl Sandboxes {
         if let Err(e) = bucket.delete(&key).await {
             tracing::warn!(snapshot = %snapshot.id, "removing a deleted snapshot from the object store: {e:#}");
         }
-        if let Some(lazy) = &snapshot.lazy
-            && let Err(e) = lazy_layers::forget_layers(&bucket, &key, lazy).await
-        {
+        if let Err(e) = lazy_layers::forget_layers(&bucket, &key).await {
             tracing::warn!(snapshot = %snapshot.id, "removing a deleted snapshot's layer images from the object store: {e:#}");
         }
     }

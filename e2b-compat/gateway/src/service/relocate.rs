@@ -7,7 +7,9 @@
 //! as a create of its template would be; the node it lands on claims the
 //! record (a swap that holds only while the record still names the old node
 //! and the same files, so two gateways never both resume it), fetches the
-//! files, and boots it there on an address of its own subnet.
+//! files (or, for files without memory, mounts their layers as they
+//! arrive: `lazy_layers.rs`), and boots it there on an address of its own
+//! subnet.
 //!
 //! `copse node drain ID --move-sandboxes` makes a node pause its sandboxes
 //! that way on its own: each is checkpointed with its memory where CRIU
@@ -24,7 +26,7 @@ use super::Sandboxes;
 use super::nodes::Owner;
 use super::quota::Kind;
 use crate::model::{Caller, Change, Paused, Result, SandboxError, SandboxRecord, SnapshotRecord, now_ms, snapshot_key};
-use crate::snapshot_file;
+use crate::{lazy_layers, snapshot_file};
 
 impl Sandboxes {
     /// Where a connect (or resume) of sandbox `id` runs: on its own node
@@ -124,12 +126,21 @@ impl Sandboxes {
         for (record, paused, key) in pending {
             let Ok(object) = snapshot_file::paused_object_key(&record.team, &record.id) else { continue };
             let (files, bucket, runtime) = (stand_in(&record, &key, &paused), bucket.clone(), Handle::current());
-            let pushed = self.blocking(move |s| snapshot_file::push_under(s, &files, &object, &bucket, &runtime)).await;
-            if let Err(e) = pushed {
-                tracing::warn!(sandbox_id = %record.id, "storing a paused sandbox's files in the object store: {e}");
-                failed = true;
-                continue;
-            }
+            let scratch = self.run_dir.clone();
+            let pushed = self
+                .blocking(move |s| {
+                    snapshot_file::push_under(s, &files, &object, &bucket, &runtime)?;
+                    lazy_layers::push_layers(s, &files, &object, &bucket, &runtime, &scratch)
+                })
+                .await;
+            let lazy = match pushed {
+                Ok(lazy) => lazy,
+                Err(e) => {
+                    tracing::warn!(sandbox_id = %record.id, "storing a paused sandbox's files in the object store: {e}");
+                    failed = true;
+                    continue;
+                }
+            };
             // Marked only while it is still paused here on these files.
             let _transition = self.transitions.lock(&record.id).await;
             let Some(mut now) = self.store.get(&record.id)? else {
@@ -139,6 +150,7 @@ impl Sandboxes {
             match now.paused.as_mut() {
                 Some(p) if p.files_only.as_deref() == Some(key.as_str()) && self.holds(now.node.as_deref()) => {
                     p.in_object_store = true;
+                    p.lazy = lazy;
                 }
                 _ => continue,
             }
@@ -156,6 +168,9 @@ impl Sandboxes {
         let Ok(key) = snapshot_file::paused_object_key(&record.team, &record.id) else { return };
         if let Err(e) = bucket.delete(&key).await {
             tracing::warn!(sandbox_id = %record.id, "removing a paused sandbox's files from the object store: {e:#}");
+        }
+        if let Err(e) = lazy_layers::forget_layers(&bucket, &key).await {
+            tracing::warn!(sandbox_id = %record.id, "removing a paused sandbox's layer images from the object store: {e:#}");
         }
     }
 
@@ -266,6 +281,6 @@ fn stand_in(record: &SandboxRecord, key: &str, paused: &Paused) -> SnapshotRecor
         volume_mounts: Vec::new(),
         node: record.node.clone(),
         in_object_store: paused.in_object_store,
-        lazy: None,
+        lazy: paused.lazy.clone(),
     }
 }

@@ -381,6 +381,7 @@ pub fn a_paused_sandbox_is_claimed_only_while_it_names_the_same_node_and_files(d
         paused_at_ms: Some(1),
         memory: true,
         in_object_store: true,
+        lazy: None,
     });
     one.put(&record).unwrap();
     let claim = |store: &dyn Database, node: &str| {
