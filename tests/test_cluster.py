@@ -313,6 +313,8 @@ def test_a_snapshot_starts_on_another_node_through_the_object_store(nodes, datab
             assert two.holds(moved.sandbox_id), "the drained node's snapshot starts on the other node"
             assert moved.files.read("/home/user/note") == "taken on node one"
             assert "sleep 4242" in moved.commands.run("ps -eo args").stdout, "its memory came along"
+            assert mounted_lazily(two, f"snapshot {name}"), "its layers arrive as read, its memory came whole first"
+            assert object_store.read(f"snapshots/default/{name}@memory"), "the checkpoint is stored alone too"
         finally:
             moved.kill()
         # A second create finds the files already fetched.
@@ -331,6 +333,7 @@ def test_a_snapshot_starts_on_another_node_through_the_object_store(nodes, datab
     assert fetched.exists(), "node two keeps the copy it fetched while the snapshot is there"
     Sandbox.delete_snapshot(name, **two.env())
     assert object_store.read(f"snapshots/default/{name}") is None, "a deleted snapshot leaves the bucket"
+    assert object_store.read(f"snapshots/default/{name}@memory") is None, "its checkpoint too"
     assert not files.exists(), "deleted through node two's gateway, on its own node"
     gone_within(fetched, "node two removes its fetched copy once no record names it")
 
@@ -341,6 +344,14 @@ def lazy_mounts(node: Node) -> list[str]:
     with open("/proc/self/mounts") as mounts:
         return [line for line in mounts
                 if line.split()[1].startswith(str(node.data_dir) + "/") and line.split()[2] in ("erofs", "fuse")]
+
+
+def mounted_lazily(node: Node, what: str) -> bool:
+    """Whether the node's gateway logged mounting `what` ("snapshot NAME",
+    "template NAME", "paused sandbox ID") from the object store as it
+    arrives, rather than fetching it whole."""
+    log = (node.data_dir / "gateway.log").read_text().splitlines()
+    return any("to arrive as read" in line and what in line for line in log)
 
 
 def lazy_server_pids(node: Node) -> dict[int, str]:
@@ -411,7 +422,7 @@ def test_a_files_snapshot_starts_on_another_node_as_its_layers_arrive(nodes, dat
         moved = create_while_stored(name, via=two)
         try:
             assert two.holds(moved.sandbox_id)
-            assert "to arrive as read" in (two.data_dir / "gateway.log").read_text(), "mounted, not fetched whole"
+            assert mounted_lazily(two, f"snapshot {name}"), "mounted, not fetched whole"
             assert len(lazy_server_pids(two)) == len(layers), lazy_server_pids(two)
             assert len(lazy_mounts(two)) == 2 * len(layers), lazy_mounts(two)
             assert moved.files.read("/home/user/note") == "read as it arrives"
@@ -493,6 +504,7 @@ def test_a_built_template_starts_on_another_node_through_the_object_store(nodes,
             assert two.holds(moved.sandbox_id), "the drained node's template starts on the other node"
             out = moved.commands.run('cat /home/user/where; echo "$MODE"; curl -sf -o /dev/null -w "%{http_code}" localhost:8080')
             assert out.stdout.split("\n")[:3] == ["built on node one", "travelling", "200"], out.stdout
+            assert mounted_lazily(two, f"template {name}"), "its layers arrive as read, its memory came whole first"
         finally:
             moved.kill()
     finally:
@@ -529,9 +541,7 @@ def test_a_built_template_without_memory_starts_on_another_node_as_its_layers_ar
         moved = Sandbox.create(name, timeout=120, **one.env())
         try:
             assert two.holds(moved.sandbox_id), "the drained node's template starts on the other node"
-            assert f"template {name}" in "".join(
-                line for line in (two.data_dir / "gateway.log").read_text().splitlines() if "to arrive as read" in line
-            ), "mounted, not fetched whole"
+            assert mounted_lazily(two, f"template {name}"), "mounted, not fetched whole"
             assert len(lazy_server_pids(two)) == len(layers), lazy_server_pids(two)
             checked = moved.commands.run("sha256sum -c /home/user/sums", timeout=120)
             assert checked.stdout.strip() == "/home/user/blob: OK", checked.stdout
@@ -611,11 +621,11 @@ def stored_paused(object_store, database: str, sandbox_id: str, within_s: float 
 def test_a_drain_that_moves_sandboxes_resumes_them_on_another_node(nodes, database_url, object_store):
     """`copse node drain --move-sandboxes`: the node pauses its running and
     frozen sandboxes into the object store with their memory, and uploads
-    the one paused on its files (with its layers as images); a connect
-    through either gateway resumes each on the other node with its files,
-    and its processes where memory was kept; the one without memory mounts
-    its layers as they arrive. Once running again, its files leave the
-    bucket."""
+    the one paused on its files (each with its layers as images); a
+    connect through either gateway resumes each on the other node with its
+    files, mounted as they arrive, and its processes where memory was kept
+    (the checkpoint fetched whole first). Once running again, its files
+    leave the bucket."""
     one, two = nodes
     running, frozen, on_files = made = [create_on(one, nodes, database_url, via=two) for _ in range(3)]
     try:
@@ -637,9 +647,7 @@ def test_a_drain_that_moves_sandboxes_resumes_them_on_another_node(nodes, databa
             assert ("sleep 4243" in processes) == (sbx is not on_files), "memory came along where it was kept"
             assert object_store.read(f"paused/default/{sbx.sandbox_id}") is None, "its files left the bucket"
             assert object_store.read(f"paused/default/{sbx.sandbox_id}@layer0") is None, "its images too"
-        mounted = [line for line in (two.data_dir / "gateway.log").read_text().splitlines() if "to arrive as read" in line]
-        assert [sbx for sbx in made if any(sbx.sandbox_id in line for line in mounted)] == [on_files], mounted
-        assert lazy_server_pids(two), "the files-only one's layers are served as they arrive"
+            assert mounted_lazily(two, f"paused sandbox {sbx.sandbox_id}"), "its layers arrive as read"
     finally:
         drain(one, database_url, False)
         kill_quietly(made)

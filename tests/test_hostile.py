@@ -2791,6 +2791,50 @@ def test_a_manifest_swapped_in_the_bucket_never_starts_another_snapshots_files(n
             Sandbox.delete_snapshot(name, **one.env())
 
 
+def test_a_checkpoint_swapped_in_the_bucket_never_restores_another_snapshots_memory(nodes, database_url,
+                                                                                   object_store):
+    """A snapshot with memory sends its checkpoint apart from its layers
+    (`…@memory`), to be restored whole while the layers arrive as read.
+    Whoever can write the bucket puts another snapshot's checkpoint there,
+    hoping the victim's name restores the other's processes (and what is
+    in their memory). The node refuses it on the hash the database keeps,
+    fetches the snapshot's own stream whole instead, and restores the
+    victim's processes only."""
+    one, two = nodes
+    tag = os.urandom(4).hex()
+    names = {text: f"swap-memory-{text}-{tag}" for text in ("victim", "other")}
+    for text, name in names.items():
+        source = create_on(one, nodes, database_url, via=one)
+        try:
+            source.commands.run(f"sleep {4242 if text == 'victim' else 4343}", background=True)
+            source.create_snapshot(name=name, mode="full")
+        finally:
+            source.kill()
+    keys = {text: f"snapshots/default/{name}@memory" for text, name in names.items()}
+    deadline = time.monotonic() + 60
+    while not all(object_store.read(k) for k in keys.values()):
+        assert time.monotonic() < deadline, "the node stored the checkpoints"
+        time.sleep(0.5)
+    object_store.overwrite(keys["victim"], object_store.read(keys["other"]))
+    drain(one, database_url)
+    try:
+        time.sleep(NODE_TABLE_TTL_S + 0.5)
+        moved = create_while_stored(names["victim"], via=two)
+        try:
+            assert two.holds(moved.sandbox_id)
+            processes = moved.commands.run("ps -eo args").stdout
+            assert "sleep 4242" in processes and "sleep 4343" not in processes, processes
+            log = (two.data_dir / "gateway.log").read_text().splitlines()
+            assert any(f"snapshot {names['victim']}" in line and "fetching it whole" in line for line in log), \
+                "refused, then fetched whole"
+        finally:
+            moved.kill()
+    finally:
+        drain(one, database_url, False)
+        for name in names.values():
+            Sandbox.delete_snapshot(name, **one.env())
+
+
 def test_a_lazily_mounted_layer_never_serves_a_byte_its_manifest_does_not_name(nodes, database_url, object_store):
     """A node mounts a lazily fetched layer's image in its own kernel, from
     a bucket whoever holds its keys can write. Every byte is vouched for:

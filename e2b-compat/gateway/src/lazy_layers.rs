@@ -17,8 +17,10 @@
 //! from under running sandboxes) and ends when the substrate removes its
 //! layer. The bucket is not trusted: the record's hash vouches for each
 //! manifest, and the manifest for each chunk (`copse_objects::LazyFile`).
-//! Whatever holds memory comes whole, the old way: a restore needs all of
-//! the checkpoint before anything runs.
+//! Memory is not fetched as it is read: a snapshot with memory sends its
+//! checkpoint as a stream of its own ([`memory_object_key`]), which the
+//! node fetches whole (a CRIU restore needs all of it before anything
+//! runs) while the layers arrive as they are read.
 
 use std::fs;
 use std::io::{BufRead, BufReader, Write};
@@ -55,9 +57,15 @@ pub fn layer_object_key(object_key: &str, index: usize) -> String {
     format!("{object_key}@layer{index}")
 }
 
-/// Uploads the images of `record`'s layers next to its stream under
-/// `object_key`; `None` for a memory snapshot, or a substrate that mounts
-/// no images. `scratch` holds the images while they are sent.
+/// Where the memory checkpoint of the snapshot stored under `object_key`
+/// is kept alone.
+pub fn memory_object_key(object_key: &str) -> String {
+    format!("{object_key}@memory")
+}
+
+/// Uploads the images of `record`'s layers (and its checkpoint, if it has
+/// memory) next to its stream under `object_key`; `None` for a substrate
+/// that mounts no images. `scratch` holds the images while they are sent.
 pub fn push_layers(
     substrate: &dyn Substrate,
     record: &SnapshotRecord,
@@ -66,9 +74,6 @@ pub fn push_layers(
     runtime: &Handle,
     scratch: &Path,
 ) -> anyhow::Result<Option<LazyFiles>> {
-    if record.memory {
-        return Ok(None);
-    }
     let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or_default();
     let dir = scratch.join(format!(".layer-images-{}-{nanos:x}", std::process::id()));
     fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
@@ -81,18 +86,27 @@ pub fn push_layers(
             let sent = runtime.block_on(copse_objects::push(bucket, &key, file, || Ok(())))?;
             layers.push(sent.manifest_sha256);
         }
-        Ok(Some(LazyFiles { template: images.template, layers }))
+        let memory = match record.memory {
+            true => {
+                let produce = |out: &mut dyn Write| substrate.export_checkpoint(&record.key, out);
+                let key = memory_object_key(object_key);
+                Some(crate::snapshot_file::push_stream(bucket, &key, runtime, produce)?.manifest_sha256)
+            }
+            false => None,
+        };
+        Ok(Some(LazyFiles { template: images.template, layers, memory }))
     })();
     let _ = fs::remove_dir_all(&dir);
     result
 }
 
-/// Removes the images of the layers of a deleted snapshot stored under
-/// `object_key` (their chunks stay for `copse snapshot gc`, like the
-/// stream's). They are found by their keys, which [`push_layers`] uses in
-/// order, so none needs a record to be found; removed last first, so what
-/// a failure leaves is found by the next try.
+/// Removes the images of the layers (and the checkpoint) of a deleted
+/// snapshot stored under `object_key` (their chunks stay for `copse
+/// snapshot gc`, like the stream's). They are found by their keys, which
+/// [`push_layers`] uses in order, so none needs a record to be found;
+/// removed last first, so what a failure leaves is found by the next try.
 pub async fn forget_layers(bucket: &Bucket, object_key: &str) -> anyhow::Result<()> {
+    bucket.delete(&memory_object_key(object_key)).await?;
     let mut count = 0;
     while bucket.has(&layer_object_key(object_key, count)).await? {
         count += 1;
@@ -112,14 +126,16 @@ struct Source {
 }
 
 /// Takes in `record`'s snapshot (stored under `object_key`) as layers
-/// served from the object store, each by a server of its own; `Ok(false)`
-/// where the substrate mounts no images, for the caller to fetch it whole.
+/// served from the object store, each by a server of its own, and its
+/// checkpoint fetched whole; `Ok(false)` where the substrate mounts no
+/// images, for the caller to fetch it whole.
 pub fn fetch_lazily(
     substrate: &dyn Substrate,
     record: &SnapshotRecord,
     lazy: &LazyFiles,
     object_key: &str,
     bucket: &Bucket,
+    runtime: &Handle,
 ) -> anyhow::Result<bool> {
     let mut layers = Vec::new();
     let result = (|| {
@@ -134,7 +150,18 @@ pub fn fetch_lazily(
             fs::write(dir.join("source.json"), serde_json::to_vec(&source)?)?;
             start_server(&dir)?;
         }
-        substrate.import_lazy(&record.key, &lazy.template, &layers, record.size_bytes)?;
+        let import = |checkpoint: Option<&mut dyn std::io::Read>| {
+            substrate.import_lazy(&record.key, &lazy.template, &layers, record.size_bytes, checkpoint)
+        };
+        match &lazy.memory {
+            None => import(None)?,
+            Some(sha256) => {
+                let key = memory_object_key(object_key);
+                let manifest = runtime.block_on(copse_objects::verified_manifest(bucket, &key, sha256))?;
+                let consume = |input: &mut dyn std::io::BufRead| import(Some(input));
+                crate::snapshot_file::stream_manifest(bucket, &manifest, runtime, consume)?.0
+            }
+        };
         Ok(true)
     })();
     if !matches!(result, Ok(true)) {

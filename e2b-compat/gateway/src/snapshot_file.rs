@@ -171,9 +171,20 @@ pub fn push_under(
     bucket: &Bucket,
     runtime: &Handle,
 ) -> anyhow::Result<PushReport> {
+    push_stream(bucket, key, runtime, |out| write_export(substrate, record, out))
+}
+
+/// Stores what `produce` writes in `bucket` under `key`, as it is
+/// written; no manifest if `produce` fails.
+pub fn push_stream(
+    bucket: &Bucket,
+    key: &str,
+    runtime: &Handle,
+    produce: impl FnOnce(&mut dyn Write) -> anyhow::Result<()> + Send,
+) -> anyhow::Result<PushReport> {
     let (reader, mut writer) = std::io::pipe()?;
     std::thread::scope(|scope| {
-        let exporter = scope.spawn(move || write_export(substrate, record, &mut writer));
+        let exporter = scope.spawn(move || produce(&mut writer));
         let exported = || exporter.join().unwrap_or_else(|_| bail!("the export panicked"));
         runtime.block_on(copse_objects::push(bucket, key, reader, exported))
     })
@@ -255,10 +266,21 @@ fn stream_from<T: Send>(
     let manifest = runtime
         .block_on(copse_objects::manifest(bucket, key))?
         .with_context(|| format!("the object store has no {what}"))?;
+    stream_manifest(bucket, &manifest, runtime, consume)
+}
+
+/// Streams what `manifest` names into `consume`, each chunk checked
+/// against its hash before `consume` reads it.
+pub fn stream_manifest<T: Send>(
+    bucket: &Bucket,
+    manifest: &copse_objects::Manifest,
+    runtime: &Handle,
+    consume: impl FnOnce(&mut dyn BufRead) -> anyhow::Result<T> + Send,
+) -> anyhow::Result<(T, PullReport)> {
     let (sink, reader) = copse_objects::stream(4);
     std::thread::scope(|scope| {
         let consumer = scope.spawn(move || consume(&mut std::io::BufReader::new(reader)));
-        let pulled = runtime.block_on(copse_objects::pull(bucket, &manifest, sink));
+        let pulled = runtime.block_on(copse_objects::pull(bucket, manifest, sink));
         let consumed = consumer.join().unwrap_or_else(|_| bail!("the import panicked"));
         match (pulled, consumed) {
             (Ok(report), Ok(value)) => Ok((value, report)),

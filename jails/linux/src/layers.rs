@@ -369,21 +369,7 @@ impl LayerStore {
     ) -> anyhow::Result<SnapshotInfo> {
         let staging = tempdir_in(&self.state_dir, "import")?;
         let result = (|| {
-            let mut child = Command::new("tar")
-                .args(TAR_FLAGS)
-                .arg("-xf")
-                .arg("-")
-                .arg("-C")
-                .arg(&staging)
-                .stdin(Stdio::piped())
-                .spawn()
-                .context("running tar")?;
-            std::io::copy(input, child.stdin.as_mut().expect("piped")).context("reading the import")?;
-            drop(child.stdin.take());
-            let status = child.wait()?;
-            if !status.success() {
-                bail!("tar failed ({status}): not a copse snapshot export");
-            }
+            untar(input, &staging).context("not a copse snapshot export")?;
             let bytes = fs::read(staging.join("snapshot.json")).context("the export has no snapshot.json")?;
             let mut file: SnapshotFile = serde_json::from_slice(&bytes).context("corrupt snapshot.json")?;
             let exported_base = file.id_base.take().unwrap_or(0);
@@ -418,6 +404,66 @@ impl LayerStore {
         let _ = fs::remove_dir_all(&staging);
         result
     }
+
+    /// Memory checkpoint `checkpoint` alone as a tar stream, for lazy
+    /// fetch (which sends the layers apart, as images).
+    pub fn export_checkpoint(&self, checkpoint: &Path, out: &mut dyn Write) -> anyhow::Result<()> {
+        let mut child = Command::new("tar")
+            .args(TAR_FLAGS)
+            .args(REPEATABLE_TAR_FLAGS)
+            .arg("-cf")
+            .arg("-")
+            .arg("-C")
+            .arg(checkpoint)
+            .arg(".")
+            .stdout(Stdio::piped())
+            .spawn()
+            .context("running tar")?;
+        std::io::copy(child.stdout.as_mut().expect("piped"), out).context("writing the checkpoint")?;
+        let status = child.wait()?;
+        if !status.success() {
+            bail!("tar failed ({status}) exporting checkpoint {}", checkpoint.display());
+        }
+        Ok(())
+    }
+
+    /// Reads an [`Self::export_checkpoint`] stream into `checkpoint`, which
+    /// appears only once whole.
+    pub fn import_checkpoint(&self, checkpoint: &Path, input: &mut dyn Read) -> anyhow::Result<()> {
+        let staging = tempdir_in(&self.state_dir, "import")?;
+        let result = (|| {
+            let images = staging.join(CHECKPOINT);
+            fs::create_dir(&images)?;
+            untar(input, &images).context("not a checkpoint")?;
+            sync_filesystem(&images)?;
+            let parent = checkpoint.parent().unwrap_or(Path::new("/"));
+            fs::create_dir_all(parent)?;
+            fs::rename(&images, checkpoint).context("keeping the memory checkpoint")?;
+            sync_dir(parent)
+        })();
+        let _ = fs::remove_dir_all(&staging);
+        result
+    }
+}
+
+/// Extracts tar stream `input` into `into`, keeping what overlay needs.
+fn untar(input: &mut dyn Read, into: &Path) -> anyhow::Result<()> {
+    let mut child = Command::new("tar")
+        .args(TAR_FLAGS)
+        .arg("-xf")
+        .arg("-")
+        .arg("-C")
+        .arg(into)
+        .stdin(Stdio::piped())
+        .spawn()
+        .context("running tar")?;
+    std::io::copy(input, child.stdin.as_mut().expect("piped")).context("reading the stream")?;
+    drop(child.stdin.take());
+    let status = child.wait()?;
+    if !status.success() {
+        bail!("tar failed ({status})");
+    }
+    Ok(())
 }
 
 /// Where an export holds a memory checkpoint's images.

@@ -286,6 +286,20 @@ impl LinuxSubstrate {
         self.checkpoints.join(snapshot_id)
     }
 
+    /// Removes the checkpoints of snapshots that are gone: one a crash cut
+    /// short, or one whose lazy layers a restart could not mount again
+    /// (`recover_lazy` drops its file, to be fetched again).
+    fn remove_stray_checkpoints(&self) -> anyhow::Result<()> {
+        for entry in fs::read_dir(&self.checkpoints).into_iter().flatten().filter_map(Result::ok) {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if copse_substrate::template::validate_name(&name).is_ok() && self.layers.get(&name)?.is_none() {
+                tracing::info!(snapshot = %name, "removing the checkpoint of a snapshot that is gone");
+                fs::remove_dir_all(entry.path()).with_context(|| format!("removing {}", entry.path().display()))?;
+            }
+        }
+        Ok(())
+    }
+
     /// The sandbox's init: the process of its cgroup that is pid 1 in its
     /// own pid namespace.
     fn init_pid(&self, id: &str) -> anyhow::Result<i32> {
@@ -605,19 +619,42 @@ impl Substrate for LinuxSubstrate {
         self.layers.discard_lazy(layer)
     }
 
+    fn export_checkpoint(&self, snapshot_id: &str, out: &mut dyn std::io::Write) -> anyhow::Result<()> {
+        copse_substrate::template::validate_name(snapshot_id).map_err(SubstrateError::Invalid)?;
+        let checkpoint = self.checkpoint_dir(snapshot_id);
+        if !checkpoint.is_dir() {
+            return Err(SubstrateError::NotFound(format!("snapshot {snapshot_id} holds no memory")).into());
+        }
+        self.layers.export_checkpoint(&checkpoint, out)
+    }
+
     fn import_lazy(
         &self,
         snapshot_id: &str,
         template: &str,
         layers: &[String],
         size_bytes: u64,
+        checkpoint: Option<&mut dyn std::io::Read>,
     ) -> anyhow::Result<SnapshotInfo> {
         copse_substrate::template::validate_name(snapshot_id).map_err(SubstrateError::Invalid)?;
         copse_substrate::template::validate_name(template).map_err(SubstrateError::Invalid)?;
         if !self.templates.rootfs(template).is_dir() {
             return Err(SubstrateError::Invalid(format!("template {template} is not on this host")).into());
         }
-        self.layers.import_lazy(snapshot_id, template, layers, size_bytes)
+        let Some(input) = checkpoint else {
+            return self.layers.import_lazy(snapshot_id, template, layers, size_bytes);
+        };
+        // The memory first: the snapshot exists once its file does, and a
+        // create that found it without its checkpoint would boot cold.
+        let at = self.checkpoint_dir(snapshot_id);
+        self.layers.import_checkpoint(&at, input)?;
+        match self.layers.import_lazy(snapshot_id, template, layers, size_bytes) {
+            Ok(info) => Ok(SnapshotInfo { memory: true, ..info }),
+            Err(e) => {
+                let _ = fs::remove_dir_all(&at);
+                Err(e)
+            }
+        }
     }
 
     fn recover(&self, known: &[(String, Placement)]) -> anyhow::Result<Recovery> {
@@ -644,6 +681,7 @@ impl Substrate for LinuxSubstrate {
             }
         }
         self.layers.collect_garbage(&self.sandboxes)?;
+        self.remove_stray_checkpoints()?;
         Ok(recovery)
     }
 
@@ -808,6 +846,20 @@ mod tests {
         assert_eq!((memory.total_mb, memory.available_mb), (24000, 12000));
         assert!(parse_meminfo("MemTotal: 1 kB\n").is_none(), "a kernel without MemAvailable says nothing");
         assert!(parse_meminfo(&std::fs::read_to_string("/proc/meminfo").unwrap()).unwrap().total_mb > 0);
+    }
+
+    #[test]
+    fn a_checkpoint_outlives_its_snapshot_only_until_the_next_recovery() {
+        let dir = tempfile::tempdir().unwrap();
+        let substrate = LinuxSubstrate::open(dir.path(), &dir.path().join("no-agent")).unwrap();
+        for name in ["kept", "stray"] {
+            fs::create_dir_all(substrate.checkpoint_dir(name)).unwrap();
+        }
+        fs::create_dir_all(dir.path().join("snapshots")).unwrap();
+        fs::write(dir.path().join("snapshots/kept.json"), r#"{"template":"base","layers":[],"size_bytes":0}"#).unwrap();
+        substrate.remove_stray_checkpoints().unwrap();
+        assert!(substrate.checkpoint_dir("kept").is_dir());
+        assert!(!substrate.checkpoint_dir("stray").exists());
     }
 
     /// Refusals that need no root: nothing about them touches the kernel.

@@ -320,8 +320,16 @@ pub trait Substrate: Send + Sync + 'static {
         Ok(())
     }
 
+    /// The memory checkpoint of snapshot `snapshot_id` alone, as one
+    /// stream: what lazy fetch sends whole beside the layers' images.
+    fn export_checkpoint(&self, snapshot_id: &str, _out: &mut dyn std::io::Write) -> anyhow::Result<()> {
+        Err(SubstrateError::Unsupported(format!("snapshot {snapshot_id}: this substrate sends no checkpoint alone"))
+            .into())
+    }
+
     /// Keeps snapshot `snapshot_id` as the lazy `layers` (top first) on
-    /// `template`. Files only: no memory comes this way. On failure the
+    /// `template`, with the memory `checkpoint` read whole (a stream from
+    /// [`Substrate::export_checkpoint`]) if it has one. On failure the
     /// caller discards the layers ([`Substrate::discard_lazy_layer`]).
     fn import_lazy(
         &self,
@@ -329,6 +337,7 @@ pub trait Substrate: Send + Sync + 'static {
         _template: &str,
         _layers: &[String],
         _size_bytes: u64,
+        _checkpoint: Option<&mut dyn std::io::Read>,
     ) -> anyhow::Result<SnapshotInfo> {
         Err(SubstrateError::Unsupported(format!("snapshot {snapshot_id}: this substrate mounts no layer images"))
             .into())

@@ -295,15 +295,20 @@ impl Substrate for Router {
         self.substrate(self.default_backend())?.discard_lazy_layer(layer)
     }
 
+    fn export_checkpoint(&self, snapshot_id: &str, out: &mut dyn std::io::Write) -> anyhow::Result<()> {
+        self.substrate(self.snapshot_backend(snapshot_id))?.export_checkpoint(snapshot_id, out)
+    }
+
     fn import_lazy(
         &self,
         snapshot_id: &str,
         template: &str,
         layers: &[String],
         size_bytes: u64,
+        checkpoint: Option<&mut dyn std::io::Read>,
     ) -> anyhow::Result<SnapshotInfo> {
         let backend = self.default_backend();
-        let info = self.substrate(backend)?.import_lazy(snapshot_id, template, layers, size_bytes)?;
+        let info = self.substrate(backend)?.import_lazy(snapshot_id, template, layers, size_bytes, checkpoint)?;
         self.update(|r| {
             r.snapshots.insert(snapshot_id.to_string(), backend);
         })?;

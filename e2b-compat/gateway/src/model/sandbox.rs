@@ -107,8 +107,8 @@ pub struct Paused {
     /// it may resume on another node when its own takes no sandboxes.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub in_object_store: bool,
-    /// Stored with its layers as images too (files only, no memory), for
-    /// the node it resumes on to mount as they arrive.
+    /// Stored with its layers as images too, for the node it resumes on
+    /// to mount as they arrive.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lazy: Option<LazyFiles>,
 }

@@ -49,12 +49,15 @@ pub struct SnapshotRecord {
 
 /// A snapshot's layers as images in the object store: the substrate
 /// template they sit on, and the SHA-256 of each image's manifest, top
-/// first. The database is trusted and the bucket is not, so these hashes
-/// are what vouches for every byte a node mounts.
+/// first; with memory, that of its checkpoint's stream, fetched whole. The
+/// database is trusted and the bucket is not, so these hashes are what
+/// vouches for every byte a node mounts or restores.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LazyFiles {
     pub template: String,
     pub layers: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory: Option<String>,
 }
 
 /// Public snapshot names may carry E2B's `namespace/alias:tag` shape.

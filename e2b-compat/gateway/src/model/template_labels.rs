@@ -71,9 +71,8 @@ pub struct TemplateLabels {
     /// that node takes no new sandboxes (`service/image_objects.rs`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub stored_images: Vec<String>,
-    /// Of those, the ones stored with their layers as images too (a
-    /// memory image has none), for a node to mount as they arrive: by
-    /// snapshot key.
+    /// Of those, the ones stored with their layers as images too, for a
+    /// node to mount as they arrive: by snapshot key.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub lazy_images: BTreeMap<String, LazyFiles>,
     /// Bumped by every write, which names the revision it read: of two

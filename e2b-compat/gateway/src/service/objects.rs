@@ -165,8 +165,9 @@ impl Sandboxes {
         }
         let (record, runtime, started) = (files.clone(), Handle::current(), Instant::now());
         if let Some(lazy) = files.lazy.clone().filter(|_| self.node.as_ref().is_some_and(|m| m.lazy_fetch)) {
-            let (record, object, bucket) = (record.clone(), key.to_string(), bucket.clone());
-            match self.blocking(move |s| lazy_layers::fetch_lazily(s, &record, &lazy, &object, &bucket)).await {
+            let (record, object, bucket, runtime) = (record.clone(), key.to_string(), bucket.clone(), runtime.clone());
+            match self.blocking(move |s| lazy_layers::fetch_lazily(s, &record, &lazy, &object, &bucket, &runtime)).await
+            {
                 Ok(true) => {
                     self.fetching.forget(&files.key);
                     tracing::info!(

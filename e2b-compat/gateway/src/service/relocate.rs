@@ -7,9 +7,8 @@
 //! as a create of its template would be; the node it lands on claims the
 //! record (a swap that holds only while the record still names the old node
 //! and the same files, so two gateways never both resume it), fetches the
-//! files (or, for files without memory, mounts their layers as they
-//! arrive: `lazy_layers.rs`), and boots it there on an address of its own
-//! subnet.
+//! files (or mounts their layers as they arrive, `lazy_layers.rs`), and
+//! boots it there on an address of its own subnet.
 //!
 //! `copse node drain ID --move-sandboxes` makes a node pause its sandboxes
 //! that way on its own: each is checkpointed with its memory where CRIU
