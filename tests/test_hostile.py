@@ -2777,10 +2777,7 @@ def test_a_manifest_swapped_in_the_bucket_never_starts_another_snapshots_files(n
     finally:
         source.kill()
     keys = {text: f"snapshots/default/{name}" for text, name in names.items()}
-    deadline = time.monotonic() + 60
-    while not all(object_store.read(k) for k in keys.values()):
-        assert time.monotonic() < deadline, "the node stored its snapshots"
-        time.sleep(0.5)
+    all_stored(object_store, keys.values())
     try:
         # The layer's image too: its manifest is refused on the record's
         # hash, and the stream is what is left to try.
@@ -2811,10 +2808,7 @@ def test_a_checkpoint_swapped_in_the_bucket_never_restores_another_snapshots_mem
         finally:
             source.kill()
     keys = {text: f"snapshots/default/{name}@memory" for text, name in names.items()}
-    deadline = time.monotonic() + 60
-    while not all(object_store.read(k) for k in keys.values()):
-        assert time.monotonic() < deadline, "the node stored the checkpoints"
-        time.sleep(0.5)
+    all_stored(object_store, keys.values())
     object_store.overwrite(keys["victim"], object_store.read(keys["other"]))
     drain(one, database_url)
     try:
@@ -2888,6 +2882,14 @@ def test_a_lazily_mounted_layer_never_serves_a_byte_its_manifest_does_not_name(n
         object_store.overwrite(victim, original)
         drain(one, database_url, False)
         Sandbox.delete_snapshot(name, **one.env())
+
+
+def all_stored(object_store, keys, within_s: float = 60):
+    """Once a node has stored every one of `keys` in the bucket."""
+    deadline = time.monotonic() + within_s
+    while not all(object_store.read(k) for k in keys):
+        assert time.monotonic() < deadline, f"the node stored {list(keys)}"
+        time.sleep(0.5)
 
 
 def refused_while_swapped(nodes, database: str, object_store, keys: dict, create, note: str, suffixes=("",)):
