@@ -5,8 +5,9 @@
 //! its layers as a filesystem image (the substrate makes it:
 //! `Substrate::layer_images`), under [`layer_object_key`], and keeps the
 //! SHA-256 of each image's manifest in the database ([`LazyFiles`]: in
-//! the snapshot's record, the paused sandbox's, or the template's labels). A node asked to start the snapshot then does not fetch
-//! it: for each layer it starts `copse lazy-image DIR` ([`serve`]), a
+//! the snapshot's record, the paused sandbox's, or the template's
+//! labels). A node asked to start the snapshot then does not fetch it:
+//! for each layer it starts `copse lazy-image DIR` ([`serve`]), a
 //! process of its own that serves the image as a file whose ranges are
 //! fetched from the object store on their first read (and the rest in the
 //! background), and the substrate mounts those files as the snapshot's
