@@ -342,14 +342,8 @@ impl LayerStore {
                 tar.arg(format!("--transform=s,^{name}$,{CHECKPOINT},;s,^{name}/,{CHECKPOINT}/,"));
                 tar.arg(name);
             }
-            tar.arg("-C").arg(&self.layers).args(&file.base.layers).stdout(Stdio::piped());
-            let mut child = tar.spawn().context("running tar")?;
-            std::io::copy(child.stdout.as_mut().expect("piped"), out).context("writing the export")?;
-            let status = child.wait()?;
-            if !status.success() {
-                bail!("tar failed ({status}) exporting snapshot {id}");
-            }
-            Ok(())
+            tar.arg("-C").arg(&self.layers).args(&file.base.layers);
+            tar_into(&mut tar, out).with_context(|| format!("exporting snapshot {id}"))
         })();
         let _ = fs::remove_dir_all(&staging);
         result
@@ -408,23 +402,9 @@ impl LayerStore {
     /// Memory checkpoint `checkpoint` alone as a tar stream, for lazy
     /// fetch (which sends the layers apart, as images).
     pub fn export_checkpoint(&self, checkpoint: &Path, out: &mut dyn Write) -> anyhow::Result<()> {
-        let mut child = Command::new("tar")
-            .args(TAR_FLAGS)
-            .args(REPEATABLE_TAR_FLAGS)
-            .arg("-cf")
-            .arg("-")
-            .arg("-C")
-            .arg(checkpoint)
-            .arg(".")
-            .stdout(Stdio::piped())
-            .spawn()
-            .context("running tar")?;
-        std::io::copy(child.stdout.as_mut().expect("piped"), out).context("writing the checkpoint")?;
-        let status = child.wait()?;
-        if !status.success() {
-            bail!("tar failed ({status}) exporting checkpoint {}", checkpoint.display());
-        }
-        Ok(())
+        let mut tar = Command::new("tar");
+        tar.args(TAR_FLAGS).args(REPEATABLE_TAR_FLAGS).arg("-cf").arg("-").arg("-C").arg(checkpoint).arg(".");
+        tar_into(&mut tar, out).with_context(|| format!("exporting checkpoint {}", checkpoint.display()))
     }
 
     /// Reads an [`Self::export_checkpoint`] stream into `checkpoint`, which
@@ -444,6 +424,18 @@ impl LayerStore {
         let _ = fs::remove_dir_all(&staging);
         result
     }
+}
+
+/// Runs `tar` (writing an archive to its stdout) and copies the archive
+/// to `out`.
+fn tar_into(tar: &mut Command, out: &mut dyn Write) -> anyhow::Result<()> {
+    let mut child = tar.stdout(Stdio::piped()).spawn().context("running tar")?;
+    std::io::copy(child.stdout.as_mut().expect("piped"), out).context("writing the stream")?;
+    let status = child.wait()?;
+    if !status.success() {
+        bail!("tar failed ({status})");
+    }
+    Ok(())
 }
 
 /// Extracts tar stream `input` into `into`, keeping what overlay needs.

@@ -42,7 +42,8 @@ impl Sandboxes {
             }
             let Ok(object) = snapshot_file::image_object_key(&image.snapshot_key) else { continue };
             let started = Instant::now();
-            let (files, bucket, runtime) = (image_files(&record, &image, None), bucket.clone(), Handle::current());
+            let (files, bucket, runtime) =
+                (image_files(&record, &image, false, None), bucket.clone(), Handle::current());
             let scratch = self.run_dir.clone();
             let pushed = self
                 .blocking(move |s| {
@@ -113,7 +114,7 @@ impl Sandboxes {
         let mut labels = self.template_labels(record)?;
         let stored = labels.stored_images.contains(&image.snapshot_key);
         let lazy = labels.lazy_images.remove(&image.snapshot_key);
-        let files = image_files(record, image, stored.then_some(lazy));
+        let files = image_files(record, image, stored, lazy);
         let key = snapshot_file::image_object_key(&image.snapshot_key)?;
         self.fetch_files(&files, &key, &format!("template {}", record.name)).await?;
         self.fetched.lock().unwrap_or_else(|e| e.into_inner()).insert(image.snapshot_key.clone());
@@ -139,9 +140,8 @@ impl Sandboxes {
 
 /// A template's image as the object store's stream names it: a snapshot
 /// record of the template's id and team, which the fetching node checks
-/// against the database's. `stored`: it is in the object store, with its
-/// layers' images or not.
-fn image_files(record: &TemplateRecord, image: &Image, stored: Option<Option<LazyFiles>>) -> SnapshotRecord {
+/// against the database's. `lazy`: its layers' images, if stored too.
+fn image_files(record: &TemplateRecord, image: &Image, stored: bool, lazy: Option<LazyFiles>) -> SnapshotRecord {
     SnapshotRecord {
         id: record.id.clone(),
         team: record.team.clone(),
@@ -155,7 +155,7 @@ fn image_files(record: &TemplateRecord, image: &Image, stored: Option<Option<Laz
         agent_token: image.agent_token.clone(),
         volume_mounts: Vec::new(),
         node: record.node.clone(),
-        in_object_store: stored.is_some(),
-        lazy: stored.flatten(),
+        in_object_store: stored,
+        lazy,
     }
 }
