@@ -25,6 +25,7 @@ from e2b import RateLimitException, Sandbox, Template, Volume
 
 from conftest import API_KEY, BRIDGE, COPSE, DATA_DIR, SUBNET, Gateway, free_port, second_data_dir
 from object_store import object_store  # noqa: F401 (a fixture, used by name)
+from oci_registry import Registry, layer, oci_layout, push, tiny_root, tree_members
 from postgres_server import database_server, database_url  # noqa: F401 (fixtures, used by name)
 from test_templates import build_logged, cached_steps, run_steps
 
@@ -76,15 +77,25 @@ class Node(Gateway):
         return (self.data_dir / "sandboxes" / sandbox_id).exists()
 
 
+# The nodes' private registry (`private.test`), for templates built from
+# images: its login is the build's, never the nodes'.
+REGISTRY_LOGIN = ("cluster", f"pw-{secrets.token_hex(8)}")
+
+
 @pytest.fixture(scope="module")
 def nodes(database_url, object_store, tmp_path_factory):
     DATA_DIR.mkdir(parents=True, exist_ok=True)
     subprocess.run([str(COPSE), "template", "build", "--data-dir", str(DATA_DIR)], check=True)
-    ca = cluster_ca(tmp_path_factory.mktemp("cluster") / "ca")
+    work = tmp_path_factory.mktemp("cluster")
+    ca = cluster_ca(work / "ca")
+    registry = Registry(work / "registry", login=REGISTRY_LOGIN)
     pair = [Node(1, database_url, ca, object_store), Node(2, database_url, ca, object_store)]
     for node in pair:
+        node.args += ["--registry-mirror", f"private.test=http://{registry.host}"]
+        node.registry, node.work = registry, work
         node.up()
     yield pair
+    registry.close()
     for node in pair:
         node.stop()
         subprocess.run(["nft", "delete", "table", "inet", f"copse_{node.bridge}"], capture_output=True)
@@ -557,6 +568,68 @@ def test_a_build_on_another_node_never_stacks_on_a_layer_only_node_one_holds(nod
     finally:
         for name in [*built, base]:
             httpx.delete(f"{one.url}/templates/{name}", headers={"X-API-KEY": API_KEY}, timeout=60)
+
+
+def private_image(node: Node, repository: str) -> tuple[str, str, str]:
+    """A tiny image with a new marker in /etc/image-marker, pushed to the
+    nodes' private registry; its reference, its template's name and the
+    marker."""
+    marker = secrets.token_hex(4)
+    root = node.work / f"root-{marker}"
+    tiny_root(root, marker)
+    layout = node.work / f"layout-{marker}"
+    digest = oci_layout(layout, "1", [layer(tree_members(root))])
+    push(layout, "1", node.registry, repository, login=REGISTRY_LOGIN)
+    return f"private.test/{repository}:1", f"image-{digest.removeprefix('sha256:')[:16]}", marker
+
+
+def built_from_private_image(node: Node, reference: str, name: str, line: str):
+    """Builds `name` from `reference` through `node`, with the registry's
+    login, writing `line` to /home/user/note."""
+    template = Template().from_image(reference, username=REGISTRY_LOGIN[0], password=REGISTRY_LOGIN[1])
+    Template.build(template.run_cmd(f"echo {line} > /home/user/note"), alias=name, **node.env())
+
+
+def test_a_template_built_from_a_private_image_starts_on_another_node_without_its_registry(
+        nodes, database_url, object_store):
+    """A template built on node one from an image in a private registry
+    (with the build's login) is stored with the image's layer blobs beside
+    its image. While node one drains, node two starts it: it makes the
+    image's template from the blobs in the object store, checked against
+    the digests the database keeps, and never asks the registry, which
+    sees no new request. A delete removes the blobs from the bucket and
+    the image's template from both nodes."""
+    one, two = nodes
+    repository = f"copse-test/travel-{secrets.token_hex(3)}"
+    reference, image_template, marker = private_image(one, repository)
+    name = f"from-image-{secrets.token_hex(4)}"
+    built_from_private_image(one, reference, name, "built-on-one")
+    key = image_key(database_url, name)
+    stored_image(object_store, key)
+    assert object_store.read(f"images/{key}@base0"), "the image's layer is stored beside the template's image"
+    assert object_store.read(f"images/{key}@base1") is None, "one layer, one blob"
+    assert (one.data_dir / "templates" / image_template).is_dir()
+    assert not (two.data_dir / "templates" / image_template).exists()
+    requests = one.registry.requests()
+    drain(one, database_url)
+    try:
+        time.sleep(NODE_TABLE_TTL_S + 0.5)
+        moved = Sandbox.create(name, timeout=120, **one.env())
+        try:
+            assert two.holds(moved.sandbox_id), "the drained node's template starts on the other node"
+            out = moved.commands.run("read -r m < /etc/image-marker; echo $m; read -r n < /home/user/note; echo $n")
+            assert out.stdout.split() == [marker, "built-on-one"], out.stdout
+        finally:
+            moved.kill()
+    finally:
+        drain(one, database_url, False)
+    assert (two.data_dir / "templates" / image_template).is_dir(), "node two made the image's template"
+    assert one.registry.requests() == requests, "node two never asked the registry"
+    deleted = httpx.delete(f"{two.url}/templates/{name}", headers={"X-API-KEY": API_KEY}, timeout=60)
+    assert deleted.status_code == 204, deleted.text
+    assert object_store.read(f"images/{key}@base0") is None, "the blobs leave the bucket with the image"
+    gone_within(one.data_dir / "templates" / image_template, "node one collects the image's template")
+    gone_within(two.data_dir / "templates" / image_template, "node two collects the one it made")
 
 
 def kill_quietly(sandboxes: list[Sandbox]):

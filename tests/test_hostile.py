@@ -2606,7 +2606,7 @@ from test_cluster import (  # noqa: E402,F401
 )
 from test_cluster import HEARTBEAT_S, LOST_AFTER_S, NODE_TABLE_TTL_S, kill_quietly, limited_team, node_table  # noqa: E402
 from test_cluster import lazy_server_pids, on_one_seen_through_two, paused_field, stored_paused  # noqa: E402
-from test_cluster import stored_lazy_image_layers  # noqa: E402
+from test_cluster import built_from_private_image, private_image, stored_lazy_image_layers  # noqa: E402
 
 
 def test_a_forged_forwarding_mark_never_lets_a_gateway_act_on_another_nodes_sandbox(nodes, database_url):
@@ -2947,6 +2947,54 @@ def test_a_template_image_swapped_in_the_bucket_never_starts_another_templates_f
                               ("", "@layer0"))
     finally:
         for name in names.values():
+            httpx.delete(f"{one.url}/templates/{name}", headers={"X-API-KEY": API_KEY}, timeout=60)
+
+
+def test_an_image_blob_swapped_in_the_bucket_never_becomes_another_templates_base(nodes, database_url,
+                                                                                  object_store):
+    """Whoever can write the cluster's bucket puts one image's layer blob
+    under the key of another template's, hoping a node that makes the
+    victim's image template from the object store unpacks the other
+    image. The node checks each blob against the digest the database
+    keeps: the create is refused, nothing of the image is made there; once
+    the real blob is back, the victim starts on node two with its own
+    image."""
+    one, two = nodes
+    tag = os.urandom(3).hex()
+    made = {}
+    for text in ("victim", "other"):
+        reference, image_template, marker = private_image(one, f"copse-test/swap-{text}-{tag}")
+        name = f"swap-base-{text}-{tag}"
+        built_from_private_image(one, reference, name, text)
+        made[text] = (name, image_key(database_url, name), image_template, marker)
+    for _, key, _, _ in made.values():
+        stored_image(object_store, key)
+    victim, other = made["victim"], made["other"]
+    real = object_store.read(f"images/{victim[1]}@base0")
+    object_store.overwrite(f"images/{victim[1]}@base0", object_store.read(f"images/{other[1]}@base0"))
+    drain(one, database_url)
+    try:
+        time.sleep(NODE_TABLE_TTL_S + 0.5)
+        def on_two():
+            return {p.name for p in (two.data_dir / "sandboxes").glob("*")}
+
+        before = on_two()
+        with pytest.raises(Exception, match="refused"):
+            Sandbox.create(victim[0], timeout=60, **one.env())
+        assert not (two.data_dir / "templates" / victim[2]).exists(), "no template of the swapped blob"
+        assert not (two.data_dir / "templates" / other[2]).exists()
+        assert on_two() == before, "no sandbox left of the refused create"
+        object_store.overwrite(f"images/{victim[1]}@base0", real)
+        moved = Sandbox.create(victim[0], timeout=120, **one.env())
+        try:
+            assert two.holds(moved.sandbox_id)
+            out = moved.commands.run("read -r m < /etc/image-marker; echo $m; read -r n < /home/user/note; echo $n")
+            assert out.stdout.split() == [victim[3], "victim"], out.stdout
+        finally:
+            moved.kill()
+    finally:
+        drain(one, database_url, False)
+        for name, _, _, _ in made.values():
             httpx.delete(f"{one.url}/templates/{name}", headers={"X-API-KEY": API_KEY}, timeout=60)
 
 

@@ -15,7 +15,7 @@
 //! has found or is writing, and never holds a pull up.
 
 use std::fs::File;
-use std::io::ErrorKind;
+use std::io::{ErrorKind, Read, Write};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
@@ -78,6 +78,45 @@ impl BlobCache {
     pub fn partial(&self, digest: &str) -> anyhow::Result<PathBuf> {
         let path = self.path(digest)?;
         Ok(path.with_extension(format!("partial-{}", std::process::id())))
+    }
+
+    /// Takes in the blob of `digest` from `source` (read to its end) unless
+    /// the cache has it; it appears under its digest only if what was read
+    /// hashes to that digest. For blobs that come from somewhere other
+    /// than a registry (a cluster's object store), which the OCI client
+    /// does not check.
+    pub fn insert(&self, digest: &str, source: &mut dyn Read) -> anyhow::Result<PathBuf> {
+        use sha2::{Digest, Sha256};
+        let path = self.path(digest)?;
+        if path.is_file() {
+            self.touch(digest)?;
+            return Ok(path);
+        }
+        let partial = self.partial(digest)?;
+        let result = (|| {
+            let mut file = File::create(&partial).with_context(|| format!("creating {}", partial.display()))?;
+            let mut hasher = Sha256::new();
+            let mut buffer = vec![0u8; 1 << 16];
+            loop {
+                let n = source.read(&mut buffer)?;
+                if n == 0 {
+                    break;
+                }
+                hasher.update(&buffer[..n]);
+                file.write_all(&buffer[..n])?;
+            }
+            let actual: String = hasher.finalize().iter().map(|b| format!("{b:02x}")).collect();
+            if Some(actual.as_str()) != digest.strip_prefix("sha256:") {
+                bail!("the blob read as {digest} hashes to sha256:{actual}: refused");
+            }
+            file.sync_all()?;
+            std::fs::rename(&partial, &path)?;
+            anyhow::Ok(())
+        })();
+        if result.is_err() {
+            let _ = std::fs::remove_file(&partial);
+        }
+        result.map(|()| path)
     }
 }
 
@@ -149,6 +188,24 @@ mod tests {
         std::fs::write(&path, b"layer").unwrap();
         File::options().append(true).open(&path).unwrap().set_modified(SystemTime::now() - age).unwrap();
         (digest, path)
+    }
+
+    #[test]
+    fn an_inserted_blob_appears_under_its_digest_only_if_it_hashes_to_it() {
+        use sha2::{Digest, Sha256};
+        let dir = tempfile::tempdir().unwrap();
+        let cache = BlobCache::open(dir.path()).unwrap();
+        let hex: String = Sha256::digest(b"layer bytes").iter().map(|b| format!("{b:02x}")).collect();
+        let digest = format!("sha256:{hex}");
+        let other = format!("sha256:{}", "f".repeat(64));
+        let refused = cache.insert(&other, &mut &b"layer bytes"[..]).unwrap_err();
+        assert!(format!("{refused:#}").contains("refused"), "{refused:#}");
+        assert!(!cache.has(&other).unwrap());
+        let path = cache.insert(&digest, &mut &b"layer bytes"[..]).unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), b"layer bytes");
+        assert_eq!(std::fs::read_dir(dir.path().join("sha256")).unwrap().count(), 1, "no partial left behind");
+        // Already there: the source is not read.
+        assert_eq!(cache.insert(&digest, &mut &b"other bytes"[..]).unwrap(), path);
     }
 
     #[test]

@@ -20,7 +20,7 @@ pub mod pull;
 pub mod registries;
 pub mod unpack;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 pub use cache::BlobCache;
 pub use prepare::prepare;
@@ -33,9 +33,17 @@ pub type Progress<'a> = &'a (dyn Fn(&str) + Send + Sync);
 /// Applies a pulled image's layers, bottom first, to the empty directory
 /// `root`, then prepares it for sandboxes.
 pub fn unpack_image(pulled: &Pulled, root: &Path, progress: Progress<'_>) -> anyhow::Result<unpack::Applied> {
+    unpack_layers(&pulled.layers, root, progress)
+}
+
+/// Applies layer blobs, bottom first, to the empty directory `root`, then
+/// prepares it for sandboxes: [`unpack_image`] for blobs that did not come
+/// from a pull (a cluster node's object store, checked into the cache by
+/// [`BlobCache::insert`]).
+pub fn unpack_layers(layers: &[PathBuf], root: &Path, progress: Progress<'_>) -> anyhow::Result<unpack::Applied> {
     let mut total = unpack::Applied::default();
-    let count = pulled.layers.len();
-    for (i, layer) in pulled.layers.iter().enumerate() {
+    let count = layers.len();
+    for (i, layer) in layers.iter().enumerate() {
         let done = unpack::apply_layer_file(root, layer)
             .map_err(|e| e.context(format!("layer {} of {count} ({})", i + 1, layer.display())))?;
         progress(&format!("[{}/{count}] unpacked {} entries, {} whiteouts", i + 1, done.entries, done.whiteouts));

@@ -32,6 +32,8 @@ pub struct Pulled {
     pub config: ImageConfig,
     /// Layer blobs in the cache, bottom first.
     pub layers: Vec<PathBuf>,
+    /// Their digests, in the same order.
+    pub layer_digests: Vec<String>,
     /// Blobs downloaded now, and blobs the cache already had.
     pub fetched: usize,
     pub cached: usize,
@@ -109,6 +111,7 @@ pub async fn pull(
         digest,
         config: ImageConfig::default(),
         layers: Vec::new(),
+        layer_digests: Vec::new(),
         fetched: 0,
         cached: 0,
     };
@@ -119,6 +122,7 @@ pub async fn pull(
         let path =
             fetch(&client, &image, layer, cache, &mut pulled, progress, &format!("[{}/{count}] layer", i + 1)).await?;
         pulled.layers.push(path);
+        pulled.layer_digests.push(layer.digest.clone());
     }
     Ok(pulled)
 }

@@ -58,6 +58,12 @@ pub fn layer_object_key(object_key: &str, index: usize) -> String {
     format!("{object_key}@layer{index}")
 }
 
+/// Where blob `index` (bottom first) of the OCI image under the template
+/// image stored under `object_key` is kept (`service/image_objects.rs`).
+pub fn base_object_key(object_key: &str, index: usize) -> String {
+    format!("{object_key}@base{index}")
+}
+
 /// Where the memory checkpoint of the snapshot stored under `object_key`
 /// is kept alone.
 pub fn memory_object_key(object_key: &str) -> String {
@@ -101,19 +107,27 @@ pub fn push_layers(
     result
 }
 
-/// Removes the images of the layers (and the checkpoint) of a deleted
-/// snapshot stored under `object_key` (their chunks stay for `copse
-/// snapshot gc`, like the stream's). They are found by their keys, which
-/// [`push_layers`] uses in order, so none needs a record to be found;
+/// Removes the images of the layers (and the checkpoint, and a template
+/// image's OCI blobs) of a deleted snapshot stored under `object_key`
+/// (their chunks stay for `copse snapshot gc`, like the stream's). They
+/// are found by their keys, which their pushes use in order, so none needs
+/// a record to be found;
 /// removed last first, so what a failure leaves is found by the next try.
 pub async fn forget_layers(bucket: &Bucket, object_key: &str) -> anyhow::Result<()> {
     bucket.delete(&memory_object_key(object_key)).await?;
+    forget_numbered(bucket, |index| layer_object_key(object_key, index)).await?;
+    forget_numbered(bucket, |index| base_object_key(object_key, index)).await
+}
+
+/// Removes the objects `key_of` names from 0 up to the first missing one,
+/// last first.
+async fn forget_numbered(bucket: &Bucket, key_of: impl Fn(usize) -> String) -> anyhow::Result<()> {
     let mut count = 0;
-    while bucket.has(&layer_object_key(object_key, count)).await? {
+    while bucket.has(&key_of(count)).await? {
         count += 1;
     }
     for index in (0..count).rev() {
-        bucket.delete(&layer_object_key(object_key, index)).await?;
+        bucket.delete(&key_of(index)).await?;
     }
     Ok(())
 }

@@ -50,8 +50,8 @@ pub use team::{
     Caller, DEFAULT_TEAM, DEFAULTS_ROW, Quotas, Team, TeamUsage, default_team, parse_duration_s, validate_team_name,
 };
 pub use template::{
-    Build, BuildFailure, BuildLine, BuildStatus, Image, MAX_BUILD_LOG_LINES, TemplateRecord, split_template_name,
-    validate_files_hash,
+    Build, BuildFailure, BuildLine, BuildStatus, Image, MAX_BUILD_LOG_LINES, OciBase, TemplateRecord,
+    split_template_name, validate_files_hash,
 };
 pub use template_labels::{
     DEFAULT_TAG, MAX_TAGS_PER_REQUEST, Tag, TagAssignment, TemplateLabels, normalize_tag, normalize_tags, split_tag,

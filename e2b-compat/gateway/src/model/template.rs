@@ -94,6 +94,10 @@ impl Build {
 pub struct Image {
     /// The substrate template the snapshot's layers sit on (`base`).
     pub substrate_template: String,
+    /// When that template is an OCI image's (`image-<digest>`): the image,
+    /// by which another node remakes the template from the object store.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub oci: Option<OciBase>,
     /// The substrate's snapshot key holding the built files.
     pub snapshot_key: String,
     /// In the order the build set them; later ones win.
@@ -111,6 +115,17 @@ pub struct Image {
     /// as a memory snapshot's record keeps it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub agent_token: Option<String>,
+}
+
+/// The OCI image under a built template's files, as its building node
+/// pulled it. These digests, kept in the database, are what another node
+/// checks the layer blobs it fetches from the object store against.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OciBase {
+    /// The image manifest's digest: its substrate template's fingerprint.
+    pub digest: String,
+    /// The layer blobs' digests, bottom first.
+    pub layers: Vec<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

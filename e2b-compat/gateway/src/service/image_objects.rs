@@ -10,19 +10,29 @@
 //!
 //! The marker lives in the labels, not the template's record: a build
 //! rewrites that record wholesale as its log grows, and would undo it.
+//!
 //! Images of templates built from OCI images sit on the image's own
-//! template, which only the building node has: they are not uploaded, and
-//! placement finds no other node for them, so they stay where they were
-//! built.
+//! template (`image-<digest>`), which another node may not have. Their
+//! node uploads the image's layer blobs first, as they came from the
+//! registry, beside the template's image (`…@base<i>`, bottom first); a
+//! node without that template fetches them, checks each against the
+//! digest the template's record keeps ([`OciBase`]), and unpacks them as a
+//! pull would. No registry, and no credential a build was given, is
+//! needed there.
 
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
+use anyhow::Context;
+use copse_images::BlobCache;
 use copse_objects::Bucket;
+use copse_substrate::template::TemplateInfo;
 use tokio::runtime::Handle;
 
+use super::builds::template_name;
 use super::{Sandboxes, is_image_template};
-use crate::model::{Image, LazyFiles, Result, SnapshotRecord, TemplateRecord};
+use crate::model::{Image, LazyFiles, OciBase, Result, SandboxError, SnapshotRecord, TemplateRecord};
 use crate::{lazy_layers, snapshot_file};
 
 impl Sandboxes {
@@ -32,9 +42,10 @@ impl Sandboxes {
         let mut failed = false;
         for record in self.store.built_templates()? {
             let ours = record.node.is_some() && self.holds(record.node.as_deref());
-            // An image's template is on this node only: no other could
-            // start its builds' images (module doc).
-            let Some(image) = record.image.clone().filter(|i| ours && !is_image_template(&i.substrate_template)) else {
+            // An image's template stored before its blobs were recorded
+            // could not be remade elsewhere: such an image stays here.
+            let movable = |i: &Image| !is_image_template(&i.substrate_template) || i.oci.is_some();
+            let Some(image) = record.image.clone().filter(|i| ours && movable(i)) else {
                 continue;
             };
             if self.template_labels(&record)?.stored_images.contains(&image.snapshot_key) {
@@ -45,8 +56,12 @@ impl Sandboxes {
             let (files, bucket, runtime) =
                 (image_files(&record, &image, false, None), bucket.clone(), Handle::current());
             let scratch = self.run_dir.clone();
+            let blobs = image.oci.as_ref().map(|oci| (oci.clone(), self.images.blob_cache()));
             let pushed = self
                 .blocking(move |s| {
+                    if let Some((oci, cache)) = blobs {
+                        push_base(&oci, &cache?, &object, &bucket, &runtime)?;
+                    }
                     let sent = snapshot_file::push_under(s, &files, &object, &bucket, &runtime)?;
                     let lazy = lazy_layers::push_layers(s, &files, &object, &bucket, &runtime, &scratch)?;
                     Ok((sent, lazy))
@@ -116,8 +131,47 @@ impl Sandboxes {
         let lazy = labels.lazy_images.remove(&image.snapshot_key);
         let files = image_files(record, image, stored, lazy);
         let key = snapshot_file::image_object_key(&image.snapshot_key)?;
-        self.fetch_files(&files, &key, &format!("template {}", record.name)).await?;
+        let what = format!("template {}", record.name);
+        if stored && let Some(oci) = image.oci.as_ref().filter(|_| is_image_template(&image.substrate_template)) {
+            self.remake_image_template(&image.substrate_template, oci, &key, &what).await?;
+        }
+        self.fetch_files(&files, &key, &what).await?;
         self.fetched.lock().unwrap_or_else(|e| e.into_inner()).insert(image.snapshot_key.clone());
+        Ok(())
+    }
+
+    /// Makes the substrate template `name` of the OCI image `oci` from the
+    /// layer blobs stored beside the template image under `object`, unless
+    /// this host has it; each blob is checked against its digest before it
+    /// is unpacked.
+    async fn remake_image_template(&self, name: &str, oci: &OciBase, object: &str, what: &str) -> Result<()> {
+        if name != template_name(&oci.digest) {
+            return Err(anyhow::anyhow!("{what}: its record names template {name} for image {}", oci.digest).into());
+        }
+        let lock = self.images.import_lock(name);
+        let _making = lock.lock().await;
+        let has = |t: &TemplateInfo| t.name == name && t.recipe == oci.digest;
+        if self.substrate_templates().await?.iter().any(has) {
+            return Ok(());
+        }
+        let Some(bucket) = self.objects() else {
+            return Err(SandboxError::Unavailable(format!("{what} sits on image {}: no object store", oci.digest)));
+        };
+        let started = Instant::now();
+        let (name, oci, object, runtime) = (name.to_string(), oci.clone(), object.to_string(), Handle::current());
+        let cache = self.images.blob_cache()?;
+        let made = self
+            .blocking(move |s| {
+                let layers = fetch_base(&oci, &cache, &object, &bucket, &runtime)?;
+                let progress = |line: &str| tracing::debug!(template = %name, "{line}");
+                let unpack = &mut |root: &Path| copse_images::unpack_layers(&layers, root, &progress).map(drop);
+                s.import_template(&name, &oci.digest, unpack, &progress)
+            })
+            .await
+            .map_err(|e| {
+                SandboxError::Unavailable(format!("{what}: remaking its image's template from the object store: {e:#}"))
+            })?;
+        tracing::info!(template = %made.name, ms = started.elapsed().as_millis() as u64, "made an image's template from the object store");
         Ok(())
     }
 
@@ -136,6 +190,48 @@ impl Sandboxes {
             }
         }
     }
+}
+
+/// Stores the layer blobs of `oci`, from this node's blob cache, beside
+/// the template image under `object`.
+fn push_base(oci: &OciBase, cache: &BlobCache, object: &str, bucket: &Bucket, runtime: &Handle) -> anyhow::Result<()> {
+    for (index, digest) in oci.layers.iter().enumerate() {
+        let path = cache.path(digest)?;
+        let blob = std::fs::File::open(&path)
+            .with_context(|| format!("blob {digest} of image {} is no longer in this node's cache", oci.digest))?;
+        cache.touch(digest)?;
+        let key = lazy_layers::base_object_key(object, index);
+        runtime.block_on(copse_objects::push(bucket, &key, blob, || Ok(())))?;
+    }
+    Ok(())
+}
+
+/// The layer blobs of `oci` in this node's blob cache, bottom first,
+/// fetched from beside the template image under `object` where missing.
+fn fetch_base(
+    oci: &OciBase,
+    cache: &BlobCache,
+    object: &str,
+    bucket: &Bucket,
+    runtime: &Handle,
+) -> anyhow::Result<Vec<PathBuf>> {
+    let mut layers = Vec::new();
+    for (index, digest) in oci.layers.iter().enumerate() {
+        if cache.has(digest)? {
+            cache.touch(digest)?;
+            layers.push(cache.path(digest)?);
+            continue;
+        }
+        let key = lazy_layers::base_object_key(object, index);
+        let manifest = runtime
+            .block_on(copse_objects::manifest(bucket, &key))?
+            .with_context(|| format!("{key} is not in the object store"))?;
+        let (path, _) = snapshot_file::stream_manifest(bucket, &manifest, runtime, |mut input| {
+            cache.insert(digest, &mut input).with_context(|| key.clone())
+        })?;
+        layers.push(path);
+    }
+    Ok(layers)
 }
 
 /// A template's image as the object store's stream names it: a snapshot

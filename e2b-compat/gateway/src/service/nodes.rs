@@ -20,11 +20,14 @@ use crate::model::{
 
 /// Files a create starts from (a snapshot's, a built template's image):
 /// the node holding them, whether it has stored them in the object store,
-/// and the template they sit on.
+/// and the template they sit on, and whether that template is stored
+/// with them (an OCI image's, `service/image_objects.rs`), so any node
+/// can start them.
 struct Held<'a> {
     node: Option<&'a str>,
     stored: bool,
     base: &'a str,
+    base_stored: bool,
 }
 
 /// How long one read of the node table serves placement and forwarding. A
@@ -185,8 +188,8 @@ impl Sandboxes {
         // No snapshot or build takes a shipped template's name: no lookup.
         let own_files = !crate::templates::is_shipped(template);
         if own_files && let Some(snapshot) = self.store.snapshot(&caller.team, template)? {
-            let files =
-                Held { node: snapshot.node.as_deref(), stored: snapshot.in_object_store, base: &snapshot.template };
+            let (node, stored) = (snapshot.node.as_deref(), snapshot.in_object_store);
+            let files = Held { node, stored, base: &snapshot.template, base_stored: false };
             return self.place_held(membership, files, &format!("snapshot {template}"));
         }
         if own_files
@@ -194,7 +197,8 @@ impl Sandboxes {
             && let Some(image) = &built.image
         {
             let stored = self.template_labels(&built)?.stored_images.contains(&image.snapshot_key);
-            let files = Held { node: built.node.as_deref(), stored, base: &image.substrate_template };
+            let base_stored = stored && image.oci.is_some() && super::is_image_template(&image.substrate_template);
+            let files = Held { node: built.node.as_deref(), stored, base: &image.substrate_template, base_stored };
             return self.place_held(membership, files, &format!("template {template}"));
         }
         match self.place_by_room(membership, Some(template))? {
@@ -283,7 +287,11 @@ impl Sandboxes {
                 files.node.unwrap_or("-")
             )));
         }
-        Ok(self.place_by_room(membership, Some(files.base))?.unwrap_or(holder))
+        let placed = match self.place_by_room(membership, Some(files.base))? {
+            None if files.base_stored => self.place_by_room(membership, None)?,
+            placed => placed,
+        };
+        Ok(placed.unwrap_or(holder))
     }
 
     /// The active node with the most room that has `template` (any that

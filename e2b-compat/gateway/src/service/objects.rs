@@ -115,7 +115,8 @@ impl Sandboxes {
     }
 
     /// Removes the copies this node fetched of snapshots and template
-    /// images that no record names any more. Sandboxes started from one
+    /// images that no record names any more, and then the image templates
+    /// nothing stands on. Sandboxes started from one
     /// keep their files: the substrate removes a layer only once nothing
     /// stacks on it.
     pub async fn release_fetched(&self) -> anyhow::Result<()> {
@@ -124,17 +125,23 @@ impl Sandboxes {
             return Ok(());
         }
         let named = self.named_snapshots(self.store.snapshots()?, self.store.build_layers()?)?;
-        for key in fetched.into_iter().filter(|k| !named.contains(k)) {
+        let released: Vec<String> = fetched.into_iter().filter(|k| !named.contains(k)).collect();
+        for key in &released {
             // Not while a create fetches it again (its record came back
             // under another name: an import).
-            let _fetching = self.fetching.lock(&key).await;
+            let _fetching = self.fetching.lock(key).await;
             let gone = key.clone();
             match self.blocking(move |s| s.delete_snapshot(&gone)).await {
                 Ok(()) => tracing::info!(snapshot = %key, "removed a fetched copy no record names any more"),
                 // The next start's reconcile removes what is left.
                 Err(e) => tracing::warn!(snapshot = %key, "removing a fetched copy no record names: {e}"),
             }
-            self.fetched.lock().unwrap_or_else(|e| e.into_inner()).remove(&key);
+            self.fetched.lock().unwrap_or_else(|e| e.into_inner()).remove(key);
+        }
+        if !released.is_empty() {
+            // A fetched template image may have stood on an image's
+            // template this node made from the object store.
+            self.collect_image_templates().await;
         }
         Ok(())
     }

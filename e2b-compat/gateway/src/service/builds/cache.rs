@@ -64,6 +64,8 @@ fn digest(fields: &[&str]) -> String {
 pub(super) fn as_image(layer: &BuildLayer) -> Image {
     Image {
         substrate_template: layer.substrate_template.clone(),
+        // A build layer never leaves its node (docs/cluster.md).
+        oci: None,
         snapshot_key: layer.snapshot_key.clone(),
         envs: layer.envs.clone(),
         user: Some(layer.user.clone()),

@@ -16,7 +16,7 @@ use tokio::sync::mpsc;
 
 use super::run::{Agent, Console, Failed};
 use super::{Base, Sandboxes, steps};
-use crate::model::SandboxRecord;
+use crate::model::{OciBase, SandboxRecord};
 
 /// Where images come from and where their blobs are kept; the gateway's
 /// one per host.
@@ -55,7 +55,14 @@ impl ImageSource {
         self.builds.read().await
     }
 
-    fn import_lock(&self, reference: &str) -> Arc<tokio::sync::Mutex<()>> {
+    /// The blob cache, open (a collection removes nothing meanwhile).
+    pub(in crate::service) fn blob_cache(&self) -> anyhow::Result<BlobCache> {
+        BlobCache::open(&self.blob_dir)
+    }
+
+    /// Held while `reference` (an image, or the template one became) is
+    /// pulled or fetched and made a template.
+    pub(in crate::service) fn import_lock(&self, reference: &str) -> Arc<tokio::sync::Mutex<()>> {
         let mut imports = self.imports.lock().unwrap_or_else(|e| e.into_inner());
         imports.entry(reference.to_string()).or_default().clone()
     }
@@ -63,7 +70,7 @@ impl ImageSource {
 
 /// The substrate template an image of `digest` becomes: one per digest,
 /// so a template's name says which image content it holds.
-pub(super) fn template_name(digest: &str) -> String {
+pub(in crate::service) fn template_name(digest: &str) -> String {
     let hex = digest.strip_prefix("sha256:").unwrap_or(digest);
     format!("image-{}", &hex[..hex.len().min(16)])
 }
@@ -82,6 +89,8 @@ pub(super) struct Opened {
     /// The build's user; an image's own is checked once its sandbox is up.
     pub user: Option<String>,
     pub image_user: Option<String>,
+    /// The OCI image `template` holds, when it is an image's.
+    pub oci: Option<OciBase>,
 }
 
 impl Sandboxes {
@@ -89,18 +98,24 @@ impl Sandboxes {
     /// per digest) and reads its config.
     pub(super) async fn open_base(&self, base: &Base, console: &mut Console<'_>) -> Result<Opened, Failed> {
         match base {
-            Base::Substrate(name) => {
-                Ok(Opened { template: name.clone(), envs: vec![], workdir: None, user: None, image_user: None })
-            }
+            Base::Substrate(name) => Ok(Opened {
+                template: name.clone(),
+                envs: vec![],
+                workdir: None,
+                user: None,
+                image_user: None,
+                oci: None,
+            }),
             Base::Built { name, image } => Ok(Opened {
                 template: name.clone(),
                 envs: image.envs.clone(),
                 workdir: image.workdir.clone(),
                 user: image.user.clone(),
                 image_user: None,
+                oci: image.oci.clone(),
             }),
             Base::Image { reference, credential } => {
-                let (template, config) =
+                let (template, config, oci) =
                     self.import_image(reference, credential.clone(), console).await.map_err(|e| Failed {
                         message: format!("pulling {}: {e:#}", reference.whole),
                         step: Some("base".into()),
@@ -121,19 +136,20 @@ impl Sandboxes {
                     workdir: config.working_dir.clone(),
                     user: None,
                     image_user: config.user.clone(),
+                    oci: Some(oci),
                 })
             }
         }
     }
 
     /// Pulls `reference` and makes it a substrate template unless one of
-    /// its digest exists; its name and the image's config.
+    /// its digest exists; its name, the image's config and what it is.
     async fn import_image(
         &self,
         reference: &ImageRef,
         credential: Option<Credential>,
         console: &mut Console<'_>,
-    ) -> anyhow::Result<(String, ImageConfig)> {
+    ) -> anyhow::Result<(String, ImageConfig, OciBase)> {
         let source = &self.images;
         let lock = source.import_lock(&reference.whole);
         let _held = lock.lock().await;
@@ -141,7 +157,7 @@ impl Sandboxes {
         if let Some(credential) = credential {
             registries = registries.with_credential(&reference.registry, credential);
         }
-        let cache = BlobCache::open(&source.blob_dir)?;
+        let cache = source.blob_cache()?;
         let (tx, mut rx) = mpsc::unbounded_channel::<String>();
         let progress = move |line: &str| {
             let _ = tx.send(line.to_string());
@@ -159,6 +175,10 @@ impl Sandboxes {
             ),
         );
         let name = template_name(&pulled.digest);
+        // A node fetching this image's template from the object store
+        // (`image_objects.rs`) makes it under this lock too.
+        let template_lock = source.import_lock(&name);
+        let _making = template_lock.lock().await;
         let made = self.substrate_templates().await?.into_iter().any(|t| t.name == name && t.recipe == pulled.digest);
         if made {
             console.line("info", Some("base"), format!("template {name} already holds this image: not unpacked again"));
@@ -178,7 +198,8 @@ impl Sandboxes {
         drop(cache);
         let dir = source.blob_dir.clone();
         let _ = tokio::task::spawn_blocking(move || crate::images::collect_blobs(&dir)).await;
-        Ok((name, pulled.config))
+        let oci = OciBase { digest: pulled.digest.clone(), layers: pulled.layer_digests.clone() };
+        Ok((name, pulled.config, oci))
     }
 
     /// The image's `User`, if its sandbox has that account; otherwise the

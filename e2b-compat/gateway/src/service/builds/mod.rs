@@ -25,6 +25,7 @@ use crate::model::{
     Build, BuildStatus, Caller, Image, Result, SandboxError, TemplateRecord, new_id, new_token, new_uuid, now_ms,
     split_template_name, validate_files_hash,
 };
+pub(super) use image::template_name;
 pub use image::{ImageSource, is_image_template};
 pub use steps::RawStep;
 pub use uploads::MAX_UPLOAD_BYTES;

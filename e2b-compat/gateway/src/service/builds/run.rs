@@ -30,7 +30,7 @@ use super::steps::{self, Step};
 use super::{Base, Sandboxes};
 use crate::agent_link;
 use crate::model::{
-    BuildFailure, BuildLayer, BuildLine, BuildStatus, Caller, Image, SandboxRecord, TemplateRecord, now_ms,
+    BuildFailure, BuildLayer, BuildLine, BuildStatus, Caller, Image, OciBase, SandboxRecord, TemplateRecord, now_ms,
     snapshot_key,
 };
 use crate::service::CreateRequest;
@@ -107,6 +107,12 @@ impl Console<'_> {
 }
 
 /// The build's state as steps change it.
+/// What a template runs at start, and how its build knows it is ready.
+struct StartCommands {
+    start: Option<String>,
+    ready: Option<String>,
+}
+
 struct State {
     user: String,
     workdir: Option<String>,
@@ -118,10 +124,11 @@ impl Sandboxes {
         let Job { caller, record, base, base_note, steps, forced_from, start_cmd, ready_cmd } = job;
         let mut console = Console { svc: self, record, flushed: Instant::now(), gone: false };
         console.line("info", Some("base"), format!("Building {} {base_note}", console.record.name));
-        let opened = match self.open_base(&base, &mut console).await {
+        let mut opened = match self.open_base(&base, &mut console).await {
             Ok(opened) => opened,
             Err(failed) => return record_failure(&mut console, failed),
         };
+        let oci = opened.oci.take();
         let keys = chain_keys(&caller.team, &self.base_identity(&base, &opened.template).await, &steps);
         let cached = self.cached_layers(&caller.team, &keys[..forced_from], &console.record.id);
         // A cached layer carries the settings its steps left.
@@ -166,7 +173,10 @@ impl Sandboxes {
                 let plan = Plan { steps: &steps, keys: &keys, first: cached.len(), team: &caller.team };
                 let outcome = self.run_steps(&sandbox, plan, &mut state, &mut console).await;
                 let outcome = match outcome {
-                    Ok(()) => self.finalize(&sandbox, state, start_cmd, ready_cmd, &base, &mut console).await,
+                    Ok(()) => {
+                        let start = StartCommands { start: start_cmd, ready: ready_cmd };
+                        self.finalize(&sandbox, state, start, &base, oci, &mut console).await
+                    }
                     Err(failed) => Err(failed),
                 };
                 if let Err(e) = self.end(&sandbox.id, KillReason::Request).await {
@@ -359,9 +369,9 @@ impl Sandboxes {
         &self,
         sandbox: &SandboxRecord,
         state: State,
-        start_cmd: Option<String>,
-        ready_cmd: Option<String>,
+        StartCommands { start: start_cmd, ready: ready_cmd }: StartCommands,
         base: &Base,
+        oci: Option<OciBase>,
         console: &mut Console<'_>,
     ) -> Result<Image, Failed> {
         let memory = match &start_cmd {
@@ -381,6 +391,7 @@ impl Sandboxes {
         };
         Ok(Image {
             substrate_template,
+            oci,
             snapshot_key: key,
             envs: state.envs,
             user: Some(state.user),
