@@ -590,44 +590,74 @@ def built_from_private_image(node: Node, reference: str, name: str, line: str):
     Template.build(template.run_cmd(f"echo {line} > /home/user/note"), alias=name, **node.env())
 
 
-def test_a_template_built_from_a_private_image_starts_on_another_node_without_its_registry(
+def test_an_image_template_its_snapshots_and_paused_sandboxes_start_on_another_node_without_its_registry(
         nodes, database_url, object_store):
     """A template built on node one from an image in a private registry
-    (with the build's login) is stored with the image's layer blobs beside
-    its image. While node one drains, node two starts it: it makes the
-    image's template from the blobs in the object store, checked against
-    the digests the database keeps, and never asks the registry, which
-    sees no new request. A delete removes the blobs from the bucket and
-    the image's template from both nodes."""
+    (with the build's login), a snapshot of a sandbox of it and a sandbox
+    of it paused on its files are each stored with the image's layer blobs
+    beside their files. While node one drains, node two starts each of
+    them: it makes the image's template from the blobs stored with that
+    one (the template is deleted before the snapshot moves, and the
+    snapshot before the paused sandbox does, so node two has collected
+    the image's template each time), checks them against the digests the
+    database keeps, and never asks the registry. The blobs leave the
+    bucket with their files."""
     one, two = nodes
     repository = f"copse-test/travel-{secrets.token_hex(3)}"
     reference, image_template, marker = private_image(one, repository)
-    name = f"from-image-{secrets.token_hex(4)}"
+    name, snap = f"from-image-{secrets.token_hex(4)}", f"on-image-{secrets.token_hex(4)}"
     built_from_private_image(one, reference, name, "built-on-one")
+    drain(two, database_url)
+    try:
+        time.sleep(NODE_TABLE_TTL_S + 0.5)
+        source, paused = (Sandbox.create(name, timeout=120, **one.env()) for _ in range(2))
+    finally:
+        drain(two, database_url, False)
+    assert one.holds(source.sandbox_id) and one.holds(paused.sandbox_id)
+    source.files.write("/home/user/note", "snapshot")
+    source.create_snapshot(name=snap, mode="filesystem")
+    source.kill()
+    paused.files.write("/home/user/note", "paused")
+    assert paused.pause(mode="filesystem") is True
     key = image_key(database_url, name)
     stored_image(object_store, key)
-    assert object_store.read(f"images/{key}@base0"), "the image's layer is stored beside the template's image"
-    assert object_store.read(f"images/{key}@base1") is None, "one layer, one blob"
+    stored_paused(object_store, database_url, paused.sandbox_id)
+    polled_json(database_url, f"SELECT record::jsonb -> 'oci' FROM team_snapshots WHERE id = '{snap}'", 60,
+                "the snapshot is stored with its image's blobs")
+    for files in (f"images/{key}", f"snapshots/default/{snap}", f"paused/default/{paused.sandbox_id}"):
+        assert object_store.read(f"{files}@base0"), f"the image's layer is stored beside {files}"
+        assert object_store.read(f"{files}@base1") is None, "one layer, one blob"
     assert (one.data_dir / "templates" / image_template).is_dir()
-    assert not (two.data_dir / "templates" / image_template).exists()
     requests = one.registry.requests()
+
+    def on_two(create, note: str):
+        assert not (two.data_dir / "templates" / image_template).exists()
+        sbx = create()
+        try:
+            assert two.holds(sbx.sandbox_id), "what node one holds starts on the other node"
+            out = sbx.commands.run("read -r m < /etc/image-marker; echo $m; read -r n < /home/user/note; echo $n")
+            assert out.stdout.split() == [marker, note], out.stdout
+            assert (two.data_dir / "templates" / image_template).is_dir(), "node two made the image's template"
+        finally:
+            sbx.kill()
+
     drain(one, database_url)
     try:
         time.sleep(NODE_TABLE_TTL_S + 0.5)
-        moved = Sandbox.create(name, timeout=120, **one.env())
-        try:
-            assert two.holds(moved.sandbox_id), "the drained node's template starts on the other node"
-            out = moved.commands.run("read -r m < /etc/image-marker; echo $m; read -r n < /home/user/note; echo $n")
-            assert out.stdout.split() == [marker, "built-on-one"], out.stdout
-        finally:
-            moved.kill()
+        on_two(lambda: Sandbox.create(name, timeout=120, **one.env()), "built-on-one")
+        deleted = httpx.delete(f"{two.url}/templates/{name}", headers={"X-API-KEY": API_KEY}, timeout=60)
+        assert deleted.status_code == 204, deleted.text
+        assert object_store.read(f"images/{key}@base0") is None, "the blobs leave the bucket with the image"
+        gone_within(two.data_dir / "templates" / image_template, "node two collects the image template it made")
+        on_two(lambda: Sandbox.create(snap, timeout=120, **one.env()), "snapshot")
+        Sandbox.delete_snapshot(snap, **two.env())
+        assert object_store.read(f"snapshots/default/{snap}@base0") is None, "and with the snapshot"
+        gone_within(two.data_dir / "templates" / image_template, "collected again once nothing stands on it")
+        on_two(lambda: Sandbox.connect(paused.sandbox_id, timeout=120, **one.env()), "paused")
+        assert object_store.read(f"paused/default/{paused.sandbox_id}@base0") is None, "and with the paused files"
     finally:
         drain(one, database_url, False)
-    assert (two.data_dir / "templates" / image_template).is_dir(), "node two made the image's template"
     assert one.registry.requests() == requests, "node two never asked the registry"
-    deleted = httpx.delete(f"{two.url}/templates/{name}", headers={"X-API-KEY": API_KEY}, timeout=60)
-    assert deleted.status_code == 204, deleted.text
-    assert object_store.read(f"images/{key}@base0") is None, "the blobs leave the bucket with the image"
     gone_within(one.data_dir / "templates" / image_template, "node one collects the image's template")
     gone_within(two.data_dir / "templates" / image_template, "node two collects the one it made")
 

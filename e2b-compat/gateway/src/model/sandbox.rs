@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 use super::error::{Result, SandboxError};
 use super::snapshot::LazyFiles;
 use super::team::default_team;
+use super::template::OciBase;
 use super::volume::VolumeMount;
 
 /// The envd version copse's agent implements (every SDK feature gate on).
@@ -111,6 +112,10 @@ pub struct Paused {
     /// to mount as they arrive.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lazy: Option<LazyFiles>,
+    /// Stored with the layer blobs of the OCI image its template is, for
+    /// a node that lacks that template.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub oci: Option<OciBase>,
 }
 
 fn yes() -> bool {
@@ -134,6 +139,7 @@ impl SandboxRecord {
             memory,
             in_object_store: false,
             lazy: None,
+            oci: None,
         });
         self.state = State::Paused;
         self.end_at_ms = i64::MAX;

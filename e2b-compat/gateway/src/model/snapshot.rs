@@ -4,6 +4,7 @@ use serde::{Deserialize, Serialize};
 
 use super::error::{Result, SandboxError};
 use super::team::default_team;
+use super::template::OciBase;
 use super::volume::VolumeMount;
 
 /// The public id and names the SDK sees, and the substrate's own key for
@@ -45,6 +46,11 @@ pub struct SnapshotRecord {
     /// with `in_object_store`, by the node that uploaded them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lazy: Option<LazyFiles>,
+    /// The OCI image under `template` when that is an image's template,
+    /// its layer blobs stored beside the snapshot for a node that lacks
+    /// it (`service/image_objects.rs`). Written with `in_object_store`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub oci: Option<OciBase>,
 }
 
 /// A snapshot's layers as images in the object store: the substrate

@@ -12,13 +12,14 @@
 //! rewrites that record wholesale as its log grows, and would undo it.
 //!
 //! Images of templates built from OCI images sit on the image's own
-//! template (`image-<digest>`), which another node may not have. Their
-//! node uploads the image's layer blobs first, as they came from the
-//! registry, beside the template's image (`…@base<i>`, bottom first); a
-//! node without that template fetches them, checks each against the
-//! digest the template's record keeps ([`OciBase`]), and unpacks them as a
-//! pull would. No registry, and no credential a build was given, is
-//! needed there.
+//! template (`image-<digest>`), which another node may not have; so do
+//! snapshots and paused sandboxes of such templates. Their node uploads
+//! the image's layer blobs first, as they came from the registry, beside
+//! the files (`…@base<i>`, bottom first, [`BaseBlobs`]); a node without
+//! that template fetches them, checks each against the digest the files'
+//! record keeps ([`OciBase`]), and unpacks them as a pull would
+//! ([`Sandboxes::remake_image_template`], called by `fetch_files`). No
+//! registry, and no credential a build was given, is needed there.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -56,12 +57,10 @@ impl Sandboxes {
             let (files, bucket, runtime) =
                 (image_files(&record, &image, false, None), bucket.clone(), Handle::current());
             let scratch = self.run_dir.clone();
-            let blobs = image.oci.as_ref().map(|oci| (oci.clone(), self.images.blob_cache()));
+            let blobs = self.base_blobs(files.oci.clone());
             let pushed = self
                 .blocking(move |s| {
-                    if let Some((oci, cache)) = blobs {
-                        push_base(&oci, &cache?, &object, &bucket, &runtime)?;
-                    }
+                    blobs?.push(&object, &bucket, &runtime)?;
                     let sent = snapshot_file::push_under(s, &files, &object, &bucket, &runtime)?;
                     let lazy = lazy_layers::push_layers(s, &files, &object, &bucket, &runtime, &scratch)?;
                     Ok((sent, lazy))
@@ -131,20 +130,46 @@ impl Sandboxes {
         let lazy = labels.lazy_images.remove(&image.snapshot_key);
         let files = image_files(record, image, stored, lazy);
         let key = snapshot_file::image_object_key(&image.snapshot_key)?;
-        let what = format!("template {}", record.name);
-        if stored && let Some(oci) = image.oci.as_ref().filter(|_| is_image_template(&image.substrate_template)) {
-            self.remake_image_template(&image.substrate_template, oci, &key, &what).await?;
-        }
-        self.fetch_files(&files, &key, &what).await?;
+        self.fetch_files(&files, &key, &format!("template {}", record.name)).await?;
         self.fetched.lock().unwrap_or_else(|e| e.into_inner()).insert(image.snapshot_key.clone());
         Ok(())
     }
 
+    /// The OCI image under substrate template `template`, if it is an
+    /// image's: as a built template standing on it recorded it (the image's
+    /// digest names the template, so any such record will do). For a
+    /// snapshot or paused sandbox, whose records keep none until stored.
+    pub(super) fn oci_base_of(&self, template: &str) -> anyhow::Result<Option<OciBase>> {
+        if !is_image_template(template) {
+            return Ok(None);
+        }
+        for record in self.store.built_templates()? {
+            let kept = self.template_labels(&record)?.kept_images.into_iter().map(|k| k.image);
+            let found = record.image.into_iter().chain(kept).find(|i| i.substrate_template == template);
+            if let Some(oci) = found.and_then(|i| i.oci) {
+                return Ok(Some(oci));
+            }
+        }
+        Ok(None)
+    }
+
+    /// What to store beside files on `oci`'s image (none without one).
+    pub(super) fn base_blobs(&self, oci: Option<OciBase>) -> anyhow::Result<BaseBlobs> {
+        let cache = oci.is_some().then(|| self.images.blob_cache()).transpose()?;
+        Ok(BaseBlobs { oci, cache })
+    }
+
     /// Makes the substrate template `name` of the OCI image `oci` from the
-    /// layer blobs stored beside the template image under `object`, unless
-    /// this host has it; each blob is checked against its digest before it
-    /// is unpacked.
-    async fn remake_image_template(&self, name: &str, oci: &OciBase, object: &str, what: &str) -> Result<()> {
+    /// layer blobs stored beside the files under `object`, unless this
+    /// host has it; each blob is checked against its digest before it is
+    /// unpacked.
+    pub(super) async fn remake_image_template(
+        &self,
+        name: &str,
+        oci: &OciBase,
+        object: &str,
+        what: &str,
+    ) -> Result<()> {
         if name != template_name(&oci.digest) {
             return Err(anyhow::anyhow!("{what}: its record names template {name} for image {}", oci.digest).into());
         }
@@ -171,6 +196,7 @@ impl Sandboxes {
             .map_err(|e| {
                 SandboxError::Unavailable(format!("{what}: remaking its image's template from the object store: {e:#}"))
             })?;
+        self.images.collect_later();
         tracing::info!(template = %made.name, ms = started.elapsed().as_millis() as u64, "made an image's template from the object store");
         Ok(())
     }
@@ -192,18 +218,27 @@ impl Sandboxes {
     }
 }
 
-/// Stores the layer blobs of `oci`, from this node's blob cache, beside
-/// the template image under `object`.
-fn push_base(oci: &OciBase, cache: &BlobCache, object: &str, bucket: &Bucket, runtime: &Handle) -> anyhow::Result<()> {
-    for (index, digest) in oci.layers.iter().enumerate() {
-        let path = cache.path(digest)?;
-        let blob = std::fs::File::open(&path)
-            .with_context(|| format!("blob {digest} of image {} is no longer in this node's cache", oci.digest))?;
-        cache.touch(digest)?;
-        let key = lazy_layers::base_object_key(object, index);
-        runtime.block_on(copse_objects::push(bucket, &key, blob, || Ok(())))?;
+/// The layer blobs of the OCI image files stand on, from this node's blob
+/// cache (open, so not collected meanwhile), to store beside them.
+pub(super) struct BaseBlobs {
+    oci: Option<OciBase>,
+    cache: Option<BlobCache>,
+}
+
+impl BaseBlobs {
+    /// Stores them beside the files under `object`.
+    pub(super) fn push(&self, object: &str, bucket: &Bucket, runtime: &Handle) -> anyhow::Result<()> {
+        let (Some(oci), Some(cache)) = (&self.oci, &self.cache) else { return Ok(()) };
+        for (index, digest) in oci.layers.iter().enumerate() {
+            let path = cache.path(digest)?;
+            let blob = std::fs::File::open(&path)
+                .with_context(|| format!("blob {digest} of image {} is no longer in this node's cache", oci.digest))?;
+            cache.touch(digest)?;
+            let key = lazy_layers::base_object_key(object, index);
+            runtime.block_on(copse_objects::push(bucket, &key, blob, || Ok(())))?;
+        }
+        Ok(())
     }
-    Ok(())
 }
 
 /// The layer blobs of `oci` in this node's blob cache, bottom first,
@@ -253,5 +288,6 @@ fn image_files(record: &TemplateRecord, image: &Image, stored: bool, lazy: Optio
         node: record.node.clone(),
         in_object_store: stored,
         lazy,
+        oci: image.oci.clone().filter(|_| is_image_template(&image.substrate_template)),
     }
 }

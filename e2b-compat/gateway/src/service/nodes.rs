@@ -189,7 +189,7 @@ impl Sandboxes {
         let own_files = !crate::templates::is_shipped(template);
         if own_files && let Some(snapshot) = self.store.snapshot(&caller.team, template)? {
             let (node, stored) = (snapshot.node.as_deref(), snapshot.in_object_store);
-            let files = Held { node, stored, base: &snapshot.template, base_stored: false };
+            let files = Held { node, stored, base: &snapshot.template, base_stored: stored && snapshot.oci.is_some() };
             return self.place_held(membership, files, &format!("snapshot {template}"));
         }
         if own_files

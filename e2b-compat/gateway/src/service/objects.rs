@@ -63,10 +63,13 @@ impl Sandboxes {
             let (record, bucket, runtime) = (snapshot.clone(), bucket.clone(), Handle::current());
             let scratch = self.run_dir.clone();
             let started = Instant::now();
+            let oci = self.oci_base_of(&snapshot.template)?;
+            let blobs = self.base_blobs(oci.clone());
             let pushed = self
                 .blocking(move |s| {
-                    let sent = snapshot_file::push_record(s, &record, &bucket, &runtime)?;
                     let key = snapshot_file::object_key(&record.team, &record.id)?;
+                    blobs?.push(&key, &bucket, &runtime)?;
+                    let sent = snapshot_file::push_record(s, &record, &bucket, &runtime)?;
                     let lazy = lazy_layers::push_layers(s, &record, &key, &bucket, &runtime, &scratch)?;
                     Ok((sent, lazy))
                 })
@@ -81,6 +84,7 @@ impl Sandboxes {
             };
             snapshot.in_object_store = true;
             snapshot.lazy = lazy;
+            snapshot.oci = oci;
             if self.store.update_snapshot(&snapshot)? {
                 tracing::info!(
                     snapshot = %snapshot.id,
@@ -169,6 +173,16 @@ impl Sandboxes {
             return Err(SandboxError::Unavailable(format!(
                 "{what} is on node {node} and not in the object store yet; try again shortly"
             )));
+        }
+        let oci = files.oci.as_ref().filter(|_| super::is_image_template(&files.template));
+        // No image template is collected between its making and the files
+        // it takes in (`builds/image_gc.rs`).
+        let _building = match oci {
+            Some(_) => Some(self.images.building().await),
+            None => None,
+        };
+        if let Some(oci) = oci {
+            self.remake_image_template(&files.template, oci, key, what).await?;
         }
         let (record, runtime, started) = (files.clone(), Handle::current(), Instant::now());
         if let Some(lazy) = files.lazy.clone().filter(|_| self.node.as_ref().is_some_and(|m| m.lazy_fetch)) {

@@ -49,7 +49,12 @@ impl Sandboxes {
         if forwarded && self.takes_sandboxes(&Owner::Here)? {
             return Ok(Owner::Here);
         }
-        Ok(self.place_by_room(membership, Some(&record.template))?.unwrap_or(owner))
+        let placed = match self.place_by_room(membership, Some(&record.template))? {
+            // Its image's template travels with its files.
+            None if record.paused.as_ref().is_some_and(|p| p.oci.is_some()) => self.place_by_room(membership, None)?,
+            placed => placed,
+        };
+        Ok(placed.unwrap_or(owner))
     }
 
     /// Where describing or killing sandbox `id` runs: on its node, except
@@ -126,8 +131,11 @@ impl Sandboxes {
             let Ok(object) = snapshot_file::paused_object_key(&record.team, &record.id) else { continue };
             let (files, bucket, runtime) = (stand_in(&record, &key, &paused), bucket.clone(), Handle::current());
             let scratch = self.run_dir.clone();
+            let oci = self.oci_base_of(&record.template)?;
+            let blobs = self.base_blobs(oci.clone());
             let pushed = self
                 .blocking(move |s| {
+                    blobs?.push(&object, &bucket, &runtime)?;
                     snapshot_file::push_under(s, &files, &object, &bucket, &runtime)?;
                     lazy_layers::push_layers(s, &files, &object, &bucket, &runtime, &scratch)
                 })
@@ -150,6 +158,7 @@ impl Sandboxes {
                 Some(p) if p.files_only.as_deref() == Some(key.as_str()) && self.holds(now.node.as_deref()) => {
                     p.in_object_store = true;
                     p.lazy = lazy;
+                    p.oci = oci;
                 }
                 _ => continue,
             }
@@ -189,6 +198,7 @@ impl Sandboxes {
             return Ok(());
         }
         let here: HashSet<String> = self.own_records()?.into_iter().map(|r| r.id).collect();
+        let mut released = false;
         for (id, files) in indexed.into_iter().filter(|(id, _)| !here.contains(id)) {
             let _transition = self.transitions.lock(&id).await;
             // A connect here may have claimed it back meanwhile.
@@ -199,8 +209,13 @@ impl Sandboxes {
             self.addresses.release(&id);
             if let Some(key) = files {
                 self.blocking(move |s| s.delete_snapshot(&key)).await?;
+                released = true;
             }
             tracing::info!(sandbox_id = %id, "let go of a sandbox another node took over");
+        }
+        if released {
+            // Its files may have been the last to stand on an image's template.
+            self.collect_waiting_image_templates().await;
         }
         Ok(())
     }
@@ -281,5 +296,6 @@ fn stand_in(record: &SandboxRecord, key: &str, paused: &Paused) -> SnapshotRecor
         node: record.node.clone(),
         in_object_store: paused.in_object_store,
         lazy: paused.lazy.clone(),
+        oci: paused.oci.clone(),
     }
 }

@@ -80,6 +80,7 @@ impl Sandboxes {
             node: self.node().map(str::to_string),
             in_object_store: false,
             lazy: None,
+            oci: None,
         };
         self.store.put_snapshot(&snapshot)?;
         fault::point("snapshot:after-record");

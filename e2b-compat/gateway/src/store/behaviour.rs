@@ -382,6 +382,7 @@ pub fn a_paused_sandbox_is_claimed_only_while_it_names_the_same_node_and_files(d
         memory: true,
         in_object_store: true,
         lazy: None,
+        oci: Some(crate::model::OciBase { digest: "sha256:m".into(), layers: vec!["sha256:l".into()] }),
     });
     one.put(&record).unwrap();
     let claim = |store: &dyn Database, node: &str| {
@@ -390,6 +391,7 @@ pub fn a_paused_sandbox_is_claimed_only_while_it_names_the_same_node_and_files(d
     assert!(claim(one.as_ref(), "b"), "the first claim wins");
     assert!(!claim(two.as_ref(), "c"), "a second claim from the same state loses");
     assert_eq!(two.get("s").unwrap().unwrap().node.as_deref(), Some("b"));
+    assert_eq!(two.get("s").unwrap().unwrap().paused, record.paused, "what it was stored with stays");
     // Paused on other files since: a claim that read the old ones loses.
     let mut moved = SandboxRecord { node: Some("b".into()), ..record.clone() };
     moved.paused.as_mut().unwrap().files_only = Some("k2".into());

@@ -49,9 +49,16 @@ impl ImageSource {
         &self.registries
     }
 
+    /// An image template was made that nothing may name once what now
+    /// stands on it goes (one remade from the object store for a snapshot
+    /// or a paused sandbox): the next kill or snapshot deletion looks.
+    pub(in crate::service) fn collect_later(&self) {
+        self.waiting.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
     /// Held for the whole of a build: no image template is collected
     /// meanwhile.
-    pub(super) async fn building(&self) -> tokio::sync::RwLockReadGuard<'_, ()> {
+    pub(in crate::service) async fn building(&self) -> tokio::sync::RwLockReadGuard<'_, ()> {
         self.builds.read().await
     }
 
