@@ -58,8 +58,8 @@ pub fn layer_object_key(object_key: &str, index: usize) -> String {
     format!("{object_key}@layer{index}")
 }
 
-/// Where blob `index` (bottom first) of the OCI image under the template
-/// image stored under `object_key` is kept (`service/image_objects.rs`).
+/// Where layer blob `index` (bottom first) of the OCI image under the
+/// files stored under `object_key` is kept (`service/image_objects.rs`).
 pub fn base_object_key(object_key: &str, index: usize) -> String {
     format!("{object_key}@base{index}")
 }
@@ -107,8 +107,8 @@ pub fn push_layers(
     result
 }
 
-/// Removes the images of the layers (and the checkpoint, and a template
-/// image's OCI blobs) of a deleted snapshot stored under `object_key`
+/// Removes the images of the layers (and the checkpoint, and the blobs of
+/// the OCI image beneath) of a deleted snapshot stored under `object_key`
 /// (their chunks stay for `copse snapshot gc`, like the stream's). They
 /// are found by their keys, which their pushes use in order, so none needs
 /// a record to be found;

@@ -57,10 +57,14 @@ impl Sandboxes {
             let (files, bucket, runtime) =
                 (image_files(&record, &image, false, None), bucket.clone(), Handle::current());
             let scratch = self.run_dir.clone();
-            let blobs = self.base_blobs(files.oci.clone());
+            let blobs = self.base_blobs(files.oci.clone(), &image.substrate_template)?;
+            if files.oci.is_some() && blobs.oci().is_none() {
+                // Another node could not make its image's template.
+                continue;
+            }
             let pushed = self
                 .blocking(move |s| {
-                    blobs?.push(&object, &bucket, &runtime)?;
+                    blobs.push(&object, &bucket, &runtime)?;
                     let sent = snapshot_file::push_under(s, &files, &object, &bucket, &runtime)?;
                     let lazy = lazy_layers::push_layers(s, &files, &object, &bucket, &runtime, &scratch)?;
                     Ok((sent, lazy))
@@ -139,7 +143,7 @@ impl Sandboxes {
     /// image's: as a built template standing on it recorded it (the image's
     /// digest names the template, so any such record will do). For a
     /// snapshot or paused sandbox, whose records keep none until stored.
-    pub(super) fn oci_base_of(&self, template: &str) -> anyhow::Result<Option<OciBase>> {
+    fn oci_base_of(&self, template: &str) -> anyhow::Result<Option<OciBase>> {
         if !is_image_template(template) {
             return Ok(None);
         }
@@ -153,10 +157,23 @@ impl Sandboxes {
         Ok(None)
     }
 
-    /// What to store beside files on `oci`'s image (none without one).
-    pub(super) fn base_blobs(&self, oci: Option<OciBase>) -> anyhow::Result<BaseBlobs> {
-        let cache = oci.is_some().then(|| self.images.blob_cache()).transpose()?;
-        Ok(BaseBlobs { oci, cache })
+    /// The blobs to store beside files on substrate template `template`:
+    /// none unless it is an OCI image's.
+    pub(super) fn base_blobs_of(&self, template: &str) -> anyhow::Result<BaseBlobs> {
+        self.base_blobs(self.oci_base_of(template)?, template)
+    }
+
+    /// The blobs of `oci`, the image under `template`. Without all of them
+    /// in this node's cache (collected after a week unused), none: files
+    /// are then stored alone, to start only where the template is.
+    fn base_blobs(&self, oci: Option<OciBase>, template: &str) -> anyhow::Result<BaseBlobs> {
+        let Some(oci) = oci else { return Ok(BaseBlobs::default()) };
+        let cache = self.images.blob_cache()?;
+        if let Some(missing) = oci.layers.iter().find(|d| !cache.has(d).unwrap_or(false)) {
+            tracing::warn!(template, blob = %missing, "an image's blob is no longer in this node's cache: what stands on it is stored without it");
+            return Ok(BaseBlobs::default());
+        }
+        Ok(BaseBlobs { oci: Some(oci), cache: Some(cache) })
     }
 
     /// Makes the substrate template `name` of the OCI image `oci` from the
@@ -220,12 +237,18 @@ impl Sandboxes {
 
 /// The layer blobs of the OCI image files stand on, from this node's blob
 /// cache (open, so not collected meanwhile), to store beside them.
+#[derive(Default)]
 pub(super) struct BaseBlobs {
     oci: Option<OciBase>,
     cache: Option<BlobCache>,
 }
 
 impl BaseBlobs {
+    /// The image they are, for the files' record once stored.
+    pub(super) fn oci(&self) -> Option<OciBase> {
+        self.oci.clone()
+    }
+
     /// Stores them beside the files under `object`.
     pub(super) fn push(&self, object: &str, bucket: &Bucket, runtime: &Handle) -> anyhow::Result<()> {
         let (Some(oci), Some(cache)) = (&self.oci, &self.cache) else { return Ok(()) };
@@ -242,7 +265,7 @@ impl BaseBlobs {
 }
 
 /// The layer blobs of `oci` in this node's blob cache, bottom first,
-/// fetched from beside the template image under `object` where missing.
+/// fetched from beside the files under `object` where missing.
 fn fetch_base(
     oci: &OciBase,
     cache: &BlobCache,

@@ -63,12 +63,12 @@ impl Sandboxes {
             let (record, bucket, runtime) = (snapshot.clone(), bucket.clone(), Handle::current());
             let scratch = self.run_dir.clone();
             let started = Instant::now();
-            let oci = self.oci_base_of(&snapshot.template)?;
-            let blobs = self.base_blobs(oci.clone());
+            let blobs = self.base_blobs_of(&snapshot.template)?;
+            let oci = blobs.oci();
             let pushed = self
                 .blocking(move |s| {
                     let key = snapshot_file::object_key(&record.team, &record.id)?;
-                    blobs?.push(&key, &bucket, &runtime)?;
+                    blobs.push(&key, &bucket, &runtime)?;
                     let sent = snapshot_file::push_record(s, &record, &bucket, &runtime)?;
                     let lazy = lazy_layers::push_layers(s, &record, &key, &bucket, &runtime, &scratch)?;
                     Ok((sent, lazy))

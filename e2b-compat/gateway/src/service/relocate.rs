@@ -131,11 +131,11 @@ impl Sandboxes {
             let Ok(object) = snapshot_file::paused_object_key(&record.team, &record.id) else { continue };
             let (files, bucket, runtime) = (stand_in(&record, &key, &paused), bucket.clone(), Handle::current());
             let scratch = self.run_dir.clone();
-            let oci = self.oci_base_of(&record.template)?;
-            let blobs = self.base_blobs(oci.clone());
+            let blobs = self.base_blobs_of(&record.template)?;
+            let oci = blobs.oci();
             let pushed = self
                 .blocking(move |s| {
-                    blobs?.push(&object, &bucket, &runtime)?;
+                    blobs.push(&object, &bucket, &runtime)?;
                     snapshot_file::push_under(s, &files, &object, &bucket, &runtime)?;
                     lazy_layers::push_layers(s, &files, &object, &bucket, &runtime, &scratch)
                 })
