@@ -6,7 +6,10 @@ errors for unknown ids and unsupported modes."""
 
 import json
 import os
+import pathlib
+import shutil
 import subprocess
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -382,6 +385,27 @@ def test_lifecycle_leaves_nothing_behind(gateway):
     Sandbox.delete_snapshot(snap.snapshot_id)
     leakcheck.assert_no_leaks(gateway.data_dir, live_ids(), before, gateway.proc.pid)
     assert leakcheck.unnamed_layers(gateway.data_dir) == []
+
+
+def test_criu_finds_its_kernel_feature_cache_where_run_is_no_tmpfs(gateway):
+    """CRIU probes the kernel at every run unless /run/criu.kdat holds the
+    answers, and keeps that file only where /run is a tmpfs. Elsewhere copse
+    writes it, marked with the boot it belongs to; CRIU loads it."""
+    sbx = Sandbox.create(timeout=120)
+    try:
+        sbx.create_snapshot(mode="full")  # the gateway has found its CRIU by now
+    finally:
+        sbx.kill()
+    cache = pathlib.Path("/run/criu.kdat")
+    assert cache.is_file() and cache.stat().st_size > 0
+    run_mounts = [line.split()[2] for line in open("/proc/mounts") if line.split()[1] == "/run"]
+    if run_mounts[-1:] != ["tmpfs"]:
+        boot = pathlib.Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        assert pathlib.Path("/run/criu.kdat.copse-boot").read_text().strip() == boot
+    log = pathlib.Path(tempfile.mkdtemp()) / "check.log"
+    criu = shutil.which("criu") or "/usr/local/sbin/criu"
+    subprocess.run([criu, "check", "-v4", "-o", str(log)], capture_output=True)
+    assert "Loaded kdat cache from /run/criu.kdat" in log.read_text()
 
 
 @pytest.mark.timeout(240, func_only=True)

@@ -61,7 +61,12 @@ impl Criu {
         let mut reasons = Vec::new();
         for binary in candidates.iter().filter(|b| b.is_file()) {
             match Self::probe(binary) {
-                Ok(()) => return Ok(Self { binary: binary.clone() }),
+                Ok(()) => {
+                    if let Err(e) = crate::criu_cache::ensure(binary) {
+                        tracing::warn!("CRIU's kernel feature cache: {e:#}; each restore and dump probes the kernel");
+                    }
+                    return Ok(Self { binary: binary.clone() });
+                }
                 Err(e) => reasons.push(format!("{}: {e:#}", binary.display())),
             }
         }

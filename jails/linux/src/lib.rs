@@ -36,6 +36,7 @@
 pub mod agent_socket;
 pub mod cgroup;
 pub mod checkpoint;
+mod criu_cache;
 pub mod disk;
 pub mod ids;
 pub mod layers;
