@@ -2972,12 +2972,13 @@ def test_an_image_blob_swapped_in_the_bucket_never_becomes_another_templates_bas
     victim, other = made["victim"], made["other"]
     real = object_store.read(f"images/{victim[1]}@base0")
     object_store.overwrite(f"images/{victim[1]}@base0", object_store.read(f"images/{other[1]}@base0"))
+
+    def on_two():
+        return {p.name for p in (two.data_dir / "sandboxes").glob("*")}
+
     drain(one, database_url)
     try:
         time.sleep(NODE_TABLE_TTL_S + 0.5)
-        def on_two():
-            return {p.name for p in (two.data_dir / "sandboxes").glob("*")}
-
         before = on_two()
         with pytest.raises(Exception, match="refused"):
             Sandbox.create(victim[0], timeout=60, **one.env())

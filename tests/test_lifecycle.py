@@ -393,9 +393,10 @@ def test_criu_finds_its_kernel_feature_cache_where_run_is_no_tmpfs(gateway):
     writes it, marked with the boot it belongs to; CRIU loads it."""
     sbx = Sandbox.create(timeout=120)
     try:
-        sbx.create_snapshot(mode="full")  # the gateway has found its CRIU by now
+        snap = sbx.create_snapshot(mode="full")  # the gateway has found its CRIU by now
     finally:
         sbx.kill()
+    Sandbox.delete_snapshot(snap.snapshot_id)
     cache = pathlib.Path("/run/criu.kdat")
     assert cache.is_file() and cache.stat().st_size > 0
     run_mounts = [line.split()[2] for line in open("/proc/mounts") if line.split()[1] == "/run"]

@@ -60,13 +60,13 @@ impl Criu {
         };
         let mut reasons = Vec::new();
         for binary in candidates.iter().filter(|b| b.is_file()) {
+            // Before the probe's own runs, so none reads a cache an earlier
+            // boot left.
+            if let Err(e) = crate::criu_cache::ensure(binary) {
+                tracing::warn!("CRIU's kernel feature cache: {e:#}; each restore and dump probes the kernel");
+            }
             match Self::probe(binary) {
-                Ok(()) => {
-                    if let Err(e) = crate::criu_cache::ensure(binary) {
-                        tracing::warn!("CRIU's kernel feature cache: {e:#}; each restore and dump probes the kernel");
-                    }
-                    return Ok(Self { binary: binary.clone() });
-                }
+                Ok(()) => return Ok(Self { binary: binary.clone() }),
                 Err(e) => reasons.push(format!("{}: {e:#}", binary.display())),
             }
         }
