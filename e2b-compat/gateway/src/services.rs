@@ -28,7 +28,7 @@ pub async fn start(agent_socket: &Path, service: &Service) -> anyhow::Result<()>
 /// `Process.Start` as a background command: once the agent reports the
 /// process started, the stream is dropped and the process lives on.
 async fn launch(agent_socket: &Path, service: &Service) -> anyhow::Result<()> {
-    let start = StartProcess::shell("/bin/bash", &service.command).cwd("/").user(service.user).tag(SERVICE_TAG);
+    let start = StartProcess::shell("/bin/bash", &service.command).cwd("/").user(&service.user).tag(SERVICE_TAG);
     let request = start.request(AGENT_HOST)?.map(Body::new);
     let response = agent_link::send(agent_socket, request).await?;
     if !response.status().is_success() {
@@ -42,7 +42,7 @@ async fn launch(agent_socket: &Path, service: &Service) -> anyhow::Result<()> {
 }
 
 pub async fn wait_ready(agent_socket: &Path, service: &Service) -> anyhow::Result<()> {
-    wait_for(agent_socket, service, service.health_path).await
+    wait_for(agent_socket, service, &service.health_path).await
 }
 
 async fn wait_for(agent_socket: &Path, service: &Service, path: &str) -> anyhow::Result<()> {
@@ -61,7 +61,7 @@ async fn wait_for(agent_socket: &Path, service: &Service, path: &str) -> anyhow:
 
 /// Whether the service answers its health check right now.
 pub async fn is_ready(agent_socket: &Path, service: &Service) -> bool {
-    probe(agent_socket, service, service.health_path).await.is_ok_and(|status| status.is_success())
+    probe(agent_socket, service, &service.health_path).await.is_ok_and(|status| status.is_success())
 }
 
 async fn probe(agent_socket: &Path, service: &Service, path: &str) -> anyhow::Result<hyper::StatusCode> {

@@ -14,7 +14,6 @@ use std::sync::{Mutex, MutexGuard, OnceLock};
 use anyhow::{Context, bail};
 pub use copse_protocol::Output;
 use copse_protocol::{AgentClient, StartProcess};
-use copse_substrate::template::{PackageSystem, builtin};
 use copse_substrate::{Limits, Placement, SandboxSpec, Substrate};
 
 /// State directory of the suite, apart from any gateway's: `recover`
@@ -42,7 +41,7 @@ fn open() -> anyhow::Result<Box<dyn Substrate>> {
         .context("set COPSE_AGENT to the agent binary (mise does)")?;
     // Loopback only: the network has its own suite (tests/test_network.py).
     let substrate = copse_host::host_substrate(&state_dir, &agent, None)?;
-    let recipe = builtin(PackageSystem::host()).into_iter().find(|r| r.name == TEMPLATE).context("no base recipe")?;
+    let recipe = copse_templates::host_recipe(TEMPLATE)?;
     substrate.ensure_template(&recipe, &|line| eprintln!("template: {line}"))?;
     Ok(substrate)
 }

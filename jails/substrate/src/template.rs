@@ -3,6 +3,8 @@
 //! A [`Recipe`] is platform-neutral data (a name and the packages on top of
 //! a minimal base system); each substrate turns it into its own artefact (a
 //! Debian root directory for overlayfs on Linux, a ZFS snapshot on FreeBSD).
+//! The recipes of the templates copse ships come from their build
+//! definitions (`e2b-compat/templates`).
 
 use serde::{Deserialize, Serialize};
 
@@ -117,26 +119,6 @@ pub fn check_backend(recipe: &Recipe, served: &[Backend]) -> anyhow::Result<()> 
     .into())
 }
 
-/// Debian packages every Linux template gets: what users of E2B's `base`
-/// expect to find (a shell, coreutils, Python, process tools, TLS roots).
-const DEBIAN_BASE: &[&str] =
-    &["python3", "python3-pip", "python3-venv", "procps", "ca-certificates", "curl", "git", "less", "psmisc"];
-
-/// FreeBSD packages for the same purpose (pkg names).
-const FREEBSD_BASE: &[&str] = &["python311", "py311-pip", "curl", "git", "ca_root_nss"];
-
-/// The templates `copse up` makes sure exist, for the host's package system.
-pub fn builtin(os: PackageSystem) -> Vec<Recipe> {
-    let base: Vec<String> = match os {
-        PackageSystem::Debian => DEBIAN_BASE,
-        PackageSystem::FreeBsd => FREEBSD_BASE,
-    }
-    .iter()
-    .map(|p| p.to_string())
-    .collect();
-    vec![Recipe { name: "base".into(), packages: base, post_install: Vec::new(), backend: Backend::Jail }]
-}
-
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PackageSystem {
     Debian,
@@ -208,7 +190,8 @@ mod tests {
 
     #[test]
     fn a_recipe_for_another_backend_is_refused_by_name() {
-        let mut recipe = builtin(PackageSystem::Debian).remove(0);
+        let mut recipe =
+            Recipe { name: "base".into(), packages: vec!["curl".into()], post_install: vec![], backend: Backend::Jail };
         assert!(check_backend(&recipe, &[Backend::Jail]).is_ok());
         recipe.backend = Backend::Bhyve;
         let err = check_backend(&recipe, &[Backend::Jail]).unwrap_err().to_string();
@@ -224,12 +207,5 @@ mod tests {
         let recipe: Recipe = serde_json::from_str(r#"{"name":"b","packages":[],"post_install":[]}"#).unwrap();
         assert_eq!(recipe.backend, Backend::Jail);
         assert_eq!(serde_json::to_string(&Backend::Bhyve).unwrap(), r#""bhyve""#);
-    }
-
-    #[test]
-    fn every_platform_has_a_base_template() {
-        for os in [PackageSystem::Debian, PackageSystem::FreeBsd] {
-            assert!(builtin(os).iter().any(|r| r.name == "base" && !r.packages.is_empty()));
-        }
     }
 }

@@ -47,6 +47,9 @@ use crate::pool::WarmPool;
 
 pub use builds::labels::{page, sort_tags};
 pub use builds::logs::{LogWindow, window as log_window};
+/// For the check that the builder accepts the shipped definitions.
+#[cfg(test)]
+pub use builds::steps::parse as parse_steps;
 pub use builds::{BuildSpec, MAX_UPLOAD_BYTES, RawStep, is_image_template};
 pub use create::{CreateRequest, Timings};
 pub use fork::{MAX_CLONES, MAX_FORKS};
