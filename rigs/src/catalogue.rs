@@ -351,6 +351,14 @@ pub const RIGS: &[RigDef] = &[
                 "create sent → the first command's end event read (bursts: the same, per create, while the other clients' creates run)",
             ),
             (
+                "server_ms",
+                "the create's own time on node one (or the single gateway): its Server-Timing total, which a forwarding gateway passes back unchanged",
+            ),
+            (
+                "path_ms",
+                "total_ms − server_ms of the same sample: everything but the sandbox's making (the ways in, the forwarding, the first command), free of the boot's own spread",
+            ),
+            (
                 "snapshot_ms",
                 "cross-node restore: POST /sandboxes/{id}/snapshots {memory: false} on node one sent → 201 read",
             ),

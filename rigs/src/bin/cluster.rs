@@ -67,8 +67,9 @@ const MARKER: &[u8] = b"taken on node one";
     about = "Create-to-first-exec through a cluster vs one gateway; snapshots between nodes; creates/s with 1-3 nodes"
 )]
 struct Args {
-    /// Timed samples per scenario.
-    #[arg(long, default_value_t = 40)]
+    /// Timed samples per scenario. Many: a boot's own spread (p95 about
+    /// 1.5x p50 here) would otherwise hide differences of a millisecond.
+    #[arg(long, default_value_t = 200)]
     samples: usize,
     /// Sizes (MB written into the sandbox) of the snapshots moved between nodes.
     #[arg(long, value_delimiter = ',', default_values_t = [0usize, 100, 1024])]
@@ -232,6 +233,12 @@ fn main() -> anyhow::Result<()> {
             p50_difference(find(&scenarios, "cluster-forwarded-c1"), find(&scenarios, "cluster-direct-c1"), "total_ms"),
         "front_p50_total_ms":
             p50_difference(find(&scenarios, "cluster-front-c1"), find(&scenarios, "cluster-direct-c1"), "total_ms"),
+        "forwarded_minus_single_p50_path_ms":
+            p50_difference(find(&scenarios, "cluster-forwarded-c1"), find(&scenarios, "single-node-c1"), "path_ms"),
+        "front_minus_single_p50_path_ms":
+            p50_difference(find(&scenarios, "cluster-front-c1"), find(&scenarios, "single-node-c1"), "path_ms"),
+        "direct_minus_single_p50_server_ms":
+            p50_difference(find(&scenarios, "cluster-direct-c1"), find(&scenarios, "single-node-c1"), "server_ms"),
     });
     let params = json!({
         "client": LEAN_CLIENT,
@@ -282,6 +289,8 @@ fn main() -> anyhow::Result<()> {
         "create_ms",
         "exec_ms",
         "total_ms",
+        "server_ms",
+        "path_ms",
         "snapshot_ms",
         "upload_ms",
         "restore_create_ms",
@@ -416,15 +425,25 @@ async fn measure(ways: &[(&str, SocketAddr)], key: &str, n: usize) -> anyhow::Re
             conn.delete_sandbox(key, &created.id).await.with_context(|| format!("{name}: delete"))?;
             // Two untimed: the connection's and the node's first.
             if sample >= 2 {
-                rows.push([ms(t_created - t0), ms(t_done - t_created), ms(t_done - t0)]);
+                let server = server_total(&created.server_timing).with_context(|| format!("{name}: create"))?;
+                let total = ms(t_done - t0);
+                rows.push([ms(t_created - t0), ms(t_done - t_created), total, server, total - server]);
             }
         }
     }
     Ok(ways
         .iter()
         .zip(rows)
-        .map(|((name, _), rows)| Scenario::from_rows(name, 1, &["create_ms", "exec_ms", "total_ms"], &rows))
+        .map(|((name, _), rows)| {
+            Scenario::from_rows(name, 1, &["create_ms", "exec_ms", "total_ms", "server_ms", "path_ms"], &rows)
+        })
         .collect())
+}
+
+/// The create's own time on the node that made the sandbox (its
+/// `Server-Timing` total, passed back unchanged by a forwarding gateway).
+fn server_total(timing: &[(String, f64)]) -> anyhow::Result<f64> {
+    timing.iter().find(|(name, _)| name == "total").map(|(_, ms)| *ms).context("no Server-Timing total")
 }
 
 /// A burst of creates through one gateway, with the node data dirs to tell
