@@ -6,6 +6,7 @@ directory, with the start command running and ready (restored from the
 build's memory snapshot, where the substrate keeps memory). Templates belong to
 the team that built them."""
 
+import json
 import os
 import secrets
 import time
@@ -13,7 +14,7 @@ import time
 import httpx
 import leakcheck
 import pytest
-from conftest import API_KEY, DATA_DIR, free_port
+from conftest import API_KEY, DATA_DIR, ROOT, free_port
 from e2b import Sandbox, SandboxException, Template
 from e2b.exceptions import BuildException
 from test_leaks import stop_gateway
@@ -475,3 +476,35 @@ def test_deleting_a_template_collects_its_layers_once_no_sandbox_uses_them(gatew
         if sbx is not None:
             sbx.kill()
         delete_template(gateway, name)
+
+
+def test_the_shipped_templates_are_what_their_definitions_say(gateway):
+    """`base` and `code-interpreter-v1` are built from the build definitions
+    in e2b-compat/templates/debian: every package of a definition's
+    `apt_install` line is installed, every copied file is there with the
+    repo's bytes and mode, and every other step's effect (the interpreter's
+    account) is present."""
+    apt = "apt-get update && DEBIAN_FRONTEND=noninteractive DEBCONF_NOWARNINGS=yes apt-get install -y --no-install-recommends "
+    for name in ("base", "code-interpreter-v1"):
+        definition = json.loads((ROOT / "e2b-compat/templates/debian" / f"{name}.json").read_text())
+        sbx = Sandbox.create(name, timeout=120)
+        try:
+            for step in definition["steps"]:
+                command = step["args"][0]
+                if step["type"] == "RUN" and command.startswith(apt):
+                    packages = command[len(apt) :].split()
+                    out = sbx.commands.run("dpkg-query -W -f '${Package} ${Status}\\n' " + " ".join(packages) + "; true")
+                    installed = {line.split()[0] for line in out.stdout.splitlines() if line.endswith("install ok installed")}
+                    assert installed == set(packages), f"{name}: missing {set(packages) - installed}"
+                elif step["type"] == "COPY":
+                    src, dest, mode = step["args"][0], step["args"][1], step["args"][3]
+                    path = dest + src.rsplit("/", 1)[-1] if dest.endswith("/") else dest
+                    expected = (ROOT / "e2b-compat" / src).read_text().rstrip() + "\n"
+                    assert sbx.files.read(path) == expected, f"{name}: {path}"
+                    stat = sbx.commands.run(f"stat -c '%a %U' {path}").stdout.split()
+                    assert stat == [mode.lstrip("0"), "root"], f"{name}: {path} {stat}"
+            service = definition.get("copseService")
+            if service:
+                assert sbx.commands.run(f"id -u {service['user']}").exit_code == 0
+        finally:
+            sbx.kill()

@@ -278,7 +278,7 @@ fn main() -> anyhow::Result<()> {
         "paused_move": {
             "scenarios": "paused-move-{N}mb: a sandbox on node one with N MB of incompressible bytes written to /home/user (sizes and samples as cross_node_restore), paused on its files (`memory: false`), resumed through node two's gateway with node one drained",
             "pause_ms": "the pause call's round trip (the files kept, the sandbox destroyed)",
-            "upload_ms": "from the pause's answer until the paused files' manifest is in the bucket (node one uploads on its own; polled every 20 ms), plus 100 ms for node one to mark the record, which the rig does not read",
+            "upload_ms": "from the pause's answer until the manifests of the paused files' stream and of its layer's image are in the bucket (node one uploads both on its own, the image last; polled every 20 ms), plus 100 ms for node one to mark the record, which the rig does not read",
             "resume_ms": "connect through node two's gateway: placement, the claim of the record, the fetch from the bucket (chunks checked against their hashes), the import and the boot under the sandbox's own id",
             "first_read_ms": "reading a file written before the pause, from the resumed sandbox",
             "lazy_fetch": "none: the whole of the files is fetched before the boot",
@@ -659,6 +659,8 @@ impl Move<'_> {
         let t1 = Instant::now();
         let manifest = format!("paused/default/{}", source.id);
         self.wait_in_bucket(&manifest, &format!("paused sandbox {}", source.id)).await?;
+        // Its layer's image goes up after the stream, before the mark.
+        self.wait_in_bucket(&format!("{manifest}@layer0"), &format!("paused sandbox {}'s image", source.id)).await?;
         // The record is marked stored right after the upload.
         tokio::time::sleep(Duration::from_millis(100)).await;
         let upload = ms(t1.elapsed());
