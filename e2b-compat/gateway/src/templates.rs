@@ -9,8 +9,6 @@ use copse_substrate::template::{PackageSystem, Recipe};
 pub use copse_templates::Service;
 
 pub const CODE_INTERPRETER: &str = "code-interpreter-v1";
-/// The SDK reaches the code interpreter on this sandbox port.
-pub const INTERPRETER_PORT: u16 = 49999;
 
 /// The shipped templates for this host's package system. Their definitions
 /// are compiled in, and a unit test translates every one of them, so this
@@ -39,11 +37,14 @@ mod tests {
     use crate::service::{RawStep, parse_steps};
     use copse_protocol::kernels::INTERPRETER_USER;
 
+    /// The SDK reaches the code interpreter on this sandbox port.
+    const SDK_PORT: u16 = 49999;
+
     #[test]
     fn the_code_interpreter_runs_as_its_own_account_on_the_sdks_port() {
         let interpreter = service(CODE_INTERPRETER).unwrap();
         assert_eq!(interpreter.user, INTERPRETER_USER);
-        assert_eq!(interpreter.port, INTERPRETER_PORT);
+        assert_eq!(interpreter.port, SDK_PORT);
         assert!(interpreter.command.starts_with("exec python3 -I "), "no environment reaches its imports");
         assert!(service("base").is_none());
         let names: Vec<String> = recipes().into_iter().map(|r| r.name).collect();

@@ -27,6 +27,10 @@
 //!
 //! Anything else (ENV, WORKDIR, USER, RUN as another user) is refused, as
 //! a recipe has no place to keep it.
+//!
+//! FreeBSD's code interpreter has no TypeScript package (there is none):
+//! its TypeScript contexts report the missing module when a cell runs (not
+//! run on FreeBSD).
 
 use anyhow::{Context, bail, ensure};
 use copse_substrate::template::{Backend, PackageSystem, Recipe, write_file_script};
