@@ -44,7 +44,7 @@ use copse_rigs::api::{Api, filler_seeded, log_text_seeded};
 use copse_rigs::exec::first_exec;
 use copse_rigs::facts::random_hex;
 use copse_rigs::postgres::Postgres;
-use copse_rigs::report::{find, p50_difference, print_footer};
+use copse_rigs::report::{find, p50_difference, print_footer, server_timing};
 use copse_rigs::seaweedfs::SeaweedFs;
 use copse_rigs::{Binaries, Conn, Gateway, LEAN_CLIENT, RigArgs, Run, Scenario, ms};
 use hyper::{Method, StatusCode};
@@ -425,7 +425,9 @@ async fn measure(ways: &[(&str, SocketAddr)], key: &str, n: usize) -> anyhow::Re
             conn.delete_sandbox(key, &created.id).await.with_context(|| format!("{name}: delete"))?;
             // Two untimed: the connection's and the node's first.
             if sample >= 2 {
-                let server = server_total(&created.server_timing).with_context(|| format!("{name}: create"))?;
+                // The node's own time for it, passed back unchanged by a forwarding gateway.
+                let server = server_timing(&created.server_timing, "total")
+                    .with_context(|| format!("{name}: create without a Server-Timing total"))?;
                 let total = ms(t_done - t0);
                 rows.push([ms(t_created - t0), ms(t_done - t_created), total, server, total - server]);
             }
@@ -438,12 +440,6 @@ async fn measure(ways: &[(&str, SocketAddr)], key: &str, n: usize) -> anyhow::Re
             Scenario::from_rows(name, 1, &["create_ms", "exec_ms", "total_ms", "server_ms", "path_ms"], &rows)
         })
         .collect())
-}
-
-/// The create's own time on the node that made the sandbox (its
-/// `Server-Timing` total, passed back unchanged by a forwarding gateway).
-fn server_total(timing: &[(String, f64)]) -> anyhow::Result<f64> {
-    timing.iter().find(|(name, _)| name == "total").map(|(_, ms)| *ms).context("no Server-Timing total")
 }
 
 /// A burst of creates through one gateway, with the node data dirs to tell
