@@ -7,6 +7,7 @@ import time
 import pytest
 from e2b import NotFoundException, TimeoutException
 from e2b_code_interpreter import Sandbox
+from test_templates import wheel
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -298,3 +299,17 @@ def test_with_no_pool_a_create_restores_the_warm_kernel_with_its_own_identity(ga
     finally:
         first.kill()
         second.kill()
+
+
+def test_a_package_pip_installed_in_a_cell_imports_in_the_next(sbx, tmp_path):
+    """What agents do on E2B: `!pip install` in one cell, `import` in the
+    next. The package is a wheel the test made (no index is reached)."""
+    wheel(tmp_path, "copse_cell_probe", "installed-from-a-cell")
+    name = "copse_cell_probe-1.0-py3-none-any.whl"
+    sbx.files.write(f"/home/user/{name}", (tmp_path / name).read_bytes())
+    installed = sbx.run_code(f"!pip install --no-index /home/user/{name}")
+    assert installed.error is None, installed
+    assert any("Successfully installed copse-cell-probe-1.0" in line for line in installed.logs.stdout), installed.logs
+    imported = sbx.run_code("import copse_cell_probe\ncopse_cell_probe.VALUE")
+    assert imported.error is None, imported.error
+    assert imported.text == "installed-from-a-cell"

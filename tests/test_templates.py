@@ -6,10 +6,16 @@ directory, with the start command running and ready (restored from the
 build's memory snapshot, where the substrate keeps memory). Templates belong to
 the team that built them."""
 
+import base64
+import hashlib
+import io
 import json
 import os
 import secrets
+import subprocess
+import tarfile
 import time
+import zipfile
 
 import httpx
 import leakcheck
@@ -508,3 +514,111 @@ def test_the_shipped_templates_are_what_their_definitions_say(gateway):
                 assert sbx.commands.run(f"id -u {service['user']}").exit_code == 0
         finally:
             sbx.kill()
+
+
+def wheel(directory, module: str, value: str):
+    """A pure-Python wheel of `module`, whose `VALUE` is `value`."""
+    dist = f"{module}-1.0.dist-info"
+    files = {
+        f"{module}/__init__.py": f"VALUE = {value!r}\n",
+        f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: {module}\nVersion: 1.0\n",
+        f"{dist}/WHEEL": "Wheel-Version: 1.0\nGenerator: copse-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    record = ""
+    for path, text in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=").decode()
+        record += f"{path},sha256={digest},{len(text.encode())}\n"
+    files[f"{dist}/RECORD"] = record + f"{dist}/RECORD,,\n"
+    with zipfile.ZipFile(directory / f"{module}-1.0-py3-none-any.whl", "w") as whl:
+        for path, text in files.items():
+            whl.writestr(path, text)
+
+
+def npm_package(directory):
+    """copse-probe 1.0.0, whose `copse-probe` command prints npm-ran."""
+    manifest = json.dumps({"name": "copse-probe", "version": "1.0.0", "bin": {"copse-probe": "cli.js"}}).encode()
+    cli = b"#!/usr/bin/env node\nconsole.log('npm-ran')\n"
+    with tarfile.open(directory / "copse-probe-1.0.0.tgz", "w:gz") as tgz:
+        for name, data, mode in (("package.json", manifest, 0o644), ("cli.js", cli, 0o755)):
+            entry = tarfile.TarInfo(f"package/{name}")
+            entry.size, entry.mode = len(data), mode
+            tgz.addfile(entry, io.BytesIO(data))
+
+
+def deb_package(directory, scratch):
+    """copse-probe 1.0, which installs /usr/share/copse-probe/marker."""
+    root = scratch / "deb"
+    (root / "DEBIAN").mkdir(parents=True)
+    (root / "DEBIAN/control").write_text(
+        "Package: copse-probe\nVersion: 1.0\nArchitecture: all\n"
+        "Maintainer: copse tests <tests@copse.invalid>\nDescription: a package the build installs\n"
+    )
+    (root / "usr/share/copse-probe").mkdir(parents=True)
+    (root / "usr/share/copse-probe/marker").write_text("apt-installed\n")
+    subprocess.run(["dpkg-deb", "--root-owner-group", "--build", root, directory / "copse-probe_1.0_all.deb"], check=True, capture_output=True)
+
+
+def git_repository(directory, scratch):
+    """A bare repository whose `main` has two commits, `first` and `second`."""
+    work = scratch / "work"
+    git = ["git", "-c", "user.name=copse", "-c", "user.email=tests@copse.invalid", "-C", str(work)]
+    subprocess.run(["git", "init", "-q", "-b", "main", str(work)], check=True)
+    for message in ("first", "second"):
+        (work / "README").write_text(f"{message}\n")
+        subprocess.run([*git, "add", "README"], check=True)
+        subprocess.run([*git, "commit", "-q", "-m", message], check=True)
+    subprocess.run(["git", "clone", "-q", "--bare", str(work), str(directory / "repo.git")], check=True)
+
+
+def test_every_install_step_works_on_base_without_a_network(gateway, tmp_path):
+    """The SDK's `apt_install`, `pip_install` (for everyone, and with
+    `g=False` for the user), `npm_install` (global, and into the working
+    directory) and `git_clone` on `base`, as on E2B's base image: pip installs
+    beside Debian's Python (which marks itself externally managed) and npm is
+    there. What they install is what the test made and the build copies in;
+    none reaches a package index (apt is left no sources, pip and npm are
+    told to stay offline)."""
+    packages = tmp_path / "pkgs"
+    packages.mkdir()
+    wheel(packages, "copse_probe", "pip-for-everyone")
+    wheel(packages, "copse_probe_user", "pip-for-the-user")
+    npm_package(packages)
+    deb_package(packages, tmp_path)
+    git_repository(packages, tmp_path)
+    name = unique("installs")
+    at = "/home/user/pkgs"
+    template = (
+        Template(file_context_path=str(tmp_path))
+        .from_template("base")
+        .copy("pkgs/", f"{at}/")
+        .set_envs({"PIP_NO_INDEX": "1", "npm_config_offline": "true"})
+        .run_cmd("rm -f /etc/apt/sources.list /etc/apt/sources.list.d/*", user="root")
+        .apt_install([f"{at}/copse-probe_1.0_all.deb"])
+        .pip_install([f"{at}/copse_probe-1.0-py3-none-any.whl"])
+        .pip_install([f"{at}/copse_probe_user-1.0-py3-none-any.whl"], g=False)
+        .npm_install([f"{at}/copse-probe-1.0.0.tgz"], g=True)
+        .set_workdir("/home/user/project")
+        .npm_install([f"{at}/copse-probe-1.0.0.tgz"])
+        .git_clone(f"file://{at}/repo.git", "/home/user/clone", branch="main", depth=1)
+    )
+    try:
+        Template.build(template, alias=name)
+        sbx = Sandbox.create(name, timeout=60)
+        try:
+            run = sbx.commands.run
+            assert run("dpkg-query -W -f '${Status}' copse-probe").stdout == "install ok installed"
+            assert run("cat /usr/share/copse-probe/marker").stdout == "apt-installed\n"
+            probe = "import {0} as m; print(m.VALUE, m.__file__.startswith('{1}'))"
+            assert run(f"python3 -c \"{probe.format('copse_probe', '/usr/local/lib/')}\"").stdout == "pip-for-everyone True\n"
+            user_probe = probe.format("copse_probe_user", "/home/user/.local/lib/")
+            assert run(f"python3 -c \"{user_probe}\"").stdout == "pip-for-the-user True\n"
+            assert run("copse-probe").stdout == "npm-ran\n"
+            assert run("node node_modules/copse-probe/cli.js").stdout == "npm-ran\n"
+            assert run("git -C /home/user/clone log --format=%s").stdout == "second\n"
+            assert run("stat -c %U /home/user/clone/README /home/user/project/node_modules").stdout == "user\nuser\n"
+            # An agent's own `pip install` works too, into the user's site.
+            assert run(f"pip install --no-index {at}/copse_probe_user-1.0-py3-none-any.whl --force-reinstall").exit_code == 0
+        finally:
+            sbx.kill()
+    finally:
+        delete_template(gateway, name)

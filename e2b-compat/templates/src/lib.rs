@@ -28,6 +28,15 @@
 //! Anything else (ENV, WORKDIR, USER, RUN as another user) is refused, as
 //! a recipe has no place to keep it.
 //!
+//! `base` carries what E2B's base image gives an agent: Python with pip,
+//! Node.js with npm, git. Its `/etc/pip.conf` lets pip install beside the
+//! system's packages (Debian marks its Python externally managed, PEP 668),
+//! so the SDK's `pip_install` and an agent's `pip install` work there as
+//! they do on E2B. A non-root `pip install` goes to the user's site, which
+//! exists from the start: Python puts it on the path only if it exists when
+//! the interpreter starts, so a kernel could not import what a cell
+//! installed there.
+//!
 //! FreeBSD's code interpreter has no TypeScript package (there is none):
 //! its TypeScript contexts report the missing module when a cell runs (not
 //! run on FreeBSD).
@@ -223,17 +232,22 @@ mod tests {
             let names: Vec<&str> = shipped.iter().map(|s| s.recipe.name.as_str()).collect();
             assert_eq!(names, ["base", "code-interpreter-v1"]);
             let (base, ci) = (&shipped[0], &shipped[1]);
-            assert!(!base.recipe.packages.is_empty() && base.recipe.post_install.is_empty());
+            assert!(["python3", "npm"].iter().all(|p| base.recipe.packages.iter().any(|b| b.contains(p))));
+            assert_eq!(base.recipe.post_install.len(), 2);
+            assert!(base.recipe.post_install[0].contains("break-system-packages = true"));
+            assert!(base.recipe.post_install[1].contains("-m site --user-site"));
             assert!(base.service.is_none());
             assert!(base.recipe.packages.iter().all(|p| ci.recipe.packages.contains(p)));
             assert!(ci.recipe.packages.len() > base.recipe.packages.len());
+            let (inherited, own) = ci.recipe.post_install.split_at(base.recipe.post_install.len());
+            assert_eq!(inherited, base.recipe.post_install);
             for (i, path) in
                 ["copse_interpreter.py", "copse_js_kernel.mjs", "copse_python_kernel.py"].iter().enumerate()
             {
-                assert!(ci.recipe.post_install[i].contains(&format!("cat > '/opt/copse/{path}'")));
-                assert!(ci.recipe.post_install[i].ends_with(&format!("chmod 0644 '/opt/copse/{path}'")));
+                assert!(own[i].contains(&format!("cat > '/opt/copse/{path}'")));
+                assert!(own[i].ends_with(&format!("chmod 0644 '/opt/copse/{path}'")));
             }
-            assert!(ci.recipe.post_install[3].contains("useradd --system"));
+            assert!(own[3].contains("useradd --system"));
             let service = ci.service.as_ref().unwrap();
             assert_eq!(
                 (service.user.as_str(), service.port, service.health_path.as_str()),
@@ -302,7 +316,8 @@ mod tests {
         let text = r#"{"fromTemplate": "base", "steps": [
             {"type": "COPY", "args": ["interpreter/copse_js_kernel.mjs", "/srv/k.mjs", "", "0600"]}]}"#;
         let recipe = translate("t", text, PackageSystem::Debian, &base).unwrap().recipe;
-        assert!(recipe.post_install[0].starts_with("mkdir -p '/srv' && cat > '/srv/k.mjs'"));
-        assert!(recipe.post_install[0].ends_with("chmod 0600 '/srv/k.mjs'"));
+        let copy = recipe.post_install.last().unwrap();
+        assert!(copy.starts_with("mkdir -p '/srv' && cat > '/srv/k.mjs'"));
+        assert!(copy.ends_with("chmod 0600 '/srv/k.mjs'"));
     }
 }
