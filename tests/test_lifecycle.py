@@ -4,6 +4,7 @@ sandboxes created from them, full (memory) snapshots restored into new
 sandboxes, fork, rollback (copse's own endpoint), deleting snapshots, and the
 errors for unknown ids and unsupported modes."""
 
+import http.client
 import json
 import os
 import pathlib
@@ -140,6 +141,42 @@ def test_paused_sandbox_without_auto_resume_refuses_traffic_until_connected(gate
         with pytest.raises(Exception, match="paused"):
             sbx.commands.run("true")
         assert Sandbox.connect(sbx.sandbox_id).commands.run("echo ok").stdout == "ok\n"
+    finally:
+        sbx.kill()
+
+
+def test_a_refusal_given_before_the_body_arrived_keeps_the_connection_usable(gateway):
+    """A command for a paused sandbox is refused without reading its body
+    (here sent 50 ms after the head). The gateway still reads that small
+    body, so the connection stays good for the next call: left unread, the
+    connection closed unannounced and a client's next call on it (the Python
+    SDK's `Sandbox.connect` right after such a refusal) met a broken pipe."""
+    sbx = Sandbox.create(timeout=120)
+    try:
+        sbx.pause()
+        host, port = gateway.url.removeprefix("http://").rsplit(":", 1)
+        body = b'{"process": {"cmd": "/bin/true"}}'
+        conn = http.client.HTTPConnection(host, int(port), timeout=10)
+        try:
+            for pause in (0.05, 0.0):
+                conn.putrequest("POST", "/process.Process/Start")
+                for name, value in (
+                    ("E2b-Sandbox-Id", sbx.sandbox_id),
+                    ("Content-Type", "application/json"),
+                    ("Content-Length", str(len(body))),
+                ):
+                    conn.putheader(name, value)
+                conn.endheaders()
+                time.sleep(pause)
+                conn.send(body)
+                answer = conn.getresponse()
+                assert answer.status == 409 and b"paused" in answer.read()
+                assert not answer.will_close, answer.getheaders()
+                if pause:
+                    first = conn.sock
+            assert conn.sock is first, "the second call went out on the same connection"
+        finally:
+            conn.close()
     finally:
         sbx.kill()
 

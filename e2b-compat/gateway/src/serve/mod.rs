@@ -6,6 +6,7 @@
 
 mod idle;
 mod per_client;
+mod unread_body;
 
 use std::future::{Future, pending};
 use std::sync::Arc;
@@ -76,6 +77,7 @@ pub async fn serve(
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder.http1().timer(TokioTimer::new()).header_read_timeout(limits.header_timeout);
     builder.http2().timer(TokioTimer::new());
+    let app = app.layer(axum::middleware::from_fn(unread_body::read_before_refusing));
     let clients = per_client::Clients::new(limits.per_client);
     let graceful = GracefulShutdown::new();
     tokio::pin!(shutdown);
