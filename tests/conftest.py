@@ -1,6 +1,8 @@
 """Starts a real copse gateway for the suite and points the official E2B SDK
 at it, exactly as a user would (three environment variables)."""
 
+import base64
+import hashlib
 import itertools
 import os
 import pathlib
@@ -9,6 +11,7 @@ import signal
 import socket
 import subprocess
 import time
+import zipfile
 
 import pytest
 
@@ -34,6 +37,24 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def wheel(directory, module: str, value: str):
+    """A pure-Python wheel of `module`, whose `VALUE` is `value`."""
+    dist = f"{module}-1.0.dist-info"
+    files = {
+        f"{module}/__init__.py": f"VALUE = {value!r}\n",
+        f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: {module}\nVersion: 1.0\n",
+        f"{dist}/WHEEL": "Wheel-Version: 1.0\nGenerator: copse-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    record = ""
+    for path, text in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=").decode()
+        record += f"{path},sha256={digest},{len(text.encode())}\n"
+    files[f"{dist}/RECORD"] = record + f"{dist}/RECORD,,\n"
+    with zipfile.ZipFile(directory / f"{module}-1.0-py3-none-any.whl", "w") as whl:
+        for path, text in files.items():
+            whl.writestr(path, text)
 
 
 def first_metrics(sbx, within: float = 10.0, after: float = 0.0):

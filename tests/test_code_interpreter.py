@@ -6,8 +6,8 @@ import time
 
 import pytest
 from e2b import NotFoundException, TimeoutException
+from conftest import wheel
 from e2b_code_interpreter import Sandbox
-from test_templates import wheel
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

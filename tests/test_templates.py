@@ -6,8 +6,6 @@ directory, with the start command running and ready (restored from the
 build's memory snapshot, where the substrate keeps memory). Templates belong to
 the team that built them."""
 
-import base64
-import hashlib
 import io
 import json
 import os
@@ -15,12 +13,11 @@ import secrets
 import subprocess
 import tarfile
 import time
-import zipfile
 
 import httpx
 import leakcheck
 import pytest
-from conftest import API_KEY, DATA_DIR, ROOT, free_port
+from conftest import API_KEY, DATA_DIR, ROOT, free_port, wheel
 from e2b import Sandbox, SandboxException, Template
 from e2b.exceptions import BuildException
 from test_leaks import stop_gateway
@@ -514,24 +511,6 @@ def test_the_shipped_templates_are_what_their_definitions_say(gateway):
                 assert sbx.commands.run(f"id -u {service['user']}").exit_code == 0
         finally:
             sbx.kill()
-
-
-def wheel(directory, module: str, value: str):
-    """A pure-Python wheel of `module`, whose `VALUE` is `value`."""
-    dist = f"{module}-1.0.dist-info"
-    files = {
-        f"{module}/__init__.py": f"VALUE = {value!r}\n",
-        f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: {module}\nVersion: 1.0\n",
-        f"{dist}/WHEEL": "Wheel-Version: 1.0\nGenerator: copse-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
-    }
-    record = ""
-    for path, text in files.items():
-        digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=").decode()
-        record += f"{path},sha256={digest},{len(text.encode())}\n"
-    files[f"{dist}/RECORD"] = record + f"{dist}/RECORD,,\n"
-    with zipfile.ZipFile(directory / f"{module}-1.0-py3-none-any.whl", "w") as whl:
-        for path, text in files.items():
-            whl.writestr(path, text)
 
 
 def npm_package(directory):
