@@ -3021,6 +3021,37 @@ def test_a_team_spreading_its_creates_over_the_nodes_runs_no_more_than_its_limit
         kill_quietly(made)
 
 
+def test_a_burst_of_creates_placed_on_two_nodes_at_once_runs_no_more_than_the_teams_limit(nodes, database_url):
+    """A team may run two sandboxes and sends six creates at once, which
+    placement spreads over both nodes: each node alone sees room for two,
+    and neither has heard of the other's before its next heartbeat. Exactly
+    two run; the other four are refused with a 429, and no sandbox of the
+    team runs that a create did not answer for."""
+    one, two = nodes
+    _, key = limited_team(database_url, "burst", "--max-sandboxes", "2")
+
+    def create():
+        try:
+            return Sandbox.create(timeout=60, **one.env(key))
+        except RateLimitException as refused:
+            assert "max-sandboxes" in str(refused)
+            return None
+
+    made = []
+    try:
+        with ThreadPoolExecutor(max_workers=6) as pool:
+            answers = list(pool.map(lambda _: create(), range(6)))
+        made = [s for s in answers if s is not None]
+        assert len(made) == 2, f"{len(made)} of the team's creates ran, its limit is 2"
+        listed = Sandbox.list(**one.env(key)).next_items()
+        assert sorted(s.sandbox_id for s in listed) == sorted(s.sandbox_id for s in made)
+        time.sleep(2 * HEARTBEAT_S + 1)  # the claims settle into the nodes' figures: still two
+        with pytest.raises(RateLimitException, match="max-sandboxes"):
+            made.append(Sandbox.create(timeout=60, **two.env(key)))
+    finally:
+        kill_quietly(made)
+
+
 @pytest.fixture(scope="module")
 def script_cluster():
     from cluster_script import cluster_up

@@ -34,7 +34,8 @@ pub use ids::{new_id, new_token, new_uuid, snapshot_key};
 pub use journal::{Change, Intent};
 pub use key::KeyRecord;
 pub use node::{
-    Capacity, HEARTBEAT_MS, LOST_AFTER_MS, NodeRecord, NodeStatus, RecentPlacements, place, validate_node_id,
+    Admit, Capacity, HEARTBEAT_MS, LOST_AFTER_MS, NodeRecord, NodeStatus, PlaceClaim, RecentPlacements, place,
+    validate_node_id,
 };
 pub use sandbox::{
     DEFAULT_TIMEOUT_S, ENVD_VERSION, MAX_TIMEOUT_S, Paused, SandboxRecord, State, masked_host, validate_host_mask,

@@ -59,6 +59,25 @@ pub struct Capacity {
     pub running: u32,
 }
 
+/// What a verb in flight on one node holds for a team (a create's place
+/// and disk, a snapshot's place): it counts against the team's limits on
+/// every node from the moment it is admitted until its node's heartbeat
+/// publishes figures (`NodeRecord::teams`) that include what it stored.
+/// Without it, creates sent to two nodes within a heartbeat could each
+/// take the team's last place.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PlaceClaim {
+    pub id: String,
+    pub node: String,
+    pub team: String,
+    pub usage: TeamUsage,
+    pub at_ms: i64,
+}
+
+/// Decides a claim from what the team holds on the other nodes (their
+/// published figures and their open claims): `Err` refuses it.
+pub type Admit = Box<dyn FnOnce(TeamUsage) -> super::Result<()> + Send>;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum NodeStatus {

@@ -5,11 +5,12 @@
 use super::build_layer::BuildLayer;
 use super::journal::Intent;
 use super::key::KeyRecord;
-use super::node::NodeRecord;
+use super::node::{Admit, NodeRecord, PlaceClaim};
 use super::sandbox::SandboxRecord;
 use super::secret::SecretRecord;
 use super::snapshot::SnapshotRecord;
 use super::team::Team;
+use super::team::TeamUsage;
 use super::template::TemplateRecord;
 use super::template_labels::TemplateLabels;
 use super::volume::VolumeRecord;
@@ -133,13 +134,26 @@ pub trait NodeStore: Send + Sync {
     /// stored `draining` and `moving_out`: they are the operator's to set,
     /// and a heartbeat must not undo a drain that came after it read the
     /// record.
-    fn beat(&self, node: &NodeRecord) -> anyhow::Result<()>;
+    ///
+    /// In the same write, removes the node's `settled` claims (their
+    /// verbs ended before `node.teams` was counted, so the figures hold
+    /// what they stored) and those of its earlier runs (made before
+    /// `node.started_at_ms`).
+    fn beat(&self, node: &NodeRecord, settled: &[String]) -> anyhow::Result<()>;
     /// Sets `draining` and `moving_out`; false when there is no such node.
     fn set_draining(&self, id: &str, draining: bool, moving_out: bool) -> anyhow::Result<bool>;
     fn node(&self, id: &str) -> anyhow::Result<Option<NodeRecord>>;
     /// Every node, ordered by id.
     fn nodes(&self) -> anyhow::Result<Vec<NodeRecord>>;
+    /// Removes the node's row and its claims.
     fn remove_node(&self, id: &str) -> anyhow::Result<bool>;
+    /// What `team` holds on the nodes other than `node`: their published
+    /// figures plus their open claims, read together.
+    fn held_elsewhere(&self, node: &str, team: &str) -> anyhow::Result<TeamUsage>;
+    /// Stores `claim` if `admit` accepts what its team holds on the other
+    /// nodes; one claim per team at a time across the database, so two
+    /// nodes cannot both see a last place free.
+    fn claim_places(&self, claim: &PlaceClaim, admit: Admit) -> anyhow::Result<super::Result<()>>;
     /// Replaces the cluster CA's revocation list (PEM) that nodes take up
     /// at their heartbeats. The database is only the courier: a node
     /// adopts a list only if the CA signed it and it is newer than its own

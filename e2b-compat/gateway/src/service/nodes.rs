@@ -6,7 +6,7 @@
 //! the reaper, the journal and shutdown never touch another node's. Calls
 //! for another node's sandbox are forwarded to it by `api::forward`.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -14,8 +14,7 @@ use copse_substrate::TemplateInfo;
 
 use super::Sandboxes;
 use crate::model::{
-    Caller, NodeRecord, NodeStatus, NodeStore, RecentPlacements, Result, SandboxError, SandboxRecord, TeamUsage,
-    now_ms, place,
+    Caller, NodeRecord, NodeStatus, NodeStore, RecentPlacements, Result, SandboxError, SandboxRecord, now_ms, place,
 };
 
 /// Files a create starts from (a snapshot's, a built template's image):
@@ -129,6 +128,9 @@ pub enum Owner {
 impl Sandboxes {
     /// Makes this gateway a node of a shared database.
     pub fn with_membership(mut self, membership: Option<Membership>) -> Self {
+        if let Some(membership) = &membership {
+            self.quota.share(membership.nodes.clone(), membership.id.clone());
+        }
         self.node = membership;
         self
     }
@@ -346,6 +348,7 @@ impl Sandboxes {
             self.substrate_templates().await?.into_iter().filter(super::nameable).map(|t| t.name).collect();
         let running = self.own_records()?.iter().filter(|r| r.paused.is_none()).count();
         let memory = self.substrate.host_memory();
+        let (teams, settled) = self.quota.for_heartbeat();
         let disk_free_mb = nix::sys::statvfs::statvfs(&self.run_dir)
             .map(|s| s.blocks_available().saturating_mul(s.fragment_size()) >> 20)
             .unwrap_or(0);
@@ -367,24 +370,12 @@ impl Sandboxes {
             // `copse node undrain` ends it.
             draining: false,
             moving_out: false,
-            teams: self.quota.here_by_team(),
+            teams,
         };
-        membership.nodes.beat(&record)?;
-        self.quota.set_elsewhere(elsewhere(&membership.node_table()?, &membership.id));
+        membership.nodes.beat(&record, &settled)?;
+        self.quota.published(settled.len());
         Ok(())
     }
-}
-
-/// What each team holds on the nodes other than `own` (lost ones too:
-/// their sandboxes still count, as their records do).
-fn elsewhere(nodes: &[NodeRecord], own: &str) -> HashMap<String, TeamUsage> {
-    let mut teams: HashMap<String, TeamUsage> = HashMap::new();
-    for node in nodes.iter().filter(|n| n.id != own) {
-        for (team, usage) in &node.teams {
-            *teams.entry(team.clone()).or_default() += *usage;
-        }
-    }
-    teams
 }
 
 impl Owner {
@@ -397,32 +388,5 @@ impl Owner {
         SandboxError::Unavailable(format!(
             "{what} is on node {node}, which is lost ({heard}); it is not re-created elsewhere"
         ))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_other_nodes_holdings_are_summed_per_team_and_this_nodes_left_out() {
-        let usage = |running| TeamUsage { running, ..Default::default() };
-        let node = |id: &str, teams: &[(&str, u64)]| NodeRecord {
-            id: id.into(),
-            api_url: String::new(),
-            substrate: String::new(),
-            capacity: Default::default(),
-            templates: vec![],
-            started_at_ms: 0,
-            heartbeat_at_ms: 0,
-            draining: false,
-            moving_out: false,
-            teams: teams.iter().map(|(t, n)| (t.to_string(), usage(*n))).collect(),
-        };
-        let nodes = [node("a", &[("acme", 1), ("bolt", 2)]), node("b", &[("acme", 4)]), node("c", &[("acme", 8)])];
-        let summed = elsewhere(&nodes, "b");
-        assert_eq!(summed.get("acme"), Some(&usage(9)));
-        assert_eq!(summed.get("bolt"), Some(&usage(2)));
-        assert_eq!(summed.len(), 2);
     }
 }

@@ -5,8 +5,8 @@
 
 use super::Database;
 use crate::model::{
-    BuildLayer, Capacity, Change, DEFAULT_TEAM, Intent, KeyRecord, NodeRecord, SandboxRecord, SecretRecord,
-    SnapshotRecord, Team, TeamUsage, TemplateLabels, TemplateRecord, VolumeRecord,
+    Admit, BuildLayer, Capacity, Change, DEFAULT_TEAM, Intent, KeyRecord, NodeRecord, PlaceClaim, SandboxError,
+    SandboxRecord, SecretRecord, SnapshotRecord, Team, TeamUsage, TemplateLabels, TemplateRecord, VolumeRecord,
 };
 
 /// One fresh database and ways into it.
@@ -29,6 +29,7 @@ macro_rules! behaviours {
             a_volume_name_is_taken_once_per_team,
             a_nodes_heartbeat_replaces_its_record_but_not_the_operators_drain,
             a_node_is_removed_only_once_lost_and_holding_nothing,
+            a_teams_places_are_claimed_one_at_a_time_and_settled_by_the_owners_heartbeat,
             a_secret_name_is_taken_once_and_freed_by_removal,
             journal_intents_outlive_the_connection_until_cleared_and_a_torn_one_is_quarantined,
             an_unreadable_row_is_quarantined_and_the_rest_still_listed,
@@ -113,18 +114,18 @@ pub fn a_nodes_heartbeat_replaces_its_record_but_not_the_operators_drain(db: &dy
         teams: [("acme".to_string(), TeamUsage { running: 2, paused: 1, snapshots: 3, disk_bytes: 4 << 30 })].into(),
     };
     assert!(!operator.set_draining(&node.id, true, false).unwrap(), "no such node yet");
-    gateway.beat(&node).unwrap();
-    gateway.beat(&NodeRecord { id: "aaaaaaaaaaaaaaaaaaaa".into(), ..node.clone() }).unwrap();
+    gateway.beat(&node, &[]).unwrap();
+    gateway.beat(&NodeRecord { id: "aaaaaaaaaaaaaaaaaaaa".into(), ..node.clone() }, &[]).unwrap();
     assert!(operator.set_draining(&node.id, true, true).unwrap());
     // The next heartbeat was computed before the drain: it keeps it.
     node.heartbeat_at_ms = 2_001;
     node.capacity.running = 3;
-    gateway.beat(&node).unwrap();
+    gateway.beat(&node, &[]).unwrap();
     let seen = operator.nodes().unwrap();
     assert_eq!(seen.iter().map(|n| n.id.as_str()).collect::<Vec<_>>(), ["aaaaaaaaaaaaaaaaaaaa", node.id.as_str()]);
     assert_eq!(operator.node(&node.id).unwrap(), Some(NodeRecord { draining: true, moving_out: true, ..node.clone() }));
     assert!(operator.set_draining(&node.id, false, false).unwrap());
-    gateway.beat(&node).unwrap();
+    gateway.beat(&node, &[]).unwrap();
     let undrained = operator.node(&node.id).unwrap().unwrap();
     assert!(!undrained.draining && !undrained.moving_out);
     assert!(operator.remove_node(&node.id).unwrap());
@@ -136,6 +137,80 @@ pub fn a_nodes_heartbeat_replaces_its_record_but_not_the_operators_drain(db: &dy
     operator.publish_revocations("second").unwrap();
     assert_eq!(gateway.published_revocations().unwrap().as_deref(), Some("second"));
     assert_eq!(gateway.node(&node.id).unwrap(), None);
+}
+
+pub fn a_teams_places_are_claimed_one_at_a_time_and_settled_by_the_owners_heartbeat(db: &dyn Backend) {
+    let (a, b) = (db.open(), db.open());
+    let running = |running| TeamUsage { running, ..Default::default() };
+    let node = |id: &str, started_at_ms: i64, held: u64| NodeRecord {
+        id: id.into(),
+        api_url: String::new(),
+        substrate: "linux-namespaces".into(),
+        capacity: Capacity::default(),
+        templates: vec![],
+        started_at_ms,
+        heartbeat_at_ms: started_at_ms,
+        draining: false,
+        moving_out: false,
+        teams: [("acme".to_string(), running(held))].into(),
+    };
+    let claim = |id: &str, node: &str, at_ms: i64| PlaceClaim {
+        id: id.into(),
+        node: node.into(),
+        team: "acme".into(),
+        usage: running(1),
+        at_ms,
+    };
+    // Admits one more running sandbox while the other nodes hold fewer
+    // than `max`.
+    let below = |max: u64| -> Admit {
+        Box::new(move |elsewhere: TeamUsage| {
+            if elsewhere.running + 1 > max {
+                return Err(SandboxError::QuotaExceeded(format!("{} elsewhere", elsewhere.running)));
+            }
+            Ok(())
+        })
+    };
+    let held = |store: &dyn crate::store::Database, node: &str| store.held_elsewhere(node, "acme").unwrap().running;
+
+    a.beat(&node("a", 100, 1), &[]).unwrap();
+    b.beat(&node("b", 100, 0), &[]).unwrap();
+    assert_eq!((held(b.as_ref(), "b"), held(a.as_ref(), "a")), (1, 0), "a node's own figures are left out");
+    a.claim_places(&claim("c1", "a", 150), below(3)).unwrap().unwrap();
+    assert_eq!(held(b.as_ref(), "b"), 2, "figures and claims add up");
+    assert_eq!(b.held_elsewhere("b", "bolt").unwrap(), TeamUsage::default(), "another team's are its own");
+    let refused = b.claim_places(&claim("c2", "b", 150), below(2)).unwrap().unwrap_err();
+    assert!(refused.to_string().contains("2 elsewhere"), "{refused}");
+    assert_eq!(held(a.as_ref(), "a"), 0, "a refused claim is not stored");
+
+    // Settled by the heartbeat whose figures include it: counted once.
+    a.beat(&node("a", 100, 2), &["c1".to_string()]).unwrap();
+    assert_eq!(held(b.as_ref(), "b"), 2);
+    // A claim of an earlier run goes with the restarted node's first
+    // heartbeat; one of this run stays until settled.
+    a.claim_places(&claim("c3", "a", 150), below(9)).unwrap().unwrap();
+    a.claim_places(&claim("c4", "a", 250), below(9)).unwrap().unwrap();
+    a.beat(&node("a", 200, 0), &[]).unwrap();
+    assert_eq!(held(b.as_ref(), "b"), 1);
+    assert!(a.remove_node("a").unwrap());
+    assert_eq!(held(b.as_ref(), "b"), 0, "a removed node's claims go with it");
+
+    // Nodes claiming together for one team: never more than the limit.
+    let stores: Vec<_> = (0..8).map(|_| db.open()).collect();
+    let admitted = std::thread::scope(|s| {
+        let claiming: Vec<_> = stores
+            .into_iter()
+            .enumerate()
+            .map(|(i, store)| {
+                s.spawn(move || {
+                    let node = format!("n{i}");
+                    store.claim_places(&claim(&format!("t{i}"), &node, 300), below(4)).unwrap().is_ok()
+                })
+            })
+            .collect();
+        claiming.into_iter().map(|h| h.join().unwrap()).filter(|admitted| *admitted).count()
+    });
+    assert_eq!(admitted, 4);
 }
 
 fn secret(id: &str, name: &str) -> SecretRecord {
@@ -179,9 +254,9 @@ pub fn a_node_is_removed_only_once_lost_and_holding_nothing(db: &dyn Backend) {
     };
     let err = |store: &dyn crate::store::Database| crate::cluster::remove_node(store, id).unwrap_err().to_string();
     assert!(err(store.as_ref()).contains("no node"), "unknown");
-    store.beat(&beat(crate::model::now_ms())).unwrap();
+    store.beat(&beat(crate::model::now_ms()), &[]).unwrap();
     assert!(err(store.as_ref()).contains("heard from"), "a live node stays");
-    store.beat(&beat(crate::model::now_ms() - crate::model::LOST_AFTER_MS - 1_000)).unwrap();
+    store.beat(&beat(crate::model::now_ms() - crate::model::LOST_AFTER_MS - 1_000), &[]).unwrap();
     let mut on_it = sandbox("s", 10);
     on_it.node = Some(id.into());
     store.put(&on_it).unwrap();

@@ -2,6 +2,7 @@
 
 #[cfg(test)]
 mod behaviour;
+mod claims;
 mod postgres;
 pub mod sealing;
 mod sqlite;

@@ -20,8 +20,8 @@ use serde::de::DeserializeOwned;
 
 use super::table::{REVOCATION_LIST, Table};
 use crate::model::{
-    BuildLayer, Intent, KeyRecord, NodeRecord, NodeStore, SandboxRecord, SecretRecord, SecretStore, SnapshotRecord,
-    Store, Team, TemplateLabels, TemplateRecord, VolumeRecord, VolumeStore,
+    Admit, BuildLayer, Intent, KeyRecord, NodeRecord, NodeStore, PlaceClaim, SandboxRecord, SecretRecord, SecretStore,
+    SnapshotRecord, Store, Team, TeamUsage, TemplateLabels, TemplateRecord, VolumeRecord, VolumeStore,
 };
 
 type Job = Box<dyn FnOnce(&mut Conn) + Send>;
@@ -52,20 +52,23 @@ impl Conn {
         sql: &str,
         run: impl FnOnce(&mut Client, &Statement) -> Result<T, postgres::Error>,
     ) -> Result<T, postgres::Error> {
-        let statement = match self.prepared.get(sql) {
-            Some(statement) => statement.clone(),
-            None => {
-                let statement = self.client.prepare(sql)?;
-                self.prepared.insert(sql.to_string(), statement.clone());
-                statement
-            }
-        };
+        let statement = self.statement(sql)?;
         let result = run(&mut self.client, &statement);
         if let Err(err) = &result {
             self.prepared.remove(sql);
             self.lost |= connection_lost(err);
         }
         result
+    }
+
+    /// `sql`'s statement, prepared once per connection.
+    fn statement(&mut self, sql: &str) -> Result<Statement, postgres::Error> {
+        if let Some(statement) = self.prepared.get(sql) {
+            return Ok(statement.clone());
+        }
+        let statement = self.client.prepare(sql).inspect_err(|err| self.lost |= connection_lost(err))?;
+        self.prepared.insert(sql.to_string(), statement.clone());
+        Ok(statement)
     }
 
     fn execute(&mut self, sql: &str, params: &Params) -> Result<u64, postgres::Error> {
@@ -83,6 +86,22 @@ impl Conn {
     fn transaction(&mut self) -> Result<Transaction<'_>, postgres::Error> {
         self.client.transaction()
     }
+
+    /// Runs `work` in a transaction and commits it, noting a lost
+    /// connection as [`Conn::with_statement`] does (and preparing every
+    /// statement afresh after a failure, not knowing which one failed).
+    fn in_transaction<T>(&mut self, work: impl FnOnce(&mut Transaction) -> anyhow::Result<T>) -> anyhow::Result<T> {
+        let result = self.client.transaction().map_err(anyhow::Error::from).and_then(|mut tx| {
+            let value = work(&mut tx)?;
+            tx.commit()?;
+            Ok(value)
+        });
+        if let Err(err) = &result {
+            self.prepared.clear();
+            self.lost |= err.downcast_ref::<postgres::Error>().is_some_and(connection_lost);
+        }
+        result
+    }
 }
 
 pub struct PostgresStore {
@@ -92,6 +111,10 @@ pub struct PostgresStore {
 /// Serializes the migrations of gateways starting together (any constant
 /// the project's other advisory locks do not use).
 const MIGRATION_LOCK: i64 = 0x636f_7073_6501;
+/// With a hash of the team's name, the two-key advisory lock that
+/// serializes a team's place claims (two-key locks never meet one-key
+/// ones such as [`MIGRATION_LOCK`]).
+const PLACE_CLAIM_LOCK: i32 = 0x636f_7001;
 
 impl PostgresStore {
     /// Connects to `url` (a `postgres://` URL or `key=value` pairs) and
@@ -228,6 +251,15 @@ impl PostgresStore {
     }
 }
 
+/// The other nodes' figures for a team and their claims for it, in one
+/// statement (see `claims.rs`).
+const HELD_ELSEWHERE: &str = "SELECT (record::jsonb -> 'teams' -> $2)::text FROM nodes WHERE id <> $1
+     UNION ALL SELECT usage FROM place_claims WHERE team = $2 AND node <> $1";
+
+fn held_elsewhere(rows: Vec<Row>) -> anyhow::Result<TeamUsage> {
+    super::claims::total(rows.iter().map(|r| r.get::<_, Option<String>>(0)))
+}
+
 /// An error of the connection rather than of the statement: one the
 /// server did not send (the socket, mostly; the rare other client-side
 /// error costs one needless reconnect) or a FATAL one, which the server
@@ -254,6 +286,7 @@ fn migrate(client: &mut Client) -> anyhow::Result<()> {
         refinery::Migration::unapplied("V1__tables", include_str!("postgres_migrations/V1__tables.sql"))?,
         refinery::Migration::unapplied("V2__nodes", include_str!("postgres_migrations/V2__nodes.sql"))?,
         refinery::Migration::unapplied("V3__revocations", include_str!("postgres_migrations/V3__revocations.sql"))?,
+        refinery::Migration::unapplied("V4__place_claims", include_str!("postgres_migrations/V4__place_claims.sql"))?,
     ];
     client.execute("SELECT pg_advisory_lock($1)", &[&MIGRATION_LOCK])?;
     let migrated = refinery::Runner::new(&migrations).run(client).context("migrating the database");
@@ -599,16 +632,23 @@ impl VolumeStore for PostgresStore {
 }
 
 impl NodeStore for PostgresStore {
-    fn beat(&self, node: &NodeRecord) -> anyhow::Result<()> {
-        let (id, json) = (node.id.clone(), serde_json::to_string(node)?);
+    fn beat(&self, node: &NodeRecord, settled: &[String]) -> anyhow::Result<()> {
+        let (id, json, started_at_ms) = (node.id.clone(), serde_json::to_string(node)?, node.started_at_ms);
+        let settled = settled.to_vec();
         self.run(move |c| {
-            c.execute(
+            c.in_transaction(|tx| {
+                tx.execute(
                 "INSERT INTO nodes (id, record) VALUES ($1, $2) ON CONFLICT (id) DO UPDATE SET record = jsonb_set(
                      jsonb_set(excluded.record::jsonb, '{draining}', COALESCE(nodes.record::jsonb -> 'draining', 'false')),
                      '{moving_out}', COALESCE(nodes.record::jsonb -> 'moving_out', 'false'))::text",
-                &[&id, &json],
-            )?;
-            Ok(())
+                    &[&id, &json],
+                )?;
+                tx.execute(
+                    "DELETE FROM place_claims WHERE node = $1 AND (at_ms < $2 OR id = ANY($3))",
+                    &[&id, &started_at_ms, &settled],
+                )?;
+                Ok(())
+            })
         })
     }
 
@@ -630,7 +670,43 @@ impl NodeStore for PostgresStore {
     }
 
     fn remove_node(&self, id: &str) -> anyhow::Result<bool> {
-        self.delete_by_id(Table::Nodes, id)
+        let id = id.to_owned();
+        self.run(move |c| {
+            c.in_transaction(|tx| {
+                tx.execute("DELETE FROM place_claims WHERE node = $1", &[&id])?;
+                Ok(tx.execute("DELETE FROM nodes WHERE id = $1", &[&id])? > 0)
+            })
+        })
+    }
+
+    fn held_elsewhere(&self, node: &str, team: &str) -> anyhow::Result<TeamUsage> {
+        let (node, team) = (node.to_owned(), team.to_owned());
+        self.run(move |c| held_elsewhere(c.query(HELD_ELSEWHERE, &[&node, &team])?))
+    }
+
+    fn claim_places(&self, claim: &PlaceClaim, admit: Admit) -> anyhow::Result<crate::model::Result<()>> {
+        let claim = claim.clone();
+        let usage = serde_json::to_string(&claim.usage)?;
+        self.run(move |c| {
+            // Prepared ahead: on the create path of a limited team, each
+            // round trip counts.
+            let lock = c.statement("SELECT pg_advisory_xact_lock($1, hashtext($2))")?;
+            let read = c.statement(HELD_ELSEWHERE)?;
+            let insert =
+                c.statement("INSERT INTO place_claims (id, node, team, usage, at_ms) VALUES ($1, $2, $3, $4, $5)")?;
+            c.in_transaction(|tx| {
+                // Held until the transaction ends: the next claim for the
+                // team reads after this one is stored (each statement of
+                // a READ COMMITTED transaction sees what committed before
+                // it began).
+                tx.execute(&lock, &[&PLACE_CLAIM_LOCK, &claim.team])?;
+                if let Err(refused) = admit(held_elsewhere(tx.query(&read, &[&claim.node, &claim.team])?)?) {
+                    return Ok(Err(refused));
+                }
+                tx.execute(&insert, &[&claim.id, &claim.node, &claim.team, &usage, &claim.at_ms])?;
+                Ok(Ok(()))
+            })
+        })
     }
 
     fn publish_revocations(&self, pem: &str) -> anyhow::Result<()> {
@@ -711,7 +787,7 @@ mod tests {
         assert_eq!(stores[2].intents().unwrap().len(), 1);
         let mut client = Client::connect(&server.url(), NoTls).unwrap();
         let applied: i64 = client.query_one("SELECT count(*) FROM refinery_schema_history", &[]).unwrap().get(0);
-        assert_eq!(applied, 3, "V1__tables, V2__nodes and V3__revocations, each once");
+        assert_eq!(applied, 4, "V1__tables, V2__nodes, V3__revocations and V4__place_claims, each once");
     }
 
     /// Statements are kept per connection: after the server drops the

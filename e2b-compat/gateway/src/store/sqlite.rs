@@ -10,13 +10,13 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 use anyhow::Context;
-use rusqlite::{Connection, OptionalExtension, params};
+use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 use serde::de::DeserializeOwned;
 
 use super::table::{REVOCATION_LIST, Table};
 use crate::model::{
-    BuildLayer, DEFAULT_TEAM, Intent, KeyRecord, NodeRecord, NodeStore, SandboxRecord, SecretRecord, SecretStore,
-    SnapshotRecord, Store, Team, TemplateLabels, TemplateRecord, VolumeRecord, VolumeStore,
+    Admit, BuildLayer, DEFAULT_TEAM, Intent, KeyRecord, NodeRecord, NodeStore, PlaceClaim, SandboxRecord, SecretRecord,
+    SecretStore, SnapshotRecord, Store, Team, TeamUsage, TemplateLabels, TemplateRecord, VolumeRecord, VolumeStore,
 };
 
 pub struct SqliteStore {
@@ -108,6 +108,13 @@ impl SqliteStore {
              CREATE TABLE IF NOT EXISTS nodes (
                  id TEXT PRIMARY KEY,
                  record TEXT NOT NULL
+             );
+             CREATE TABLE IF NOT EXISTS place_claims (
+                 id TEXT PRIMARY KEY,
+                 node TEXT NOT NULL,
+                 team TEXT NOT NULL,
+                 usage TEXT NOT NULL,
+                 at_ms INTEGER NOT NULL
              );
              CREATE TABLE IF NOT EXISTS revocation_lists (
                  id TEXT PRIMARY KEY,
@@ -487,14 +494,21 @@ impl VolumeStore for SqliteStore {
 }
 
 impl NodeStore for SqliteStore {
-    fn beat(&self, node: &NodeRecord) -> anyhow::Result<()> {
-        self.lock().execute(
+    fn beat(&self, node: &NodeRecord, settled: &[String]) -> anyhow::Result<()> {
+        let mut conn = self.lock();
+        let tx = conn.transaction()?;
+        tx.execute(
             "INSERT INTO nodes (id, record) VALUES (?1, ?2) ON CONFLICT(id) DO UPDATE SET record = json_set(
                  excluded.record,
                  '$.draining', json(CASE WHEN json_extract(nodes.record, '$.draining') THEN 'true' ELSE 'false' END),
                  '$.moving_out', json(CASE WHEN json_extract(nodes.record, '$.moving_out') THEN 'true' ELSE 'false' END))",
             params![node.id, serde_json::to_string(node)?],
         )?;
+        tx.execute("DELETE FROM place_claims WHERE node = ?1 AND at_ms < ?2", params![node.id, node.started_at_ms])?;
+        for id in settled {
+            tx.execute("DELETE FROM place_claims WHERE node = ?1 AND id = ?2", params![node.id, id])?;
+        }
+        tx.commit()?;
         Ok(())
     }
 
@@ -513,7 +527,32 @@ impl NodeStore for SqliteStore {
     }
 
     fn remove_node(&self, id: &str) -> anyhow::Result<bool> {
-        delete_by_id(&self.lock(), Table::Nodes, id)
+        let mut conn = self.lock();
+        let tx = conn.transaction()?;
+        tx.execute("DELETE FROM place_claims WHERE node = ?1", params![id])?;
+        let removed = delete_by_id(&tx, Table::Nodes, id)?;
+        tx.commit()?;
+        Ok(removed)
+    }
+
+    fn held_elsewhere(&self, node: &str, team: &str) -> anyhow::Result<TeamUsage> {
+        held_elsewhere(&self.lock(), node, team)
+    }
+
+    fn claim_places(&self, claim: &PlaceClaim, admit: Admit) -> anyhow::Result<crate::model::Result<()>> {
+        let mut conn = self.lock();
+        // Immediate: the write lock is taken before the read, so another
+        // process's claim cannot slip in between.
+        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        if let Err(refused) = admit(held_elsewhere(&tx, &claim.node, &claim.team)?) {
+            return Ok(Err(refused));
+        }
+        tx.execute(
+            "INSERT INTO place_claims (id, node, team, usage, at_ms) VALUES (?1, ?2, ?3, ?4, ?5)",
+            params![claim.id, claim.node, claim.team, serde_json::to_string(&claim.usage)?, claim.at_ms],
+        )?;
+        tx.commit()?;
+        Ok(Ok(()))
     }
 
     fn publish_revocations(&self, pem: &str) -> anyhow::Result<()> {
@@ -588,6 +627,15 @@ fn upsert_by_id<T: serde::Serialize>(conn: &Connection, table: Table, id: &str, 
     );
     conn.execute(&sql, params![id, serde_json::to_string(record)?])?;
     Ok(())
+}
+
+fn held_elsewhere(conn: &Connection, node: &str, team: &str) -> anyhow::Result<TeamUsage> {
+    let mut read = conn.prepare_cached(
+        "SELECT record -> 'teams' -> ?2 FROM nodes WHERE id <> ?1
+         UNION ALL SELECT usage FROM place_claims WHERE team = ?2 AND node <> ?1",
+    )?;
+    let rows = read.query_map(params![node, team], |r| r.get::<_, Option<String>>(0))?;
+    super::claims::total(rows.collect::<Result<Vec<_>, _>>()?)
 }
 
 /// Deletes `table`'s row `id`; whether there was one.
