@@ -539,35 +539,84 @@ def test_a_built_template_starts_on_another_node_through_the_object_store(nodes,
         time.sleep(0.5)
 
 
-def test_a_build_on_another_node_never_stacks_on_a_layer_only_node_one_holds(nodes, database_url, object_store):
-    """Two templates built from one built template with the same step, one
-    through each node. The step's cache entry names node one's snapshot,
-    which only node one's host has: node one's second build reuses it, node
-    two runs the step itself instead of booting files it does not have, and
-    its template starts with them."""
+def layers_of(database: str, template: str) -> dict[str, bool]:
+    """The build cache entries the default team's template `template`
+    made or reused: key → whether it is in the object store."""
+    query = ("SELECT l.record::jsonb ->> 'key', COALESCE((l.record::jsonb ->> 'in_object_store')::bool, false) "
+             "FROM build_layers l, built_templates t "
+             f"WHERE t.record::jsonb ->> 'name' = '{template}' AND t.record::jsonb ->> 'team' = 'default' "
+             "AND l.record::jsonb -> 'templates' ? (t.record::jsonb ->> 'id')")
+    rows = subprocess.run(["psql", database, "-tAF", " ", "-c", query], check=True, capture_output=True,
+                          text=True).stdout.split("\n")
+    return {key: stored == "t" for key, stored in (r.split() for r in rows if r.strip())}
+
+
+def stored_layers(database: str, template: str, within_s: float = 60) -> list[str]:
+    """The keys of `template`'s build cache entries, once its node stored
+    them all."""
+    deadline = time.monotonic() + within_s
+    while not all((layers := layers_of(database, template)).values()) or not layers:
+        assert time.monotonic() < deadline, f"the node stored {template}'s build cache entries: {layers}"
+        time.sleep(0.5)
+    return list(layers)
+
+
+def test_a_build_on_another_node_stacks_on_the_layers_the_object_store_holds(nodes, database_url, object_store):
+    """Templates built from one built template with the same step, through
+    each node. Node one's cache entry for the step is stored in the object
+    store: node two fetches its files and runs no step, and its template
+    starts with them. An entry not stored (yet) is not stacked on: node two
+    runs that step itself rather than boot files its host lacks."""
     one, two = nodes
     tag = secrets.token_hex(4)
     base = f"layered-base-{tag}"
     Template.build(Template().from_template("base").run_cmd("echo base > /home/user/base"), alias=base, **one.env())
     stored_image(object_store, image_key(database_url, base))
     step = Template().from_template(base).run_cmd("echo step >> /home/user/steps")
-    built = [f"layered-{n}-{tag}" for n in ("first", "again", "two")]
+    # The SDK's builder changes itself: a second one for two steps.
+    more = Template().from_template(base).run_cmd("echo step >> /home/user/steps").run_cmd(
+        "echo more >> /home/user/steps")
+    built = [f"layered-{n}-{tag}" for n in ("first", "again", "two", "more", "more-two")]
     try:
         first, _ = build_logged(step, built[0], **one.env())
         assert cached_steps(first) == [] and run_steps(first) == [1], first
         again, _ = build_logged(step, built[1], **one.env())
         assert cached_steps(again) == [1], again
+        [entry] = stored_layers(database_url, built[0])
+        assert object_store.read(f"layers/{entry}"), "the entry's files are in the bucket"
         elsewhere, _ = build_logged(step, built[2], **two.env())
-        assert cached_steps(elsewhere) == [] and run_steps(elsewhere) == [1], elsewhere
+        assert cached_steps(elsewhere) == [1] and run_steps(elsewhere) == [], elsewhere
         sbx = Sandbox.create(built[2], **two.env())
         try:
             assert two.holds(sbx.sandbox_id)
             assert sbx.commands.run("cat /home/user/base /home/user/steps").stdout.split() == ["base", "step"]
         finally:
             sbx.kill()
+
+        # The second step's entry, stored, then marked as not stored yet.
+        build_logged(more, built[3], **one.env())
+        second = [k for k in stored_layers(database_url, built[3]) if k != entry]
+        assert len(second) == 1
+        subprocess.run(["psql", database_url, "-tAc",
+                        "UPDATE build_layers SET record = (record::jsonb - 'in_object_store')::text "
+                        f"WHERE id = '{second[0]}'"], check=True, capture_output=True)
+        elsewhere, _ = build_logged(more, built[4], **two.env())
+        assert cached_steps(elsewhere) == [1] and run_steps(elsewhere) == [2], elsewhere
+        sbx = Sandbox.create(built[4], **two.env())
+        try:
+            assert sbx.commands.run("cat /home/user/steps").stdout.split() == ["step", "more"]
+        finally:
+            sbx.kill()
     finally:
         for name in [*built, base]:
             httpx.delete(f"{one.url}/templates/{name}", headers={"X-API-KEY": API_KEY}, timeout=60)
+    deadline = time.monotonic() + 30
+    while object_store.read(f"layers/{entry}"):
+        assert time.monotonic() < deadline, "a collected entry leaves the bucket"
+        time.sleep(0.5)
+    left = subprocess.run(["psql", database_url, "-tAc", f"SELECT count(*) FROM build_layers WHERE id = '{entry}'"],
+                          check=True, capture_output=True, text=True).stdout.strip()
+    assert left == "0", "and the database"
 
 
 def private_image(node: Node, repository: str) -> tuple[str, str, str]:

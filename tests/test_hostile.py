@@ -2607,6 +2607,8 @@ from test_cluster import (  # noqa: E402,F401
 from test_cluster import HEARTBEAT_S, LOST_AFTER_S, NODE_TABLE_TTL_S, kill_quietly, limited_team, node_table  # noqa: E402
 from test_cluster import lazy_server_pids, on_one_seen_through_two, paused_field, stored_paused  # noqa: E402
 from test_cluster import built_from_private_image, private_image, stored_lazy_image_layers  # noqa: E402
+from test_cluster import stored_layers  # noqa: E402
+from test_templates import build_logged, cached_steps, run_steps  # noqa: E402
 
 
 def test_a_forged_forwarding_mark_never_lets_a_gateway_act_on_another_nodes_sandbox(nodes, database_url):
@@ -2947,6 +2949,44 @@ def test_a_template_image_swapped_in_the_bucket_never_starts_another_templates_f
                               ("", "@layer0"))
     finally:
         for name in names.values():
+            httpx.delete(f"{one.url}/templates/{name}", headers={"X-API-KEY": API_KEY}, timeout=60)
+
+
+def test_a_build_cache_entry_swapped_in_the_bucket_is_never_stacked_on(nodes, database_url, object_store):
+    """Whoever can write the cluster's bucket puts one build cache entry's
+    files under another's key, hoping a build on another node stacks on
+    them. That node checks that the fetched stream names the entry's files
+    as the database records them, refuses it, and runs the step itself:
+    its template holds what its own step wrote."""
+    from e2b import Template
+
+    one, two = nodes
+    tag = os.urandom(4).hex()
+    base = f"swap-layer-base-{tag}"
+    Template.build(Template().from_template("base").run_cmd("true"), alias=base, **one.env())
+    stored_image(object_store, image_key(database_url, base))
+    steps = {text: Template().from_template(base).run_cmd(f"echo {text} > /home/user/note")
+             for text in ("victim", "other")}
+    names = {text: f"swap-layer-{text}-{tag}" for text in steps}
+    rebuilt = f"swap-layer-victim-two-{tag}"
+    try:
+        for text, template in steps.items():
+            Template.build(template, alias=names[text], **one.env())
+        [victim], [other] = (stored_layers(database_url, names[text]) for text in ("victim", "other"))
+        saved = object_store.read(f"layers/{victim}")
+        object_store.overwrite(f"layers/{victim}", object_store.read(f"layers/{other}"))
+        try:
+            messages, _ = build_logged(steps["victim"], rebuilt, **two.env())
+            assert cached_steps(messages) == [] and run_steps(messages) == [1], messages
+            sbx = Sandbox.create(rebuilt, timeout=60, **two.env())
+            try:
+                assert sbx.files.read("/home/user/note") == "victim\n"
+            finally:
+                sbx.kill()
+        finally:
+            object_store.overwrite(f"layers/{victim}", saved)
+    finally:
+        for name in [*names.values(), rebuilt, base]:
             httpx.delete(f"{one.url}/templates/{name}", headers={"X-API-KEY": API_KEY}, timeout=60)
 
 

@@ -262,7 +262,8 @@ pub fn remove_node(store: &dyn Database, id: &str) -> anyhow::Result<()> {
             held.join(", ")
         );
     }
-    for layer in store.build_layers()?.into_iter().filter(|l| here(&l.node)) {
+    // Entries in the object store stay: other nodes fetch them.
+    for layer in store.build_layers()?.into_iter().filter(|l| here(&l.node) && !l.in_object_store) {
         store.remove_build_layer(&layer.key)?;
     }
     for intent in store.intents()?.into_iter().filter(|i| here(&i.node)) {

@@ -134,6 +134,17 @@ pub fn image_object_key(snapshot_key: &str) -> anyhow::Result<String> {
     Ok(format!("images/{snapshot_key}"))
 }
 
+/// Where a build cache entry's files (its key `layer_key`, a hex SHA-256
+/// that names the team) wait in an object store for a build on another
+/// node (`service/layer_objects.rs`); the fetching node checks the
+/// stream's header against the entry's record.
+pub fn layer_object_key(layer_key: &str) -> anyhow::Result<String> {
+    if layer_key.len() != 64 || !layer_key.chars().all(|c| c.is_ascii_digit() || ('a'..='f').contains(&c)) {
+        bail!("build layer {layer_key:?} is not one copse made");
+    }
+    Ok(format!("layers/{layer_key}"))
+}
+
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
     Ok(tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?)
 }
@@ -295,7 +306,7 @@ pub fn stream_manifest<T: Send>(
 
 #[cfg(test)]
 mod tests {
-    use super::{MAGIC, MAX_HEADER_LINE, image_object_key, object_key, read_header};
+    use super::{MAGIC, MAX_HEADER_LINE, image_object_key, layer_object_key, object_key, read_header};
 
     #[test]
     fn a_header_is_read_up_to_the_stream_and_an_endless_line_is_refused() {
@@ -315,6 +326,15 @@ mod tests {
         assert_eq!(image_object_key(&key).unwrap(), format!("images/{key}"));
         for odd in ["", "../x", "a/b", "a.b", "x y"] {
             assert!(image_object_key(odd).is_err(), "{odd:?} must be refused");
+        }
+    }
+
+    #[test]
+    fn layer_keys_take_only_build_cache_keys() {
+        let key = "0123456789abcdef".repeat(4);
+        assert_eq!(layer_object_key(&key).unwrap(), format!("layers/{key}"));
+        for odd in [String::new(), key.to_uppercase(), format!("{key}0"), format!("../{}", &key[3..])] {
+            assert!(layer_object_key(&odd).is_err(), "{odd:?} must be refused");
         }
     }
 

@@ -32,4 +32,9 @@ pub struct BuildLayer {
     /// `None` on a single host, and for records from before nodes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node: Option<String>,
+    /// Its files are in the cluster's object store too
+    /// (`service/layer_objects.rs`): a build on another node stacks on
+    /// them after fetching them, rather than running its steps again.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub in_object_store: bool,
 }

@@ -15,6 +15,7 @@ mod fork;
 mod image_objects;
 mod journal;
 mod kill;
+mod layer_objects;
 mod metrics;
 mod nodes;
 mod objects;

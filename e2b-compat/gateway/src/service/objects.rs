@@ -1,6 +1,7 @@
 //! A cluster's snapshots in its object store. Each node uploads in the
 //! background the snapshots it takes, its paused sandboxes' files
-//! (`relocate.rs`) and its built templates' images (`image_objects.rs`):
+//! (`relocate.rs`), its built templates' images (`image_objects.rs`) and
+//! its build cache entries (`layer_objects.rs`):
 //! `cluster.rs` runs [`Sandboxes::store_snapshots`] as soon as one is
 //! taken, at start, and on a timer only while an upload the store refused
 //! waits to be tried again. Each is marked stored once all of it is there.
@@ -103,7 +104,8 @@ impl Sandboxes {
             }
         }
         let paused_failed = self.store_paused(&bucket).await?;
-        Ok(self.store_images(&bucket).await? || paused_failed || failed)
+        let images_failed = self.store_images(&bucket).await?;
+        Ok(self.store_layers(&bucket).await? || images_failed || paused_failed || failed)
     }
 
     /// Makes sure the files of `snapshot` are on this host, fetching them

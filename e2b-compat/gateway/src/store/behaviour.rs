@@ -65,6 +65,7 @@ pub fn a_build_layer_is_found_only_by_its_team_and_outlives_the_connection(db: &
         templates: vec!["t1".into()],
         created_at_ms: 1,
         node: Some("n".into()),
+        in_object_store: false,
     };
     db.open().put_build_layer(&layer).unwrap();
     let store = db.open();
@@ -280,11 +281,15 @@ pub fn a_node_is_removed_only_once_lost_and_holding_nothing(db: &dyn Backend) {
         templates: vec!["t".into()],
         created_at_ms: 0,
         node: Some(id.into()),
+        in_object_store: false,
     };
     store.put_build_layer(&layer).unwrap();
+    let stored = BuildLayer { key: "l2".into(), snapshot_key: "k2".into(), in_object_store: true, ..layer };
+    store.put_build_layer(&stored).unwrap();
     crate::cluster::remove_node(store.as_ref(), id).unwrap();
     assert!(store.node(id).unwrap().is_none());
     assert!(store.build_layer("acme", "l1").unwrap().is_none(), "its build cache goes with it");
+    assert!(store.build_layer("acme", "l2").unwrap().is_some(), "but for entries in the object store");
     assert!(store.snapshot("acme", "snap").unwrap().is_some(), "a stored snapshot stays, for other nodes");
 }
 

@@ -64,7 +64,9 @@ fn digest(fields: &[&str]) -> String {
 pub(super) fn as_image(layer: &BuildLayer) -> Image {
     Image {
         substrate_template: layer.substrate_template.clone(),
-        // A build layer never leaves its node (docs/cluster.md).
+        // The layer's files are on this host by now, and another node's
+        // are never on an image's template (`layer_objects.rs`): no blobs
+        // to fetch.
         oci: None,
         snapshot_key: layer.snapshot_key.clone(),
         envs: layer.envs.clone(),
@@ -98,19 +100,31 @@ impl Sandboxes {
 
     /// The cached layers a build may start on, back to back from its
     /// first step, each marked as used by `template`: on a shared
-    /// database, only those this node holds.
-    pub(super) fn cached_layers(&self, team: &str, keys: &[String], template: &str) -> Vec<BuildLayer> {
+    /// database, those this node holds and those in the object store,
+    /// the last of which is fetched (`layer_objects.rs`).
+    pub(super) async fn cached_layers(&self, team: &str, keys: &[String], template: &str) -> Vec<BuildLayer> {
         let mut found = Vec::new();
         for key in keys {
             match self.store.build_layer(team, key) {
-                Ok(Some(layer)) if self.holds(layer.node.as_deref()) => found.push(layer),
-                // Another node's (same steps on a built template both
-                // nodes have): its files are on that host only, so the
-                // steps from here run again.
+                Ok(Some(layer)) if self.reachable(&layer) => found.push(layer),
+                // Another node's, not in the object store (yet): its
+                // files are on that host only, so the steps from here run
+                // again.
                 Ok(Some(_)) | Ok(None) => break,
                 Err(e) => {
                     tracing::warn!("reading the build cache: {e:#}");
                     break;
+                }
+            }
+        }
+        // Only the deepest is booted: each entry's files hold its
+        // parents'.
+        while let Some(deepest) = found.last() {
+            match self.fetch_layer(deepest).await {
+                Ok(()) => break,
+                Err(e) => {
+                    tracing::warn!(layer = %deepest.key, "fetching a build cache entry: {e}; its step runs again");
+                    found.pop();
                 }
             }
         }
@@ -160,6 +174,9 @@ impl Sandboxes {
                 continue;
             }
             self.store.remove_build_layer(&layer.key)?;
+            if layer.in_object_store {
+                self.forget_stored_layer(&layer).await;
+            }
             let key = layer.snapshot_key;
             self.blocking(move |s| s.delete_snapshot(&key)).await?;
             removed += 1;

@@ -130,7 +130,7 @@ impl Sandboxes {
         };
         let oci = opened.oci.take();
         let keys = chain_keys(&caller.team, &self.base_identity(&base, &opened.template).await, &steps);
-        let cached = self.cached_layers(&caller.team, &keys[..forced_from], &console.record.id);
+        let cached = self.cached_layers(&caller.team, &keys[..forced_from], &console.record.id).await;
         // A cached layer carries the settings its steps left.
         let mut state = match cached.last().map(cache::as_image) {
             Some(layer) => State {
@@ -246,6 +246,7 @@ impl Sandboxes {
                 templates: vec![console.record.id.clone()],
                 created_at_ms: 0,
                 node: self.node().map(str::to_string),
+                in_object_store: false,
             },
             Err(e) => {
                 console.line("warn", None, format!("caching the step's files failed: {e}"));
