@@ -134,9 +134,7 @@ impl Sandboxes {
         let lazy = labels.lazy_images.remove(&image.snapshot_key);
         let files = image_files(record, image, stored, lazy);
         let key = snapshot_file::image_object_key(&image.snapshot_key)?;
-        self.fetch_files(&files, &key, &format!("template {}", record.name)).await?;
-        self.fetched.lock().unwrap_or_else(|e| e.into_inner()).insert(image.snapshot_key.clone());
-        Ok(())
+        self.fetch_copy(&files, &key, &format!("template {}", record.name)).await
     }
 
     /// The OCI image under substrate template `template`, if it is an

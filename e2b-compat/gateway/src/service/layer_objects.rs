@@ -76,9 +76,7 @@ impl Sandboxes {
         }
         let key = snapshot_file::layer_object_key(&layer.key)?;
         let what = format!("build cache entry {}", &layer.key[..12.min(layer.key.len())]);
-        self.fetch_files(&layer_files(layer), &key, &what).await?;
-        self.fetched.lock().unwrap_or_else(|e| e.into_inner()).insert(layer.snapshot_key.clone());
-        Ok(())
+        self.fetch_copy(&layer_files(layer), &key, &what).await
     }
 
     /// Whether a build here may stack on `layer`: its files are here, or

@@ -115,8 +115,14 @@ impl Sandboxes {
             return Ok(());
         }
         let key = snapshot_file::object_key(&snapshot.team, &snapshot.id)?;
-        self.fetch_files(snapshot, &key, &format!("snapshot {}", snapshot.id)).await?;
-        self.fetched.lock().unwrap_or_else(|e| e.into_inner()).insert(snapshot.key.clone());
+        self.fetch_copy(snapshot, &key, &format!("snapshot {}", snapshot.id)).await
+    }
+
+    /// [`Self::fetch_files`] for a copy this node keeps only while a record
+    /// names its files ([`Self::release_fetched`]).
+    pub(super) async fn fetch_copy(&self, files: &SnapshotRecord, key: &str, what: &str) -> Result<()> {
+        self.fetch_files(files, key, what).await?;
+        self.fetched.lock().unwrap_or_else(|e| e.into_inner()).insert(files.key.clone());
         Ok(())
     }
 

@@ -83,10 +83,6 @@ impl Conn {
         self.with_statement(sql, |c, s| c.query_opt(s, params))
     }
 
-    fn transaction(&mut self) -> Result<Transaction<'_>, postgres::Error> {
-        self.client.transaction()
-    }
-
     /// Runs `work` in a transaction and commits it, noting a lost
     /// connection as [`Conn::with_statement`] does (and preparing every
     /// statement afresh after a failure, not knowing which one failed).
@@ -242,11 +238,10 @@ impl PostgresStore {
     fn tenancy_write(&self, sql: &'static str, params: Vec<String>) -> anyhow::Result<()> {
         self.run(move |c| {
             let params: Vec<&(dyn ToSql + Sync)> = params.iter().map(|p| p as &(dyn ToSql + Sync)).collect();
-            let mut tx = c.transaction()?;
-            tx.execute(sql, &params)?;
-            bump_tenancy(&mut tx)?;
-            tx.commit()?;
-            Ok(())
+            c.in_transaction(|tx| {
+                tx.execute(sql, &params)?;
+                bump_tenancy(tx)
+            })
         })
     }
 }
@@ -329,14 +324,14 @@ fn decode_or_quarantine<T: DeserializeOwned>(
         Err(err) => err,
     };
     tracing::error!(table = table.name(), id, error = %err, "unreadable record moved to the quarantine table");
-    let mut tx = c.transaction()?;
-    tx.execute(
-        "INSERT INTO quarantine (kind, id, record, reason, at_ms) VALUES ($1, $2, $3, $4, $5)",
-        &[&table.name(), &id, &json, &err.to_string(), &crate::model::now_ms()],
-    )?;
-    tx.execute(&format!("DELETE FROM {} WHERE id = $1", table.name()), &[&id])?;
-    tx.commit()?;
-    Ok(None)
+    c.in_transaction(|tx| {
+        tx.execute(
+            "INSERT INTO quarantine (kind, id, record, reason, at_ms) VALUES ($1, $2, $3, $4, $5)",
+            &[&table.name(), &id, &json, &err.to_string(), &crate::model::now_ms()],
+        )?;
+        tx.execute(&format!("DELETE FROM {} WHERE id = $1", table.name()), &[&id])?;
+        Ok(None)
+    })
 }
 
 impl Store for PostgresStore {
@@ -529,35 +524,38 @@ impl Store for PostgresStore {
     fn revoke_key(&self, prefix: &str) -> anyhow::Result<Option<KeyRecord>> {
         let prefix = prefix.to_owned();
         self.run(move |c| {
-            let mut tx = c.transaction()?;
-            let matching =
-                tx.query("SELECT hash, record FROM keys WHERE left(prefix, length($1)) = $1 FOR UPDATE", &[&prefix])?;
-            let (hash, json): (String, String) = match matching.as_slice() {
-                [] => return Ok(None),
-                [one] => (one.get(0), one.get(1)),
-                many => anyhow::bail!("{} keys start with {prefix:?}; give more of the prefix", many.len()),
-            };
-            tx.execute("DELETE FROM keys WHERE hash = $1", &[&hash])?;
-            bump_tenancy(&mut tx)?;
-            tx.commit()?;
-            Ok(Some(serde_json::from_str(&json).context("corrupt key record")?))
+            let json = c.in_transaction(|tx| {
+                let matching = tx.query(
+                    "SELECT hash, record FROM keys WHERE left(prefix, length($1)) = $1 FOR UPDATE",
+                    &[&prefix],
+                )?;
+                let (hash, json): (String, String) = match matching.as_slice() {
+                    [] => return Ok(None),
+                    [one] => (one.get(0), one.get(1)),
+                    many => anyhow::bail!("{} keys start with {prefix:?}; give more of the prefix", many.len()),
+                };
+                tx.execute("DELETE FROM keys WHERE hash = $1", &[&hash])?;
+                bump_tenancy(tx)?;
+                Ok(Some(json))
+            })?;
+            json.map(|json| serde_json::from_str(&json).context("corrupt key record")).transpose()
         })
     }
 
     fn keys_used(&self, used: &[(String, i64)]) -> anyhow::Result<()> {
         let used = used.to_vec();
         self.run(move |c| {
-            let mut tx = c.transaction()?;
-            for (hash, at_ms) in &used {
-                // A key revoked meanwhile stays revoked: only existing rows change.
-                tx.execute(
+            c.in_transaction(|tx| {
+                for (hash, at_ms) in &used {
+                    // A key revoked meanwhile stays revoked: only existing rows change.
+                    tx.execute(
                     "UPDATE keys SET record = jsonb_set(record::jsonb, '{last_used_ms}', to_jsonb($2::bigint))::text
                      WHERE hash = $1",
                     &[hash, at_ms],
                 )?;
-            }
-            tx.commit()?;
-            Ok(())
+                }
+                Ok(())
+            })
         })
     }
 
