@@ -635,8 +635,53 @@ def private_image(node: Node, repository: str) -> tuple[str, str, str]:
 def built_from_private_image(node: Node, reference: str, name: str, line: str):
     """Builds `name` from `reference` through `node`, with the registry's
     login, writing `line` to /home/user/note."""
-    template = Template().from_image(reference, username=REGISTRY_LOGIN[0], password=REGISTRY_LOGIN[1])
+    template = from_private_image(reference)
     Template.build(template.run_cmd(f"echo {line} > /home/user/note"), alias=name, **node.env())
+
+
+def ran_commands(messages: list[str]) -> list[str]:
+    """The RUN steps a build ran (its image pull's progress lines are
+    numbered too)."""
+    return [m.split("] RUN ", 1)[1] for m in messages if m.startswith("[") and "] RUN " in m]
+
+
+def from_private_image(reference: str) -> Template:
+    return Template().from_image(reference, username=REGISTRY_LOGIN[0], password=REGISTRY_LOGIN[1])
+
+
+def test_a_build_from_an_image_on_another_node_stacks_on_the_entries_stored_for_it(nodes, database_url,
+                                                                                   object_store):
+    """A template built on node one from an image in the private registry
+    stores its step's cache entry, chained from the image's digest. The
+    same definition built through node two pulls the image, fetches that
+    entry and runs no step; its sandbox has the image's files and the
+    step's. Both nodes collect the image's template once the templates are
+    deleted."""
+    one, two = nodes
+    reference, image_template, marker = private_image(one, f"copse-test/cached-{secrets.token_hex(3)}")
+    line = f"step-{secrets.token_hex(3)}"
+    command = f"echo {line} > /home/user/note"
+    names = [f"image-cached-{n}-{secrets.token_hex(3)}" for n in ("one", "two")]
+    try:
+        first, _ = build_logged(from_private_image(reference).run_cmd(command), names[0], **one.env())
+        assert ran_commands(first) == [command], first
+        [entry] = stored_layers(database_url, names[0])
+        assert object_store.read(f"layers/{entry}"), "the entry on the image's template is stored"
+        elsewhere, _ = build_logged(from_private_image(reference).run_cmd(command), names[1], **two.env())
+        assert ran_commands(elsewhere) == [] and cached_steps(elsewhere) == [1], elsewhere
+        assert list(layers_of(database_url, names[1])) == [entry]
+        sbx = Sandbox.create(names[1], **two.env())
+        try:
+            assert two.holds(sbx.sandbox_id)
+            out = sbx.commands.run("read -r m < /etc/image-marker; echo $m; read -r n < /home/user/note; echo $n")
+            assert out.stdout.split() == [marker, line], out.stdout
+        finally:
+            sbx.kill()
+    finally:
+        for name in names:
+            httpx.delete(f"{one.url}/templates/{name}", headers={"X-API-KEY": API_KEY}, timeout=60)
+    gone_within(one.data_dir / "templates" / image_template, "node one collects the image's template")
+    gone_within(two.data_dir / "templates" / image_template, "node two collects the one it pulled")
 
 
 def test_an_image_template_its_snapshots_and_paused_sandboxes_start_on_another_node_without_its_registry(

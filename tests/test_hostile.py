@@ -2607,7 +2607,7 @@ from test_cluster import (  # noqa: E402,F401
 from test_cluster import HEARTBEAT_S, LOST_AFTER_S, NODE_TABLE_TTL_S, kill_quietly, limited_team, node_table  # noqa: E402
 from test_cluster import lazy_server_pids, on_one_seen_through_two, paused_field, stored_paused  # noqa: E402
 from test_cluster import built_from_private_image, private_image, stored_lazy_image_layers  # noqa: E402
-from test_cluster import stored_layers  # noqa: E402
+from test_cluster import from_private_image, ran_commands, stored_layers  # noqa: E402
 from test_templates import build_logged, cached_steps, run_steps  # noqa: E402
 
 
@@ -2987,6 +2987,47 @@ def test_a_build_cache_entry_swapped_in_the_bucket_is_never_stacked_on(nodes, da
             object_store.overwrite(f"layers/{victim}", saved)
     finally:
         for name in [*names.values(), rebuilt, base]:
+            httpx.delete(f"{one.url}/templates/{name}", headers={"X-API-KEY": API_KEY}, timeout=60)
+
+
+def test_a_build_from_an_image_on_another_node_never_stacks_on_another_teams_or_another_images_entries(
+        nodes, database_url, object_store):
+    """A build cache entry on an image's template is known by the image's
+    digest, so it serves builds of that image on every node; but only the
+    team's own. Another team building the same image with the same step
+    through node two runs the step itself; and once the tag is pushed over
+    with another image, the default team's build of that tag through node
+    two runs it again, on the new image's files."""
+    one, two = nodes
+    repository = f"copse-test/cache-owner-{os.urandom(3).hex()}"
+    reference, _, marker = private_image(one, repository)
+    command = "echo step > /home/user/note"
+    tag = os.urandom(3).hex()
+    names = [f"image-owner-{n}-{tag}" for n in ("default", "other", "repushed")]
+    _, other_key = limited_team(database_url, "cache-other", "--max-sandboxes", "5")
+
+    def marker_of(name: str, **env) -> str:
+        sbx = Sandbox.create(name, timeout=60, **env)
+        try:
+            return sbx.commands.run("read -r m < /etc/image-marker; echo $m").stdout.strip()
+        finally:
+            sbx.kill()
+
+    try:
+        messages, _ = build_logged(from_private_image(reference).run_cmd(command), names[0], **one.env())
+        assert ran_commands(messages) == [command], messages
+        stored_layers(database_url, names[0])
+        messages, _ = build_logged(from_private_image(reference).run_cmd(command), names[1],
+                                   **two.env(api_key=other_key))
+        assert ran_commands(messages) == [command] and cached_steps(messages) == [], messages
+        assert marker_of(names[1], **two.env(api_key=other_key)) == marker
+        _, _, pushed_over = private_image(one, repository)
+        messages, _ = build_logged(from_private_image(reference).run_cmd(command), names[2], **two.env())
+        assert ran_commands(messages) == [command] and cached_steps(messages) == [], messages
+        assert marker_of(names[2], **two.env()) == pushed_over != marker
+    finally:
+        httpx.delete(f"{one.url}/templates/{names[1]}", headers={"X-API-KEY": other_key}, timeout=60)
+        for name in (names[0], names[2]):
             httpx.delete(f"{one.url}/templates/{name}", headers={"X-API-KEY": API_KEY}, timeout=60)
 
 

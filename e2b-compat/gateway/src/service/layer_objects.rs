@@ -3,17 +3,24 @@
 //! `snapshot_file::layer_object_key`) and marks the entry stored; a build
 //! on another node whose chain of keys reaches a stored entry fetches its
 //! files ([`Sandboxes::fetch_layer`]) and stacks on them, running only the
-//! steps after it. An entry not stored yet, or one on an image's template
-//! (whose layer blobs are not stored beside it), ends the chain there: the
-//! steps from it run again, as on a node without an object store.
+//! steps after it. An entry not stored yet ends the chain there: the steps
+//! from it run again, as on a node without an object store.
 //!
 //! Keys chain from the base's identity, which for a substrate template
 //! includes when it was built: nodes that each built `base` themselves
 //! share no entries stacked directly on it (their files may differ), only
 //! those stacked on a built template's image, which is one for the whole
-//! cluster. A fetched copy stays while the entry's record names it, and
-//! goes at the first heartbeat after (`objects.rs`, `release_fetched`).
+//! cluster, or on an OCI image's template, known by the image's digest.
+//! An entry on an image's template is stacked on only where that template
+//! is: a build from the image pulls it first; a build from a built
+//! template on it runs its steps again on a node without it, as the entry
+//! carries no blobs to make it from.
+//!
+//! A fetched copy stays while the entry's record names it, and goes at
+//! the first heartbeat after (`objects.rs`, `release_fetched`); so do the
+//! files of an entry this node stored, once another node collected it.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -31,7 +38,7 @@ impl Sandboxes {
         let mut failed = false;
         for layer in self.store.build_layers()? {
             let ours = layer.node.is_some() && self.holds(layer.node.as_deref());
-            if layer.in_object_store || !ours || !movable(&layer) {
+            if layer.in_object_store || !ours {
                 continue;
             }
             let Ok(object) = snapshot_file::layer_object_key(&layer.key) else { continue };
@@ -53,6 +60,9 @@ impl Sandboxes {
                 Some(mut current) if current.snapshot_key == layer.snapshot_key => {
                     current.in_object_store = true;
                     self.store.put_build_layer(&current)?;
+                    // Any node may now collect the entry; this one lets
+                    // go of its files when it sees no record naming them.
+                    self.keep_as_copy(&layer.snapshot_key);
                     tracing::info!(
                         layer = %layer.key,
                         team = %layer.team,
@@ -80,9 +90,10 @@ impl Sandboxes {
     }
 
     /// Whether a build here may stack on `layer`: its files are here, or
-    /// can be fetched.
-    pub(super) fn reachable(&self, layer: &BuildLayer) -> bool {
-        self.holds(layer.node.as_deref()) || (layer.in_object_store && movable(layer) && self.objects().is_some())
+    /// can be fetched onto a template this node has (`here`).
+    pub(super) fn reachable(&self, layer: &BuildLayer, here: &HashSet<String>) -> bool {
+        let template_here = !is_image_template(&layer.substrate_template) || here.contains(&layer.substrate_template);
+        self.holds(layer.node.as_deref()) || (layer.in_object_store && template_here && self.objects().is_some())
     }
 
     /// Removes a collected entry's files from the object store (chunks
@@ -95,13 +106,6 @@ impl Sandboxes {
             tracing::warn!(layer = %layer.key, "removing a build cache entry from the object store: {e:#}");
         }
     }
-}
-
-/// Whether another node could stack on `layer`: not on an image's
-/// template, which that node may lack and could not make without the
-/// image's blobs.
-fn movable(layer: &BuildLayer) -> bool {
-    !is_image_template(&layer.substrate_template)
 }
 
 /// An entry's files as the object store's stream names them: a snapshot

@@ -122,8 +122,20 @@ impl Sandboxes {
     /// names its files ([`Self::release_fetched`]).
     pub(super) async fn fetch_copy(&self, files: &SnapshotRecord, key: &str, what: &str) -> Result<()> {
         self.fetch_files(files, key, what).await?;
-        self.fetched.lock().unwrap_or_else(|e| e.into_inner()).insert(files.key.clone());
+        self.keep_as_copy(&files.key);
         Ok(())
+    }
+
+    /// Lists snapshot `key` among the copies removed at the first
+    /// heartbeat that finds no record naming them.
+    pub(super) fn keep_as_copy(&self, key: &str) {
+        self.fetched.lock().unwrap_or_else(|e| e.into_inner()).insert(key.to_string());
+    }
+
+    /// Takes snapshot `key` off that list, once this node removed it
+    /// itself.
+    pub(super) fn forget_copy(&self, key: &str) {
+        self.fetched.lock().unwrap_or_else(|e| e.into_inner()).remove(key);
     }
 
     /// Removes the copies this node fetched of snapshots and template
@@ -148,7 +160,7 @@ impl Sandboxes {
                 // The next start's reconcile removes what is left.
                 Err(e) => tracing::warn!(snapshot = %key, "removing a fetched copy no record names: {e}"),
             }
-            self.fetched.lock().unwrap_or_else(|e| e.into_inner()).remove(key);
+            self.forget_copy(key);
         }
         if !released.is_empty() {
             // A fetched template image may have stood on an image's

@@ -15,10 +15,12 @@
 //! deleting the last of them deletes its snapshot, whose layers the
 //! substrate keeps while any sandbox still stacks on them.
 
+use std::collections::HashSet;
+
 use sha2::{Digest, Sha256};
 
 use super::steps::Step;
-use super::{Base, Sandboxes};
+use super::{Base, Sandboxes, is_image_template};
 use crate::model::{BuildLayer, Image, now_ms};
 
 /// Changes whenever what a key means changes, so old entries stop matching.
@@ -64,9 +66,8 @@ fn digest(fields: &[&str]) -> String {
 pub(super) fn as_image(layer: &BuildLayer) -> Image {
     Image {
         substrate_template: layer.substrate_template.clone(),
-        // The layer's files are on this host by now, and another node's
-        // are never on an image's template (`layer_objects.rs`): no blobs
-        // to fetch.
+        // The layer's files are on this host by now, and so is the
+        // template under them (`Sandboxes::reachable`): no blobs to fetch.
         oci: None,
         snapshot_key: layer.snapshot_key.clone(),
         envs: layer.envs.clone(),
@@ -81,15 +82,18 @@ pub(super) fn as_image(layer: &BuildLayer) -> Image {
 
 impl Sandboxes {
     /// What the base's files are: a substrate template as built (a rebuilt
-    /// `base` starts new chains; an image's template is named after its
-    /// digest), or a built template's image, whose key is unique to its
-    /// build. `booted`: the template the build sandbox boots.
+    /// `base` starts new chains), an OCI image's template by the image's
+    /// digest alone (every node unpacks one digest to the same files, so
+    /// entries stacked on it serve the whole cluster), or a built
+    /// template's image, whose key is unique to its build. `booted`: the
+    /// template the build sandbox boots.
     pub(super) async fn base_identity(&self, base: &Base, booted: &str) -> String {
         match base {
             Base::Substrate(_) | Base::Image { .. } => {
                 let built =
                     self.substrate_templates().await.ok().and_then(|all| all.into_iter().find(|t| t.name == booted));
                 match built {
+                    Some(t) if is_image_template(booted) => format!("oci:{}", t.recipe),
                     Some(t) => format!("template:{booted}:{}:{}", t.recipe, t.built_at),
                     None => format!("template:{booted}"),
                 }
@@ -103,13 +107,15 @@ impl Sandboxes {
     /// database, those this node holds and those in the object store,
     /// the last of which is fetched (`layer_objects.rs`).
     pub(super) async fn cached_layers(&self, team: &str, keys: &[String], template: &str) -> Vec<BuildLayer> {
+        let here: HashSet<String> =
+            self.substrate_templates().await.map(|all| all.into_iter().map(|t| t.name).collect()).unwrap_or_default();
         let mut found = Vec::new();
         for key in keys {
             match self.store.build_layer(team, key) {
-                Ok(Some(layer)) if self.reachable(&layer) => found.push(layer),
-                // Another node's, not in the object store (yet): its
-                // files are on that host only, so the steps from here run
-                // again.
+                Ok(Some(layer)) if self.reachable(&layer, &here) => found.push(layer),
+                // Another node's, not in the object store (yet), or on an
+                // image's template this node lacks: the steps from here
+                // run again.
                 Ok(Some(_)) | Ok(None) => break,
                 Err(e) => {
                     tracing::warn!("reading the build cache: {e:#}");
@@ -177,6 +183,7 @@ impl Sandboxes {
             if layer.in_object_store {
                 self.forget_stored_layer(&layer).await;
             }
+            self.forget_copy(&layer.snapshot_key);
             let key = layer.snapshot_key;
             self.blocking(move |s| s.delete_snapshot(&key)).await?;
             removed += 1;
