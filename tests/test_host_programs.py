@@ -28,6 +28,7 @@ COMPUTED_SITES = {
     ("jails/linux/src/rootfs.rs", "&step.program"): {"debootstrap", "chroot"},
     ("jails/linux/src/checkpoint.rs", "binary"): {"criu"},
     ("jails/linux/src/checkpoint.rs", "&self.binary"): {"criu"},
+    ("jails/linux/src/lazy_pages.rs", "criu"): {"criu"},
     ("jails/jailer/src/linux/boot.rs", "&plan.criu"): {"criu"},
     ("jails/linux/src/lib.rs", "&self.agent_binary"): {"copse-agent"},
     ("e2b-compat/agent/src/process/spawn.rs", "&plan.cmd"): set(),

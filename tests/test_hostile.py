@@ -3,6 +3,7 @@ the host following what the sandbox wrote. Every feature that lets a
 sandbox write something the host later reads adds its attack here."""
 
 import base64
+import contextlib
 import hashlib
 import http.client
 import json
@@ -1919,6 +1920,52 @@ def test_tags_cannot_carry_paths_floods_or_reach_another_teams_template(gateway)
         assert call("GET", f"/templates/{info.template_id}").json()["public"] is False
     finally:
         httpx.delete(f"{gateway.url}/templates/{name}", headers={"X-API-KEY": key})
+
+
+USERFAULTFD_PROBE = """
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+fd = libc.syscall(323, os.O_CLOEXEC)  # userfaultfd(2) on x86_64
+print(fd, ctypes.get_errno())
+"""
+
+
+@pytest.mark.timeout(300, func_only=True)
+def test_a_lazily_restored_sandbox_holds_no_userfaultfd_and_cannot_make_one(gateway):
+    """A sandbox restored lazily had its memory handed to it through
+    userfaultfds that CRIU got from /dev/userfaultfd as the host's root.
+    Once restored, none of its processes holds one, the device is not in
+    it, and its root still may not make one (with a userfaultfd a tenant
+    could stall the kernel on its own pages at will); its bytes are
+    intact."""
+    from test_lifecycle import holders_digest, start_holder
+
+    sbx = Sandbox.create(timeout=300)
+    try:
+        digest = start_holder(sbx, 160)
+        snap = sbx.create_snapshot(mode="full")
+        child = Sandbox.create(template=snap.snapshot_id, timeout=120)
+        try:
+            assert (gateway.data_dir / "sandboxes" / child.sandbox_id / "restore" / "lazy-pages.pid").exists()
+            assert holders_digest(child) == digest
+            cgroup = next(pathlib.Path("/sys/fs/cgroup/pids").glob(f"copse-*/{child.sandbox_id}"))
+            held = []
+            for pid in (cgroup / "cgroup.procs").read_text().split():
+                for fd in pathlib.Path(f"/proc/{pid}/fd").glob("*"):
+                    with contextlib.suppress(OSError):
+                        if "userfaultfd" in os.readlink(fd):
+                            held.append((pid, fd.name))
+            assert held == [], "no restored process keeps a userfaultfd"
+            listing = child.commands.run("ls /dev", user="root").stdout.split()
+            assert "userfaultfd" not in listing, listing
+            child.files.write("/tmp/uffd.py", USERFAULTFD_PROBE)
+            fd, errno = child.commands.run("python3 /tmp/uffd.py", user="root").stdout.split()
+            assert (fd, errno) == ("-1", "1"), "userfaultfd(2) is EPERM for the sandbox's root"
+        finally:
+            child.kill()
+    finally:
+        sbx.kill()
+        Sandbox.delete_snapshot(snap.snapshot_id)
 
 
 @pytest.mark.timeout(300, func_only=True)

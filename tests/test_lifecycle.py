@@ -252,6 +252,103 @@ def test_full_snapshot_carries_running_processes_into_new_sandboxes(gateway):
         discard(sbx, children)
 
 
+HOLDER = (pathlib.Path(__file__).parent / "memory_holder.py").read_text()
+
+
+def start_holder(sbx: Sandbox, mb: int) -> str:
+    """Starts tests/memory_holder.py holding `mb` MiB in `sbx`; the digest
+    of what it holds."""
+    sbx.files.write("/tmp/memory_holder.py", HOLDER)
+    sbx.commands.run(f"python3 /tmp/memory_holder.py {mb}", background=True, timeout=0).disconnect()
+    deadline = time.monotonic() + 60
+    while not sbx.files.exists("/tmp/holder.answer"):
+        assert time.monotonic() < deadline, "the holder filled its memory"
+        time.sleep(0.2)
+    return sbx.files.read("/tmp/holder.answer")
+
+
+def holders_digest(sbx: Sandbox) -> str:
+    """Has the holder in `sbx` hash what it holds now."""
+    out = sbx.commands.run("rm -f /tmp/holder.answer; touch /tmp/holder.ask; "
+                           "for i in $(seq 600); do [ -f /tmp/holder.answer ] && break; sleep 0.05; done; "
+                           "cat /tmp/holder.answer", timeout=60)
+    return out.stdout.strip()
+
+
+def pagers(gateway, sandbox_id: str) -> list[int]:
+    """The `criu lazy-pages` serving sandbox `sandbox_id`'s restore."""
+    found = []
+    for cmdline in pathlib.Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            args = cmdline.read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"lazy-pages" in args and any(a.endswith(f"sandboxes/{sandbox_id}/restore".encode()) for a in args):
+            found.append(int(cmdline.parent.name))
+    return found
+
+
+@pytest.mark.timeout(300, func_only=True)
+def test_a_large_memory_restores_lazily_with_every_byte_it_had(gateway):
+    """A process holding 160 MiB of random bytes (above the 128 MiB from
+    which a restore is lazy): a sandbox restored from a full snapshot of it
+    is served by a pager, and holds the same bytes; so do a snapshot of
+    that sandbox taken at once (the dump waits for the copy to end), the
+    sandbox after a pause and resume, and a sandbox from that second
+    snapshot."""
+    sbx = Sandbox.create(timeout=300)
+    children = []
+    try:
+        digest = start_holder(sbx, 160)
+        snap = sbx.create_snapshot(mode="full")
+        child = Sandbox.create(template=snap.snapshot_id, timeout=120)
+        children.append(child)
+        assert (gateway.data_dir / "sandboxes" / child.sandbox_id / "restore" / "lazy-pages.pid").exists(), \
+            "the child's memory was restored lazily"
+        again = child.create_snapshot(mode="full")
+        assert holders_digest(child) == digest
+        child.pause()
+        child = Sandbox.connect(child.sandbox_id, timeout=120)
+        assert holders_digest(child) == digest
+        grandchild = Sandbox.create(template=again.snapshot_id, timeout=120)
+        children.append(grandchild)
+        assert holders_digest(grandchild) == digest
+        assert grandchild.commands.run("echo started").stdout.strip() == "started"
+    finally:
+        discard(sbx, children)
+        for c in children[:1]:
+            for s in Sandbox.list_snapshots(sandbox_id=c.sandbox_id).next_items():
+                Sandbox.delete_snapshot(s.snapshot_id)
+
+
+@pytest.mark.timeout(300, func_only=True)
+def test_a_lazily_restored_sandbox_whose_pager_dies_mid_copy_is_killed(gateway):
+    """The pager of a sandbox restored from 384 MiB is killed right after
+    the create, before it could copy everything: the sandbox's processes
+    are killed rather than left to run on memory they never got back, and
+    the gateway's log says why."""
+    sbx = Sandbox.create(timeout=300)
+    try:
+        start_holder(sbx, 384)
+        snap = sbx.create_snapshot(mode="full")
+        sbx.kill()
+        child = Sandbox.create(template=snap.snapshot_id, timeout=120)
+        try:
+            [pager] = pagers(gateway, child.sandbox_id)
+            os.kill(pager, 9)
+            cgroup = next(pathlib.Path("/sys/fs/cgroup/pids").glob(f"copse-*/{child.sandbox_id}"))
+            deadline = time.monotonic() + 10
+            while (cgroup / "cgroup.procs").exists() and (cgroup / "cgroup.procs").read_text().split():
+                assert time.monotonic() < deadline, "the sandbox's processes are killed"
+                time.sleep(0.1)
+            assert b"copying a restored sandbox's memory failed" in (gateway.data_dir / "gateway.log").read_bytes()
+        finally:
+            child.kill()
+    finally:
+        sbx.kill()
+        Sandbox.delete_snapshot(snap.snapshot_id)
+
+
 @pytest.mark.timeout(300, func_only=True)
 def test_code_interpreter_state_carries_into_forks_full_snapshots_and_rollback(gateway):
     from e2b_code_interpreter import Sandbox as CodeSandbox

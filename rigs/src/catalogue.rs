@@ -314,6 +314,14 @@ pub const RIGS: &[RigDef] = &[
                 "first_read_ms",
                 "create response read → GET /files of a file from the snapshot read (the restored agent answers)",
             ),
+            (
+                "handover_ms",
+                "held-N-lazy/eager: POST /v2/sandboxes from a memory snapshot of a process holding N MB of random bytes in its own memory sent → 201 read (lazy: handed over once the process tree is back, its pages copied in on touch and in the background; eager: every page written back first)",
+            ),
+            (
+                "touch_all_ms",
+                "create response read → the restored process has hashed every byte it holds (a command asks it through a file and waits for the answer, checked against the source's digest)",
+            ),
         ],
     },
     RigDef {

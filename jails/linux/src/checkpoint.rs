@@ -47,6 +47,10 @@ const MIN_MAJOR: u32 = 4;
 #[derive(Debug, Clone)]
 pub struct Criu {
     pub binary: PathBuf,
+    /// Whether a large checkpoint may restore lazily (`lazy_pages.rs`):
+    /// this CRIU can hand a task in a user namespace its userfaultfd, and
+    /// `COPSE_LAZY_PAGES=off` does not say otherwise.
+    pub lazy_pages: bool,
 }
 
 impl Criu {
@@ -66,7 +70,7 @@ impl Criu {
                 tracing::warn!("CRIU's kernel feature cache: {e:#}; each restore and dump probes the kernel");
             }
             match Self::probe(binary) {
-                Ok(()) => return Ok(Self { binary: binary.clone() }),
+                Ok(()) => return Ok(Self { binary: binary.clone(), lazy_pages: lazy_pages(binary) }),
                 Err(e) => reasons.push(format!("{}: {e:#}", binary.display())),
             }
         }
@@ -110,6 +114,23 @@ impl Criu {
         }
         Ok(())
     }
+}
+
+/// Whether `binary` has copse's patch for lazy restores into a user
+/// namespace and the host lets it work, unless the operator turned lazy
+/// restores off.
+fn lazy_pages(binary: &Path) -> bool {
+    if std::env::var("COPSE_LAZY_PAGES").is_ok_and(|v| v == "off") {
+        return false;
+    }
+    let checked = Command::new(binary).args(["check", "--feature", "uffd-dev"]).output();
+    let ok = checked.as_ref().is_ok_and(|o| o.status.success());
+    if !ok {
+        tracing::info!(
+            "large memories restore eagerly: this CRIU or kernel has no /dev/userfaultfd for restored tasks"
+        );
+    }
+    ok
 }
 
 /// How to get a CRIU copse can use, for messages to the operator.
@@ -178,8 +199,9 @@ pub struct RestorePaths<'a> {
 /// `criu restore` arguments for a tree restored under `paths.root`, with the
 /// external mounts mapped to the agent's and socket's directories and an
 /// empty network namespace prepared by the action script. CRIU detaches
-/// once the tree runs.
-pub fn restore_args(paths: &RestorePaths<'_>) -> Vec<String> {
+/// once the tree runs; `lazy`: its anonymous memory is left to a pager
+/// (`lazy_pages.rs`).
+pub fn restore_args(paths: &RestorePaths<'_>, lazy: bool) -> Vec<String> {
     let mut args: Vec<String> = vec![
         "restore".into(),
         "--images-dir".into(),
@@ -212,6 +234,9 @@ pub fn restore_args(paths: &RestorePaths<'_>) -> Vec<String> {
     {
         args.push("--external".into());
         args.push(external);
+    }
+    if lazy {
+        args.push("--lazy-pages".into());
     }
     args
 }
@@ -265,15 +290,17 @@ mod tests {
 
     #[test]
     fn restore_maps_every_external_to_the_new_sandbox() {
-        let args = restore_args(&RestorePaths {
+        let paths = RestorePaths {
             images: Path::new("/s/ckpt/x"),
             root: Path::new("/run/copse-stage/root"),
             agent_dir: Path::new("/run/copse-stage/bin"),
             socket_dir: Path::new("/run/copse-stage/run"),
             pidfile: Path::new("/s/sandboxes/b/restore/init.pid"),
             action_script: Path::new("/s/criu-action"),
-        });
-        let text = args.join(" ");
+        };
+        let text = restore_args(&paths, false).join(" ");
+        assert!(!text.contains("--lazy-pages"), "{text}");
+        assert!(restore_args(&paths, true).join(" ").ends_with(" --lazy-pages"));
         for part in [
             "--root /run/copse-stage/root",
             "--restore-detached",

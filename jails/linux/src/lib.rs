@@ -41,6 +41,7 @@ pub mod disk;
 pub mod ids;
 pub mod layers;
 pub mod lazy;
+pub mod lazy_pages;
 pub mod rootfs;
 
 use std::fs;
@@ -319,6 +320,9 @@ impl LinuxSubstrate {
     fn dump(&self, id: &str, snapshot_id: &str) -> anyhow::Result<()> {
         let criu = self.criu()?;
         let init = self.init_pid(id)?;
+        // A lazily restored sandbox's pages not copied in yet would be
+        // saved as zeros.
+        lazy_pages::wait_for_copy(&self.sandbox_dir(id).join("restore"), COPY_WAIT)?;
         let images = self.checkpoint_dir(snapshot_id);
         let dumped = criu.dump(init, &images, &self.cgroups.freezer_dir(id));
         if dumped.is_err() {
@@ -330,7 +334,7 @@ impl LinuxSubstrate {
     /// Like [`Self::boot`], for a sandbox whose snapshot holds memory: its
     /// processes are restored from the checkpoint instead of started.
     fn restore(&self, spec: &SandboxSpec, snapshot_id: &str, phases: &mut Phases) -> anyhow::Result<Placement> {
-        let criu = self.criu()?.binary.clone();
+        let Criu { binary: criu, lazy_pages } = self.criu()?.clone();
         let sandbox = self.prepare(spec, Some(snapshot_id), phases)?;
         let restoring = std::time::Instant::now();
         let work_dir = self.sandbox_dir(&spec.id).join("restore");
@@ -338,33 +342,60 @@ impl LinuxSubstrate {
         let pidfile = work_dir.join("init.pid");
         let images = self.checkpoint_dir(snapshot_id);
         let action_script = self.criu_action_script()?;
-        let args = checkpoint::restore_args(&RestorePaths {
-            images: &images,
-            root: &sandbox.stage_root(),
-            agent_dir: &sandbox.stage_agent(),
-            socket_dir: &sandbox.stage_socket(),
-            pidfile: &pidfile,
-            action_script: &action_script,
-        });
+        let pager = match lazy_pages && lazy_pages::worth_it(&images) {
+            true => Some(lazy_pages::Pager::start(&criu, &images, &work_dir)?),
+            false => None,
+        };
+        let args = checkpoint::restore_args(
+            &RestorePaths {
+                images: &images,
+                root: &sandbox.stage_root(),
+                agent_dir: &sandbox.stage_agent(),
+                socket_dir: &sandbox.stage_socket(),
+                pidfile: &pidfile,
+                action_script: &action_script,
+            },
+            pager.is_some(),
+        );
         let hostname = sandbox.hostname.clone();
-        self.launch(&Launch::Restore(RestorePlan { sandbox, criu, args })).map_err(|e| {
+        let restored = self.launch(&Launch::Restore(RestorePlan { sandbox, criu, args })).map_err(|e| {
             let log = checkpoint::log_tail(&work_dir.join("restore.log"));
             tracing::error!(id = %spec.id, snapshot = snapshot_id, log = %log, "criu restore failed: {e:#}");
             anyhow::anyhow!(
                 "CRIU could not restore sandbox {} from {snapshot_id} (its log is in the gateway's log)",
                 spec.id
             )
-        })?;
-        let pid: i32 = fs::read_to_string(&pidfile)
+        });
+        let placed = restored.and_then(|_| self.restored_init(&pidfile, &hostname));
+        let (pid, init_start) = match (placed, pager) {
+            (Ok(placed), Some(pager)) => {
+                pager.watch(placed.0, placed.1);
+                placed
+            }
+            (Ok(placed), None) => placed,
+            (Err(e), pager) => {
+                if let Some(pager) = pager {
+                    pager.abandon();
+                }
+                return Err(e);
+            }
+        };
+        phases.note("criu", restoring.elapsed());
+        Ok(Placement { init_pid: pid, init_start })
+    }
+
+    /// The init CRIU restored (its pid and start time), renamed for its
+    /// new sandbox.
+    fn restored_init(&self, pidfile: &Path, hostname: &str) -> anyhow::Result<(i32, u64)> {
+        let pid: i32 = fs::read_to_string(pidfile)
             .context("CRIU wrote no pid file")?
             .trim()
             .parse()
             .context("CRIU's pid file holds no pid")?;
         // The checkpoint carries the source's host name; this is a new sandbox.
-        set_hostname(pid, &hostname)?;
-        phases.note("criu", restoring.elapsed());
+        set_hostname(pid, hostname)?;
         let init_start = process_start_time(pid).context("init vanished right after restore")?;
-        Ok(Placement { init_pid: pid, init_start })
+        Ok((pid, init_start))
     }
 
     /// CRIU runs its action script by path, without arguments: a script
@@ -756,6 +787,10 @@ impl Substrate for LinuxSubstrate {
 /// Uid (and gid) inside a sandbox that owns a new volume's root: the
 /// templates' `user`.
 const VOLUME_OWNER: u32 = 1000;
+/// How long a dump waits for a lazily restored sandbox's memory to be
+/// copied in; far more than a copy of the largest memory a template allows
+/// takes.
+const COPY_WAIT: std::time::Duration = std::time::Duration::from_secs(120);
 
 /// Copy the agent binary to the directory sandboxes mount, unless the copy
 /// there is already the same file. The copy goes through a rename, so

@@ -13,7 +13,9 @@ use std::time::Instant;
 use anyhow::{Context, bail};
 use bytes::Bytes;
 use clap::{Parser, ValueEnum};
-use copse_rigs::api::{Api, filler, filler_seeded};
+use copse_protocol::StartProcess;
+use copse_rigs::api::{Api, Sandbox, filler, filler_seeded};
+use copse_rigs::exec;
 use copse_rigs::facts::random_hex;
 use copse_rigs::report::{p50_target, print_footer};
 use copse_rigs::seaweedfs::SeaweedFs;
@@ -103,6 +105,11 @@ struct Args {
     /// Megabytes written before a snapshot (snapshot-dirty, from-snapshot).
     #[arg(long, value_delimiter = ',', default_values_t = [0usize, 16, 100, 256, 1024])]
     dirty_mb: Vec<usize>,
+    /// Megabytes of random bytes a process holds in its own (anonymous)
+    /// memory (memory-snapshot): restored lazily, then again by a gateway
+    /// told to restore eagerly.
+    #[arg(long, value_delimiter = ',', default_values_t = [160usize, 384])]
+    anon_mb: Vec<usize>,
     /// Clones per round (clone).
     #[arg(long, default_value_t = 100)]
     clones: u32,
@@ -140,7 +147,18 @@ fn main() -> anyhow::Result<()> {
     drop(store);
     let mut notes = Vec::new();
     gateway.stop(&mut notes);
-    let scenarios = measured?;
+    let mut scenarios = measured?;
+    if args.op == Op::MemorySnapshot && !args.anon_mb.is_empty() {
+        // The same holders once more, on a gateway whose restores are all
+        // eager: the lazy restore's comparison on this host.
+        let eager = [("COPSE_LAZY_PAGES", "off")];
+        let gateway =
+            Gateway::start_with(&args.common.bins, &api.key, &pools, "copse-rig-lifecycle", &eager, &gateway_args)?;
+        let api = Api { addr: gateway.addr, key: api.key.clone() };
+        let measured = runtime.block_on(held_memories(&args, &api, "eager"));
+        gateway.stop(&mut notes);
+        scenarios.extend(measured?);
+    }
     let targets = targets(args.op, &scenarios);
     let params = json!({
         "op": args.op.rig(),
@@ -149,6 +167,7 @@ fn main() -> anyhow::Result<()> {
         "samples": args.samples,
         "concurrency": args.concurrency,
         "dirty_mb": args.dirty_mb,
+        "anon_mb": (args.op == Op::MemorySnapshot).then_some(&args.anon_mb),
         "clones": args.clones,
         "clone_concurrency": args.clone_concurrency,
         "template": "base",
@@ -235,6 +254,7 @@ async fn measure(args: &Args, api: &Api, store: Option<&SeaweedFs>) -> anyhow::R
             for &mb in &args.dirty_mb {
                 out.push(memory_snapshot(api, mb, args.samples.min(20)).await?);
             }
+            out.extend(held_memories(args, api, "lazy").await?);
         }
         Op::ObjectStore => {
             let store = store.context("the object store was not started")?;
@@ -447,6 +467,73 @@ async fn memory_snapshot(api: &Api, mb: usize, n: usize) -> anyhow::Result<Scena
         Scenario::from_rows(&format!("memory-{mb}mb"), 1, &["snapshot_ms", "restore_ms", "first_read_ms"], &rows);
     s.counters.insert("shm_mb".into(), json!(mb));
     Ok(s)
+}
+
+/// The process `held_memory` starts: tests/memory_holder.py, shared with
+/// the memory tests.
+const HOLDER: &str = include_str!("../../../tests/memory_holder.py");
+
+/// [`held_memory`] for each of `--anon-mb`, named `how` the gateway
+/// restores.
+async fn held_memories(args: &Args, api: &Api, how: &str) -> anyhow::Result<Vec<Scenario>> {
+    let mut out = Vec::new();
+    for &mb in &args.anon_mb {
+        out.push(held_memory(api, mb, args.samples.min(20), how).await?);
+    }
+    Ok(out)
+}
+
+/// A memory snapshot of a process holding `mb` MB of random bytes in its
+/// own memory, restored `n` times: how soon each new sandbox is handed
+/// over, and how long the process then takes to hash every byte it holds
+/// (checked against the digest it had).
+async fn held_memory(api: &Api, mb: usize, n: usize, how: &str) -> anyhow::Result<Scenario> {
+    let mut conn = Conn::open(api.addr).await?;
+    let source = api.create(&mut conn, "base").await?;
+    api.upload(&mut conn, &source, "/tmp/memory_holder.py", Bytes::from_static(HOLDER.as_bytes())).await?;
+    let start = format!("nohup python3 /tmp/memory_holder.py {mb} >/dev/null 2>&1 &");
+    run_in(&mut conn, &source, &start).await?;
+    let digest = loop {
+        match api.read(&mut conn, &source, "/tmp/holder.answer").await {
+            Ok(answer) => break answer,
+            Err(_) => tokio::time::sleep(std::time::Duration::from_millis(200)).await,
+        }
+    };
+    let path = format!("/sandboxes/{}/snapshots", source.id);
+    let snap = api.expect(&mut conn, Method::POST, &path, Some(json!({ "memory": true })), StatusCode::CREATED).await?;
+    let snap = snap["snapshotID"].as_str().context("no snapshotID")?.to_string();
+    api.delete(&mut conn, &source.id).await?;
+    let ask = "rm -f /tmp/holder.answer; touch /tmp/holder.ask; \
+               while [ ! -f /tmp/holder.answer ]; do sleep 0.005; done; cat /tmp/holder.answer";
+    let mut rows = Vec::new();
+    for _ in 0..n {
+        let t0 = Instant::now();
+        let child = api.create(&mut conn, &snap).await?;
+        let handover = ms(t0.elapsed());
+        let t1 = Instant::now();
+        let answer = run_in(&mut conn, &child, ask).await?;
+        let touched = ms(t1.elapsed());
+        if answer.trim().as_bytes() != digest.as_ref() {
+            bail!("a sandbox restored from {snap} holds other bytes than its source did");
+        }
+        rows.push([handover, touched]);
+        api.delete(&mut conn, &child.id).await?;
+    }
+    api.expect(&mut conn, Method::DELETE, &format!("/templates/{snap}"), None, StatusCode::NO_CONTENT).await?;
+    let mut s = Scenario::from_rows(&format!("held-{mb}mb-{how}"), 1, &["handover_ms", "touch_all_ms"], &rows);
+    s.counters.insert("anon_mb".into(), json!(mb));
+    s.counters.insert("restore".into(), json!(how));
+    Ok(s)
+}
+
+/// Runs `sh -c line` in `sbx` to its end; what it printed.
+async fn run_in(conn: &mut Conn, sbx: &Sandbox, line: &str) -> anyhow::Result<String> {
+    let command = StartProcess::new("/bin/sh", ["-c", line]);
+    let out = exec::output(conn, &sbx.id, &sbx.token, &command).await?;
+    if out.exit_code != 0 {
+        bail!("`{line}` exited {}: {}", out.exit_code, out.stderr);
+    }
+    Ok(out.stdout)
 }
 
 async fn rollback(api: &Api, n: usize) -> anyhow::Result<Scenario> {
