@@ -492,33 +492,32 @@ async fn held_memory(api: &Api, mb: usize, n: usize, how: &str) -> anyhow::Resul
     let source = api.create(&mut conn, "base").await?;
     api.upload(&mut conn, &source, "/tmp/memory_holder.py", Bytes::from_static(HOLDER.as_bytes())).await?;
     let start = format!("nohup python3 /tmp/memory_holder.py {mb} >/dev/null 2>&1 &");
-    run_in(&mut conn, &source, &start).await?;
+    // A command's stream ends its connection's use: each gets one of its
+    // own.
+    run_in(&mut Conn::open(api.addr).await?, &source, &start).await?;
     let wait = "while [ ! -f /tmp/holder.answer ]; do sleep 0.1; done; cat /tmp/holder.answer";
-    let digest = run_in(&mut conn, &source, wait).await?;
+    let digest = run_in(&mut Conn::open(api.addr).await?, &source, wait).await?;
     let path = format!("/sandboxes/{}/snapshots", source.id);
     let snap = api.expect(&mut conn, Method::POST, &path, Some(json!({ "memory": true })), StatusCode::CREATED).await?;
     let snap = snap["snapshotID"].as_str().context("no snapshotID")?.to_string();
-    // Each step on a connection of its own: a long command's stream is
-    // not left half read on the next request's connection.
-    api.delete(&mut Conn::open(api.addr).await?, &source.id).await?;
+    api.delete(&mut conn, &source.id).await?;
     let ask = "rm -f /tmp/holder.answer; touch /tmp/holder.ask; \
                while [ ! -f /tmp/holder.answer ]; do sleep 0.005; done; cat /tmp/holder.answer";
     let mut rows = Vec::new();
     for _ in 0..n {
-        let mut conn = Conn::open(api.addr).await?;
+        let mut asking = Conn::open(api.addr).await?;
         let t0 = Instant::now();
         let child = api.create(&mut conn, &snap).await?;
         let handover = ms(t0.elapsed());
         let t1 = Instant::now();
-        let answer = run_in(&mut conn, &child, ask).await?;
+        let answer = run_in(&mut asking, &child, ask).await?;
         let touched = ms(t1.elapsed());
         if answer.trim() != digest.trim() {
             bail!("a sandbox restored from {snap} holds other bytes than its source did");
         }
         rows.push([handover, touched]);
-        api.delete(&mut Conn::open(api.addr).await?, &child.id).await?;
+        api.delete(&mut conn, &child.id).await?;
     }
-    let mut conn = Conn::open(api.addr).await?;
     api.expect(&mut conn, Method::DELETE, &format!("/templates/{snap}"), None, StatusCode::NO_CONTENT).await?;
     let mut s = Scenario::from_rows(&format!("held-{mb}mb-{how}"), 1, &["handover_ms", "touch_all_ms"], &rows);
     s.counters.insert("anon_mb".into(), json!(mb));
