@@ -343,7 +343,9 @@ impl LinuxSubstrate {
         let images = self.checkpoint_dir(snapshot_id);
         let action_script = self.criu_action_script()?;
         let pager = match lazy_pages && lazy_pages::worth_it(&images) {
-            true => Some(lazy_pages::Pager::start(&criu, &images, &work_dir)?),
+            true => lazy_pages::Pager::start(&criu, &images, &work_dir)
+                .inspect_err(|e| tracing::warn!(id = %spec.id, "restoring eagerly: {e:#}"))
+                .ok(),
             false => None,
         };
         let args = checkpoint::restore_args(
@@ -367,13 +369,14 @@ impl LinuxSubstrate {
             )
         });
         let placed = restored.and_then(|_| self.restored_init(&pidfile, &hostname));
-        let (pid, init_start) = match (placed, pager) {
-            (Ok(placed), Some(pager)) => {
-                pager.watch(placed.0, placed.1);
-                placed
+        let (pid, init_start) = match placed {
+            Ok((pid, init_start)) => {
+                if let Some(pager) = pager {
+                    pager.watch(pid, init_start);
+                }
+                (pid, init_start)
             }
-            (Ok(placed), None) => placed,
-            (Err(e), pager) => {
+            Err(e) => {
                 if let Some(pager) = pager {
                     pager.abandon();
                 }
