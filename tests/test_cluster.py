@@ -27,6 +27,7 @@ from conftest import API_KEY, BRIDGE, COPSE, DATA_DIR, SUBNET, Gateway, free_por
 from object_store import object_store  # noqa: F401 (a fixture, used by name)
 from oci_registry import Registry, layer, oci_layout, push, tiny_root, tree_members
 from postgres_server import database_server, database_url  # noqa: F401 (fixtures, used by name)
+from test_lifecycle import holders_digest, pagers, start_holder
 from test_templates import build_logged, cached_steps, run_steps
 
 LOST_AFTER_S = 10  # model/node.rs
@@ -324,8 +325,8 @@ def test_a_snapshot_starts_on_another_node_through_the_object_store(nodes, datab
             assert two.holds(moved.sandbox_id), "the drained node's snapshot starts on the other node"
             assert moved.files.read("/home/user/note") == "taken on node one"
             assert "sleep 4242" in moved.commands.run("ps -eo args").stdout, "its memory came along"
-            assert mounted_lazily(two, f"snapshot {name}"), "its layers arrive as read, its memory came whole first"
-            assert object_store.read(f"snapshots/default/{name}@memory"), "the checkpoint is stored alone too"
+            assert mounted_lazily(two, f"snapshot {name}"), "its layers and its memory arrive as read"
+            assert object_store.read(f"snapshots/default/{name}@memimage"), "the checkpoint is stored as an image"
         finally:
             moved.kill()
         # A second create finds the files already fetched.
@@ -344,7 +345,7 @@ def test_a_snapshot_starts_on_another_node_through_the_object_store(nodes, datab
     assert fetched.exists(), "node two keeps the copy it fetched while the snapshot is there"
     Sandbox.delete_snapshot(name, **two.env())
     assert object_store.read(f"snapshots/default/{name}") is None, "a deleted snapshot leaves the bucket"
-    assert object_store.read(f"snapshots/default/{name}@memory") is None, "its checkpoint too"
+    assert object_store.read(f"snapshots/default/{name}@memimage") is None, "its checkpoint too"
     assert not files.exists(), "deleted through node two's gateway, on its own node"
     gone_within(fetched, "node two removes its fetched copy once no record names it")
 
@@ -355,6 +356,56 @@ def lazy_mounts(node: Node) -> list[str]:
     with open("/proc/self/mounts") as mounts:
         return [line for line in mounts
                 if line.split()[1].startswith(str(node.data_dir) + "/") and line.split()[2] in ("erofs", "fuse")]
+
+
+def snapshot_key(database: str, name: str) -> str:
+    """The key snapshot `name`'s files are kept under on its node."""
+    query = f"SELECT record::jsonb ->> 'key' FROM team_snapshots WHERE id = '{name}' OR record::jsonb -> 'names' ? '{name}'"
+    return subprocess.run(["psql", database, "-tAc", query], check=True, capture_output=True, text=True).stdout.strip()
+
+
+@pytest.mark.timeout(300, func_only=True)
+def test_a_large_memory_restores_on_another_node_as_its_pages_arrive(nodes, database_url, object_store):
+    """A process holding 160 MiB of random bytes is snapshotted with its
+    memory on node one, which stores an image of the checkpoint beside
+    the layers' (`…@memimage`). With node one draining, node two serves
+    that image from the object store and mounts it like a layer's, its
+    checkpoint directory a link to it, and restores lazily (a pager copies
+    each page as it is touched): the sandbox holds every byte it had.
+    Deleting the snapshot ends the servers and unmounts the images."""
+    one, two = nodes
+    name = f"big-memory-{secrets.token_hex(4)}"
+    source = create_on(one, nodes, database_url, via=one)
+    try:
+        digest = start_holder(source, 160)
+        source.create_snapshot(name=name, mode="full")
+    finally:
+        source.kill()
+    key = snapshot_key(database_url, name)
+    drain(one, database_url)
+    try:
+        time.sleep(NODE_TABLE_TTL_S + 0.5)
+        moved = create_while_stored(name, via=one, deadline_s=120)
+        try:
+            assert two.holds(moved.sandbox_id)
+            assert pagers(moved.sandbox_id), "a restore of this size is lazy"
+            checkpoint = two.data_dir / "checkpoints" / key
+            assert checkpoint.is_symlink() and checkpoint.resolve().parent == two.data_dir / "layers", \
+                "the checkpoint is the image served from the object store"
+            assert any(line.split()[1] == str(checkpoint.resolve()) for line in lazy_mounts(two))
+            assert holders_digest(moved) == digest, "every byte came through the object store"
+        finally:
+            moved.kill()
+    finally:
+        drain(one, database_url, False)
+    assert object_store.read(f"snapshots/default/{name}@memimage")
+    assert object_store.read(f"snapshots/default/{name}@memory") is None, "no checkpoint stream is sent beside it"
+    Sandbox.delete_snapshot(name, **two.env())
+    deadline = time.monotonic() + 5 * HEARTBEAT_S
+    while lazy_mounts(two) or lazy_server_pids(two):
+        assert time.monotonic() < deadline, f"node two let go of the memory's image: {lazy_mounts(two)}"
+        time.sleep(0.5)
+    assert not (two.data_dir / "checkpoints" / key).exists()
 
 
 def mounted_lazily(node: Node, what: str) -> bool:
@@ -511,7 +562,7 @@ def test_a_built_template_starts_on_another_node_through_the_object_store(nodes,
     assert built.exists() and not fetched.exists()
     stored_image(object_store, key)
     layers = stored_lazy_image_layers(database_url, key)
-    assert layers and object_store.read(f"images/{key}@layer0") and object_store.read(f"images/{key}@memory")
+    assert layers and object_store.read(f"images/{key}@layer0") and object_store.read(f"images/{key}@memimage")
     drain(one, database_url)
     try:
         time.sleep(NODE_TABLE_TTL_S + 0.5)
@@ -520,8 +571,8 @@ def test_a_built_template_starts_on_another_node_through_the_object_store(nodes,
             assert two.holds(moved.sandbox_id), "the drained node's template starts on the other node"
             out = moved.commands.run('cat /home/user/where; echo "$MODE"; curl -sf -o /dev/null -w "%{http_code}" localhost:8080')
             assert out.stdout.split("\n")[:3] == ["built on node one", "travelling", "200"], out.stdout
-            assert mounted_lazily(two, f"template {name}"), "its layers arrive as read, its memory came whole first"
-            assert len(lazy_server_pids(two)) == len(layers), lazy_server_pids(two)
+            assert mounted_lazily(two, f"template {name}"), "its layers and its memory arrive as read"
+            assert len(lazy_server_pids(two)) == len(layers) + 1, lazy_server_pids(two)
         finally:
             moved.kill()
     finally:
@@ -531,7 +582,7 @@ def test_a_built_template_starts_on_another_node_through_the_object_store(nodes,
     assert deleted.status_code == 204, deleted.text
     assert not built.exists(), "deleted on the node that built it"
     assert object_store.read(f"images/{key}") is None, "a deleted template's image leaves the bucket"
-    assert not any(object_store.read(f"images/{key}{suffix}") for suffix in ("@layer0", "@memory")), "its objects too"
+    assert not any(object_store.read(f"images/{key}{suffix}") for suffix in ("@layer0", "@memimage")), "its objects too"
     gone_within(fetched, "node two removes its fetched copy once no record names it")
     deadline = time.monotonic() + 5 * HEARTBEAT_S
     while lazy_mounts(two) or lazy_server_pids(two):

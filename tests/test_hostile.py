@@ -2655,6 +2655,7 @@ from test_cluster import HEARTBEAT_S, LOST_AFTER_S, NODE_TABLE_TTL_S, kill_quiet
 from test_cluster import lazy_server_pids, on_one_seen_through_two, paused_field, stored_paused  # noqa: E402
 from test_cluster import built_from_private_image, private_image, stored_lazy_image_layers  # noqa: E402
 from test_cluster import from_private_image, ran_commands, stored_layers  # noqa: E402
+from test_lifecycle import start_holder  # noqa: E402
 from test_templates import build_logged, cached_steps, run_steps  # noqa: E402
 
 
@@ -2839,9 +2840,9 @@ def test_a_manifest_swapped_in_the_bucket_never_starts_another_snapshots_files(n
 
 def test_a_checkpoint_swapped_in_the_bucket_never_restores_another_snapshots_memory(nodes, database_url,
                                                                                    object_store):
-    """A snapshot with memory sends its checkpoint apart from its layers
-    (`…@memory`), to be restored whole while the layers arrive as read.
-    Whoever can write the bucket puts another snapshot's checkpoint there,
+    """A snapshot with memory sends an image of its checkpoint apart from
+    its layers (`…@memimage`), served as read like theirs. Whoever can
+    write the bucket puts another snapshot's checkpoint image there,
     hoping the victim's name restores the other's processes (and what is
     in their memory). The node refuses it on the hash the database keeps,
     fetches the snapshot's own stream whole instead, and restores the
@@ -2856,7 +2857,7 @@ def test_a_checkpoint_swapped_in_the_bucket_never_restores_another_snapshots_mem
             source.create_snapshot(name=name, mode="full")
         finally:
             source.kill()
-    keys = {text: f"snapshots/default/{name}@memory" for text, name in names.items()}
+    keys = {text: f"snapshots/default/{name}@memimage" for text, name in names.items()}
     all_stored(object_store, keys.values())
     object_store.overwrite(keys["victim"], object_store.read(keys["other"]))
     drain(one, database_url)
@@ -2925,6 +2926,51 @@ def test_a_lazily_mounted_layer_never_serves_a_byte_its_manifest_does_not_name(n
                 assert "AWS_SECRET_ACCESS_KEY" in names
                 assert names <= {"PATH", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_REGION", "COPSE_LOG",
                                  "COPSE_LOG_FORMAT"}, names
+        finally:
+            moved.kill()
+    finally:
+        object_store.overwrite(victim, original)
+        drain(one, database_url, False)
+        Sandbox.delete_snapshot(name, **one.env())
+
+
+@pytest.mark.timeout(300, func_only=True)
+def test_a_memory_page_altered_in_the_bucket_is_never_run_on(nodes, database_url, object_store):
+    """A checkpoint's image is read from a bucket whoever holds its keys can
+    write, page by page as a lazily restored sandbox touches its memory.
+    With one chunk of a 160 MiB process's pages altered, node two hands
+    the restored sandbox over, but the pager's read of that chunk fails on
+    its hash (the image server's log says so), and the sandbox's processes
+    are killed rather than run on memory they never got back."""
+    one, two = nodes
+    name = f"memory-tamper-{os.urandom(4).hex()}"
+    source = create_on(one, nodes, database_url, via=one)
+    try:
+        start_holder(source, 160)
+        source.create_snapshot(name=name, mode="full")
+    finally:
+        source.kill()
+    manifest_key = f"snapshots/default/{name}@memimage"
+    all_stored(object_store, [manifest_key], within_s=120)
+    chunks = json.loads(object_store.read(manifest_key))["chunks"]
+    middle = chunks[len(chunks) // 2]
+    victim = f"chunks/{middle['sha256']}" + (".lz4" if middle.get("codec") == "lz4" else "")
+    original = object_store.read(victim)
+    object_store.overwrite(victim, bytes(b ^ 0x55 for b in original))
+    drain(one, database_url)
+    try:
+        time.sleep(NODE_TABLE_TTL_S + 0.5)
+        moved = create_while_stored(name, via=two, deadline_s=120)
+        try:
+            assert two.holds(moved.sandbox_id)
+            cgroup = next(pathlib.Path("/sys/fs/cgroup/pids").glob(f"copse-*/{moved.sandbox_id}"))
+            deadline = time.monotonic() + 60
+            while (cgroup / "cgroup.procs").exists() and (cgroup / "cgroup.procs").read_text().split():
+                assert time.monotonic() < deadline, "the sandbox's processes are killed"
+                time.sleep(0.2)
+            assert b"copying a restored sandbox's memory failed" in (two.data_dir / "gateway.log").read_bytes()
+            logs = "".join(p.read_text() for p in (two.data_dir / "lazy").glob("*/server.log"))
+            assert f"chunk {middle['sha256']} does not match its name" in logs
         finally:
             moved.kill()
     finally:

@@ -275,7 +275,7 @@ def holders_digest(sbx: Sandbox) -> str:
     return out.stdout.strip()
 
 
-def pagers(gateway, sandbox_id: str) -> list[int]:
+def pagers(sandbox_id: str) -> list[int]:
     """The `criu lazy-pages` serving sandbox `sandbox_id`'s restore."""
     found = []
     for cmdline in pathlib.Path("/proc").glob("[0-9]*/cmdline"):
@@ -334,7 +334,7 @@ def test_a_lazily_restored_sandbox_whose_pager_dies_mid_copy_is_killed(gateway):
         sbx.kill()
         child = Sandbox.create(template=snap.snapshot_id, timeout=120)
         try:
-            [pager] = pagers(gateway, child.sandbox_id)
+            [pager] = pagers(child.sandbox_id)
             os.kill(pager, 9)
             cgroup = next(pathlib.Path("/sys/fs/cgroup/pids").glob(f"copse-*/{child.sandbox_id}"))
             deadline = time.monotonic() + 10

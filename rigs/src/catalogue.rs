@@ -368,7 +368,7 @@ pub const RIGS: &[RigDef] = &[
             ),
             (
                 "snapshot_ms",
-                "cross-node restore: POST /sandboxes/{id}/snapshots {memory: false} on node one sent → 201 read",
+                "cross-node restore: POST /sandboxes/{id}/snapshots {memory: false} on node one sent → 201 read (cross-node-memory: {memory: true})",
             ),
             (
                 "upload_ms",
@@ -383,6 +383,19 @@ pub const RIGS: &[RigDef] = &[
                 "cached_create_ms",
                 "a second create of the snapshot on node two, which holds the fetched files: sent → 201 read",
             ),
+            (
+                "handover_ms",
+                "cross-node-memory, node one drained: POST /v2/sandboxes from a memory snapshot of a process holding N MiB through node two's gateway sent → 201 read (layers and the checkpoint's image served from the bucket as read; the restore lazy from 128 MiB of pages)",
+            ),
+            (
+                "touch_all_ms",
+                "create response read → the restored process has hashed every byte it holds (pages not copied yet fetched from the bucket as touched; checked against the source's digest)",
+            ),
+            (
+                "whole_handover_ms",
+                "the same create through node three's gateway (`--no-lazy-fetch`): the whole snapshot stream fetched and imported, then the restore",
+            ),
+            ("whole_touch_all_ms", "the holder's hash in that sandbox, as touch_all_ms"),
         ],
     },
 ];

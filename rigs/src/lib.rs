@@ -9,6 +9,8 @@
 //! - `client`: the lean HTTP/1.1 client the rigs time the gateway with.
 //! - `api`: the E2B calls the lifecycle and cluster rigs make.
 //! - `exec`: the first command of a new sandbox (`/bin/true` through the agent).
+//! - `holder`: a process holding random bytes in its memory, and the digest
+//!   that touches them all (the lifecycle and cluster rigs' memory scenarios).
 //! - `report`: scenarios, targets and the result file (`benchmarks/schema.md`).
 //! - `catalogue`: every rig with its task and clock definitions.
 //!
@@ -34,6 +36,7 @@ pub mod client;
 pub mod exec;
 pub mod facts;
 pub mod gateway;
+pub mod holder;
 pub mod report;
 pub mod stats;
 

@@ -18,10 +18,13 @@
 //! from under running sandboxes) and ends when the substrate removes its
 //! layer. The bucket is not trusted: the record's hash vouches for each
 //! manifest, and the manifest for each chunk (`copse_objects::LazyFile`).
-//! Memory is not fetched as it is read: a snapshot with memory sends its
-//! checkpoint as a stream of its own ([`memory_object_key`]), which the
-//! node fetches whole (a CRIU restore needs all of it before anything
-//! runs) while the layers arrive as they are read.
+//! Memory arrives the same way: a snapshot with memory also sends an
+//! image of its checkpoint ([`memory_image_key`]), served and mounted like
+//! a layer's, and the node's checkpoint links its page images there, so a
+//! restore (lazy from 128 MiB of pages, `copse_namespaces::lazy_pages`)
+//! reads each page from the object store as the sandbox touches it.
+//! Records stored before that name a checkpoint stream instead
+//! ([`memory_object_key`]), which the node fetches whole.
 
 use std::fs;
 use std::io::{BufRead, BufReader, Write};
@@ -33,7 +36,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, bail};
 use copse_objects::{Bucket, BucketConfig, LazyFile};
-use copse_substrate::{ImageSource, Substrate};
+use copse_substrate::{ImageSource, LazyMemory, Substrate};
 use serde::{Deserialize, Serialize};
 use tokio::runtime::Handle;
 
@@ -65,9 +68,15 @@ pub fn base_object_key(object_key: &str, index: usize) -> String {
 }
 
 /// Where the memory checkpoint of the snapshot stored under `object_key`
-/// is kept alone.
+/// is kept alone, as a stream (records stored before memory images).
 pub fn memory_object_key(object_key: &str) -> String {
     format!("{object_key}@memory")
+}
+
+/// Where the image of the memory checkpoint of the snapshot stored under
+/// `object_key` is kept.
+pub fn memory_image_key(object_key: &str) -> String {
+    format!("{object_key}@memimage")
 }
 
 /// Uploads the images of `record`'s layers (and its checkpoint, if it has
@@ -93,15 +102,21 @@ pub fn push_layers(
             let sent = runtime.block_on(copse_objects::push(bucket, &key, file, || Ok(())))?;
             layers.push(sent.manifest_sha256);
         }
-        let memory = match record.memory {
-            true => {
+        let (memory, memory_image) = match (&images.memory, record.memory) {
+            (Some(image), _) => {
+                let file = fs::File::open(image).with_context(|| format!("opening {}", image.display()))?;
+                let sent =
+                    runtime.block_on(copse_objects::push(bucket, &memory_image_key(object_key), file, || Ok(())))?;
+                (None, Some(sent.manifest_sha256))
+            }
+            (None, true) => {
                 let produce = |out: &mut dyn Write| substrate.export_checkpoint(&record.key, out);
                 let key = memory_object_key(object_key);
-                Some(crate::snapshot_file::push_stream(bucket, &key, runtime, produce)?.manifest_sha256)
+                (Some(crate::snapshot_file::push_stream(bucket, &key, runtime, produce)?.manifest_sha256), None)
             }
-            false => None,
+            (None, false) => (None, None),
         };
-        Ok(Some(LazyFiles { template: images.template, layers, memory }))
+        Ok(Some(LazyFiles { template: images.template, layers, memory, memory_image }))
     })();
     let _ = fs::remove_dir_all(&dir);
     result
@@ -114,6 +129,7 @@ pub fn push_layers(
 /// a record to be found;
 /// removed last first, so what a failure leaves is found by the next try.
 pub async fn forget_layers(bucket: &Bucket, object_key: &str) -> anyhow::Result<()> {
+    bucket.delete(&memory_image_key(object_key)).await?;
     bucket.delete(&memory_object_key(object_key)).await?;
     forget_numbered(bucket, |index| layer_object_key(object_key, index)).await?;
     forget_numbered(bucket, |index| base_object_key(object_key, index)).await
@@ -141,8 +157,9 @@ struct Source {
 }
 
 /// Takes in `record`'s snapshot (stored under `object_key`) as layers
-/// served from the object store, each by a server of its own, and its
-/// checkpoint fetched whole; `Ok(false)` where the substrate mounts no
+/// served from the object store, each by a server of its own, its
+/// checkpoint's image too (or, for a record from before those, its
+/// checkpoint fetched whole); `Ok(false)` where the substrate mounts no
 /// images, for the caller to fetch it whole.
 pub fn fetch_lazily(
     substrate: &dyn Substrate,
@@ -152,35 +169,46 @@ pub fn fetch_lazily(
     bucket: &Bucket,
     runtime: &Handle,
 ) -> anyhow::Result<bool> {
-    let mut layers = Vec::new();
+    // Every layer served for it, the memory's too: discarded on failure.
+    let mut served = Vec::new();
     let result = (|| {
-        for (index, sha256) in lazy.layers.iter().enumerate() {
-            let Some((layer, dir)) = substrate.new_lazy_layer(&record.key)? else { return Ok(false) };
-            layers.push(layer);
-            let source = Source {
-                object_store: bucket.address().to_string(),
-                manifest: layer_object_key(object_key, index),
-                sha256: sha256.clone(),
-            };
+        let mut serve = |manifest: String, sha256: &str| -> anyhow::Result<Option<String>> {
+            let Some((layer, dir)) = substrate.new_lazy_layer(&record.key)? else { return Ok(None) };
+            served.push(layer.clone());
+            let source = Source { object_store: bucket.address().to_string(), manifest, sha256: sha256.to_string() };
             fs::write(dir.join("source.json"), serde_json::to_vec(&source)?)?;
             start_server(&dir)?;
-        }
-        let import = |checkpoint: Option<&mut dyn std::io::Read>| {
-            substrate.import_lazy(&record.key, &lazy.template, &layers, record.size_bytes, checkpoint)
+            Ok(Some(layer))
         };
-        match &lazy.memory {
-            None => import(None)?,
-            Some(sha256) => {
+        let mut layers = Vec::new();
+        for (index, sha256) in lazy.layers.iter().enumerate() {
+            let Some(layer) = serve(layer_object_key(object_key, index), sha256)? else { return Ok(false) };
+            layers.push(layer);
+        }
+        let memory_layer = match &lazy.memory_image {
+            Some(sha256) => match serve(memory_image_key(object_key), sha256)? {
+                Some(layer) => Some(layer),
+                None => return Ok(false),
+            },
+            None => None,
+        };
+        let import = |memory: LazyMemory<'_>| {
+            substrate.import_lazy(&record.key, &lazy.template, &layers, record.size_bytes, memory)
+        };
+        match (memory_layer, &lazy.memory) {
+            (Some(layer), _) => import(LazyMemory::Served(layer))?,
+            (None, None) => import(LazyMemory::None)?,
+            (None, Some(sha256)) => {
                 let key = memory_object_key(object_key);
                 let manifest = runtime.block_on(copse_objects::verified_manifest(bucket, &key, sha256))?;
-                let consume = |input: &mut dyn std::io::BufRead| import(Some(input));
+                let consume = |input: &mut dyn std::io::BufRead| import(LazyMemory::Whole(input));
                 crate::snapshot_file::stream_manifest(bucket, &manifest, runtime, consume)?.0
             }
         };
         Ok(true)
     })();
     if !matches!(result, Ok(true)) {
-        for layer in &layers {
+        for layer in &served {
             if let Err(e) = substrate.discard_lazy_layer(layer) {
                 tracing::warn!(layer, "removing a lazy layer that was not taken in: {e:#}");
             }

@@ -12,6 +12,11 @@
 //! - `snapshots/<id>.json`: a snapshot: its template and layers, top first;
 //! - `sandboxes/<id>/base.json`: what a sandbox stacks on (written at boot).
 //!
+//! A snapshot fetched lazily from another node may also name a memory
+//! layer: an image of its checkpoint served from the object store and
+//! mounted like the others, never stacked under a sandbox's files; its
+//! checkpoint directory is a link to it (`Base::memory`).
+//!
 //! Layers are immutable and are removed when no snapshot or sandbox names
 //! them any more.
 
@@ -27,13 +32,25 @@ use anyhow::{Context, bail};
 use nix::fcntl::{Flock, FlockArg};
 use serde::{Deserialize, Serialize};
 
-use copse_substrate::SnapshotInfo;
+use copse_substrate::{LayerImages, SnapshotInfo};
 
 /// What a sandbox or a snapshot stacks on: a template and layers, top first.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct Base {
     pub template: String,
     pub layers: Vec<String>,
+    /// The lazy layer whose image the snapshot's checkpoint reads its
+    /// pages from; a sandbox restored from it names it too, so it stays
+    /// while a pager may still copy from it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory: Option<String>,
+}
+
+impl Base {
+    /// Every layer it keeps: its files' and its memory's.
+    fn named(self) -> impl Iterator<Item = String> {
+        self.layers.into_iter().chain(self.memory)
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -102,7 +119,7 @@ impl LayerStore {
         let _guard = self.guard();
         let base = match snapshot {
             Some(id) => self.get(id)?.with_context(|| format!("snapshot {id} not found"))?,
-            None => Base { template: template.to_string(), layers: Vec::new() },
+            None => Base { template: template.to_string(), layers: Vec::new(), memory: None },
         };
         // Not synced: it matters only while the sandbox runs, and a host
         // crash ends every sandbox (this keeps fsyncs off the create path).
@@ -124,7 +141,8 @@ impl LayerStore {
         let mut layers = vec![layer];
         layers.extend(below.layers.iter().cloned());
         let size_bytes = layers.iter().map(|l| super::rootfs::tree_size(&self.layer_dir(l))).sum();
-        let file = SnapshotFile { base: Base { template: below.template.clone(), layers }, size_bytes, id_base: None };
+        let base = Base { template: below.template.clone(), layers, memory: None };
+        let file = SnapshotFile { base, size_bytes, id_base: None };
         write_json(&self.snapshot_file(id), &file)?;
         Ok(info(id, &file))
     }
@@ -195,8 +213,8 @@ impl LayerStore {
     }
 
     fn collect(&self, sandboxes: &Path) -> anyhow::Result<()> {
-        let mut named: HashSet<String> = self.files()?.into_iter().flat_map(|(_, f)| f.base.layers).collect();
-        named.extend(sandbox_bases(sandboxes).flat_map(|b| b.layers));
+        let mut named: HashSet<String> = self.files()?.into_iter().flat_map(|(_, f)| f.base.named()).collect();
+        named.extend(sandbox_bases(sandboxes).flat_map(Base::named));
         for entry in fs::read_dir(&self.layers)?.filter_map(Result::ok) {
             let name = entry.file_name().to_string_lossy().into_owned();
             if !named.contains(&name) && name != ".lock" {
@@ -210,8 +228,9 @@ impl LayerStore {
     }
 
     /// Images of snapshot `id`'s layers, top first, written under `into`
-    /// (`crate::lazy::make_image`), and the template they sit on.
-    pub fn images(&self, id: &str, into: &Path) -> anyhow::Result<(String, Vec<PathBuf>)> {
+    /// (`crate::lazy::make_image`), the template they sit on, and an image
+    /// of its memory `checkpoint` directory if it has one.
+    pub fn images(&self, id: &str, checkpoint: Option<&Path>, into: &Path) -> anyhow::Result<LayerImages> {
         let file = self.read(id)?.with_context(|| format!("snapshot {id} not found"))?;
         let mut images = Vec::new();
         for (i, layer) in file.base.layers.iter().enumerate() {
@@ -219,7 +238,30 @@ impl LayerStore {
             crate::lazy::make_image(&self.layer_dir(layer), &image)?;
             images.push(image);
         }
-        Ok((file.base.template, images))
+        let memory = match checkpoint {
+            Some(dir) => {
+                let image = into.join("memory.erofs");
+                crate::lazy::make_image(dir, &image)?;
+                Some(image)
+            }
+            None => None,
+        };
+        Ok(LayerImages { template: file.base.template, images, memory })
+    }
+
+    /// Where snapshot `id`'s checkpoint is, if it was fetched lazily: its
+    /// memory layer, which its checkpoint directory links to.
+    pub fn memory_layer_dir(&self, id: &str) -> anyhow::Result<Option<PathBuf>> {
+        Ok(self.read(id)?.and_then(|f| f.base.memory).map(|layer| self.layer_dir(&layer)))
+    }
+
+    /// Mounts lazy layer `layer` (from [`Self::new_lazy_layer`], its image
+    /// served by now) where its directory is, and returns that.
+    fn mount_lazy(&self, layer: &str) -> anyhow::Result<PathBuf> {
+        copse_substrate::template::validate_name(layer).map_err(copse_substrate::SubstrateError::Invalid)?;
+        let at = self.layer_dir(layer);
+        crate::lazy::mount(&self.state_dir, layer, &at)?;
+        Ok(at)
     }
 
     /// A new layer name for snapshot `id`, and the directory in which its
@@ -244,21 +286,35 @@ impl LayerStore {
 
     /// Keeps snapshot `id` as `layers` (top first, each from
     /// [`Self::new_lazy_layer`], its image served by now) on `template`.
-    /// On failure the caller discards the layers ([`Self::discard_lazy`]),
-    /// mounted or not.
+    /// With `memory`, a lazy layer serving an image of its checkpoint and
+    /// where its checkpoint goes: a link to the mounted image there, so a
+    /// restore reads the pages as they arrive. (CRIU resolves the link once,
+    /// opening its image directory; each restored task then opens its page
+    /// images in that directory itself, after moving into the sandbox's
+    /// root, so links inside the directory would name nothing.) On failure
+    /// the caller discards the layers ([`Self::discard_lazy`]), mounted or
+    /// not, the memory's too.
     pub fn import_lazy(
         &self,
         id: &str,
         template: &str,
         layers: &[String],
+        memory: Option<(&str, &Path)>,
         size_bytes: u64,
     ) -> anyhow::Result<SnapshotInfo> {
         let _guard = self.guard();
         for layer in layers {
-            copse_substrate::template::validate_name(layer).map_err(copse_substrate::SubstrateError::Invalid)?;
-            crate::lazy::mount(&self.state_dir, layer, &self.layer_dir(layer))?;
+            self.mount_lazy(layer)?;
         }
-        let base = Base { template: template.to_string(), layers: layers.to_vec() };
+        // Under the lock, like the layers: a collection never sees the
+        // memory layer mounted and named by no snapshot.
+        if let Some((layer, checkpoint)) = memory {
+            let mounted = self.mount_lazy(layer)?;
+            fs::create_dir_all(checkpoint.parent().unwrap_or(Path::new("/")))?;
+            std::os::unix::fs::symlink(&mounted, checkpoint).context("linking the memory checkpoint")?;
+        }
+        let memory = memory.map(|(layer, _)| layer);
+        let base = Base { template: template.to_string(), layers: layers.to_vec(), memory: memory.map(Into::into) };
         let file = SnapshotFile { base, size_bytes, id_base: None };
         write_json(&self.snapshot_file(id), &file)?;
         Ok(info(id, &file))
@@ -270,7 +326,7 @@ impl LayerStore {
     /// ([`Self::recover_lazy`]). Layers under kept sandboxes stay served.
     pub fn release_lazy(&self, sandboxes: &Path) -> anyhow::Result<()> {
         let _guard = self.guard();
-        let in_use: HashSet<String> = sandbox_bases(sandboxes).flat_map(|b| b.layers).collect();
+        let in_use: HashSet<String> = sandbox_bases(sandboxes).flat_map(Base::named).collect();
         for layer in crate::lazy::layers(&self.state_dir).into_iter().filter(|l| !in_use.contains(l)) {
             crate::lazy::unmount(&self.state_dir, &layer, &self.layer_dir(&layer));
         }
@@ -305,7 +361,7 @@ impl LayerStore {
             }
         }
         for (id, file) in self.files()? {
-            if file.base.layers.iter().any(|l| broken.contains(l)) {
+            if file.base.clone().named().any(|l| broken.contains(&l)) {
                 tracing::warn!(snapshot = %id, "a lazily fetched layer of this snapshot is incomplete and unserved: dropped, to be fetched again");
                 fs::remove_file(self.snapshot_file(&id))?;
             }
@@ -320,6 +376,8 @@ impl LayerStore {
     pub fn export(&self, id: &str, checkpoint: Option<&Path>, id_base: u32, out: &mut dyn Write) -> anyhow::Result<()> {
         let mut file = self.read(id)?.with_context(|| format!("snapshot {id} not found"))?;
         file.id_base = Some(id_base);
+        // The checkpoint travels inside the export, not as a layer.
+        file.base.memory = None;
         let staging = tempdir_in(&self.state_dir, "export")?;
         let result = (|| {
             write_json(&staging.join("snapshot.json"), &file)?;
@@ -367,6 +425,7 @@ impl LayerStore {
             let bytes = fs::read(staging.join("snapshot.json")).context("the export has no snapshot.json")?;
             let mut file: SnapshotFile = serde_json::from_slice(&bytes).context("corrupt snapshot.json")?;
             let exported_base = file.id_base.take().unwrap_or(0);
+            file.base.memory = None;
             let same_ids = exported_base == id_base;
             for layer in &file.base.layers {
                 copse_substrate::template::validate_name(layer).map_err(copse_substrate::SubstrateError::Invalid)?;
@@ -606,7 +665,7 @@ mod tests {
     fn snapshots_stack_on_what_they_were_taken_from() {
         let (dir, store) = store();
         let first = upper(dir.path(), "u1", &[("a.txt", "one")]);
-        let s1 = store.capture("s1", &first, &Base { template: "base".into(), layers: vec![] }).unwrap();
+        let s1 = store.capture("s1", &first, &Base { template: "base".into(), layers: vec![], memory: None }).unwrap();
         assert_eq!(s1.template, "base");
         assert_eq!(s1.size_bytes, 3);
         let below = store.get("s1").unwrap().unwrap();
@@ -624,7 +683,7 @@ mod tests {
         let (dir, store) = store();
         let sandboxes = dir.path().join("sandboxes");
         let u = upper(dir.path(), "u", &[("f", "x")]);
-        store.capture("s1", &u, &Base { template: "base".into(), layers: vec![] }).unwrap();
+        store.capture("s1", &u, &Base { template: "base".into(), layers: vec![], memory: None }).unwrap();
         let layer = store.get("s1").unwrap().unwrap().layers[0].clone();
         let sandbox = sandboxes.join("sbx");
         fs::create_dir_all(&sandbox).unwrap();
@@ -649,7 +708,7 @@ mod tests {
             Ok(())
         };
         let u = upper(dir.path(), "u", &[("f", "x")]);
-        store.capture("s1", &u, &Base { template: "image-a".into(), layers: vec![] }).unwrap();
+        store.capture("s1", &u, &Base { template: "image-a".into(), layers: vec![], memory: None }).unwrap();
         let sandbox = sandboxes.join("sbx");
         fs::create_dir_all(&sandbox).unwrap();
         store.pin(&sandbox, None, "image-a").unwrap();
@@ -661,6 +720,60 @@ mod tests {
         fs::remove_dir_all(&sandbox).unwrap();
         assert!(store.unless_stacked_on("image-a", &sandboxes, remove).unwrap());
         assert_eq!(removed.get(), 2);
+    }
+
+    /// A snapshot whose memory is served as a layer (no mount here: the
+    /// layer's directory stands in for its mounted image).
+    fn snapshot_with_memory_layer(store: &LayerStore, id: &str, memory: &str) {
+        fs::create_dir_all(store.layer_dir(memory)).unwrap();
+        let files = format!("{id}-files");
+        fs::create_dir_all(store.layer_dir(&files)).unwrap();
+        let base = Base { template: "base".into(), layers: vec![files], memory: Some(memory.into()) };
+        write_json(&store.snapshot_file(id), &SnapshotFile { base, size_bytes: 0, id_base: None }).unwrap();
+    }
+
+    #[test]
+    fn a_memory_layer_lives_while_its_snapshot_or_a_sandbox_restored_from_it_names_it() {
+        let (dir, store) = store();
+        let sandboxes = dir.path().join("sandboxes");
+        snapshot_with_memory_layer(&store, "s1", "mem1");
+        store.collect_garbage(&sandboxes).unwrap();
+        assert!(store.layer_dir("mem1").exists());
+        assert_eq!(store.memory_layer_dir("s1").unwrap(), Some(store.layer_dir("mem1")));
+        let sandbox = sandboxes.join("sbx");
+        fs::create_dir_all(&sandbox).unwrap();
+        assert_eq!(store.pin(&sandbox, Some("s1"), "base").unwrap().memory.as_deref(), Some("mem1"));
+
+        store.delete("s1", &sandboxes).unwrap();
+        assert!(store.layer_dir("mem1").exists(), "its pager may still read it");
+        fs::remove_dir_all(&sandbox).unwrap();
+        store.collect_garbage(&sandboxes).unwrap();
+        assert!(!store.layer_dir("mem1").exists());
+    }
+
+    #[test]
+    fn a_snapshot_of_a_sandbox_restored_from_a_memory_layer_does_not_name_it() {
+        let (dir, store) = store();
+        snapshot_with_memory_layer(&store, "s1", "mem1");
+        let below = store.get("s1").unwrap().unwrap();
+        let u = upper(dir.path(), "u", &[("f", "x")]);
+        store.capture("s2", &u, &below).unwrap();
+        assert_eq!(store.get("s2").unwrap().unwrap().memory, None, "its own dump is its memory");
+    }
+
+    #[test]
+    fn an_export_of_a_snapshot_with_a_memory_layer_names_no_layer_of_this_host() {
+        let (_dir, store) = store();
+        snapshot_with_memory_layer(&store, "s1", "mem1");
+        fs::write(store.layer_dir("mem1").join("pages-1.img"), b"pages").unwrap();
+        let mut stream = Vec::new();
+        store.export("s1", Some(&store.layer_dir("mem1")), 7, &mut stream).unwrap();
+        let (other_dir, other) = self::store();
+        let checkpoint = other_dir.path().join("checkpoints/moved");
+        let imported = other.import("moved", &checkpoint, 7, &mut stream.as_slice()).unwrap();
+        assert!(imported.memory);
+        assert_eq!(other.get("moved").unwrap().unwrap().memory, None);
+        assert_eq!(fs::read(checkpoint.join("pages-1.img")).unwrap(), b"pages", "the pages travel in the export");
     }
 
     #[test]
@@ -675,7 +788,7 @@ mod tests {
     fn export_then_import_gives_the_same_files_under_new_layer_names() {
         let (dir, store) = store();
         let u = upper(dir.path(), "u", &[("d/f.txt", "payload")]);
-        store.capture("s1", &u, &Base { template: "base".into(), layers: vec![] }).unwrap();
+        store.capture("s1", &u, &Base { template: "base".into(), layers: vec![], memory: None }).unwrap();
         let mut stream = Vec::new();
         store.export("s1", None, 7, &mut stream).unwrap();
         std::thread::sleep(std::time::Duration::from_millis(1100));

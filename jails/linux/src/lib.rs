@@ -57,8 +57,8 @@ use copse_jailer::handoff::{AGENT_NAME, SOCKET_NAME};
 use copse_jailer::linux::boot::{BootPlan, Launch, RestorePlan, VolumeBind};
 use copse_jailer::linux::boot_report::BootReport;
 use copse_substrate::{
-    Capabilities, LayerImages, Phases, Placement, Progress, Recipe, Recovery, SandboxSpec, SnapshotInfo, Substrate,
-    SubstrateError, Support, TemplateInfo, Usage,
+    Capabilities, LayerImages, LazyMemory, Phases, Placement, Progress, Recipe, Recovery, SandboxSpec, SnapshotInfo,
+    Substrate, SubstrateError, Support, TemplateInfo, Usage,
 };
 use disk::Disk;
 use layers::{Base, LayerStore};
@@ -288,6 +288,16 @@ impl LinuxSubstrate {
         self.checkpoints.join(snapshot_id)
     }
 
+    /// Where snapshot `snapshot_id`'s checkpoint is, not a link to it (tar
+    /// archives a link as a link): its directory, or the memory layer a
+    /// lazily fetched one links to; `None` without memory.
+    fn checkpoint_source(&self, snapshot_id: &str) -> anyhow::Result<Option<PathBuf>> {
+        if !self.checkpoint_dir(snapshot_id).is_dir() {
+            return Ok(None);
+        }
+        Ok(Some(self.layers.memory_layer_dir(snapshot_id)?.unwrap_or_else(|| self.checkpoint_dir(snapshot_id))))
+    }
+
     /// Removes the checkpoints of snapshots that are gone: one a crash cut
     /// short, or one whose lazy layers a restart could not mount again
     /// (`recover_lazy` drops its file, to be fetched again).
@@ -324,6 +334,11 @@ impl LinuxSubstrate {
         // saved as zeros.
         lazy_pages::wait_for_copy(&self.sandbox_dir(id).join("restore"), COPY_WAIT)?;
         let images = self.checkpoint_dir(snapshot_id);
+        // A snapshot of this id that was fetched lazily is replaced: its
+        // checkpoint is a link to a read-only image.
+        if images.is_symlink() {
+            fs::remove_file(&images).context("removing the replaced checkpoint's link")?;
+        }
         let dumped = criu.dump(init, &images, &self.cgroups.freezer_dir(id));
         if dumped.is_err() {
             let _ = fs::remove_dir_all(&images);
@@ -630,8 +645,8 @@ impl Substrate for LinuxSubstrate {
     }
 
     fn export_snapshot(&self, snapshot_id: &str, out: &mut dyn std::io::Write) -> anyhow::Result<()> {
-        let checkpoint = self.checkpoint_dir(snapshot_id);
-        self.layers.export(snapshot_id, checkpoint.is_dir().then_some(checkpoint.as_path()), ids::BASE, out)
+        let checkpoint = self.checkpoint_source(snapshot_id)?;
+        self.layers.export(snapshot_id, checkpoint.as_deref(), ids::BASE, out)
     }
 
     fn import_snapshot(&self, snapshot_id: &str, input: &mut dyn std::io::Read) -> anyhow::Result<SnapshotInfo> {
@@ -640,8 +655,8 @@ impl Substrate for LinuxSubstrate {
     }
 
     fn layer_images(&self, snapshot_id: &str, into: &Path) -> anyhow::Result<Option<LayerImages>> {
-        let (template, images) = self.layers.images(snapshot_id, into)?;
-        Ok(Some(LayerImages { template, images }))
+        let checkpoint = self.checkpoint_source(snapshot_id)?;
+        self.layers.images(snapshot_id, checkpoint.as_deref(), into).map(Some)
     }
 
     fn new_lazy_layer(&self, snapshot_id: &str) -> anyhow::Result<Option<(String, PathBuf)>> {
@@ -656,10 +671,9 @@ impl Substrate for LinuxSubstrate {
 
     fn export_checkpoint(&self, snapshot_id: &str, out: &mut dyn std::io::Write) -> anyhow::Result<()> {
         copse_substrate::template::validate_name(snapshot_id).map_err(SubstrateError::Invalid)?;
-        let checkpoint = self.checkpoint_dir(snapshot_id);
-        if !checkpoint.is_dir() {
+        let Some(checkpoint) = self.checkpoint_source(snapshot_id)? else {
             return Err(SubstrateError::NotFound(format!("snapshot {snapshot_id} holds no memory")).into());
-        }
+        };
         self.layers.export_checkpoint(&checkpoint, out)
     }
 
@@ -669,21 +683,28 @@ impl Substrate for LinuxSubstrate {
         template: &str,
         layers: &[String],
         size_bytes: u64,
-        checkpoint: Option<&mut dyn std::io::Read>,
+        memory: LazyMemory<'_>,
     ) -> anyhow::Result<SnapshotInfo> {
         copse_substrate::template::validate_name(snapshot_id).map_err(SubstrateError::Invalid)?;
         copse_substrate::template::validate_name(template).map_err(SubstrateError::Invalid)?;
         if !self.templates.rootfs(template).is_dir() {
             return Err(SubstrateError::Invalid(format!("template {template} is not on this host")).into());
         }
-        let Some(input) = checkpoint else {
-            return self.layers.import_lazy(snapshot_id, template, layers, size_bytes);
-        };
         // The memory first: the snapshot exists once its file does, and a
         // create that found it without its checkpoint would boot cold.
         let at = self.checkpoint_dir(snapshot_id);
-        self.layers.import_checkpoint(&at, input)?;
-        match self.layers.import_lazy(snapshot_id, template, layers, size_bytes) {
+        let imported = match memory {
+            LazyMemory::None => return self.layers.import_lazy(snapshot_id, template, layers, None, size_bytes),
+            LazyMemory::Whole(input) => self
+                .layers
+                .import_checkpoint(&at, input)
+                .and_then(|()| self.layers.import_lazy(snapshot_id, template, layers, None, size_bytes)),
+            LazyMemory::Served(layer) => {
+                copse_substrate::template::validate_name(&layer).map_err(SubstrateError::Invalid)?;
+                self.layers.import_lazy(snapshot_id, template, layers, Some((&layer, &at)), size_bytes)
+            }
+        };
+        match imported {
             Ok(info) => Ok(SnapshotInfo { memory: true, ..info }),
             Err(e) => {
                 let _ = fs::remove_dir_all(&at);

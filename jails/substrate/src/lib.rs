@@ -179,6 +179,20 @@ pub trait ImageSource: Send + Sync {
 pub struct LayerImages {
     pub template: String,
     pub images: Vec<PathBuf>,
+    /// An image of the snapshot's memory checkpoint, if it has one: a
+    /// restore elsewhere reads its pages as they are touched.
+    pub memory: Option<PathBuf>,
+}
+
+/// The memory a lazily fetched snapshot comes with
+/// ([`Substrate::import_lazy`]).
+pub enum LazyMemory<'a> {
+    None,
+    /// A checkpoint stream ([`Substrate::export_checkpoint`]), read whole.
+    Whole(&'a mut dyn std::io::Read),
+    /// A layer from [`Substrate::new_lazy_layer`] whose served image is a
+    /// [`LayerImages::memory`]: the restore reads its pages from there.
+    Served(String),
 }
 
 pub trait Substrate: Send + Sync + 'static {
@@ -328,16 +342,16 @@ pub trait Substrate: Send + Sync + 'static {
     }
 
     /// Keeps snapshot `snapshot_id` as the lazy `layers` (top first) on
-    /// `template`, with the memory `checkpoint` read whole (a stream from
-    /// [`Substrate::export_checkpoint`]) if it has one. On failure the
-    /// caller discards the layers ([`Substrate::discard_lazy_layer`]).
+    /// `template`, with its `memory` if it has one. On failure the caller
+    /// discards the layers, the memory's too
+    /// ([`Substrate::discard_lazy_layer`]).
     fn import_lazy(
         &self,
         snapshot_id: &str,
         _template: &str,
         _layers: &[String],
         _size_bytes: u64,
-        _checkpoint: Option<&mut dyn std::io::Read>,
+        _memory: LazyMemory<'_>,
     ) -> anyhow::Result<SnapshotInfo> {
         Err(SubstrateError::Unsupported(format!("snapshot {snapshot_id}: this substrate mounts no layer images"))
             .into())

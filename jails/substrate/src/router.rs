@@ -21,8 +21,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::template::{Backend, check_backend};
 use crate::{
-    Capabilities, LayerImages, Phases, Placement, Policy, Progress, Recipe, Recovery, SandboxNetwork, SandboxSpec,
-    SnapshotInfo, Substrate, SubstrateError, Support, TemplateInfo, Usage,
+    Capabilities, LayerImages, LazyMemory, Phases, Placement, Policy, Progress, Recipe, Recovery, SandboxNetwork,
+    SandboxSpec, SnapshotInfo, Substrate, SubstrateError, Support, TemplateInfo, Usage,
 };
 
 /// First line of a snapshot exported through a router: which backend's
@@ -305,10 +305,10 @@ impl Substrate for Router {
         template: &str,
         layers: &[String],
         size_bytes: u64,
-        checkpoint: Option<&mut dyn std::io::Read>,
+        memory: LazyMemory<'_>,
     ) -> anyhow::Result<SnapshotInfo> {
         let backend = self.default_backend();
-        let info = self.substrate(backend)?.import_lazy(snapshot_id, template, layers, size_bytes, checkpoint)?;
+        let info = self.substrate(backend)?.import_lazy(snapshot_id, template, layers, size_bytes, memory)?;
         self.update(|r| {
             r.snapshots.insert(snapshot_id.to_string(), backend);
         })?;

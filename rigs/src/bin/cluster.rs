@@ -18,6 +18,14 @@
 //! through node three (`--no-lazy-fetch`) fetches the whole snapshot
 //! before the boot, for comparison.
 //!
+//! Then a memory snapshot moving between the nodes: a process on node one
+//! holding N MiB of random bytes, snapshotted with its memory; node one
+//! stores an image of the checkpoint beside the layers'. A create through
+//! node two's gateway (node one drained) mounts that image as it arrives
+//! and restores lazily, so the sandbox is handed over before its pages
+//! are here; the process then hashes every byte it holds. The same through
+//! node three (`--no-lazy-fetch`), which fetches the whole snapshot first.
+//!
 //! Then a paused sandbox moving the same way: paused on its files on node
 //! one, uploaded by node one on its own, and resumed (connect) through node
 //! two's gateway while node one is drained: the claim, the fetch and the
@@ -43,6 +51,7 @@ use clap::Parser;
 use copse_rigs::api::{Api, filler_seeded, log_text_seeded};
 use copse_rigs::exec::first_exec;
 use copse_rigs::facts::random_hex;
+use copse_rigs::holder;
 use copse_rigs::postgres::Postgres;
 use copse_rigs::report::{find, p50_difference, print_footer, server_timing};
 use copse_rigs::seaweedfs::SeaweedFs;
@@ -81,6 +90,11 @@ struct Args {
     /// compression of the stored chunks saves.
     #[arg(long, value_delimiter = ',', default_values_t = [100usize])]
     restore_text_mb: Vec<usize>,
+    /// MiB of random bytes held in a process's memory, snapshotted with
+    /// it and restored on another node (at most 384: the template's
+    /// memory limit is 512 MiB).
+    #[arg(long, value_delimiter = ',', default_values_t = [160usize, 384])]
+    memory_mb: Vec<usize>,
     /// Clients at once in the creates-per-second bursts.
     #[arg(long, default_value_t = 50)]
     burst_concurrency: usize,
@@ -169,6 +183,19 @@ fn main() -> anyhow::Result<()> {
             scenario
                 .counters
                 .insert("stored_mb".into(), json!(stored.iter().map(|s| s.1).sum::<f64>() / rows.len() as f64));
+            scenarios.push(scenario);
+        }
+        for &mb in &args.memory_mb {
+            eprintln!("-- cross-node restore of {mb} MiB held in memory: {} samples", args.restore_samples);
+            let mut rows = Vec::new();
+            for _ in 0..args.restore_samples {
+                let moved = Move { apis: &apis, bucket: &bucket, drain: &drain, holds: &holds };
+                rows.push(rt.block_on(moved.memory_once(mb))?);
+            }
+            let metrics =
+                ["snapshot_ms", "upload_ms", "handover_ms", "touch_all_ms", "whole_handover_ms", "whole_touch_all_ms"];
+            let mut scenario = Scenario::from_rows(&format!("cross-node-memory-{mb}mb"), 1, &metrics, &rows);
+            scenario.counters.insert("anon_mb".into(), json!(mb));
             scenarios.push(scenario);
         }
         for &mb in &args.restore_mb {
@@ -275,6 +302,16 @@ fn main() -> anyhow::Result<()> {
             "lazy_fetch": "node two: layers mounted as they arrive (EROFS images over FUSE, fetched by range on first read and in the background); node three: the whole snapshot before the boot",
             "published_comparison": "CloudFlare's sandbox backup/restore write-up reports a restore of a squashfs image mounted in 2.2 s, on their hardware and network; not comparable beyond order of magnitude",
         },
+        "cross_node_memory": {
+            "scenarios": "cross-node-memory-{N}mb: a sandbox on node one runs tests/memory_holder.py holding N MiB of random bytes in its own memory (each sample's different), snapshotted with its memory (POST /sandboxes/{id}/snapshots {\"memory\": true}); samples per size as cross_node_restore",
+            "sizes_mib": args.memory_mb,
+            "snapshot_ms": "the snapshot call's round trip (the files and the CRIU dump)",
+            "upload_ms": "from the snapshot call's answer until the manifest of the checkpoint's image (`…@memimage`, sent after the stream and the layers' images) is in the bucket, polled every 20 ms, plus 100 ms for node one to mark the record",
+            "handover_ms": "create from the snapshot through node two's gateway (nodes one and three drained): a `copse lazy-image` server for each layer and for the checkpoint's image, their mounts, and a restore from the mounted checkpoint, lazy from 128 MiB of pages (a `criu lazy-pages` pager copies each page on first touch and the rest in the background), until the 201 is read",
+            "touch_all_ms": "then the holder hashes every byte it holds (asked through the agent on a connection opened before the create): whatever pages the pager has not copied yet are fetched from the bucket as they are touched; the digest is checked against the source's",
+            "whole_handover_ms": "the same create through node three's gateway (`--no-lazy-fetch`, nodes one and two drained): the whole snapshot stream (files and checkpoint) fetched and imported, then the restore",
+            "whole_touch_all_ms": "the holder's hash in that sandbox",
+        },
         "paused_move": {
             "scenarios": "paused-move-{N}mb: a sandbox on node one with N MB of incompressible bytes written to /home/user (sizes and samples as cross_node_restore), paused on its files (`memory: false`), resumed through node two's gateway with node one drained",
             "pause_ms": "the pause call's round trip (the files kept, the sandbox destroyed)",
@@ -300,6 +337,10 @@ fn main() -> anyhow::Result<()> {
         "cached_create_ms",
         "pause_ms",
         "resume_ms",
+        "handover_ms",
+        "touch_all_ms",
+        "whole_handover_ms",
+        "whole_touch_all_ms",
     ];
     for s in &scenarios {
         let line: Vec<String> = metrics
@@ -641,6 +682,62 @@ impl Move<'_> {
             self.bucket.list().await?.into_iter().map(|o| (o.key, o.size)).collect();
         let stored: u64 = manifest.chunks.iter().filter_map(|c| sizes.get(&c.key())).sum();
         Ok((manifest.size as f64 / 1048576.0, stored as f64 / 1048576.0))
+    }
+
+    /// [snapshot, upload, lazy handover, its touch-all, whole handover,
+    /// its touch-all] in ms, for a memory snapshot of a process holding
+    /// `mb` MiB on node one, restored on node two, then node three.
+    async fn memory_once(&self, mb: usize) -> anyhow::Result<[f64; 6]> {
+        let one = &self.apis[0];
+        let mut c1 = Conn::open(one.addr).await?;
+        let source = one.create(&mut c1, "base").await?;
+        let digest = holder::start(one, &source, mb).await?;
+        let t0 = Instant::now();
+        let path = format!("/sandboxes/{}/snapshots", source.id);
+        let snap =
+            one.expect(&mut c1, Method::POST, &path, Some(json!({ "memory": true })), StatusCode::CREATED).await?;
+        let snapshot = ms(t0.elapsed());
+        let snap = snap["snapshotID"].as_str().context("no snapshotID")?.to_string();
+        let t1 = Instant::now();
+        let image = format!("snapshots/default/{snap}@memimage");
+        self.wait_in_bucket(&image, &format!("snapshot {snap}'s checkpoint image")).await?;
+        // The record is marked stored right after the upload.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let upload = ms(t1.elapsed());
+        one.delete(&mut c1, &source.id).await?;
+        let restored = async {
+            self.place_on(1).await?;
+            let lazy = self.held_on(1, &snap, &digest).await?;
+            self.place_on(2).await?;
+            let whole = self.held_on(2, &snap, &digest).await?;
+            anyhow::Ok([lazy, whole])
+        }
+        .await;
+        self.place_on(0).await?;
+        let [[handover, touched], [whole, whole_touched]] = restored?;
+        one.expect(&mut c1, Method::DELETE, &format!("/templates/{snap}"), None, StatusCode::NO_CONTENT).await?;
+        Ok([snapshot, upload, handover, touched, whole, whole_touched])
+    }
+
+    /// A create from memory snapshot `snap` on node `n` (placed there),
+    /// then the holder's digest, checked: [handover, touch-all] in ms.
+    async fn held_on(&self, n: usize, snap: &str, digest: &str) -> anyhow::Result<[f64; 2]> {
+        let api = &self.apis[n];
+        let (mut conn, mut asking) = (Conn::open(api.addr).await?, Conn::open(api.addr).await?);
+        let t0 = Instant::now();
+        let child = api.create(&mut conn, snap).await?;
+        let handover = ms(t0.elapsed());
+        if !(self.holds)(n, &child.id) {
+            bail!("sandbox {} from snapshot {snap} is not on node {}", child.id, n + 1);
+        }
+        let t1 = Instant::now();
+        let answer = holder::digest(&mut asking, &child).await?;
+        let touched = ms(t1.elapsed());
+        if answer.trim() != digest.trim() {
+            bail!("a sandbox restored from {snap} on node {} holds other bytes than its source did", n + 1);
+        }
+        api.delete(&mut conn, &child.id).await?;
+        Ok([handover, touched])
     }
 
     /// [pause, upload, resume, first read] in ms, for a paused sandbox

@@ -13,10 +13,9 @@ use std::time::Instant;
 use anyhow::{Context, bail};
 use bytes::Bytes;
 use clap::{Parser, ValueEnum};
-use copse_protocol::StartProcess;
-use copse_rigs::api::{Api, Sandbox, filler, filler_seeded};
-use copse_rigs::exec;
+use copse_rigs::api::{Api, filler, filler_seeded};
 use copse_rigs::facts::random_hex;
+use copse_rigs::holder;
 use copse_rigs::report::{p50_target, print_footer};
 use copse_rigs::seaweedfs::SeaweedFs;
 use copse_rigs::{Binaries, Conn, Gateway, LEAN_CLIENT, RigArgs, Run, Scenario, ms};
@@ -469,10 +468,6 @@ async fn memory_snapshot(api: &Api, mb: usize, n: usize) -> anyhow::Result<Scena
     Ok(s)
 }
 
-/// The process `held_memory` starts: tests/memory_holder.py, shared with
-/// the memory tests.
-const HOLDER: &str = include_str!("../../../tests/memory_holder.py");
-
 /// [`held_memory`] for each of `--anon-mb`, named `how` the gateway
 /// restores.
 async fn held_memories(args: &Args, api: &Api, how: &str) -> anyhow::Result<Vec<Scenario>> {
@@ -490,19 +485,11 @@ async fn held_memories(args: &Args, api: &Api, how: &str) -> anyhow::Result<Vec<
 async fn held_memory(api: &Api, mb: usize, n: usize, how: &str) -> anyhow::Result<Scenario> {
     let mut conn = Conn::open(api.addr).await?;
     let source = api.create(&mut conn, "base").await?;
-    api.upload(&mut conn, &source, "/tmp/memory_holder.py", Bytes::from_static(HOLDER.as_bytes())).await?;
-    let start = format!("nohup python3 /tmp/memory_holder.py {mb} >/dev/null 2>&1 &");
-    // A command's stream ends its connection's use: each gets one of its
-    // own.
-    run_in(&mut Conn::open(api.addr).await?, &source, &start).await?;
-    let wait = "while [ ! -f /tmp/holder.answer ]; do sleep 0.1; done; cat /tmp/holder.answer";
-    let digest = run_in(&mut Conn::open(api.addr).await?, &source, wait).await?;
+    let digest = holder::start(api, &source, mb).await?;
     let path = format!("/sandboxes/{}/snapshots", source.id);
     let snap = api.expect(&mut conn, Method::POST, &path, Some(json!({ "memory": true })), StatusCode::CREATED).await?;
     let snap = snap["snapshotID"].as_str().context("no snapshotID")?.to_string();
     api.delete(&mut conn, &source.id).await?;
-    let ask = "rm -f /tmp/holder.answer; touch /tmp/holder.ask; \
-               while [ ! -f /tmp/holder.answer ]; do sleep 0.005; done; cat /tmp/holder.answer";
     let mut rows = Vec::new();
     for _ in 0..n {
         let mut asking = Conn::open(api.addr).await?;
@@ -510,7 +497,7 @@ async fn held_memory(api: &Api, mb: usize, n: usize, how: &str) -> anyhow::Resul
         let child = api.create(&mut conn, &snap).await?;
         let handover = ms(t0.elapsed());
         let t1 = Instant::now();
-        let answer = run_in(&mut asking, &child, ask).await?;
+        let answer = holder::digest(&mut asking, &child).await?;
         let touched = ms(t1.elapsed());
         if answer.trim() != digest.trim() {
             bail!("a sandbox restored from {snap} holds other bytes than its source did");
@@ -523,16 +510,6 @@ async fn held_memory(api: &Api, mb: usize, n: usize, how: &str) -> anyhow::Resul
     s.counters.insert("anon_mb".into(), json!(mb));
     s.counters.insert("restore".into(), json!(how));
     Ok(s)
-}
-
-/// Runs `sh -c line` in `sbx` to its end; what it printed.
-async fn run_in(conn: &mut Conn, sbx: &Sandbox, line: &str) -> anyhow::Result<String> {
-    let command = StartProcess::new("/bin/sh", ["-c", line]);
-    let out = exec::output(conn, &sbx.id, &sbx.token, &command).await?;
-    if out.exit_code != 0 {
-        bail!("`{line}` exited {}: {}", out.exit_code, out.stderr);
-    }
-    Ok(out.stdout)
 }
 
 async fn rollback(api: &Api, n: usize) -> anyhow::Result<Scenario> {

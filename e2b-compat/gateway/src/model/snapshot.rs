@@ -62,8 +62,12 @@ pub struct SnapshotRecord {
 pub struct LazyFiles {
     pub template: String,
     pub layers: Vec<String>,
+    /// A checkpoint stream's manifest (records stored before memory images).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory: Option<String>,
+    /// The manifest of an image of the checkpoint, served like a layer's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_image: Option<String>,
 }
 
 /// Public snapshot names may carry E2B's `namespace/alias:tag` shape.
