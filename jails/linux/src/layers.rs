@@ -40,14 +40,14 @@ pub struct Base {
     pub template: String,
     pub layers: Vec<String>,
     /// The lazy layer whose image the snapshot's checkpoint reads its
-    /// pages from; a sandbox restored from it names it too, so it stays
-    /// while a pager may still copy from it.
+    /// pages from; a sandbox restored from it names it too, which keeps it
+    /// while the restore may still read it ([`sandbox_layers`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory: Option<String>,
 }
 
 impl Base {
-    /// Every layer it keeps: its files' and its memory's.
+    /// Every layer a snapshot keeps: its files' and its memory's.
     fn named(self) -> impl Iterator<Item = String> {
         self.layers.into_iter().chain(self.memory)
     }
@@ -214,7 +214,7 @@ impl LayerStore {
 
     fn collect(&self, sandboxes: &Path) -> anyhow::Result<()> {
         let mut named: HashSet<String> = self.files()?.into_iter().flat_map(|(_, f)| f.base.named()).collect();
-        named.extend(sandbox_bases(sandboxes).flat_map(Base::named));
+        named.extend(sandbox_layers(sandboxes));
         for entry in fs::read_dir(&self.layers)?.filter_map(Result::ok) {
             let name = entry.file_name().to_string_lossy().into_owned();
             if !named.contains(&name) && name != ".lock" {
@@ -326,7 +326,7 @@ impl LayerStore {
     /// ([`Self::recover_lazy`]). Layers under kept sandboxes stay served.
     pub fn release_lazy(&self, sandboxes: &Path) -> anyhow::Result<()> {
         let _guard = self.guard();
-        let in_use: HashSet<String> = sandbox_bases(sandboxes).flat_map(Base::named).collect();
+        let in_use: HashSet<String> = sandbox_layers(sandboxes).collect();
         for layer in crate::lazy::layers(&self.state_dir).into_iter().filter(|l| !in_use.contains(l)) {
             crate::lazy::unmount(&self.state_dir, &layer, &self.layer_dir(&layer));
         }
@@ -522,12 +522,27 @@ const CHECKPOINT: &str = "checkpoint";
 
 /// What each sandbox under `sandboxes` stacks on, as its boot pinned it.
 fn sandbox_bases(sandboxes: &Path) -> impl Iterator<Item = Base> {
-    fs::read_dir(sandboxes)
-        .into_iter()
-        .flatten()
-        .filter_map(Result::ok)
-        .filter_map(|entry| fs::read(entry.path().join("base.json")).ok())
-        .filter_map(|bytes| serde_json::from_slice::<Base>(&bytes).ok())
+    sandbox_dirs_and_bases(sandboxes).map(|(_, base)| base)
+}
+
+fn sandbox_dirs_and_bases(sandboxes: &Path) -> impl Iterator<Item = (PathBuf, Base)> {
+    fs::read_dir(sandboxes).into_iter().flatten().filter_map(Result::ok).filter_map(|entry| {
+        let bytes = fs::read(entry.path().join("base.json")).ok()?;
+        Some((entry.path(), serde_json::from_slice::<Base>(&bytes).ok()?))
+    })
+}
+
+/// The layers the sandboxes under `sandboxes` keep: those they stack on,
+/// and the memory layer of one whose restore may still read it. Once its
+/// pager is done a sandbox needs its checkpoint no more, so a sandbox that
+/// lives on (a paused one resumed on this node) does not hold its
+/// memory's image, which the next collection removes once no snapshot
+/// names it either.
+fn sandbox_layers(sandboxes: &Path) -> impl Iterator<Item = String> {
+    sandbox_dirs_and_bases(sandboxes).flat_map(|(dir, base)| {
+        let memory = base.memory.filter(|_| crate::lazy_pages::may_read_checkpoint(&dir));
+        base.layers.into_iter().chain(memory)
+    })
 }
 
 /// A checkpoint directory's own name, safe inside a tar `--transform`.
@@ -745,10 +760,19 @@ mod tests {
         assert_eq!(store.pin(&sandbox, Some("s1"), "base").unwrap().memory.as_deref(), Some("mem1"));
 
         store.delete("s1", &sandboxes).unwrap();
-        assert!(store.layer_dir("mem1").exists(), "its pager may still read it");
-        fs::remove_dir_all(&sandbox).unwrap();
+        assert!(store.layer_dir("mem1").exists(), "its restore has not put the tree back yet");
+        let work_dir = sandbox.join(crate::lazy_pages::WORK_DIR);
+        fs::create_dir_all(&work_dir).unwrap();
+        fs::write(work_dir.join(crate::lazy_pages::RESTORED_PID), "1").unwrap();
+        let me = std::process::id() as i32;
+        let started = crate::process_start_time(me).unwrap();
+        fs::write(work_dir.join("lazy-pages.pid"), format!("{me} {started}")).unwrap();
         store.collect_garbage(&sandboxes).unwrap();
-        assert!(!store.layer_dir("mem1").exists());
+        assert!(store.layer_dir("mem1").exists(), "its pager still copies");
+        fs::remove_file(work_dir.join("lazy-pages.pid")).unwrap();
+        store.collect_garbage(&sandboxes).unwrap();
+        assert!(!store.layer_dir("mem1").exists(), "a restored sandbox needs its checkpoint no more");
+        assert!(store.layer_dir("s1-files").exists(), "but still stacks on its files");
     }
 
     #[test]

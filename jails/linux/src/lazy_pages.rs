@@ -157,6 +157,20 @@ impl Pager {
     }
 }
 
+/// Where a sandbox's restore works (CRIU's logs, the pager's socket and
+/// pid file), under its directory, and the pid file CRIU writes there once
+/// the tree is back.
+pub const WORK_DIR: &str = "restore";
+pub const RESTORED_PID: &str = "init.pid";
+
+/// Whether the restore of the sandbox in `sandbox_dir` may still read its
+/// checkpoint: it has not put the tree back yet, or its pager still copies
+/// (a garbled pid file counts as copying).
+pub fn may_read_checkpoint(sandbox_dir: &Path) -> bool {
+    let work_dir = sandbox_dir.join(WORK_DIR);
+    !work_dir.join(RESTORED_PID).exists() || wait_for_copy(&work_dir, Duration::ZERO).is_err()
+}
+
 /// Waits until the pager of the restore that worked in `work_dir` (if
 /// any) has copied everything, for at most `within`.
 pub fn wait_for_copy(work_dir: &Path, within: Duration) -> anyhow::Result<()> {

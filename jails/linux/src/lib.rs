@@ -332,7 +332,7 @@ impl LinuxSubstrate {
         let init = self.init_pid(id)?;
         // A lazily restored sandbox's pages not copied in yet would be
         // saved as zeros.
-        lazy_pages::wait_for_copy(&self.sandbox_dir(id).join("restore"), COPY_WAIT)?;
+        lazy_pages::wait_for_copy(&self.sandbox_dir(id).join(lazy_pages::WORK_DIR), COPY_WAIT)?;
         let images = self.checkpoint_dir(snapshot_id);
         // A snapshot of this id that was fetched lazily is replaced: its
         // checkpoint is a link to a read-only image.
@@ -352,9 +352,9 @@ impl LinuxSubstrate {
         let Criu { binary: criu, lazy_pages } = self.criu()?.clone();
         let sandbox = self.prepare(spec, Some(snapshot_id), phases)?;
         let restoring = std::time::Instant::now();
-        let work_dir = self.sandbox_dir(&spec.id).join("restore");
+        let work_dir = self.sandbox_dir(&spec.id).join(lazy_pages::WORK_DIR);
         fs::create_dir_all(&work_dir).with_context(|| format!("creating {}", work_dir.display()))?;
-        let pidfile = work_dir.join("init.pid");
+        let pidfile = work_dir.join(lazy_pages::RESTORED_PID);
         let images = self.checkpoint_dir(snapshot_id);
         let action_script = self.criu_action_script()?;
         let pager = match lazy_pages && lazy_pages::worth_it(&images) {

@@ -28,8 +28,8 @@
 //!
 //! Then a paused sandbox moving the same way: paused on its files on node
 //! one, uploaded by node one on its own, and resumed (connect) through node
-//! two's gateway while node one is drained: the claim, the fetch and the
-//! boot on node two.
+//! two's gateway while node one is drained: the claim, the layers mounted
+//! as they arrive, and the boot on node two.
 //!
 //! Last, creates per second at c=50 with 1, 2 and 3 active nodes (the
 //! others drained), all sent through node one's gateway: every sandbox
@@ -316,9 +316,9 @@ fn main() -> anyhow::Result<()> {
             "scenarios": "paused-move-{N}mb: a sandbox on node one with N MB of incompressible bytes written to /home/user (sizes and samples as cross_node_restore), paused on its files (`memory: false`), resumed through node two's gateway with node one drained",
             "pause_ms": "the pause call's round trip (the files kept, the sandbox destroyed)",
             "upload_ms": "from the pause's answer until the manifests of the paused files' stream and of its layer's image are in the bucket (node one uploads both on its own, the image last; polled every 20 ms), plus 100 ms for node one to mark the record, which the rig does not read",
-            "resume_ms": "connect through node two's gateway: placement, the claim of the record, the fetch from the bucket (chunks checked against their hashes), the import and the boot under the sandbox's own id",
+            "resume_ms": "connect through node two's gateway: placement, the claim of the record, a `copse lazy-image` server per layer and their mounts (as cross_node_restore's node two), and the boot under the sandbox's own id",
             "first_read_ms": "reading a file written before the pause, from the resumed sandbox",
-            "lazy_fetch": "none: the whole of the files is fetched before the boot",
+            "lazy_fetch": "node two mounts the paused files' layers as they arrive (EROFS images over FUSE), as for snapshots",
         },
     });
     let (path, result) = run.write(&args.common.out_dir, params, bins, &scenarios, derived, targets, notes)?;
