@@ -313,8 +313,8 @@ impl LayerStore {
             fs::create_dir_all(checkpoint.parent().unwrap_or(Path::new("/")))?;
             std::os::unix::fs::symlink(&mounted, checkpoint).context("linking the memory checkpoint")?;
         }
-        let memory = memory.map(|(layer, _)| layer);
-        let base = Base { template: template.to_string(), layers: layers.to_vec(), memory: memory.map(Into::into) };
+        let memory = memory.map(|(layer, _)| layer.to_string());
+        let base = Base { template: template.to_string(), layers: layers.to_vec(), memory };
         let file = SnapshotFile { base, size_bytes, id_base: None };
         write_json(&self.snapshot_file(id), &file)?;
         Ok(info(id, &file))
