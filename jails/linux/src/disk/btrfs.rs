@@ -165,8 +165,12 @@ impl Filesystem {
         let parent = open_dir(&self.dir)?;
         let args = vol_args(name)?;
         // SAFETY: a valid fd and a NUL-terminated name in the kernel's layout.
-        unsafe { snap_destroy(parent.as_raw_fd(), &args) }.with_context(|| format!("deleting subvolume {name}"))?;
-        Ok(())
+        match unsafe { snap_destroy(parent.as_raw_fd(), &args) } {
+            // Another removal of the same sandbox (its DELETE, and the
+            // reaper seeing its init die of that) got there first.
+            Err(nix::errno::Errno::ENOENT) => Ok(()),
+            done => done.map(drop).with_context(|| format!("deleting subvolume {name}")),
+        }
     }
 
     /// Bytes the subvolume `name` holds now: what its qgroup has committed
