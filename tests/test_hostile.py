@@ -2655,7 +2655,7 @@ from test_cluster import HEARTBEAT_S, LOST_AFTER_S, NODE_TABLE_TTL_S, kill_quiet
 from test_cluster import lazy_server_pids, on_one_seen_through_two, paused_field, stored_paused  # noqa: E402
 from test_cluster import built_from_private_image, private_image, stored_lazy_image_layers  # noqa: E402
 from test_cluster import from_private_image, ran_commands, stored_layers  # noqa: E402
-from test_lifecycle import start_holder  # noqa: E402
+from test_lifecycle import processes_end, start_holder  # noqa: E402
 from test_templates import build_logged, cached_steps, run_steps  # noqa: E402
 
 
@@ -2901,11 +2901,7 @@ def test_a_lazily_mounted_layer_never_serves_a_byte_its_manifest_does_not_name(n
     while not object_store.read(manifest_key):
         assert time.monotonic() < deadline, "the node stored the layer's image"
         time.sleep(0.5)
-    chunks = json.loads(object_store.read(manifest_key))["chunks"]
-    middle = chunks[len(chunks) // 2]
-    victim = f"chunks/{middle['sha256']}" + (".lz4" if middle.get("codec") == "lz4" else "")
-    original = object_store.read(victim)
-    object_store.overwrite(victim, bytes(b ^ 0x55 for b in original))
+    middle, victim, original = alter_middle_chunk(object_store, manifest_key)
     drain(one, database_url)
     try:
         time.sleep(NODE_TABLE_TTL_S + 0.5)
@@ -2953,11 +2949,7 @@ def test_a_memory_page_altered_in_the_bucket_is_never_run_on(nodes, database_url
         source.kill()
     manifest_key = f"snapshots/default/{name}@memimage"
     all_stored(object_store, [manifest_key], within_s=120)
-    chunks = json.loads(object_store.read(manifest_key))["chunks"]
-    middle = chunks[len(chunks) // 2]
-    victim = f"chunks/{middle['sha256']}" + (".lz4" if middle.get("codec") == "lz4" else "")
-    original = object_store.read(victim)
-    object_store.overwrite(victim, bytes(b ^ 0x55 for b in original))
+    middle, victim, original = alter_middle_chunk(object_store, manifest_key)
     drain(one, database_url)
     try:
         time.sleep(NODE_TABLE_TTL_S + 0.5)
@@ -2969,11 +2961,7 @@ def test_a_memory_page_altered_in_the_bucket_is_never_run_on(nodes, database_url
         try:
             if moved is not None:
                 assert two.holds(moved.sandbox_id)
-                cgroup = next(pathlib.Path("/sys/fs/cgroup/pids").glob(f"copse-*/{moved.sandbox_id}"))
-                deadline = time.monotonic() + 60
-                while (cgroup / "cgroup.procs").exists() and (cgroup / "cgroup.procs").read_text().split():
-                    assert time.monotonic() < deadline, "the sandbox's processes are killed"
-                    time.sleep(0.2)
+                processes_end(moved.sandbox_id, within_s=60)
             assert b"copying a restored sandbox's memory failed" in (two.data_dir / "gateway.log").read_bytes()
             logs = "".join(p.read_text() for p in (two.data_dir / "lazy").glob("*/server.log"))
             assert f"chunk {middle['sha256']} does not match its name" in logs
@@ -2984,6 +2972,18 @@ def test_a_memory_page_altered_in_the_bucket_is_never_run_on(nodes, database_url
         object_store.overwrite(victim, original)
         drain(one, database_url, False)
         Sandbox.delete_snapshot(name, **one.env())
+
+
+def alter_middle_chunk(object_store, manifest_key: str) -> tuple[dict, str, bytes]:
+    """Flips every bit of the chunk in the middle of the stream
+    `manifest_key` names, in the bucket: that chunk's manifest entry, its
+    key and its original bytes (to put back)."""
+    chunks = json.loads(object_store.read(manifest_key))["chunks"]
+    middle = chunks[len(chunks) // 2]
+    victim = f"chunks/{middle['sha256']}" + (".lz4" if middle.get("codec") == "lz4" else "")
+    original = object_store.read(victim)
+    object_store.overwrite(victim, bytes(b ^ 0x55 for b in original))
+    return middle, victim, original
 
 
 def all_stored(object_store, keys, within_s: float = 60):

@@ -288,6 +288,15 @@ def pagers(sandbox_id: str) -> list[int]:
     return found
 
 
+def processes_end(sandbox_id: str, within_s: float):
+    """Waits until the sandbox's cgroup holds no process any more."""
+    cgroup = next(pathlib.Path("/sys/fs/cgroup/pids").glob(f"copse-*/{sandbox_id}"))
+    deadline = time.monotonic() + within_s
+    while (cgroup / "cgroup.procs").exists() and (cgroup / "cgroup.procs").read_text().split():
+        assert time.monotonic() < deadline, "the sandbox's processes are killed"
+        time.sleep(0.1)
+
+
 @pytest.mark.timeout(300, func_only=True)
 def test_a_large_memory_restores_lazily_with_every_byte_it_had(gateway):
     """A process holding 160 MiB of random bytes (above the 128 MiB from
@@ -336,11 +345,7 @@ def test_a_lazily_restored_sandbox_whose_pager_dies_mid_copy_is_killed(gateway):
         try:
             [pager] = pagers(child.sandbox_id)
             os.kill(pager, 9)
-            cgroup = next(pathlib.Path("/sys/fs/cgroup/pids").glob(f"copse-*/{child.sandbox_id}"))
-            deadline = time.monotonic() + 10
-            while (cgroup / "cgroup.procs").exists() and (cgroup / "cgroup.procs").read_text().split():
-                assert time.monotonic() < deadline, "the sandbox's processes are killed"
-                time.sleep(0.1)
+            processes_end(child.sandbox_id, within_s=10)
             assert b"copying a restored sandbox's memory failed" in (gateway.data_dir / "gateway.log").read_bytes()
         finally:
             child.kill()
