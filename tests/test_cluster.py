@@ -337,11 +337,10 @@ def test_a_snapshot_starts_on_another_node_through_the_object_store(nodes, datab
         if object_store.proc.poll() is not None:
             object_store.start()
     assert object_store.read(f"snapshots/default/{name}"), "the manifest is in the bucket"
-    query = f"SELECT record::jsonb ->> 'key' FROM team_snapshots WHERE id = '{name}' OR record::jsonb -> 'names' ? '{name}'"
-    key = subprocess.run(["psql", database_url, "-tAc", query], check=True, capture_output=True, text=True).stdout
-    files = one.data_dir / "snapshots" / f"{key.strip()}.json"
-    fetched = two.data_dir / "snapshots" / f"{key.strip()}.json"
-    assert key.strip() and files.exists(), "the snapshot's files are on node one"
+    key = snapshot_key(database_url, name)
+    files = one.data_dir / "snapshots" / f"{key}.json"
+    fetched = two.data_dir / "snapshots" / f"{key}.json"
+    assert key and files.exists(), "the snapshot's files are on node one"
     assert fetched.exists(), "node two keeps the copy it fetched while the snapshot is there"
     Sandbox.delete_snapshot(name, **two.env())
     assert object_store.read(f"snapshots/default/{name}") is None, "a deleted snapshot leaves the bucket"

@@ -700,7 +700,6 @@ impl Substrate for LinuxSubstrate {
                 .import_checkpoint(&at, input)
                 .and_then(|()| self.layers.import_lazy(snapshot_id, template, layers, None, size_bytes)),
             LazyMemory::Served(layer) => {
-                copse_substrate::template::validate_name(&layer).map_err(SubstrateError::Invalid)?;
                 self.layers.import_lazy(snapshot_id, template, layers, Some((&layer, &at)), size_bytes)
             }
         };

@@ -693,11 +693,8 @@ impl Move<'_> {
         let source = one.create(&mut c1, "base").await?;
         let digest = holder::start(one, &source, mb).await?;
         let t0 = Instant::now();
-        let path = format!("/sandboxes/{}/snapshots", source.id);
-        let snap =
-            one.expect(&mut c1, Method::POST, &path, Some(json!({ "memory": true })), StatusCode::CREATED).await?;
+        let snap = holder::snapshot_memory(one, &mut c1, &source.id).await?;
         let snapshot = ms(t0.elapsed());
-        let snap = snap["snapshotID"].as_str().context("no snapshotID")?.to_string();
         let t1 = Instant::now();
         let image = format!("snapshots/default/{snap}@memimage");
         self.wait_in_bucket(&image, &format!("snapshot {snap}'s checkpoint image")).await?;
@@ -723,21 +720,13 @@ impl Move<'_> {
     /// then the holder's digest, checked: [handover, touch-all] in ms.
     async fn held_on(&self, n: usize, snap: &str, digest: &str) -> anyhow::Result<[f64; 2]> {
         let api = &self.apis[n];
-        let (mut conn, mut asking) = (Conn::open(api.addr).await?, Conn::open(api.addr).await?);
-        let t0 = Instant::now();
-        let child = api.create(&mut conn, snap).await?;
-        let handover = ms(t0.elapsed());
+        let mut conn = Conn::open(api.addr).await?;
+        let (child, row) = holder::restore_and_touch(api, &mut conn, snap, digest).await?;
         if !(self.holds)(n, &child.id) {
             bail!("sandbox {} from snapshot {snap} is not on node {}", child.id, n + 1);
         }
-        let t1 = Instant::now();
-        let answer = holder::digest(&mut asking, &child).await?;
-        let touched = ms(t1.elapsed());
-        if answer.trim() != digest.trim() {
-            bail!("a sandbox restored from {snap} on node {} holds other bytes than its source did", n + 1);
-        }
         api.delete(&mut conn, &child.id).await?;
-        Ok([handover, touched])
+        Ok(row)
     }
 
     /// [pause, upload, resume, first read] in ms, for a paused sandbox

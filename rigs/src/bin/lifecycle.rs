@@ -486,23 +486,12 @@ async fn held_memory(api: &Api, mb: usize, n: usize, how: &str) -> anyhow::Resul
     let mut conn = Conn::open(api.addr).await?;
     let source = api.create(&mut conn, "base").await?;
     let digest = holder::start(api, &source, mb).await?;
-    let path = format!("/sandboxes/{}/snapshots", source.id);
-    let snap = api.expect(&mut conn, Method::POST, &path, Some(json!({ "memory": true })), StatusCode::CREATED).await?;
-    let snap = snap["snapshotID"].as_str().context("no snapshotID")?.to_string();
+    let snap = holder::snapshot_memory(api, &mut conn, &source.id).await?;
     api.delete(&mut conn, &source.id).await?;
     let mut rows = Vec::new();
     for _ in 0..n {
-        let mut asking = Conn::open(api.addr).await?;
-        let t0 = Instant::now();
-        let child = api.create(&mut conn, &snap).await?;
-        let handover = ms(t0.elapsed());
-        let t1 = Instant::now();
-        let answer = holder::digest(&mut asking, &child).await?;
-        let touched = ms(t1.elapsed());
-        if answer.trim() != digest.trim() {
-            bail!("a sandbox restored from {snap} holds other bytes than its source did");
-        }
-        rows.push([handover, touched]);
+        let (child, row) = holder::restore_and_touch(api, &mut conn, &snap, &digest).await?;
+        rows.push(row);
         api.delete(&mut conn, &child.id).await?;
     }
     api.expect(&mut conn, Method::DELETE, &format!("/templates/{snap}"), None, StatusCode::NO_CONTENT).await?;
