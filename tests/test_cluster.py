@@ -1016,6 +1016,76 @@ def test_a_volume_stays_on_its_node_and_either_gateway_reaches_it(nodes, databas
         kill_quietly(made)
 
 
+def volume_move(database: str, volume_id: str) -> tuple[str, str]:
+    """A volume record's node and move state ("" when it is not moving)."""
+    query = (f"SELECT (record::jsonb ->> 'node') || ' ' || COALESCE(record::jsonb -> 'moved_out' ->> 'state', '') "
+             f"FROM team_volumes WHERE id = '{volume_id}'")
+    out = subprocess.run(["psql", database, "-tAc", query], check=True, capture_output=True, text=True)
+    node, _, state = out.stdout.strip().partition(" ")
+    return node, state
+
+
+def stored_volume(object_store, database: str, volume_id: str, within_s: float = 90) -> bytes:
+    """The manifest of a volume waiting in the bucket for its next node,
+    once its node has uploaded it and marked its record."""
+    deadline = time.monotonic() + within_s
+    while True:
+        manifest = object_store.read(f"volumes/default/{volume_id}")
+        if manifest is not None and volume_move(database, volume_id)[1] == "stored":
+            return manifest
+        assert time.monotonic() < deadline, f"volume {volume_id} never reached the object store"
+        time.sleep(0.5)
+
+
+def test_a_drain_that_moves_sandboxes_takes_their_volumes_along(nodes, database_url, object_store):
+    """`copse node drain --move-sandboxes` on the node holding a volume: its
+    sandbox is paused into the object store, then the volume follows. A
+    content call through the drained node's gateway brings the volume to
+    the other node; the sandbox's connect resumes it there, beside its
+    volume, with the files it wrote; a create mounting the volume lands
+    there too; the drained node's copy and the bucket's go."""
+    one, two = nodes
+    volume = Volume.create(f"vol-{secrets.token_hex(4)}", api_key=API_KEY, api_url=one.url)
+    on_one = one.data_dir / "disk" / ".volumes" / volume.volume_id
+    on_two = two.data_dir / "disk" / ".volumes" / volume.volume_id
+    made = []
+    try:
+        sbx = Sandbox.create(timeout=300, volume_mounts={"/mnt/data": volume}, **two.env())
+        made.append(sbx)
+        assert one.holds(sbx.sandbox_id), "created on the volume's node"
+        sbx.files.write("/mnt/data/hello.txt", "written on node one")
+        sbx.files.write("/home/user/note", "beside it")
+        subprocess.run([str(COPSE), "node", "drain", one.id, "--move-sandboxes", "--database", database_url],
+                       check=True)
+        stored_paused(object_store, database_url, sbx.sandbox_id)
+        stored_volume(object_store, database_url, volume.volume_id)
+        assert volume_move(database_url, volume.volume_id) == (one.id, "stored")
+        assert volume_file(one, volume, "/hello.txt").text == "written on node one"
+        assert on_two.is_dir(), "the content call brought it to the node that takes work"
+        assert volume_move(database_url, volume.volume_id) == (two.id, "")
+        assert object_store.read(f"volumes/default/{volume.volume_id}") is None, "it left the bucket"
+        back = Sandbox.connect(sbx.sandbox_id, timeout=120, **one.env())
+        assert two.holds(sbx.sandbox_id), "resumed beside its volume"
+        assert back.files.read("/mnt/data/hello.txt") == "written on node one"
+        assert back.files.read("/home/user/note") == "beside it"
+        back.files.write("/mnt/data/after.txt", "written on node two")
+        assert volume_file(one, volume, "/after.txt").text == "written on node two"
+        deadline = time.monotonic() + 5 * HEARTBEAT_S
+        while on_one.exists():
+            assert time.monotonic() < deadline, "node one kept its copy of a volume node two took over"
+            time.sleep(0.2)
+        drain(one, database_url, False)
+        time.sleep(HEARTBEAT_S + 1)
+        other = Sandbox.create(timeout=60, volume_mounts={"/mnt/v": volume}, **one.env())
+        made.append(other)
+        assert two.holds(other.sandbox_id), "created where the volume now is"
+        assert other.files.read("/mnt/v/after.txt") == "written on node two"
+    finally:
+        drain(one, database_url, False)
+        kill_quietly(made)
+        Volume.destroy(volume.volume_id, api_key=API_KEY, api_url=one.url)
+
+
 def test_a_template_build_spread_over_both_gateways_runs_on_the_node_that_took_it(nodes, database_url):
     """A load balancer may send each call of one `Template.build` to another
     gateway: the build requested through node one's gateway gets its copy

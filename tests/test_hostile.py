@@ -2653,6 +2653,7 @@ from test_cluster import (  # noqa: E402,F401
 )
 from test_cluster import HEARTBEAT_S, LOST_AFTER_S, NODE_TABLE_TTL_S, kill_quietly, limited_team, node_table  # noqa: E402
 from test_cluster import lazy_server_pids, on_one_seen_through_two, paused_field, stored_paused  # noqa: E402
+from test_cluster import stored_volume, volume_file, volume_move  # noqa: E402
 from test_cluster import built_from_private_image, private_image, stored_lazy_image_layers  # noqa: E402
 from test_cluster import from_private_image, ran_commands, stored_layers  # noqa: E402
 from test_lifecycle import processes_end, start_holder  # noqa: E402
@@ -2836,6 +2837,46 @@ def test_a_manifest_swapped_in_the_bucket_never_starts_another_snapshots_files(n
     finally:
         for name in names.values():
             Sandbox.delete_snapshot(name, **one.env())
+
+
+def test_a_volume_swapped_in_the_bucket_is_never_taken_for_another(nodes, database_url, object_store):
+    """Volumes leaving a drained node wait in the bucket for their next
+    node. Whoever can write the bucket puts another team's or another
+    volume's stream under the victim's key, hoping the victim's token then
+    opens the other's files. The node asked refuses the stream on the hash
+    the database keeps (a 503, nothing of it kept), and the victim's own
+    bytes come back when its node is undrained."""
+    one, two = nodes
+    made = {}
+    try:
+        for text in ("victim", "other"):
+            volume = Volume.create(f"swap-{text}-{secrets.token_hex(4)}", api_key=API_KEY, api_url=one.url)
+            made[text] = volume
+            put = httpx.put(f"{one.url}/volumecontent/{volume.volume_id}/file", params={"path": "/owner.txt"},
+                            content=text.encode(), headers={"Authorization": f"Bearer {volume.token}"}, timeout=30)
+            assert put.status_code < 300, put.text
+        subprocess.run([str(COPSE), "node", "drain", one.id, "--move-sandboxes", "--database", database_url],
+                       check=True)
+        try:
+            streams = {text: stored_volume(object_store, database_url, v.volume_id) for text, v in made.items()}
+            object_store.overwrite(f"volumes/default/{made['victim'].volume_id}", streams["other"])
+            read = volume_file(two, made["victim"], "/owner.txt")
+            assert read.status_code == 503, read.text
+            assert "not the manifest its record names" in read.text, read.text
+            assert not (two.data_dir / "disk" / ".volumes" / made["victim"].volume_id).exists(), "nothing kept"
+            assert volume_move(database_url, made["victim"].volume_id) == (one.id, "stored")
+        finally:
+            drain(one, database_url, False)
+        deadline = time.monotonic() + 5 * HEARTBEAT_S
+        while volume_move(database_url, made["victim"].volume_id) != (one.id, ""):
+            assert time.monotonic() < deadline, "node one never took its volume back"
+            time.sleep(0.2)
+        for text, volume in made.items():
+            assert volume_file(two, volume, "/owner.txt").text == text
+    finally:
+        drain(one, database_url, False)
+        for volume in made.values():
+            Volume.destroy(volume.volume_id, api_key=API_KEY, api_url=one.url)
 
 
 def test_a_checkpoint_swapped_in_the_bucket_never_restores_another_snapshots_memory(nodes, database_url,

@@ -122,6 +122,16 @@ pub fn paused_object_key(team: &str, sandbox_id: &str) -> anyhow::Result<String>
     Ok(format!("paused/{team}/{sandbox_id}"))
 }
 
+/// Where `team`'s volume `volume_id` waits in an object store while it
+/// moves between nodes (`service/volume_moves.rs`).
+pub fn volume_object_key(team: &str, volume_id: &str) -> anyhow::Result<String> {
+    validate_team_name(team)?;
+    if volume_id.is_empty() || !volume_id.chars().all(|c| c.is_ascii_alphanumeric()) {
+        bail!("volume id {volume_id:?} is not one copse made");
+    }
+    Ok(format!("volumes/{team}/{volume_id}"))
+}
+
 /// Where a built template's image (its snapshot `snapshot_key`) waits in
 /// an object store for a node that starts the template without holding it
 /// (`service/image_objects.rs`). The key is random and unique, so one image

@@ -74,6 +74,16 @@ pub fn export(
     record: &VolumeRecord,
     out: &mut dyn Write,
 ) -> anyhow::Result<ExportReport> {
+    export_with(substrate, record, team_volume_limit(store, &record.team)?, out)
+}
+
+/// [`export`], with the volume's size limit `quota_bytes` known.
+pub fn export_with(
+    substrate: &dyn Substrate,
+    record: &VolumeRecord,
+    quota_bytes: u64,
+    out: &mut dyn Write,
+) -> anyhow::Result<ExportReport> {
     let location = substrate.volume_location(&record.id)?;
     let files = VolumeFiles::new(location.root, location.id_base);
     let manifest = Manifest {
@@ -82,7 +92,7 @@ pub fn export(
         name: record.name.clone(),
         team: record.team.clone(),
         created_at_ms: record.created_at_ms,
-        quota_bytes: team_volume_limit(store, &record.team)?,
+        quota_bytes,
         exported_at_ms: now_ms(),
     };
     let mut tar = tar::Builder::new(out);
@@ -195,17 +205,7 @@ pub fn import(
 ) -> anyhow::Result<Imported> {
     let mut archive = tar::Archive::new(input);
     let mut entries = archive.entries()?;
-    let mut first = entries.next().context("an empty archive: no copse-volume.json")??;
-    if first.path()?.as_ref() != Path::new(MANIFEST) || first.header().entry_type() != tar::EntryType::Regular {
-        bail!("not a copse volume export (its first entry must be {MANIFEST})");
-    }
-    anyhow::ensure!(first.size() <= 64 << 10, "{MANIFEST} is too large");
-    let mut json = Vec::new();
-    first.read_to_end(&mut json)?;
-    let manifest: Manifest = serde_json::from_slice(&json).context("corrupt copse-volume.json")?;
-    if manifest.format != FORMAT {
-        bail!("unsupported volume export format {:?} (this copse reads {FORMAT:?})", manifest.format);
-    }
+    let manifest = read_manifest(&mut entries)?;
     let name = name.unwrap_or(manifest.name);
     let team = team.unwrap_or(manifest.team);
     validate_volume_name(&name)?;
@@ -220,6 +220,7 @@ pub fn import(
         token: new_token(),
         created_at_ms: manifest.created_at_ms,
         node: crate::cluster::existing_node_id(data_dir)?,
+        moved_out: None,
     };
     let limit = team_volume_limit(store, &record.team)?;
     let claim = Claim::take(data_dir, &record.id)?;
@@ -232,17 +233,14 @@ pub fn import(
     let filled = (|| -> anyhow::Result<(u64, u64)> {
         let location = substrate.volume_location(&record.id)?;
         let files = VolumeFiles::new(location.root, location.id_base);
-        let mut unpack = Unpack { files: &files, limit, files_made: 0, bytes: 0 };
-        for entry in entries {
-            unpack.entry(entry?)?;
-        }
+        let (files_made, bytes) = unpack(entries, &files, limit)?;
         anyhow::ensure!(
             store.insert_volume(&record)?,
             "team {} has a volume named {} already",
             record.team,
             record.name
         );
-        Ok((unpack.files_made, unpack.bytes))
+        Ok((files_made, bytes))
     })();
     match filled {
         Ok((files, bytes)) => {
@@ -254,6 +252,49 @@ pub fn import(
             Err(err)
         }
     }
+}
+
+/// Reads the export of volume `record` that its node wrote when the volume
+/// left it (`service/volume_moves.rs`) into `files`, the volume's new and
+/// empty copy on this host. An archive of any other volume is refused.
+pub fn unpack_moved(
+    input: &mut dyn Read,
+    record: &VolumeRecord,
+    files: &VolumeFiles,
+    limit: u64,
+) -> anyhow::Result<()> {
+    let mut archive = tar::Archive::new(input);
+    let mut entries = archive.entries()?;
+    let manifest = read_manifest(&mut entries)?;
+    if (manifest.id.as_str(), manifest.team.as_str()) != (record.id.as_str(), record.team.as_str()) {
+        bail!("the object store holds another volume than {} of team {}; it was not fetched", record.id, record.team);
+    }
+    unpack(entries, files, limit).map(drop)
+}
+
+/// The archive's first entry, checked.
+fn read_manifest<R: Read>(entries: &mut tar::Entries<'_, R>) -> anyhow::Result<Manifest> {
+    let mut first = entries.next().context("an empty archive: no copse-volume.json")??;
+    if first.path()?.as_ref() != Path::new(MANIFEST) || first.header().entry_type() != tar::EntryType::Regular {
+        bail!("not a copse volume export (its first entry must be {MANIFEST})");
+    }
+    anyhow::ensure!(first.size() <= 64 << 10, "{MANIFEST} is too large");
+    let mut json = Vec::new();
+    first.read_to_end(&mut json)?;
+    let manifest: Manifest = serde_json::from_slice(&json).context("corrupt copse-volume.json")?;
+    if manifest.format != FORMAT {
+        bail!("unsupported volume export format {:?} (this copse reads {FORMAT:?})", manifest.format);
+    }
+    Ok(manifest)
+}
+
+/// The rest of the archive into `files`; the files and bytes written.
+fn unpack<R: Read>(entries: tar::Entries<'_, R>, files: &VolumeFiles, limit: u64) -> anyhow::Result<(u64, u64)> {
+    let mut unpack = Unpack { files, limit, files_made: 0, bytes: 0 };
+    for entry in entries {
+        unpack.entry(entry?)?;
+    }
+    Ok((unpack.files_made, unpack.bytes))
 }
 
 /// Removes the half-imported volume of `claim`; the claim stays if that
@@ -273,9 +314,11 @@ pub fn remove_abandoned_imports(
     substrate: &dyn Substrate,
 ) -> anyhow::Result<Vec<String>> {
     let mut removed = Vec::new();
+    let here = crate::cluster::existing_node_id(data_dir)?;
     for claim in import_claims::abandoned(data_dir)? {
-        // The crash came after the record: the import is whole.
-        if store.volume(claim.volume_id())?.is_some() {
+        // The crash came after the record: the import is whole. A volume
+        // fetched from another node is whole once its record names this one.
+        if store.volume(claim.volume_id())?.is_some_and(|r| r.node == here) {
             claim.release();
             continue;
         }

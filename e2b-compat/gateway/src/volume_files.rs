@@ -53,6 +53,9 @@ pub type Result<T> = std::result::Result<T, FileError>;
 pub struct VolumeFiles {
     root: PathBuf,
     id_base: u32,
+    /// Held as long as these files are in use by a content call: a volume
+    /// leaving its node waits for it (`service/volume_moves.rs`).
+    call: Option<std::sync::Arc<tokio::sync::OwnedRwLockReadGuard<()>>>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -101,7 +104,13 @@ pub struct Owner {
 
 impl VolumeFiles {
     pub fn new(root: PathBuf, id_base: u32) -> Self {
-        Self { root, id_base }
+        Self { root, id_base, call: None }
+    }
+
+    /// These files, kept from leaving their node while `call` is held.
+    pub fn during(mut self, call: tokio::sync::OwnedRwLockReadGuard<()>) -> Self {
+        self.call = Some(std::sync::Arc::new(call));
+        self
     }
 
     fn open_root(&self) -> Result<OwnedFd> {

@@ -79,6 +79,7 @@ impl From<VolumeError> for ApiError {
             VolumeError::NotFound(_) => StatusCode::NOT_FOUND,
             VolumeError::NameTaken(_) | VolumeError::InUse(_) => StatusCode::CONFLICT,
             VolumeError::Invalid(_) => StatusCode::BAD_REQUEST,
+            VolumeError::Moving(_) => StatusCode::SERVICE_UNAVAILABLE,
             VolumeError::Substrate(refusal) => substrate_status(refusal),
             VolumeError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         };

@@ -137,7 +137,8 @@ async fn open(volumes: Arc<Volumes>, id: String, headers: &HeaderMap) -> ApiResu
         .and_then(|v| v.strip_prefix("Bearer "))
         .map(str::to_string)
         .ok_or_else(|| ApiError::new(StatusCode::UNAUTHORIZED, "missing 'Authorization: Bearer <volume token>'"))?;
-    run(move || volumes.files(&id, &token).map_err(ApiError::from)).await
+    let call = crate::service::content_call().await;
+    run(move || volumes.files(&id, &token).map(|files| files.during(call)).map_err(ApiError::from)).await
 }
 
 /// Directory walks and metadata calls block: off the async workers.

@@ -58,5 +58,6 @@ pub use template_labels::{
     DEFAULT_TAG, MAX_TAGS_PER_REQUEST, Tag, TagAssignment, TemplateLabels, normalize_tag, normalize_tags, split_tag,
 };
 pub use volume::{
-    MAX_MOUNTS, VolumeError, VolumeMount, VolumeRecord, validate_mount_path, validate_mounts, validate_volume_name,
+    MAX_MOUNTS, VolumeError, VolumeMount, VolumeMove, VolumeRecord, validate_mount_path, validate_mounts,
+    validate_volume_name,
 };

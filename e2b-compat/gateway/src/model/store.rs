@@ -12,7 +12,7 @@ use super::snapshot::SnapshotRecord;
 use super::team::{Team, TeamUsage};
 use super::template::TemplateRecord;
 use super::template_labels::TemplateLabels;
-use super::volume::VolumeRecord;
+use super::volume::{VolumeMove, VolumeRecord};
 
 pub trait Store: Send + Sync {
     /// Inserts or replaces the sandbox's record.
@@ -124,6 +124,15 @@ pub trait VolumeStore: Send + Sync {
     /// Every team's volumes, ordered by id.
     fn volumes(&self) -> anyhow::Result<Vec<VolumeRecord>>;
     fn remove_volume(&self, id: &str) -> anyhow::Result<bool>;
+    /// Replaces volume `record` only while the stored one still names node
+    /// `from_node` and is in move state `from` (`VolumeMove::state`), so
+    /// two nodes never both take a volume over; whether it did.
+    fn swap_volume(
+        &self,
+        record: &VolumeRecord,
+        from_node: Option<&str>,
+        from: Option<&VolumeMove>,
+    ) -> anyhow::Result<bool>;
 }
 
 /// The nodes sharing a database (`model::node`); a single host's SQLite

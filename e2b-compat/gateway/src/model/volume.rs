@@ -21,6 +21,35 @@ pub struct VolumeRecord {
     /// served there.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node: Option<String>,
+    /// Set while the volume moves between nodes through the object store
+    /// (`service/volume_moves.rs`); `node` still names the node it left.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub moved_out: Option<VolumeMove>,
+}
+
+/// Where a volume leaving its node is. Its bytes on that node are frozen
+/// from the moment it is `Uploading`: no content call and no sandbox
+/// writes them any more.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "state", rename_all = "snake_case")]
+pub enum VolumeMove {
+    /// Its node is writing it to the object store.
+    Uploading,
+    /// Whole in the object store, as the stream whose manifest hashes to
+    /// `manifest_sha256`; the next node that needs it fetches it and
+    /// claims it.
+    Stored { manifest_sha256: String },
+}
+
+impl VolumeMove {
+    /// The two fields a swap of the record compares (`VolumeStore::swap_volume`).
+    pub fn state(this: Option<&Self>) -> (Option<&'static str>, Option<&str>) {
+        match this {
+            None => (None, None),
+            Some(Self::Uploading) => (Some("uploading"), None),
+            Some(Self::Stored { manifest_sha256 }) => (Some("stored"), Some(manifest_sha256)),
+        }
+    }
 }
 
 /// One volume at one path of a sandbox, as its record keeps it.
@@ -42,6 +71,9 @@ pub enum VolumeError {
     /// Deleting a volume a sandbox still mounts.
     #[error("{0}")]
     InUse(String),
+    /// The volume is between nodes (`service/volume_moves.rs`).
+    #[error("{0}")]
+    Moving(String),
     /// The substrate refused (no volumes there, a host lacking its quota
     /// file system); the API maps its kind as for sandboxes.
     #[error(transparent)]

@@ -30,6 +30,7 @@ mod rollback;
 mod secrets;
 mod snapshot;
 mod transitions;
+mod volume_moves;
 mod volumes;
 mod warm;
 
@@ -58,6 +59,7 @@ pub use metrics::Metric;
 pub use nodes::{Membership, Owner};
 pub use pause::Connected;
 pub use secrets::Secrets;
+pub use volume_moves::content_call;
 pub use volumes::{DEFAULT_VOLUME_GB, Volumes, team_volume_limit};
 
 #[derive(Debug, Default)]
@@ -103,6 +105,9 @@ pub struct Sandboxes {
     /// This gateway's node on a shared database (`nodes.rs`); `None` on a
     /// single host, where every record is its own.
     node: Option<nodes::Membership>,
+    /// The volume records, given by the volumes service when it is made
+    /// (`Volumes::new`): a drain moves volumes too (`volume_moves.rs`).
+    volume_store: std::sync::OnceLock<Arc<dyn crate::model::VolumeStore>>,
 }
 
 /// Whether callers may name `template`: not an image's (see
@@ -145,6 +150,7 @@ impl Sandboxes {
             secrets: None,
             egress_ca: None,
             node: None,
+            volume_store: Default::default(),
         }
     }
 

@@ -13,7 +13,8 @@
 //! `copse node drain ID --move-sandboxes` makes a node pause its sandboxes
 //! that way on its own: each is checkpointed with its memory where CRIU
 //! can, else kept as its files, so the next connect resumes it on another
-//! node. Sandboxes with volumes stay (a volume's bytes live on their node).
+//! node. Their volumes follow once all their sandboxes are paused
+//! (`volume_moves.rs`).
 //! Frozen sandboxes (paused with memory in place) are thawed first.
 
 use std::collections::HashSet;
@@ -24,7 +25,10 @@ use tokio::runtime::Handle;
 use super::Sandboxes;
 use super::nodes::Owner;
 use super::quota::Kind;
-use crate::model::{Caller, Change, Paused, Result, SandboxError, SandboxRecord, SnapshotRecord, now_ms, snapshot_key};
+use crate::model::{
+    Caller, Change, Paused, Result, SandboxError, SandboxRecord, SnapshotRecord, VolumeError, VolumeMove, VolumeRecord,
+    now_ms, snapshot_key,
+};
 use crate::{lazy_layers, snapshot_file};
 
 impl Sandboxes {
@@ -43,7 +47,15 @@ impl Sandboxes {
     pub fn place_resume(&self, record: &SandboxRecord, forwarded: bool) -> anyhow::Result<Owner> {
         let owner = self.owner(record.node.as_deref())?;
         let Some(membership) = &self.node else { return Ok(owner) };
-        if !self.movable(record) || self.takes_sandboxes(&owner)? {
+        if !self.movable(record) {
+            return Ok(owner);
+        }
+        // A sandbox goes where its volumes are, unless they wait in the
+        // object store for a node to take them.
+        if let Some(node) = self.volumes_home(record)? {
+            return self.owner(node.as_deref());
+        }
+        if self.takes_sandboxes(&owner)? {
             return Ok(owner);
         }
         if forwarded && self.takes_sandboxes(&Owner::Here)? {
@@ -75,6 +87,22 @@ impl Sandboxes {
         self.objects().is_some() && record.paused.as_ref().is_some_and(|p| p.files_only.is_some() && p.in_object_store)
     }
 
+    /// The node holding the volumes `record` mounts (they are all on one),
+    /// or `None` when it mounts none or they wait in the object store for
+    /// a node to take them.
+    fn volumes_home(&self, record: &SandboxRecord) -> anyhow::Result<Option<Option<String>>> {
+        let Some(volumes) = self.volume_store.get() else { return Ok(None) };
+        for mount in &record.volume_mounts {
+            match volumes.volume(&mount.volume_id)? {
+                Some(VolumeRecord { moved_out: Some(VolumeMove::Stored { .. }), .. }) => {}
+                Some(volume) => return Ok(Some(volume.node)),
+                // Gone: the resume reports it.
+                None => return Ok(Some(record.node.clone())),
+            }
+        }
+        Ok(None)
+    }
+
     /// Takes paused sandbox `record` over from the node that holds it, as
     /// long as no other gateway has resumed, moved or killed it meanwhile.
     pub(super) fn claim(&self, mut record: SandboxRecord) -> Result<SandboxRecord> {
@@ -102,6 +130,15 @@ impl Sandboxes {
     /// here. The record as claimed, and whether it moved.
     pub(super) async fn bring_here(&self, mut record: SandboxRecord, key: &str) -> Result<(SandboxRecord, bool)> {
         let moved = !self.holds(record.node.as_deref());
+        // Its volumes first: a sandbox runs only where they are.
+        for mount in &record.volume_mounts {
+            let limit = super::team_volume_limit(self.store.as_ref(), &record.team)?;
+            let arrival = self.volume_arrival(&mount.volume_id, limit).map_err(from_volume)?;
+            tokio::task::spawn_blocking(move || arrival.bring())
+                .await
+                .map_err(|e| SandboxError::Internal(e.into()))?
+                .map_err(from_volume)?;
+        }
         if moved {
             record = self.claim(record)?;
         }
@@ -226,12 +263,15 @@ impl Sandboxes {
         let Some(membership) = self.node.as_ref().filter(|m| m.objects.is_some()) else { return Ok(()) };
         // The node table as placement last read it: no query of its own.
         let asked = membership.node_record(&membership.id)?.is_some_and(|n| n.draining && n.moving_out);
-        if !asked {
-            return Ok(());
+        if asked {
+            self.pause_all_to_move().await?;
         }
+        self.tend_volumes(asked).await
+    }
+
+    async fn pause_all_to_move(&self) -> anyhow::Result<()> {
         for record in self.own_records()? {
-            let on_files = record.paused.as_ref().is_some_and(|p| p.files_only.is_some());
-            if on_files || !record.volume_mounts.is_empty() {
+            if record.paused.as_ref().is_some_and(|p| p.files_only.is_some()) {
                 continue;
             }
             match self.pause_to_move(&record.id).await {
@@ -297,5 +337,14 @@ fn stand_in(record: &SandboxRecord, key: &str, paused: &Paused) -> SnapshotRecor
         in_object_store: paused.in_object_store,
         lazy: paused.lazy.clone(),
         oci: paused.oci.clone(),
+    }
+}
+
+/// A volume that could not come here, as the resume's error.
+fn from_volume(e: VolumeError) -> SandboxError {
+    match e {
+        VolumeError::Moving(why) => SandboxError::Unavailable(why),
+        VolumeError::NotFound(id) => SandboxError::Unavailable(format!("its volume {id} no longer exists")),
+        other => SandboxError::Internal(anyhow::anyhow!("{other}")),
     }
 }

@@ -31,6 +31,7 @@ pub struct Volumes {
 
 impl Volumes {
     pub fn new(store: Arc<dyn VolumeStore>, substrate: Arc<dyn Substrate>, sandboxes: Arc<Sandboxes>) -> Self {
+        let _ = sandboxes.volume_store.set(store.clone());
         Self { store, substrate, sandboxes, directory: None }
     }
 
@@ -58,6 +59,7 @@ impl Volumes {
             token: new_token(),
             created_at_ms: now_ms(),
             node: self.sandboxes.node().map(str::to_string),
+            moved_out: None,
         };
         // The bytes first: a record always names a volume that exists.
         self.substrate.create_volume(&record.id, self.limit_bytes(&record.team)).map_err(refusal)?;
@@ -84,7 +86,7 @@ impl Volumes {
 
     /// Refused while any sandbox (running or paused) mounts it.
     pub fn delete(&self, caller: &Caller, id_or_name: &str) -> Result<()> {
-        let record = self.get(caller, id_or_name)?;
+        let record = self.here(self.get(caller, id_or_name)?)?;
         let users = self.sandboxes.mounting(&record.id).map_err(|e| VolumeError::Internal(anyhow::anyhow!("{e}")))?;
         if !users.is_empty() {
             return Err(VolumeError::InUse(format!(
@@ -106,6 +108,7 @@ impl Volumes {
         if !copse_protocol::signature::equal(&record.token, token) {
             return Err(VolumeError::NotFound(id.to_string()));
         }
+        let record = self.here(record)?;
         let location = self.substrate.volume_location(&record.id).map_err(refusal)?;
         Ok(VolumeFiles::new(location.root, location.id_base))
     }
@@ -116,7 +119,23 @@ impl Volumes {
     /// from before nodes.
     pub fn node_for_content(&self, id: &str, token: &str) -> Result<Option<String>> {
         let record = self.store.volume(id)?.filter(|r| copse_protocol::signature::equal(&r.token, token));
-        Ok(record.and_then(|r| r.node))
+        match record {
+            Some(record) => Ok(match self.sandboxes.volume_owner(&record)? {
+                crate::service::Owner::Here => self.sandboxes.node().map(str::to_string),
+                crate::service::Owner::There(node) => Some(node.id),
+                crate::service::Owner::Lost { node, .. } => Some(node),
+            }),
+            None => Ok(None),
+        }
+    }
+
+    /// Volume `record` with its bytes on this node: a volume waiting in
+    /// the object store for its next node is fetched (`volume_moves.rs`).
+    fn here(&self, record: VolumeRecord) -> Result<VolumeRecord> {
+        match record.moved_out {
+            None => Ok(record),
+            Some(_) => self.sandboxes.bring_volume_here(&record.id, self.limit_bytes(&record.team)),
+        }
     }
 
     /// The nodes holding the caller's volumes named `names` (ones it does
@@ -125,7 +144,9 @@ impl Volumes {
         let mut nodes = std::collections::BTreeSet::new();
         for name in names {
             let volume = self.store.volume_named(&caller.team, name)?.filter(|r| caller.sees(&r.team));
-            nodes.extend(volume.and_then(|v| v.node));
+            // One waiting in the object store goes where the create is placed.
+            let waiting = |v: &VolumeRecord| matches!(v.moved_out, Some(crate::model::VolumeMove::Stored { .. }));
+            nodes.extend(volume.filter(|v| !waiting(v)).and_then(|v| v.node));
         }
         Ok(nodes)
     }
@@ -138,6 +159,7 @@ impl Volumes {
             let path = validate_mount_path(path)?;
             let volume = self.store.volume_named(&caller.team, name)?.filter(|r| caller.sees(&r.team));
             let volume = volume.ok_or_else(|| VolumeError::Invalid(format!("volume {name:?} not found")))?;
+            let volume = self.here(volume)?;
             mounts.push(VolumeMount { volume_id: volume.id, name: volume.name, path });
         }
         validate_mounts(&mounts)?;

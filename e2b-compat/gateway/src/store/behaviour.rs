@@ -6,7 +6,8 @@
 use super::Database;
 use crate::model::{
     Admit, BuildLayer, Capacity, Change, DEFAULT_TEAM, Intent, KeyRecord, NodeRecord, PlaceClaim, SandboxError,
-    SandboxRecord, SecretRecord, SnapshotRecord, Team, TeamUsage, TemplateLabels, TemplateRecord, VolumeRecord,
+    SandboxRecord, SecretRecord, SnapshotRecord, Team, TeamUsage, TemplateLabels, TemplateRecord, VolumeMove,
+    VolumeRecord,
 };
 
 /// One fresh database and ways into it.
@@ -27,6 +28,7 @@ macro_rules! behaviours {
             @each $backend;
             a_build_layer_is_found_only_by_its_team_and_outlives_the_connection,
             a_volume_name_is_taken_once_per_team,
+            a_volume_moves_only_from_the_node_and_state_its_mover_read,
             a_nodes_heartbeat_replaces_its_record_but_not_the_operators_drain,
             a_node_is_removed_only_once_lost_and_holding_nothing,
             a_teams_places_are_claimed_one_at_a_time_and_settled_by_the_owners_heartbeat,
@@ -87,6 +89,7 @@ pub fn a_volume_name_is_taken_once_per_team(db: &dyn Backend) {
         token: "t".into(),
         created_at_ms: 0,
         node: Some("n1".into()),
+        moved_out: None,
     };
     assert!(store.insert_volume(&volume("a", DEFAULT_TEAM)).unwrap());
     assert!(!db.open().insert_volume(&volume("b", DEFAULT_TEAM)).unwrap(), "taken, whoever asks");
@@ -98,6 +101,35 @@ pub fn a_volume_name_is_taken_once_per_team(db: &dyn Backend) {
     assert!(store.remove_volume("a").unwrap());
     assert!(!store.remove_volume("a").unwrap());
     assert!(store.volume_named(DEFAULT_TEAM, "data").unwrap().is_none());
+}
+
+pub fn a_volume_moves_only_from_the_node_and_state_its_mover_read(db: &dyn Backend) {
+    let (one, two) = (db.open(), db.open());
+    let mut volume = VolumeRecord {
+        id: "v".into(),
+        team: DEFAULT_TEAM.into(),
+        name: "data".into(),
+        token: "t".into(),
+        created_at_ms: 0,
+        node: Some("n1".into()),
+        moved_out: None,
+    };
+    assert!(one.insert_volume(&volume).unwrap());
+    volume.moved_out = Some(VolumeMove::Uploading);
+    assert!(!one.swap_volume(&volume, Some("n2"), None).unwrap(), "not on n2");
+    assert!(one.swap_volume(&volume, Some("n1"), None).unwrap());
+    let stored = VolumeMove::Stored { manifest_sha256: "aa".into() };
+    volume.moved_out = Some(stored.clone());
+    assert!(!one.swap_volume(&volume, Some("n1"), None).unwrap(), "no longer unmoved");
+    assert!(one.swap_volume(&volume, Some("n1"), Some(&VolumeMove::Uploading)).unwrap());
+    // Two nodes fetch it; the first to swap takes it.
+    let taken = |node: &str| VolumeRecord { node: Some(node.into()), moved_out: None, ..volume.clone() };
+    assert!(two.swap_volume(&taken("n2"), Some("n1"), Some(&stored)).unwrap());
+    assert!(!one.swap_volume(&taken("n3"), Some("n1"), Some(&stored)).unwrap(), "taken already");
+    let other = VolumeMove::Stored { manifest_sha256: "bb".into() };
+    assert!(!one.swap_volume(&taken("n3"), Some("n2"), Some(&other)).unwrap(), "another upload");
+    let now = one.volume("v").unwrap().unwrap();
+    assert_eq!((now.node.as_deref(), now.moved_out), (Some("n2"), None));
 }
 
 pub fn a_nodes_heartbeat_replaces_its_record_but_not_the_operators_drain(db: &dyn Backend) {

@@ -21,7 +21,7 @@ use serde::de::DeserializeOwned;
 use super::table::{REVOCATION_LIST, Table};
 use crate::model::{
     Admit, BuildLayer, Intent, KeyRecord, NodeRecord, NodeStore, PlaceClaim, SandboxRecord, SecretRecord, SecretStore,
-    SnapshotRecord, Store, Team, TeamUsage, TemplateLabels, TemplateRecord, VolumeRecord, VolumeStore,
+    SnapshotRecord, Store, Team, TeamUsage, TemplateLabels, TemplateRecord, VolumeMove, VolumeRecord, VolumeStore,
 };
 
 type Job = Box<dyn FnOnce(&mut Conn) + Send>;
@@ -626,6 +626,27 @@ impl VolumeStore for PostgresStore {
 
     fn remove_volume(&self, id: &str) -> anyhow::Result<bool> {
         self.delete_by_id(Table::Volumes, id)
+    }
+
+    fn swap_volume(
+        &self,
+        record: &VolumeRecord,
+        from_node: Option<&str>,
+        from: Option<&VolumeMove>,
+    ) -> anyhow::Result<bool> {
+        let (id, json) = (record.id.clone(), serde_json::to_string(record)?);
+        let from_node = from_node.map(str::to_string);
+        let (state, manifest) = VolumeMove::state(from);
+        let (state, manifest) = (state.map(str::to_string), manifest.map(str::to_string));
+        self.run(move |c| {
+            Ok(c.execute(
+                "UPDATE team_volumes SET record = $2 WHERE id = $1
+                 AND (record::jsonb ->> 'node') IS NOT DISTINCT FROM $3
+                 AND (record::jsonb -> 'moved_out' ->> 'state') IS NOT DISTINCT FROM $4
+                 AND (record::jsonb -> 'moved_out' ->> 'manifest_sha256') IS NOT DISTINCT FROM $5",
+                &[&id, &json, &from_node, &state, &manifest],
+            )? > 0)
+        })
     }
 }
 

@@ -16,7 +16,8 @@ use serde::de::DeserializeOwned;
 use super::table::{REVOCATION_LIST, Table};
 use crate::model::{
     Admit, BuildLayer, DEFAULT_TEAM, Intent, KeyRecord, NodeRecord, NodeStore, PlaceClaim, SandboxRecord, SecretRecord,
-    SecretStore, SnapshotRecord, Store, Team, TeamUsage, TemplateLabels, TemplateRecord, VolumeRecord, VolumeStore,
+    SecretStore, SnapshotRecord, Store, Team, TeamUsage, TemplateLabels, TemplateRecord, VolumeMove, VolumeRecord,
+    VolumeStore,
 };
 
 pub struct SqliteStore {
@@ -490,6 +491,22 @@ impl VolumeStore for SqliteStore {
 
     fn remove_volume(&self, id: &str) -> anyhow::Result<bool> {
         delete_by_id(&self.lock(), Table::Volumes, id)
+    }
+
+    fn swap_volume(
+        &self,
+        record: &VolumeRecord,
+        from_node: Option<&str>,
+        from: Option<&VolumeMove>,
+    ) -> anyhow::Result<bool> {
+        let (state, manifest) = VolumeMove::state(from);
+        let swapped = self.lock().execute(
+            "UPDATE team_volumes SET record = ?2 WHERE id = ?1 AND json_extract(record, '$.node') IS ?3
+             AND json_extract(record, '$.moved_out.state') IS ?4
+             AND json_extract(record, '$.moved_out.manifest_sha256') IS ?5",
+            params![record.id, serde_json::to_string(record)?, from_node, state, manifest],
+        )?;
+        Ok(swapped > 0)
     }
 }
 
