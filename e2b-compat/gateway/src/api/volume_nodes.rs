@@ -1,7 +1,9 @@
 //! Volumes on a cluster. A volume's bytes live on the node that made it
 //! (`VolumeRecord::node`), so a sandbox mounting it runs there, its content
 //! API is served there, and deleting it happens there: any gateway passes
-//! those calls on (`forward.rs`). Reading and listing volume records needs
+//! those calls on (`forward.rs`). A volume that left a drained node and
+//! waits in the object store goes with the first node that needs it
+//! (`service/volume_moves.rs`). Reading and listing volume records needs
 //! no particular node.
 
 use std::sync::Arc;
