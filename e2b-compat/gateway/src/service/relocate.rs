@@ -304,8 +304,10 @@ impl Sandboxes {
         let _place = self.quota.reserve_for(&Caller::team(&record.team), &record.team, Kind::Paused, 1, 0)?;
         let key = snapshot_key();
         let _intent = self.journal(id, Change::Pause { files: Some(key.clone()) })?;
+        // Mounts of host volumes are outside what a checkpoint holds.
+        let memory = record.volume_mounts.is_empty();
         let memory =
-            self.stash_files(id, &key, true, ["pause-files:after-snapshot", "pause-files:after-destroy"]).await?;
+            self.stash_files(id, &key, memory, ["pause-files:after-snapshot", "pause-files:after-destroy"]).await?;
         // Restored processes get a new address wherever they resume.
         if memory {
             self.addresses.release(id);
