@@ -130,8 +130,10 @@ impl Sandboxes {
     /// here. The record as claimed, and whether it moved.
     pub(super) async fn bring_here(&self, mut record: SandboxRecord, key: &str) -> Result<(SandboxRecord, bool)> {
         let moved = !self.holds(record.node.as_deref());
-        // Its volumes first: a sandbox runs only where they are.
-        for mount in &record.volume_mounts {
+        // Its volumes first: a sandbox runs only where they are (on a
+        // single host, always here).
+        let mounts = if self.node.is_some() { record.volume_mounts.as_slice() } else { &[] };
+        for mount in mounts {
             let limit = super::team_volume_limit(self.store.as_ref(), &record.team)?;
             let arrival = self.volume_arrival(&mount.volume_id, limit).map_err(from_volume)?;
             tokio::task::spawn_blocking(move || arrival.bring())

@@ -72,7 +72,9 @@ impl Sandboxes {
                 tracing::warn!(volume_id = %volume.id, "moving a volume out: {e:#}");
             }
         }
-        let taken: Vec<String> = others.into_iter().map(|v| v.id).collect();
+        // A record naming no node is from before the cluster: its bytes are
+        // wherever that host was, maybe here.
+        let taken: Vec<String> = others.into_iter().filter(|v| v.node.is_some()).map(|v| v.id).collect();
         self.blocking(move |s| {
             let _copies = LOCAL_COPIES.lock().unwrap_or_else(|e| e.into_inner());
             for id in taken.iter().filter(|id| s.volume_location(id).is_ok()) {
@@ -103,8 +105,16 @@ impl Sandboxes {
                 return Ok(());
             }
         }
-        // A resume may have mounted it between the check and the mark.
-        if !self.all_paused_on_files(&volume.id)? {
+        // A resume may have mounted it between the check and the mark: one
+        // still under way holds its sandbox's transition lock, so waiting
+        // for those locks lets it finish (later ones see the mark and stop).
+        let mut waited = Vec::new();
+        for id in self.mounting(&volume.id)? {
+            waited.push(self.transitions.lock(&id).await);
+        }
+        let paused = self.all_paused_on_files(&volume.id)?;
+        drop(waited);
+        if !paused {
             return self.keep(&volume, bucket).await;
         }
         let key = snapshot_file::volume_object_key(&volume.team, &volume.id)?;
