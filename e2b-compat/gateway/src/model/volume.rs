@@ -27,6 +27,14 @@ pub struct VolumeRecord {
     pub moved_out: Option<VolumeMove>,
 }
 
+impl VolumeRecord {
+    /// Whether it waits in the object store for the next node that needs
+    /// it: no node holds it for calls and creates any more.
+    pub fn waits_in_object_store(&self) -> bool {
+        matches!(self.moved_out, Some(VolumeMove::Stored { .. }))
+    }
+}
+
 /// Where a volume leaving its node is. Its bytes on that node are frozen
 /// from the moment it is `Uploading`: no content call and no sandbox
 /// writes them any more.

@@ -26,8 +26,7 @@ use super::Sandboxes;
 use super::nodes::Owner;
 use super::quota::Kind;
 use crate::model::{
-    Caller, Change, Paused, Result, SandboxError, SandboxRecord, SnapshotRecord, VolumeError, VolumeMove, VolumeRecord,
-    now_ms, snapshot_key,
+    Caller, Change, Paused, Result, SandboxError, SandboxRecord, SnapshotRecord, VolumeError, now_ms, snapshot_key,
 };
 use crate::{lazy_layers, snapshot_file};
 
@@ -94,7 +93,7 @@ impl Sandboxes {
         let Some(volumes) = self.volume_store.get() else { return Ok(None) };
         for mount in &record.volume_mounts {
             match volumes.volume(&mount.volume_id)? {
-                Some(VolumeRecord { moved_out: Some(VolumeMove::Stored { .. }), .. }) => {}
+                Some(volume) if volume.waits_in_object_store() => {}
                 Some(volume) => return Ok(Some(volume.node)),
                 // Gone: the resume reports it.
                 None => return Ok(Some(record.node.clone())),
@@ -132,14 +131,15 @@ impl Sandboxes {
         let moved = !self.holds(record.node.as_deref());
         // Its volumes first: a sandbox runs only where they are (on a
         // single host, always here).
-        let mounts = if self.node.is_some() { record.volume_mounts.as_slice() } else { &[] };
-        for mount in mounts {
+        if self.node.is_some() && !record.volume_mounts.is_empty() {
             let limit = super::team_volume_limit(self.store.as_ref(), &record.team)?;
-            let arrival = self.volume_arrival(&mount.volume_id, limit).map_err(from_volume)?;
-            tokio::task::spawn_blocking(move || arrival.bring())
-                .await
-                .map_err(|e| SandboxError::Internal(e.into()))?
-                .map_err(from_volume)?;
+            for mount in &record.volume_mounts {
+                let arrival = self.volume_arrival(&mount.volume_id, limit).map_err(from_volume)?;
+                tokio::task::spawn_blocking(move || arrival.bring())
+                    .await
+                    .map_err(|e| SandboxError::Internal(e.into()))?
+                    .map_err(from_volume)?;
+            }
         }
         if moved {
             record = self.claim(record)?;

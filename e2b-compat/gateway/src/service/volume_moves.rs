@@ -153,8 +153,8 @@ impl Sandboxes {
         Ok(())
     }
 
-    fn volumes(&self) -> anyhow::Result<&dyn crate::model::VolumeStore> {
-        Ok(self.volume_store.get().context("no volumes on this gateway")?.as_ref())
+    fn volumes(&self) -> anyhow::Result<&Arc<dyn VolumeStore>> {
+        self.volume_store.get().context("no volumes on this gateway")
     }
 
     /// Whether every sandbox mounting volume `volume_id` is paused on files
@@ -176,7 +176,7 @@ impl Sandboxes {
     /// here if this node takes sandboxes, else a node with room).
     pub fn volume_owner(&self, volume: &VolumeRecord) -> anyhow::Result<Owner> {
         let owner = self.owner(volume.node.as_deref())?;
-        if !matches!(volume.moved_out, Some(VolumeMove::Stored { .. })) || self.takes_sandboxes(&owner)? {
+        if !volume.waits_in_object_store() || self.takes_sandboxes(&owner)? {
             return Ok(owner);
         }
         let Some(membership) = &self.node else { return Ok(owner) };
@@ -199,7 +199,7 @@ impl Sandboxes {
             id: id.to_string(),
             limit,
             substrate: self.substrate.clone(),
-            store: self.volume_store.get().context("no volumes on this gateway")?.clone(),
+            store: self.volumes()?.clone(),
             bucket: self.objects(),
             data_dir: self.run_dir.parent().context("the data dir")?.to_path_buf(),
             here: self.node().map(str::to_string),
@@ -247,6 +247,7 @@ impl Arrival {
             // Back on the node it left, whose copy is as it was then.
             if swap()? {
                 forget_upload(self.bucket.as_deref(), &key, &runtime, &record.id);
+                return Ok(taken);
             }
             return self.store.volume(&self.id)?.ok_or_else(|| VolumeError::NotFound(self.id.clone()));
         }

@@ -145,8 +145,7 @@ impl Volumes {
         for name in names {
             let volume = self.store.volume_named(&caller.team, name)?.filter(|r| caller.sees(&r.team));
             // One waiting in the object store goes where the create is placed.
-            let waiting = |v: &VolumeRecord| matches!(v.moved_out, Some(crate::model::VolumeMove::Stored { .. }));
-            nodes.extend(volume.filter(|v| !waiting(v)).and_then(|v| v.node));
+            nodes.extend(volume.filter(|v| !v.waits_in_object_store()).and_then(|v| v.node));
         }
         Ok(nodes)
     }
